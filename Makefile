@@ -1,0 +1,66 @@
+# tandem - build with `make`, test with `make test` (see README).
+#
+# Layout: src/*.c except src/main.c form libtandem.a; src/main.c is the
+# `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
+# libFuzzer targets (clang). BUILD selects the output folder so that the
+# sanitizer build (make asan) lives beside the normal one.
+
+CC       ?= cc
+BUILD    ?= build
+# Kernels are chosen at build time from the target's features (AVX2/FMA/F16C
+# on x86-64, NEON/dotprod on arm64); override ARCH_FLAGS to cross-build.
+ARCH_FLAGS ?= -march=native
+OPT      ?= -O2
+CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g $(OPT) $(ARCH_FLAGS) -pthread -Isrc
+LDFLAGS  += $(SAN)
+LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto
+
+LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
+LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
+TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
+FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
+FIX      ?= ../shared/fixtures
+MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
+
+.PHONY: all test check asan fuzz clean models
+all: $(BUILD)/tandem $(TESTS)
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj:
+	mkdir -p $@
+
+$(BUILD)/libtandem.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/tandem: src/main.c $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
+
+$(BUILD)/test_%: tests/test_%.c tests/t.h $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
+
+# The three F16 fixture models are generated, not shipped (see the fixtures README).
+$(BUILD)/models/%-mini-F16.gguf: $(FIX)/tools/gen_mini.py
+	mkdir -p $(BUILD)/models
+	python3 $(FIX)/tools/gen_mini.py $* $@.tmp >/dev/null && mv $@.tmp $@
+models: $(MODELS)
+
+test: all models
+	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS)
+
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+asan:
+	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
+	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+
+# libFuzzer targets, linked against the library sources rebuilt with clang.
+fuzz: $(FUZZERS)
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(wildcard src/*.h)
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc -fsanitize=fuzzer,address,undefined \
+	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -o $@
+
+clean:
+	rm -rf build build-asan

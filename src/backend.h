@@ -1,0 +1,95 @@
+/* backend.h - the one internal interface between model code and kernels.
+ *
+ * The forward pass (forward.c) is written only against these operations. The
+ * CPU backend (backend_cpu.c) implements them with the kernels of quant.c and
+ * a thread pool; a CUDA backend (prefill) or a Metal backend (decode) would
+ * implement the same table. Activation buffers come from the backend's own
+ * allocator (device memory on a GPU), and the model code never dereferences
+ * them: it reads results back with be_read. Weights are described by
+ * be_weight; a backend may keep its own copy in `dev` after upload.
+ */
+#ifndef TANDEM_BACKEND_H
+#define TANDEM_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvcache.h"
+
+typedef struct {
+    const char *name;       /* GGUF tensor name, for messages */
+    uint32_t type;          /* enum ggml_type */
+    int64_t ne[4];          /* ne[0] = row length; ne[1] rows; ne[2] experts */
+    size_t row_bytes;       /* bytes of one row of ne[0] elements */
+    const void *data;       /* host copy (the mmap) */
+    void *dev;              /* backend-owned copy, if any */
+} be_weight;
+
+enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };   /* ggml's numbering */
+
+typedef struct {
+    int mode;               /* ROPE_NORM: pairs (2i, 2i+1); ROPE_NEOX: (i, i + n_rot/2) */
+    int n_rot;              /* rotated dims per head (<= head_dim) */
+    float freq_base;
+    float freq_scale;       /* 1 / linear scaling factor */
+    const float *freq_factors;  /* per pair divisor (Llama 3.x rope_freqs), or NULL */
+} rope_cfg;
+
+/* One MoE feed-forward block (qwen3moe). */
+typedef struct {
+    const be_weight *gate_inp;   /* router [n_embd] x n_expert rows, usually F32 */
+    const be_weight *gate_exps;  /* [n_embd] x n_ff_exp rows x n_expert */
+    const be_weight *up_exps;
+    const be_weight *down_exps;  /* [n_ff_exp] x n_embd rows x n_expert */
+    int n_expert, n_expert_used;
+    int norm_topk;               /* renormalise the chosen weights to sum to 1 */
+} be_moe;
+
+typedef struct backend backend;
+
+typedef struct {
+    const char *name;
+    void (*destroy)(backend *be);
+    float *(*alloc)(backend *be, size_t n_floats);
+    void (*release)(backend *be, float *buf);
+    void (*read)(backend *be, const float *src, float *host_dst, size_t n);
+    void (*write)(backend *be, float *dst, const float *host_src, size_t n);
+
+    /* out[i] = dequantised row ids[i] of w (embedding lookup) */
+    int (*get_rows)(backend *be, const be_weight *w, const int32_t *ids, int n, float *out);
+    /* y[t] = x[t] / rms(x[t]) * w   (w may be NULL), n_rows rows of dim */
+    void (*rms_norm)(backend *be, const float *x, const be_weight *w, float *y, int n_rows, int dim, float eps);
+    /* y[t][r] = sum_c W_e[r][c] x[t][c] for t < n_tok (expert e of a 3-D weight, else 0) */
+    void (*mul_mat)(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y);
+    /* x[t][c] += b[c] */
+    void (*add_bias)(backend *be, float *x, const be_weight *b, int n_tok);
+    /* rotate n_head heads of head_dim per token, token t at position pos0 + t */
+    void (*rope)(backend *be, float *x, int n_tok, int n_head, int head_dim, int pos0, const rope_cfg *rc);
+    /* causal GQA attention of n_tok queries at positions pos0.. over cache rows [0, pos0 + n_tok) */
+    int (*attention)(backend *be, const float *q, const kvcache *kv, int layer, int pos0, int n_tok,
+                      int n_head, int n_head_kv, int head_dim, float scale, float *out);
+    /* store K and V rows ([n_tok][kv_dim] f32) into the cache */
+    void (*kv_store)(backend *be, kvcache *kv, int layer, int pos0, int n_tok, const float *k, const float *v);
+    /* y = silu(g) * u, n elements */
+    void (*swiglu)(backend *be, const float *g, const float *u, float *y, size_t n);
+    /* x += y, n elements */
+    void (*add)(backend *be, float *x, const float *y, size_t n);
+    /* y[t] = MoE FFN of x[t] */
+    int (*moe_ffn)(backend *be, const be_moe *m, const float *x, int n_tok, float *y);
+} backend_ops;
+
+struct backend {
+    const backend_ops *ops;
+    void *impl;
+};
+
+/* CPU backend with n_threads workers (see threadpool.h). */
+backend *backend_cpu_create(int n_threads);
+int backend_cpu_threads(const backend *be);
+
+/* ==== Shared helpers (plain C; every backend uses the same routing math) ==== */
+/* Softmax over n router logits, pick the top k (ties -> lower index), and
+ * renormalise their weights if norm. ids/w get k entries, best first. */
+void moe_select_experts(const float *logits, int n, int k, int norm, int32_t *ids, float *w);
+
+#endif

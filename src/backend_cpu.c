@@ -1,0 +1,371 @@
+/* backend_cpu.c - the CPU implementation of backend.h.
+ *
+ * Matrix products quantise the activations once to the weight type's
+ * vec_dot type (quant.h), then split the weight rows over the thread pool;
+ * each thread walks its rows in small blocks and hands every block with all
+ * tokens to quant_mul_mat_tile, which reuses each decoded weight block across
+ * several tokens. Attention is split over (token, head) pairs.
+ */
+#include "backend.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "quant.h"
+#include "threadpool.h"
+
+/* Weight rows per tile call: 16 rows of a 1024-wide Q8_0 matrix are 17 KiB,
+ * which stays in L1/L2 while every token's activations stream past. */
+#define CPU_ROW_BLOCK 16
+/* Tokens per tile call: bounds the activation working set to L2. */
+#define CPU_TOK_BLOCK 64
+
+typedef struct {
+    tpool *pool;
+    int nth;
+    uint8_t *qbuf;          /* quantised activations */
+    size_t qbuf_size;
+    float **scratch;        /* per-thread attention scratch */
+    size_t *scratch_size;
+    float *moe_buf;         /* MoE gather/scatter scratch */
+    size_t moe_size;
+} cpu_impl;
+
+static cpu_impl *cpu_of(backend *be) { return (cpu_impl *)be->impl; }
+
+/* ==== Memory ==== */
+
+static int cpu_grow(void **buf, size_t *size, size_t need) {
+    if (*size >= need) return 0;
+    void *p = realloc(*buf, need);
+    if (!p) return -1;
+    *buf = p;
+    *size = need;
+    return 0;
+}
+
+static float *cpu_alloc(backend *be, size_t n) { (void)be; return calloc(n ? n : 1, sizeof(float)); }
+static void cpu_release(backend *be, float *buf) { (void)be; free(buf); }
+static void cpu_read(backend *be, const float *src, float *dst, size_t n) { (void)be; memmove(dst, src, n * sizeof(float)); }
+static void cpu_write(backend *be, float *dst, const float *src, size_t n) { (void)be; memmove(dst, src, n * sizeof(float)); }
+
+/* ==== Embedding lookup ==== */
+
+static int cpu_get_rows(backend *be, const be_weight *w, const int32_t *ids, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= w->ne[1]) return -1;
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes;
+        quant_dequantize_row(w->type, row, out + (size_t)i * w->ne[0], w->ne[0]);
+    }
+    return 0;
+}
+
+/* ==== RMS norm ==== */
+
+static void cpu_rms_norm(backend *be, const float *x, const be_weight *w, float *y, int n_rows, int dim, float eps) {
+    const float *g = w ? (const float *)w->data : NULL;   /* norm weights are F32 (checked at load) */
+    for (int r = 0; r < n_rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *yr = y + (size_t)r * dim;
+        double sum = 0.0;   /* double accumulation, as ggml does */
+        for (int i = 0; i < dim; i++) sum += (double)(xr[i] * xr[i]);
+        float scale = 1.0f / sqrtf((float)(sum / dim) + eps);
+        for (int i = 0; i < dim; i++) yr[i] = xr[i] * scale;
+        if (g) for (int i = 0; i < dim; i++) yr[i] = yr[i] * g[i];
+    }
+}
+
+/* ==== Matrix product ==== */
+
+typedef struct {
+    const be_weight *w;
+    const uint8_t *wdata;
+    const float *x;
+    uint8_t *qx;
+    size_t qrow;
+    uint32_t vt;
+    int n_tok;
+    float *y;
+} mm_job;
+
+static void mm_quantize(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    long lo, hi;
+    tpool_split(j->n_tok, ith, nth, &lo, &hi);
+    for (long t = lo; t < hi; t++)
+        quant_quantize_act_row(j->vt, j->x + t * j->w->ne[0], j->qx + t * j->qrow, j->w->ne[0]);
+}
+
+static void mm_compute(void *ctx, int ith, int nth) {
+    mm_job *j = ctx;
+    const be_weight *w = j->w;
+    long rows = w->ne[1], lo, hi;
+    /* split rows in whole blocks so threads never share a cache line of y */
+    long nblk = (rows + CPU_ROW_BLOCK - 1) / CPU_ROW_BLOCK;
+    tpool_split(nblk, ith, nth, &lo, &hi);
+    lo *= CPU_ROW_BLOCK; hi *= CPU_ROW_BLOCK;
+    if (hi > rows) hi = rows;
+    for (long r0 = lo; r0 < hi; r0 += CPU_ROW_BLOCK) {
+        int nr = (int)((hi - r0) < CPU_ROW_BLOCK ? (hi - r0) : CPU_ROW_BLOCK);
+        for (int t0 = 0; t0 < j->n_tok; t0 += CPU_TOK_BLOCK) {
+            int nt = j->n_tok - t0 < CPU_TOK_BLOCK ? j->n_tok - t0 : CPU_TOK_BLOCK;
+            quant_mul_mat_tile(w->type, w->ne[0], j->wdata + r0 * w->row_bytes, w->row_bytes, nr,
+                               j->qx + (size_t)t0 * j->qrow, j->qrow, nt,
+                               j->y + (size_t)t0 * rows + r0, (size_t)rows);
+        }
+    }
+}
+
+static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
+    cpu_impl *c = cpu_of(be);
+    mm_job j = { .w = w, .x = x, .n_tok = n_tok, .y = y };
+    j.wdata = (const uint8_t *)w->data + (size_t)expert * (size_t)w->ne[1] * w->row_bytes;
+    j.vt = quant_vec_dot_type(w->type);
+    j.qrow = gguf_row_bytes(j.vt, (uint64_t)w->ne[0]);
+    if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, j.qrow * (size_t)n_tok)) {
+        /* Out of memory for a few MiB of activations: fall back to token
+         * by token so the result is still right. */
+        for (int t = 0; t < n_tok; t++) cpu_mul_mat(be, w, expert, x + (size_t)t * w->ne[0], 1, y + (size_t)t * w->ne[1]);
+        return;
+    }
+    j.qx = c->qbuf;
+    if (n_tok == 1) mm_quantize(&j, 0, 1); else tpool_run(c->pool, mm_quantize, &j);
+    tpool_run(c->pool, mm_compute, &j);
+}
+
+static void cpu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
+    const float *bd = (const float *)b->data;
+    int64_t n = b->ne[0];
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < n; i++) x[(size_t)t * n + i] += bd[i];
+}
+
+/* ==== RoPE ==== */
+
+static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, int pos0, const rope_cfg *rc) {
+    int n_rot = rc->n_rot;
+    float theta_scale = powf(rc->freq_base, -2.0f / (float)n_rot);
+    float cs[512], sn[512];     /* n_rot/2 <= 256 pairs: head_dim is at most 512 in practice */
+    if (n_rot > 1024) return;   /* refused at load; keeps the stack arrays safe */
+    for (int t = 0; t < n_tok; t++) {
+        /* theta is advanced by repeated multiplication in float, as ggml does,
+         * so that positions far into the context round the same way. */
+        float theta = (float)(pos0 + t);
+        for (int i = 0; i < n_rot / 2; i++) {
+            float ff = rc->freq_factors ? rc->freq_factors[i] : 1.0f;
+            float th = theta / ff * rc->freq_scale;
+            cs[i] = cosf(th);
+            sn[i] = sinf(th);
+            theta *= theta_scale;
+        }
+        for (int h = 0; h < n_head; h++) {
+            float *v = x + ((size_t)t * n_head + h) * head_dim;
+            for (int i = 0; i < n_rot / 2; i++) {
+                int a = rc->mode == ROPE_NEOX ? i : 2 * i;
+                int b = rc->mode == ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
+                float x0 = v[a], x1 = v[b];
+                v[a] = x0 * cs[i] - x1 * sn[i];
+                v[b] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+/* ==== Attention ==== */
+
+typedef struct {
+    cpu_impl *c;
+    const float *q;
+    const kvcache *kv;
+    int layer, pos0, n_tok, n_head, n_head_kv, head_dim;
+    float scale;
+    float *out;
+} attn_job;
+
+/* One (token, head): scores over the cache, softmax, weighted sum of V.
+ * q meets the cache in the cache type's vec_dot type (f32 for an F16 or
+ * BF16 cache, Q8_0 for a Q8_0 cache), and the probabilities stay f32: this
+ * is what the primary oracle computes with flash attention off. */
+static void attn_one(const attn_job *j, int t, int h, float *scratch) {
+    int hd = j->head_dim, n_ctx_used = j->pos0 + t + 1;
+    int kvh = h / (j->n_head / j->n_head_kv);
+    uint32_t dt = kv_dtype(j->kv);
+    size_t head_off = gguf_row_bytes(dt, (uint64_t)kvh * hd);
+    float *scores = scratch;                       /* [n_ctx_used] */
+    float *vrow = scratch + n_ctx_used;            /* [hd] */
+    float *acc = vrow + hd;                        /* [hd] */
+    uint8_t *qc = (uint8_t *)(acc + hd);           /* q in the cache's type */
+    const float *qh = j->q + ((size_t)t * j->n_head + h) * hd;
+    quant_quantize_act_row(quant_vec_dot_type(dt), qh, qc, hd);
+    float mx = -INFINITY;
+    for (int p = 0; p < n_ctx_used; p++) {
+        float s;
+        quant_vec_dot(dt, hd, &s, kv_k_row_c(j->kv, j->layer, p) + head_off, qc);
+        s *= j->scale;
+        scores[p] = s;
+        if (s > mx) mx = s;
+    }
+    double sum = 0.0;
+    for (int p = 0; p < n_ctx_used; p++) { float e = expf(scores[p] - mx); scores[p] = e; sum += e; }
+    float inv = (float)(1.0 / sum);
+    for (int d = 0; d < hd; d++) acc[d] = 0.0f;
+    for (int p = 0; p < n_ctx_used; p++) {
+        float pr = scores[p] * inv;
+        quant_dequantize_row(dt, kv_v_row_c(j->kv, j->layer, p) + head_off, vrow, hd);
+        for (int d = 0; d < hd; d++) acc[d] += pr * vrow[d];
+    }
+    memcpy(j->out + ((size_t)t * j->n_head + h) * hd, acc, (size_t)hd * sizeof(float));
+}
+
+static void attn_run(void *ctx, int ith, int nth) {
+    attn_job *j = ctx;
+    long lo, hi;
+    tpool_split((long)j->n_tok * j->n_head, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) attn_one(j, (int)(i / j->n_head), (int)(i % j->n_head), j->c->scratch[ith]);
+}
+
+static int cpu_attention(backend *be, const float *q, const kvcache *kv, int layer, int pos0, int n_tok,
+                          int n_head, int n_head_kv, int head_dim, float scale, float *out) {
+    cpu_impl *c = cpu_of(be);
+    /* scores + vrow + acc + q in the cache's vec_dot type (at most 4 bytes an element) */
+    size_t need = ((size_t)(pos0 + n_tok) + 3 * (size_t)head_dim + 64) * sizeof(float);
+    for (int i = 0; i < c->nth; i++)
+        if (cpu_grow((void **)&c->scratch[i], &c->scratch_size[i], need)) return -1;
+    attn_job j = { c, q, kv, layer, pos0, n_tok, n_head, n_head_kv, head_dim, scale, out };
+    tpool_run(c->pool, attn_run, &j);
+    return 0;
+}
+
+static void cpu_kv_store(backend *be, kvcache *kv, int layer, int pos0, int n_tok, const float *k, const float *v) {
+    (void)be;
+    kv_store_f32(kv, layer, pos0, n_tok, k, v);
+}
+
+/* ==== Element-wise ==== */
+
+static void cpu_swiglu(backend *be, const float *g, const float *u, float *y, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void cpu_add(backend *be, float *x, const float *y, size_t n) {
+    (void)be;
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* ==== Mixture of experts ==== */
+
+void moe_select_experts(const float *logits, int n, int k, int norm, int32_t *ids, float *w) {
+    float mx = -INFINITY;
+    for (int i = 0; i < n; i++) if (logits[i] > mx) mx = logits[i];
+    double sum = 0.0;
+    float p[256];
+    for (int i = 0; i < n; i++) { p[i] = expf(logits[i] - mx); sum += p[i]; }
+    for (int i = 0; i < n; i++) p[i] = (float)(p[i] / sum);
+    for (int s = 0; s < k; s++) {
+        int best = -1;
+        for (int i = 0; i < n; i++) {
+            int taken = 0;
+            for (int q = 0; q < s; q++) if (ids[q] == i) taken = 1;
+            if (!taken && (best < 0 || p[i] > p[best])) best = i;
+        }
+        ids[s] = best;
+        w[s] = p[best];
+    }
+    if (norm) {
+        float tot = 0.0f;
+        for (int s = 0; s < k; s++) tot += w[s];
+        for (int s = 0; s < k; s++) w[s] /= tot;
+    }
+}
+
+/* Tokens are grouped by expert, so each expert's matrices are multiplied
+ * once against all the tokens routed to it (a matrix-matrix product in
+ * prefill), then the outputs are scattered back with their weights. */
+static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, float *y) {
+    cpu_impl *c = cpu_of(be);
+    int ne = m->n_expert, k = m->n_expert_used;
+    int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
+    if (ne > 256 || k > ne || k < 1) return -1;
+    /* scratch: router logits, routing table, gathered x, gate, up, down */
+    size_t need = sizeof(float) * ((size_t)n_tok * ne + (size_t)n_tok * k * 2 +
+                  (size_t)n_tok * (dim * 2 + nff * 2));
+    if (cpu_grow((void **)&c->moe_buf, &c->moe_size, need)) return -1;
+    float *logits = c->moe_buf;
+    int32_t *sel = (int32_t *)(logits + (size_t)n_tok * ne);
+    float *selw = (float *)(sel + (size_t)n_tok * k);
+    float *xg = selw + (size_t)n_tok * k;
+    float *gate = xg + (size_t)n_tok * dim;
+    float *up = gate + (size_t)n_tok * nff;
+    float *down = up + (size_t)n_tok * nff;
+    int *rows = malloc(sizeof(int) * (size_t)n_tok * 2);
+    if (!rows) return -1;
+    int *slot = rows + n_tok;
+
+    cpu_mul_mat(be, m->gate_inp, 0, x, n_tok, logits);
+    for (int t = 0; t < n_tok; t++)
+        moe_select_experts(logits + (size_t)t * ne, ne, k, m->norm_topk, sel + (size_t)t * k, selw + (size_t)t * k);
+    memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
+    for (int e = 0; e < ne; e++) {
+        int cnt = 0;
+        for (int t = 0; t < n_tok; t++)
+            for (int s = 0; s < k; s++)
+                if (sel[(size_t)t * k + s] == e) { rows[cnt] = t; slot[cnt] = s; cnt++; }
+        if (!cnt) continue;
+        for (int i = 0; i < cnt; i++) memcpy(xg + (size_t)i * dim, x + (size_t)rows[i] * dim, sizeof(float) * dim);
+        cpu_mul_mat(be, m->gate_exps, e, xg, cnt, gate);
+        cpu_mul_mat(be, m->up_exps, e, xg, cnt, up);
+        cpu_swiglu(be, gate, up, gate, (size_t)cnt * nff);
+        cpu_mul_mat(be, m->down_exps, e, gate, cnt, down);
+        for (int i = 0; i < cnt; i++) {
+            float wt = selw[(size_t)rows[i] * k + slot[i]];
+            float *yr = y + (size_t)rows[i] * dim;
+            const float *d = down + (size_t)i * dim;
+            for (int64_t q = 0; q < dim; q++) yr[q] += wt * d[q];
+        }
+    }
+    free(rows);
+    return 0;
+}
+
+/* ==== Table ==== */
+
+static void cpu_destroy(backend *be) {
+    if (!be) return;
+    cpu_impl *c = cpu_of(be);
+    if (c) {
+        tpool_destroy(c->pool);
+        for (int i = 0; i < c->nth; i++) free(c->scratch ? c->scratch[i] : NULL);
+        free(c->scratch);
+        free(c->scratch_size);
+        free(c->qbuf);
+        free(c->moe_buf);
+        free(c);
+    }
+    free(be);
+}
+
+static const backend_ops cpu_ops = {
+    .name = "cpu", .destroy = cpu_destroy, .alloc = cpu_alloc, .release = cpu_release,
+    .read = cpu_read, .write = cpu_write, .get_rows = cpu_get_rows, .rms_norm = cpu_rms_norm,
+    .mul_mat = cpu_mul_mat, .add_bias = cpu_add_bias, .rope = cpu_rope, .attention = cpu_attention,
+    .kv_store = cpu_kv_store, .swiglu = cpu_swiglu, .add = cpu_add, .moe_ffn = cpu_moe_ffn,
+};
+
+backend *backend_cpu_create(int n_threads) {
+    backend *be = calloc(1, sizeof *be);
+    cpu_impl *c = calloc(1, sizeof *c);
+    if (!be || !c) { free(be); free(c); return NULL; }
+    be->ops = &cpu_ops;
+    be->impl = c;
+    c->pool = tpool_create(n_threads);
+    c->nth = tpool_size(c->pool);
+    c->scratch = calloc((size_t)c->nth, sizeof *c->scratch);
+    c->scratch_size = calloc((size_t)c->nth, sizeof *c->scratch_size);
+    if (!c->pool || !c->scratch || !c->scratch_size) { cpu_destroy(be); return NULL; }
+    return be;
+}
+
+int backend_cpu_threads(const backend *be) { return ((const cpu_impl *)be->impl)->nth; }

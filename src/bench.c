@@ -1,0 +1,597 @@
+/* bench.c - `tandem bench`: prompt-processing and generation speed in
+ * llama-bench's format, followed by the machine's bounds for this model.
+ *
+ * Speed table: for every thread count and test, one warm-up run, then -r
+ * timed repetitions, "mean ± sd" tokens per second.
+ *   ppN: N random tokens evaluated in one call on an empty cache (prefill in
+ *        chunks of -b, default 512), logits of the last token only;
+ *   tgN: N single-token evaluations of random tokens starting from an empty
+ *        cache, each producing logits (what llama-bench's tg measures).
+ * Bounds table: measured streaming-read bandwidth against the bytes of weight
+ * read per decoded token (the decode roofline), and the model's FLOPs per
+ * prompt token against a measured compute ceiling of the matmul kernel.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "gguf.h"
+#include "model.h"
+#include "quant.h"
+#include "threadpool.h"
+
+/* ==== Options ==== */
+
+#define BENCH_MAX_LIST 16
+
+typedef struct {
+    int v[BENCH_MAX_LIST];
+    int n;
+} bench_list;
+
+typedef struct {
+    const char *model, *kv_name;
+    uint32_t kv_type;
+    bench_list threads, pp, tg;
+    int reps, n_batch, bounds;
+    int bw_mib;
+} bench_opts;
+
+static void bench_usage(void) {
+    fprintf(stderr,
+        "usage: tandem bench -m MODEL.gguf [options]\n"
+        "  -t N[,N..]     threads (default 2)\n"
+        "  -r N           repetitions after one warm-up (default 5)\n"
+        "  -p N[,N..]     prompt lengths for ppN tests (default 512; 0 = none)\n"
+        "  -n N[,N..]     generation lengths for tgN tests (default 128; 0 = none)\n"
+        "  -b N           prefill chunk size (default 512)\n"
+        "  --kv-type T    f16 (default), bf16, q8_0\n"
+        "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
+        "  --no-bounds    skip the bandwidth / compute bounds table\n");
+}
+
+static int bench_int(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || v < 0 || v > 10000000L) return -1;
+    *out = (int)v;
+    return (*end == 0 || *end == ',') ? 0 : -1;
+}
+
+/* "512" or "128,256,512" */
+static int bench_parse_list(const char *s, bench_list *l) {
+    l->n = 0;
+    while (s && *s) {
+        if (l->n == BENCH_MAX_LIST) return -1;
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (errno || end == s || v < 0 || v > 1000000L || (*end && *end != ',')) return -1;
+        l->v[l->n++] = (int)v;
+        s = *end ? end + 1 : end;
+    }
+    return l->n ? 0 : -1;
+}
+
+static uint32_t bench_kv_type(const char *s) {
+    if (!strcmp(s, "f16")) return GGML_TYPE_F16;
+    if (!strcmp(s, "bf16")) return GGML_TYPE_BF16;
+    if (!strcmp(s, "q8_0")) return GGML_TYPE_Q8_0;
+    return UINT32_MAX;
+}
+
+static int bench_parse(int argc, char **argv, bench_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->reps = 5; o->n_batch = 512; o->bounds = 1; o->bw_mib = 1024;
+    o->kv_name = "f16";
+    bench_parse_list("2", &o->threads);
+    bench_parse_list("512", &o->pp);
+    bench_parse_list("128", &o->tg);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0, takes = 1;
+        if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "-t")) bad = bench_parse_list(v, &o->threads);
+        else if (!strcmp(a, "-p")) bad = bench_parse_list(v, &o->pp);
+        else if (!strcmp(a, "-n")) bad = bench_parse_list(v, &o->tg);
+        else if (!strcmp(a, "-r")) bad = bench_int(v, &o->reps) || o->reps < 1;
+        else if (!strcmp(a, "-b")) bad = bench_int(v, &o->n_batch) || o->n_batch < 1;
+        else if (!strcmp(a, "--kv-type")) { o->kv_name = v; bad = !v || bench_kv_type(v) == UINT32_MAX; }
+        else if (!strcmp(a, "--bw-mib")) bad = bench_int(v, &o->bw_mib) || o->bw_mib < 16;
+        else {
+            takes = 0;
+            if (!strcmp(a, "--no-bounds")) o->bounds = 0;
+            else { fprintf(stderr, "tandem bench: unknown option %s\n", a); bench_usage(); return -1; }
+        }
+        if (takes && (!v || bad)) { fprintf(stderr, "tandem bench: option %s needs a valid value\n", a); return -1; }
+        i += takes;
+    }
+    for (int i = 0; i < o->threads.n; i++)
+        if (o->threads.v[i] < 1 || o->threads.v[i] > 256) { fprintf(stderr, "tandem bench: bad thread count\n"); return -1; }
+    if (!o->model) { bench_usage(); return -1; }
+    o->kv_type = bench_kv_type(o->kv_name);
+    return 0;
+}
+
+/* ==== Small utilities ==== */
+
+static double bench_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void bench_mean_sd(const double *x, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++) q += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0.0;
+}
+
+/* A fixed xorshift stream for the random prompt tokens (llama-bench uses
+ * random tokens too; the values do not affect dense-model speed). */
+static uint32_t bench_rand(uint64_t *s) {
+    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
+    return (uint32_t)(*s >> 16);
+}
+
+/* ==== Model description ==== */
+
+typedef struct {
+    uint64_t params, active_params, tensor_bytes;
+    char desc[96];
+    uint32_t main_type;       /* type of the first FFN weight */
+} bench_info;
+
+static const char *bench_ftype_name(uint32_t ft) {
+    switch (ft) {
+    case 0: return "all F32";
+    case 1: return "F16";
+    case 2: return "Q4_0";
+    case 7: return "Q8_0";
+    case 8: return "Q5_0";
+    case 14: return "Q4_K - Small";
+    case 15: return "Q4_K - Medium";
+    case 17: return "Q5_K - Medium";
+    case 18: return "Q6_K";
+    case 32: return "BF16";
+    default: return NULL;
+    }
+}
+
+/* "0.6B", "1.5B", "30B", "40M" */
+static void bench_size_label(uint64_t n, char *buf, size_t len) {
+    if (n >= 10000000000ull) snprintf(buf, len, "%.0fB", n / 1e9);
+    else if (n >= 100000000ull) snprintf(buf, len, "%.1fB", n / 1e9);
+    else snprintf(buf, len, "%.0fM", n / 1e6);
+}
+
+static void bench_describe(model *m, bench_info *bi) {
+    const gguf_file *f = model_get_gguf(m);
+    const model_hparams *hp = model_get_hparams(m);
+    memset(bi, 0, sizeof *bi);
+    uint64_t expert_params = 0;
+    for (int64_t i = 0; i < gguf_count_tensors(f); i++) {
+        const gguf_tensor *t = gguf_get_tensor(f, i);
+        uint64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+        bi->params += n;
+        bi->tensor_bytes += t->nbytes;
+        if (t->ne[2] > 1 && hp->n_expert > 1) expert_params += n;
+    }
+    bi->active_params = bi->params;
+    if (hp->n_expert > 1)
+        bi->active_params -= expert_params / (uint64_t)hp->n_expert * (uint64_t)(hp->n_expert - hp->n_expert_used);
+    const gguf_tensor *t = gguf_find_tensor(f, "blk.0.ffn_up.weight");
+    if (!t) t = gguf_find_tensor(f, "blk.0.ffn_up_exps.weight");
+    bi->main_type = t ? t->type : GGML_TYPE_F32;
+    uint32_t ft = UINT32_MAX;
+    const char *tn = gguf_get_u32(f, "general.file_type", &ft) == 0 ? bench_ftype_name(ft) : NULL;
+    char total[24], active[24];
+    bench_size_label(bi->params, total, sizeof total);
+    bench_size_label(bi->active_params, active, sizeof active);
+    if (hp->n_expert > 1)
+        snprintf(bi->desc, sizeof bi->desc, "%s %s.A%s %s", hp->arch_name, total, active, tn ? tn : model_type_summary(m));
+    else
+        snprintf(bi->desc, sizeof bi->desc, "%s %s %s", hp->arch_name, total, tn ? tn : model_type_summary(m));
+}
+
+static void bench_fmt_bytes(uint64_t b, char *buf, size_t len) {
+    if (b >= (1ull << 30)) snprintf(buf, len, "%.2f GiB", b / 1073741824.0);
+    else snprintf(buf, len, "%.2f MiB", b / 1048576.0);
+}
+
+static void bench_fmt_params(uint64_t n, char *buf, size_t len) {
+    if (n >= 1000000000ull) snprintf(buf, len, "%.2f B", n / 1e9);
+    else snprintf(buf, len, "%.2f M", n / 1e6);
+}
+
+/* ==== Speed tests ==== */
+
+/* One timed ppN run: seconds, or < 0 on error. */
+static double bench_pp_once(model *m, session *s, int n, int32_t *ids, float *logits, uint64_t *rng,
+                            char *err, size_t errlen) {
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
+    session_reset(s, 0);
+    double t0 = bench_now();
+    if (model_eval(m, s, ids, n, logits, NULL, NULL, err, errlen)) return -1;
+    return bench_now() - t0;
+}
+
+/* One timed tgN run. */
+static double bench_tg_once(model *m, session *s, int n, float *logits, uint64_t *rng, char *err, size_t errlen) {
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    session_reset(s, 0);
+    double t0 = bench_now();
+    for (int i = 0; i < n; i++) {
+        int32_t id = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
+        if (model_eval(m, s, &id, 1, logits, NULL, NULL, err, errlen)) return -1;
+    }
+    return bench_now() - t0;
+}
+
+typedef struct {
+    int is_pp, n, threads;
+    double mean, sd;          /* tokens per second */
+} bench_result;
+
+/* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
+ * prompt for pp and a single token for tg. */
+static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int n, bench_result *r,
+                          char *err, size_t errlen) {
+    const model_hparams *hp = model_get_hparams(m);
+    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
+    double *tps = malloc(sizeof(double) * (size_t)o->reps);
+    uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    int rc = -1;
+    if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
+    double t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
+                     : bench_tg_once(m, s, 1, logits, &rng, err, errlen);
+    for (int i = 0; i < o->reps && t >= 0; i++) {
+        t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
+                  : bench_tg_once(m, s, n, logits, &rng, err, errlen);
+        tps[i] = t > 0 ? n / t : 0.0;
+    }
+    if (t < 0) goto out;
+    r->is_pp = is_pp;
+    r->n = n;
+    bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
+    rc = 0;
+out:
+    free(logits); free(ids); free(tps);
+    return rc;
+}
+
+static void bench_print_header(void) {
+    printf("| %-30s | %10s | %10s | %-10s | %7s | %13s | %20s |\n", "model", "size", "params", "backend",
+           "threads", "test", "t/s");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | ------------: | -------------------: |\n");
+}
+
+static void bench_print_row(const bench_info *bi, const bench_result *r) {
+    char size[32], params[32], test[32], tps[48];
+    bench_fmt_bytes(bi->tensor_bytes, size, sizeof size);
+    bench_fmt_params(bi->params, params, sizeof params);
+    snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
+    snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
+    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, "CPU",
+           r->threads, test, tps);
+    fflush(stdout);
+}
+
+/* ==== Memory bandwidth ==== */
+
+typedef struct {
+    const uint8_t *buf;
+    size_t size;
+    uint64_t sink[64];
+} bw_job;
+
+/* Streams this thread's slice of the buffer through wide loads. Four
+ * independent accumulators keep enough loads in flight to saturate memory. */
+static void bw_read(void *ctx, int ith, int nth) {
+    bw_job *j = ctx;
+    long lo, hi;
+    long nblk = (long)(j->size / 128);
+    tpool_split(nblk, ith, nth, &lo, &hi);
+    const uint8_t *p = j->buf + (size_t)lo * 128, *e = j->buf + (size_t)hi * 128;
+#if defined(__AVX2__)
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (; p < e; p += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)p));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256((const __m256i *)(p + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256((const __m256i *)(p + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256((const __m256i *)(p + 96)));
+    }
+    __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t v[4];
+    _mm256_storeu_si256((__m256i *)v, a);
+    j->sink[ith % 64] = v[0] ^ v[1] ^ v[2] ^ v[3];
+#else
+    uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+    for (; p < e; p += 32) {
+        uint64_t w[4];
+        memcpy(w, p, 32);
+        a0 ^= w[0]; a1 ^= w[1]; a2 ^= w[2]; a3 ^= w[3];
+    }
+    j->sink[ith % 64] = a0 ^ a1 ^ a2 ^ a3;
+#endif
+}
+
+/* Best of 5 full passes over a buffer of mib MiB, bytes per second. */
+static double bench_bandwidth(int n_threads, int mib) {
+    size_t size = (size_t)mib << 20;
+    uint8_t *buf = aligned_alloc(64, size);
+    tpool *pool = tpool_create(n_threads);
+    double best = 0;
+    if (buf && pool) {
+        /* touch every page (and give the lines distinct values) first */
+        for (size_t i = 0; i < size; i += 4096) memset(buf + i, (int)(i >> 12), 4096);
+        bw_job j = { buf, size, { 0 } };
+        for (int rep = 0; rep < 5; rep++) {
+            double t0 = bench_now();
+            tpool_run(pool, bw_read, &j);
+            double dt = bench_now() - t0;
+            if (dt > 0 && size / dt > best) best = size / dt;
+        }
+    }
+    if (pool) tpool_destroy(pool);
+    free(buf);
+    return best;
+}
+
+/* ==== Compute ceilings ==== */
+
+/* The matmul kernel itself on cache-resident data, at the backend's tile
+ * shape: 16 weight rows x 64 activation rows x K = 512 (weights 8.5 KiB in
+ * Q8_0, activations 34 KiB: both fit a 48 KiB L1d; K-quant activations are
+ * a little larger and sit in L2). No memory traffic, so this is the most the
+ * kernel can do. */
+#define CK_ROWS 16
+#define CK_TOK 64
+#define CK_K 512
+
+typedef struct {
+    uint32_t wtype;
+    double seconds;           /* per thread run time */
+    long iters;
+    int failed;
+    float sink[64];
+} ck_job;
+
+static void ck_kernel(void *ctx, int ith, int nth) {
+    ck_job *j = ctx;
+    uint32_t vt = quant_vec_dot_type(j->wtype);
+    size_t wrow = gguf_row_bytes(j->wtype, CK_K), arow = gguf_row_bytes(vt, CK_K);
+    float *x = malloc(sizeof(float) * CK_K * CK_TOK);
+    uint8_t *w = aligned_alloc(64, (wrow * CK_ROWS + 63) / 64 * 64);
+    uint8_t *a = aligned_alloc(64, (arow * CK_TOK + 63) / 64 * 64);
+    float *out = malloc(sizeof(float) * CK_ROWS * CK_TOK);
+    if (!x || !w || !a || !out || !wrow || !arow) { j->failed = 1; goto out; }
+    uint64_t rng = 88172645463325252ull + (uint64_t)ith;
+    for (int i = 0; i < CK_K * CK_TOK; i++) x[i] = (float)(bench_rand(&rng) % 2001) / 1000.0f - 1.0f;
+    if (quant_quantize_weight_rows(j->wtype, x, w, CK_ROWS, CK_K)) { j->failed = 1; goto out; }
+    for (int t = 0; t < CK_TOK; t++) quant_quantize_act_row(vt, x + t * CK_K, a + t * arow, CK_K);
+    for (long it = 0; it < j->iters; it++)
+        quant_mul_mat_tile(j->wtype, CK_K, w, wrow, CK_ROWS, a, arow, CK_TOK, out, CK_ROWS);
+    j->sink[ith % 64] = out[0];
+out:
+    (void)nth;
+    free(x); free(w); free(a); free(out);
+}
+
+/* FLOP/s of quant_mul_mat_tile on all threads (2 FLOPs per multiply-add). */
+static double bench_kernel_peak(uint32_t wtype, int n_threads) {
+    if (!quant_is_supported(wtype) || !gguf_row_bytes(wtype, CK_K)) return 0;
+    tpool *pool = tpool_create(n_threads);
+    if (!pool) return 0;
+    ck_job j = { .wtype = wtype, .iters = 20 };
+    double best = 0, flop_per_iter = 2.0 * CK_ROWS * CK_TOK * CK_K * n_threads;
+    /* grow the loop until one run takes ~0.2 s, then keep the best of 3 */
+    for (int rep = 0; rep < 12 && !j.failed; rep++) {
+        double t0 = bench_now();
+        tpool_run(pool, ck_kernel, &j);
+        double dt = bench_now() - t0;
+        if (dt > 0.15) {
+            if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
+            if (rep >= 8) break;
+        } else {
+            j.iters *= 2;
+        }
+    }
+    tpool_destroy(pool);
+    return j.failed ? 0 : best;
+}
+
+#if defined(__AVX2__)
+typedef struct { long iters; int32_t sink[64]; } mad_job;
+
+/* vpmaddubsw (32 u8 x s8 products, pairwise summed to i16) + vpmaddwd by ones
+ * (to i32) + vpaddd: the int8 multiply-add sequence of the AVX2 Q8 kernels,
+ * on registers only, 8 independent chains to hide latency. */
+static void mad_loop(void *ctx, int ith, int nth) {
+    mad_job *j = ctx;
+    (void)nth;
+    __m256i ones = _mm256_set1_epi16(1);
+    /* 4 x 2 distinct operand pairs so no product can be shared; 15 ymm
+     * registers in all, within AVX2's 16 */
+    __m256i x0 = _mm256_set1_epi8((char)(3 + ith)), x1 = _mm256_set1_epi8(5), x2 = _mm256_set1_epi8(7);
+    __m256i x3 = _mm256_set1_epi8(9), y0 = _mm256_set1_epi8(-2), y1 = _mm256_set1_epi8(3);
+    __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+#define MAD(c, a, b) c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), ones))
+    for (long i = 0; i < j->iters; i++) {
+        MAD(c0, x0, y0); MAD(c1, x1, y0); MAD(c2, x2, y0); MAD(c3, x3, y0);
+        MAD(c4, x0, y1); MAD(c5, x1, y1); MAD(c6, x2, y1); MAD(c7, x3, y1);
+        /* the operands "change" every iteration, so nothing is hoisted */
+        __asm__ volatile("" : "+x"(x0), "+x"(x1), "+x"(x2), "+x"(x3), "+x"(y0), "+x"(y1));
+    }
+#undef MAD
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)),
+                                 _mm256_add_epi32(_mm256_add_epi32(c4, c5), _mm256_add_epi32(c6, c7)));
+    j->sink[ith % 64] = _mm256_extract_epi32(s, 0);
+}
+
+/* int8 "FLOP/s" (2 per multiply-add) of the raw instruction sequence. */
+static double bench_int8_peak(int n_threads) {
+    tpool *pool = tpool_create(n_threads);
+    if (!pool) return 0;
+    mad_job j = { .iters = 1 << 16 };
+    double best = 0, flop_per_iter = 2.0 * 8 * 32 * n_threads;
+    for (int rep = 0; rep < 12; rep++) {
+        double t0 = bench_now();
+        tpool_run(pool, mad_loop, &j);
+        double dt = bench_now() - t0;
+        if (dt > 0.15) {
+            if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
+            if (rep >= 8) break;
+        } else {
+            j.iters *= 2;
+        }
+    }
+    tpool_destroy(pool);
+    return best;
+}
+#endif
+
+/* ==== FLOPs of the model ==== */
+
+/* Multiply-adds of the weight matmuls for one token in all layers (MoE: the
+ * router and the used experts only), excluding the output layer. */
+static double bench_layer_macs(const model_hparams *h) {
+    double E = h->n_embd, qd = (double)h->n_head * h->head_dim_k, kd = (double)h->n_head_kv * h->head_dim_k;
+    double vd = (double)h->n_head_kv * h->head_dim_v, od = (double)h->n_head * h->head_dim_v;
+    double attn = E * qd + E * kd + E * vd + od * E;
+    double ffn = h->n_expert > 0 ? E * h->n_expert + (double)h->n_expert_used * 3.0 * E * h->n_ff_exp
+                                 : 3.0 * E * h->n_ff;
+    return h->n_layer * (attn + ffn);
+}
+
+/* Attention multiply-adds (QK^T and AV) of token i attending to i+1 keys,
+ * averaged over a prompt of n tokens: (n+1)/2 keys on average. */
+static double bench_attn_macs(const model_hparams *h, int n) {
+    return h->n_layer * (double)h->n_head * (h->head_dim_k + h->head_dim_v) * (n + 1) / 2.0;
+}
+
+/* ==== Bounds table ==== */
+
+static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *bi, const bench_result *res, int n_res,
+                               int n_threads) {
+    const model_hparams *h = model_get_hparams(m);
+    const bench_result *pp = NULL, *tg = NULL;
+    for (int i = 0; i < n_res; i++) {
+        if (res[i].threads != n_threads) continue;
+        if (res[i].is_pp && !pp) pp = &res[i];
+        if (!res[i].is_pp && !tg) tg = &res[i];
+    }
+    fprintf(stderr, "measuring bounds (%d threads)...\n", n_threads);
+    double bw = bench_bandwidth(n_threads, o->bw_mib);
+    double kpeak = bench_kernel_peak(bi->main_type, n_threads);
+    double ipeak = 0;
+#if defined(__AVX2__)
+    ipeak = bench_int8_peak(n_threads);
+#endif
+    uint64_t wb = model_weight_bytes_per_token(m);
+    char v[64];
+    printf("\nbounds (%d threads, kernels: %s)\n\n", n_threads, quant_kernel_name());
+    printf("| quantity | value | how it was obtained |\n| --- | ---: | --- |\n");
+    printf("| memory read bandwidth | %.2f GB/s | %d-thread streaming read of a %d MiB buffer, best of 5 |\n",
+           bw / 1e9, n_threads, o->bw_mib);
+    printf("| weight bytes per decoded token | %.2f MB | model_weight_bytes_per_token (all weights read once%s) |\n",
+           wb / 1e6, h->n_expert > 0 ? "; MoE: only the used experts" : "");
+    if (bw > 0 && wb > 0) {
+        double bound = bw / (double)wb;
+        printf("| decode bound | %.2f t/s | bandwidth / weight bytes per token (KV-cache reads ignored) |\n", bound);
+        if (tg) printf("| tg%d measured | %.2f t/s | %.1f%% of the decode bound |\n", tg->n, tg->mean, 100.0 * tg->mean / bound);
+    }
+    if (pp) {
+        double macs = bench_layer_macs(h) + bench_attn_macs(h, pp->n) + (double)h->n_embd * h->n_vocab / pp->n;
+        double flops = 2.0 * macs, rate = flops * pp->mean;
+        printf("| FLOPs per prompt token (pp%d) | %.4g GFLOP | 2 x multiply-adds: weight matmuls %.4g G%s, "
+               "attention QK+AV at %.1f keys on average %.4g G, output layer once per prompt %.4g G / %d |\n",
+               pp->n, flops / 1e9, 2 * bench_layer_macs(h) / 1e9,
+               h->n_expert > 0 ? " (router + used experts)" : "", (pp->n + 1) / 2.0,
+               2 * bench_attn_macs(h, pp->n) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
+        printf("| pp%d measured | %.2f GFLOP/s | %.2f t/s x FLOPs per token |\n", pp->n, rate / 1e9, pp->mean);
+        if (kpeak > 0)
+            printf("| matmul kernel ceiling (%s) | %.2f GFLOP/s | quant_mul_mat_tile, %d rows x %d tokens x %d, "
+                   "cache-resident, %d threads; pp%d reaches %.1f%% of it |\n", gguf_type_name(bi->main_type),
+                   kpeak / 1e9, CK_ROWS, CK_TOK, CK_K, n_threads, pp->n, 100.0 * rate / kpeak);
+        int float_w = bi->main_type == GGML_TYPE_F32 || bi->main_type == GGML_TYPE_F16 || bi->main_type == GGML_TYPE_BF16;
+        if (ipeak > 0 && !float_w)   /* float weights use FMA kernels, not int8 */
+            printf("| int8 multiply-add ceiling | %.2f GOP/s | AVX2 vpmaddubsw+vpmaddwd+vpaddd register loop, "
+                   "%d threads (2 ops per multiply-add); pp%d reaches %.1f%% of it |\n", ipeak / 1e9, n_threads,
+                   pp->n, 100.0 * rate / ipeak);
+    } else {
+        if (kpeak > 0) {
+            snprintf(v, sizeof v, "%.2f GFLOP/s", kpeak / 1e9);
+            printf("| matmul kernel ceiling (%s) | %s | quant_mul_mat_tile, cache-resident |\n", gguf_type_name(bi->main_type), v);
+        }
+    }
+    fflush(stdout);
+}
+
+/* ==== The command ==== */
+
+static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, bench_result *res, int *n_res,
+                         char *err, size_t errlen) {
+    model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch };
+    model *m = NULL;
+    session *s = NULL;
+    int rc = -1, n_ctx = 1;
+    for (int i = 0; i < o->pp.n; i++) if (o->pp.v[i] > n_ctx) n_ctx = o->pp.v[i];
+    for (int i = 0; i < o->tg.n; i++) if (o->tg.v[i] > n_ctx) n_ctx = o->tg.v[i];
+    if (model_load(&m, o->model, &mo, err, errlen)) goto out;
+    if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
+    bench_describe(m, bi);
+    if (*n_res == 0 && n_threads == o->threads.v[0]) bench_print_header();
+    for (int pass = 0; pass < 2; pass++) {
+        const bench_list *l = pass == 0 ? &o->pp : &o->tg;
+        for (int i = 0; i < l->n; i++) {
+            if (l->v[i] == 0) continue;
+            bench_result *r = &res[*n_res];
+            if (bench_run_test(m, s, o, pass == 0, l->v[i], r, err, errlen)) goto out;
+            r->threads = n_threads;
+            bench_print_row(bi, r);
+            (*n_res)++;
+        }
+    }
+    if (o->bounds && n_threads == o->threads.v[o->threads.n - 1]) {
+        session_free(s);
+        s = NULL;
+        bench_print_bounds(m, o, bi, res, *n_res, n_threads);
+    }
+    rc = 0;
+out:
+    session_free(s);
+    model_free(m);
+    return rc;
+}
+
+int cli_bench(int argc, char **argv) {
+    bench_opts o;
+    if (argc == 0) { bench_usage(); return 2; }
+    if (bench_parse(argc, argv, &o)) return 2;
+    bench_result res[3 * BENCH_MAX_LIST * BENCH_MAX_LIST];
+    bench_info bi;
+    int n_res = 0;
+    char err[512];
+    for (int i = 0; i < o.threads.n; i++) {
+        if (bench_threads(&o, o.threads.v[i], &bi, res, &n_res, err, sizeof err)) {
+            fprintf(stderr, "tandem bench: %s\n", err);
+            return 1;
+        }
+    }
+    return 0;
+}

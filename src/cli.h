@@ -1,0 +1,11 @@
+/* cli.h - the `tandem` subcommands (main.c dispatches on argv[1]). Each
+ * returns the process exit status. */
+#ifndef TANDEM_CLI_H
+#define TANDEM_CLI_H
+
+int cli_run(int argc, char **argv);        /* tandem run */
+int cli_tokenize(int argc, char **argv);   /* tandem tokenize */
+int cli_bench(int argc, char **argv);      /* tandem bench (bench.c) */
+int cli_gen_model(int argc, char **argv);  /* tandem gen-model (genmodel.c) */
+
+#endif

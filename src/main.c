@@ -1,0 +1,29 @@
+/* main.c - the `tandem` command: dispatch to the subcommands in cli.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void main_usage(void) {
+    fprintf(stderr,
+        "tandem - disaggregated LLM inference over GGUF models\n"
+        "usage: tandem COMMAND [options]\n"
+        "  run         generate text from a prompt\n"
+        "  tokenize    print the token ids of a text\n"
+        "  bench       prompt and generation speed (llama-bench style table)\n"
+        "  gen-model   write a random-weight GGUF model of a given shape\n"
+        "Run `tandem COMMAND` without options for its usage.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) { main_usage(); return 2; }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "run")) return cli_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench")) return cli_bench(argc - 2, argv + 2);
+    if (!strcmp(cmd, "gen-model")) return cli_gen_model(argc - 2, argv + 2);
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { main_usage(); return 0; }
+    fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
+    main_usage();
+    return 2;
+}

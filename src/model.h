@@ -1,0 +1,87 @@
+/* model.h - a loaded GGUF model (weights, hyper-parameters, tokenizer) and
+ * the sessions (one KV cache each) that run it.
+ *
+ * Supported architectures: llama (Llama 2/3, TinyStories), qwen2 (q/k/v
+ * biases), qwen3 (q/k RMS norm per head), qwen3moe (routed experts).
+ */
+#ifndef TANDEM_MODEL_H
+#define TANDEM_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "gguf.h"
+#include "kvcache.h"
+#include "tokenizer.h"
+
+enum arch_id { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE };
+
+typedef struct {
+    enum arch_id arch;
+    const char *arch_name;
+    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
+    int head_dim_k, head_dim_v;      /* attention.key_length / value_length */
+    int n_ff;                        /* dense FFN width */
+    int n_expert, n_expert_used, n_ff_exp, expert_norm;
+    float rms_eps;
+    rope_cfg rope;
+} model_hparams;
+
+/* Weights of one transformer block (shape comments in ggml order: [cols, rows]). */
+typedef struct {
+    be_weight attn_norm;     /* [n_embd] */
+    be_weight wq;            /* [n_embd, n_head * hd_k] */
+    be_weight wk;            /* [n_embd, n_head_kv * hd_k] */
+    be_weight wv;            /* [n_embd, n_head_kv * hd_v] */
+    be_weight wo;            /* [n_head * hd_v, n_embd] */
+    be_weight bq, bk, bv;    /* qwen2: [n_head * hd_k], [kv dims] */
+    be_weight q_norm, k_norm;/* qwen3: [hd_k] */
+    be_weight ffn_norm;      /* [n_embd] */
+    be_weight ffn_gate;      /* [n_embd, n_ff] */
+    be_weight ffn_up;        /* [n_embd, n_ff] */
+    be_weight ffn_down;      /* [n_ff, n_embd] */
+    be_weight gate_inp;      /* moe: [n_embd, n_expert] */
+    be_weight gate_exps;     /* moe: [n_embd, n_ff_exp, n_expert] */
+    be_weight up_exps;       /* moe: [n_embd, n_ff_exp, n_expert] */
+    be_weight down_exps;     /* moe: [n_ff_exp, n_embd, n_expert] */
+    be_moe moe;
+} model_layer;
+
+typedef struct model model;
+typedef struct session session;
+
+typedef struct {
+    int n_threads;           /* CPU threads (default 1) */
+    int n_batch;             /* prefill chunk (default 512) */
+} model_opts;
+
+int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
+void model_free(model *m);
+const model_hparams *model_get_hparams(const model *m);
+const tokenizer *model_get_tokenizer(const model *m);
+const gguf_file *model_get_gguf(const model *m);
+backend *model_get_backend(model *m);
+/* Bytes of weights read per decoded token (all tensors; for MoE only the used experts). */
+uint64_t model_weight_bytes_per_token(const model *m);
+uint64_t model_file_bytes(const model *m);
+const char *model_type_summary(const model *m);   /* e.g. "Q8_0" / "Q4_K_M"-ish: most common weight type */
+
+/* ==== Sessions ==== */
+int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err, size_t errlen);
+void session_free(session *s);
+kvcache *session_kv(session *s);
+int session_pos(const session *s);          /* tokens in the cache */
+void session_reset(session *s, int pos);    /* forget positions >= pos */
+
+/* Called after layer `layer` has written K/V for positions [pos0, pos0+n). */
+typedef int (*layer_hook)(void *ud, int layer, int pos0, int n);
+
+/* Run n tokens at the session's current position (chunked by n_batch).
+ * logits: if non-NULL, receives n_vocab floats for the last token.
+ * hook: optional per-layer callback (the handoff streams from it); a
+ * non-zero return aborts the evaluation. 0 on success, -1 with a message. */
+int model_eval(model *m, session *s, const int32_t *ids, int n, float *logits,
+               layer_hook hook, void *hook_ud, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,698 @@
+/* quant.c - scalar conversions, reference kernels, weight quantizers, dispatch.
+ *
+ * Everything here is plain C and serves as the definition the SIMD kernels in
+ * quant_avx2.c and quant_neon.c must reproduce: the same integer sums per
+ * block, scaled the same way, so results differ only by float summation order.
+ * Activation quantizers (Q8_0, Q8_K) follow llama.cpp's reference definitions
+ * exactly, because the oracle's logits depend on them.
+ */
+#include "quant.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ==== SIMD entry points (quant_avx2.c / quant_neon.c) ==== */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QUANT_HAVE_AVX2 1
+#endif
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#define QUANT_HAVE_NEON 1
+#endif
+
+/* Each returns 1 if it handled the request, 0 if the caller must fall back. */
+int quant_avx2_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                            const void *a, size_t a_stride, int na, float *out, size_t out_stride);
+int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
+int quant_neon_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                            const void *a, size_t a_stride, int na, float *out, size_t out_stride);
+int quant_neon_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
+
+/* ==== Scalar conversions ==== */
+static inline uint32_t quant_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float quant_bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+float fp16_to_f32(fp16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t mant = h & 0x3ff;
+    if (exp == 0) {
+        /* zero or subnormal: mant * 2^-24, exact in f32 */
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exp == 31)
+        return quant_bits_f32(sign | 0x7f800000u | (mant << 13));
+    /* rebias exponent 15 -> 127 */
+    return quant_bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/* Round mant >> shift to nearest, ties to even. shift in 1..31. */
+static inline uint32_t quant_shift_rne(uint32_t mant, unsigned shift) {
+    uint32_t r = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1))) r++;
+    return r;
+}
+
+fp16_t f32_to_fp16(float f) {
+    uint32_t x = quant_f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u)   /* NaN: keep it quiet and keep the top payload bits */
+        return (fp16_t)(sign | 0x7e00 | ((ax >> 13) & 0x3ff));
+    if (ax >= 0x477ff000u)  /* >= 65520 rounds to infinity (65504 is the max half) */
+        return (fp16_t)(sign | 0x7c00);
+    if (ax < 0x38800000u) { /* below 2^-14: subnormal half (or zero) */
+        uint32_t e = ax >> 23;
+        if (e < 102) return (fp16_t)sign;  /* < 2^-25: rounds to zero */
+        uint32_t mant = (ax & 0x7fffff) | 0x800000;
+        /* value = mant * 2^(e-150); in units of the half subnormal step 2^-24
+         * that is mant * 2^(e-126), i.e. a right shift by 126 - e (14..24) */
+        return (fp16_t)(sign | quant_shift_rne(mant, 126 - e));
+    }
+    /* normal: rebias 127 -> 15; a mantissa carry correctly bumps the exponent */
+    uint32_t r = (((ax >> 23) - 112) << 10) | ((ax & 0x7fffff) >> 13);
+    uint32_t rem = ax & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (fp16_t)(sign | r);
+}
+
+float bf16_to_f32(bf16_t h) { return quant_bits_f32((uint32_t)h << 16); }
+
+bf16_t f32_to_bf16(float f) {
+    uint32_t u = quant_f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)  /* NaN: truncate, force quiet bit */
+        return (bf16_t)((u >> 16) | 0x40);
+    return (bf16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* ==== Type queries ==== */
+int quant_is_supported(uint32_t type) {
+    switch (type) {
+    case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* GGML_TYPE_COUNT for a type this engine cannot multiply. */
+uint32_t quant_vec_dot_type(uint32_t wtype) {
+    switch (wtype) {
+    case GGML_TYPE_F32: return GGML_TYPE_F32;
+    /* Half-precision weights meet f32 activations unrounded: that is what the
+     * primary oracle (ik_llama.cpp) does, and it agrees with it to 1e-4
+     * logits where rounding the activations to f16 (mainline ggml) leaves
+     * 1e-2 and flips near-tied MoE routing decisions. */
+    case GGML_TYPE_F16: return GGML_TYPE_F32;
+    case GGML_TYPE_BF16: return GGML_TYPE_F32;
+    case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return GGML_TYPE_Q8_0;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return GGML_TYPE_Q8_K;
+    default: return GGML_TYPE_COUNT;
+    }
+}
+
+/* ==== K-quant scale packing ==== */
+/* Sub-block j (0..7) of a Q4_K/Q5_K super-block: 6-bit scale and min.
+ * Bytes 0-3 hold scales 0-3 (low 6 bits), bytes 4-7 mins 0-3 (low 6 bits);
+ * bytes 8-11 hold the low nibbles of scale/min 4-7, whose top two bits sit in
+ * the spare top bits of bytes 0-3 (scales) and 4-7 (mins). */
+static inline void quant_get_scale_min_k4(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+    }
+}
+
+static void quant_put_scale_min_k4(uint8_t *q, const uint8_t *sc, const uint8_t *m) {
+    memset(q, 0, K_SCALE_SIZE);
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            q[j] |= sc[j] & 63;
+            q[j + 4] |= m[j] & 63;
+        } else {
+            q[j + 4] = (uint8_t)((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+            q[j - 4] |= (uint8_t)((sc[j] >> 4) << 6);
+            q[j] |= (uint8_t)((m[j] >> 4) << 6);
+        }
+    }
+}
+
+/* ==== Dequantization ==== */
+static void quant_dequant_q4_0(const block_q4_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = d * (float)((x[i].qs[j] & 0xF) - 8);
+            y[j + QK4_0 / 2] = d * (float)((x[i].qs[j] >> 4) - 8);
+        }
+    }
+}
+
+static void quant_dequant_q5_0(const block_q5_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK5_0) {
+        float d = fp16_to_f32(x[i].d);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, 4);
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int lo = (x[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4);
+            int hi = (x[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4);
+            y[j] = d * (float)(lo - 16);
+            y[j + QK5_0 / 2] = d * (float)(hi - 16);
+        }
+    }
+}
+
+static void quant_dequant_q8_0(const block_q8_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK8_0) {
+        float d = fp16_to_f32(x[i].d);
+        for (int j = 0; j < QK8_0; j++) y[j] = d * (float)x[i].qs[j];
+    }
+}
+
+static void quant_dequant_q4_K(const block_q4_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs;
+        for (int c = 0; c < 4; c++, q += 32) {  /* 4 chunks of 64: low nibbles, then high */
+            uint8_t sc, m;
+            quant_get_scale_min_k4(2 * c, x[i].scales, &sc, &m);
+            float d1 = d * sc, m1 = dmin * m;
+            quant_get_scale_min_k4(2 * c + 1, x[i].scales, &sc, &m);
+            float d2 = d * sc, m2 = dmin * m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+static void quant_dequant_q5_K(const block_q5_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = fp16_to_f32(x[i].d), dmin = fp16_to_f32(x[i].dmin);
+        const uint8_t *q = x[i].qs, *qh = x[i].qh;
+        for (int c = 0; c < 4; c++, q += 32) {
+            uint8_t sc, m;
+            quant_get_scale_min_k4(2 * c, x[i].scales, &sc, &m);
+            float d1 = d * sc, m1 = dmin * m;
+            quant_get_scale_min_k4(2 * c + 1, x[i].scales, &sc, &m);
+            float d2 = d * sc, m2 = dmin * m;
+            /* bit 2c of qh[l] is the 5th bit of the low half, bit 2c+1 of the high half */
+            for (int l = 0; l < 32; l++)
+                *y++ = d1 * (float)((q[l] & 0xF) | (((qh[l] >> (2 * c)) & 1) << 4)) - m1;
+            for (int l = 0; l < 32; l++)
+                *y++ = d2 * (float)((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
+        }
+    }
+}
+
+/* Q6_K value at element e of a super-block, as 0..63 (subtract 32 for the signed value). */
+static inline int quant_q6_K_get(const block_q6_K *b, int e) {
+    int half = e / 128, g = (e % 128) / 32, l = e % 32;
+    const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
+    int lo = (g & 1) ? ql[l + 32] : ql[l];
+    lo = (g & 2) ? (lo >> 4) : (lo & 0xF);
+    return lo | (((qh[l] >> (2 * g)) & 3) << 4);
+}
+
+static void quant_dequant_q6_K(const block_q6_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        float d = fp16_to_f32(x[i].d);
+        for (int e = 0; e < QK_K; e++)
+            *y++ = d * (float)x[i].scales[e / 16] * (float)(quant_q6_K_get(&x[i], e) - 32);
+    }
+}
+
+void quant_dequantize_row(uint32_t type, const void *x, float *y, int64_t n) {
+    switch (type) {
+    case GGML_TYPE_F32: memcpy(y, x, (size_t)n * sizeof(float)); break;
+    case GGML_TYPE_F16: {
+        const fp16_t *h = x;
+        for (int64_t i = 0; i < n; i++) y[i] = fp16_to_f32(h[i]);
+        break;
+    }
+    case GGML_TYPE_BF16: {
+        const bf16_t *h = x;
+        for (int64_t i = 0; i < n; i++) y[i] = bf16_to_f32(h[i]);
+        break;
+    }
+    case GGML_TYPE_Q4_0: quant_dequant_q4_0(x, y, n / QK4_0); break;
+    case GGML_TYPE_Q5_0: quant_dequant_q5_0(x, y, n / QK5_0); break;
+    case GGML_TYPE_Q8_0: quant_dequant_q8_0(x, y, n / QK8_0); break;
+    case GGML_TYPE_Q4_K: quant_dequant_q4_K(x, y, n / QK_K); break;
+    case GGML_TYPE_Q5_K: quant_dequant_q5_K(x, y, n / QK_K); break;
+    case GGML_TYPE_Q6_K: quant_dequant_q6_K(x, y, n / QK_K); break;
+    case GGML_TYPE_Q8_K: {
+        const block_q8_K *b = x;
+        for (int64_t i = 0; i < n / QK_K; i++)
+            for (int j = 0; j < QK_K; j++) *y++ = b[i].d * (float)b[i].qs[j];
+        break;
+    }
+    default:
+        memset(y, 0, (size_t)n * sizeof(float));
+        break;
+    }
+}
+
+/* ==== Activation quantization (llama.cpp's reference definitions) ==== */
+/* Q8_0: d = amax/127 (stored as fp16), q = roundf(x / d) with ties away from zero. */
+static void quant_ref_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_0) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = f32_to_fp16(d);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+    }
+}
+
+/* nearest integer, ties to even (the default rounding mode), |v| < 2^22 */
+static inline int quant_nearest_int(float v) { return (int)lrintf(v); }
+
+/* Q8_K: the signed value of largest magnitude (first one on ties) maps to -127;
+ * q = nearest(x * -127/max) clamped to 127; bsums are sums of 16; d = 1/iscale. */
+static void quant_ref_act_q8_K(const float *x, block_q8_K *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < QK_K; j++) {
+            float ax = fabsf(x[j]);
+            if (ax > amax) { amax = ax; max = x[j]; }
+        }
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float iscale = -127.0f / max;
+        for (int j = 0; j < QK_K; j++) {
+            int v = quant_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int j = 0; j < QK_K / 16; j++) {
+            int sum = 0;
+            for (int k = 0; k < 16; k++) sum += y[i].qs[16 * j + k];
+            y[i].bsums[j] = (int16_t)sum;
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
+    switch (type) {
+    case GGML_TYPE_F32: memcpy(y, x, (size_t)n * sizeof(float)); break;
+    case GGML_TYPE_F16: {
+        fp16_t *h = y;
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_fp16(x[i]);
+        break;
+    }
+    case GGML_TYPE_BF16: {
+        bf16_t *h = y;
+        for (int64_t i = 0; i < n; i++) h[i] = f32_to_bf16(x[i]);
+        break;
+    }
+    case GGML_TYPE_Q8_0: quant_ref_act_q8_0(x, y, n / QK8_0); break;
+    case GGML_TYPE_Q8_K: quant_ref_act_q8_K(x, y, n / QK_K); break;
+    default: break;
+    }
+}
+
+/* ==== Reference dot products ==== */
+static float quant_ref_dot_q4_0(int64_t nb, const block_q4_0 *x, const block_q8_0 *y) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            sumi += ((x[i].qs[j] & 0xF) - 8) * y[i].qs[j];
+            sumi += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + QK4_0 / 2];
+        }
+        sumf += (float)sumi * (fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d));
+    }
+    return sumf;
+}
+
+static float quant_ref_dot_q5_0(int64_t nb, const block_q5_0 *x, const block_q8_0 *y) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, 4);
+        int sumi = 0;
+        for (int j = 0; j < QK5_0 / 2; j++) {
+            int lo = ((x[i].qs[j] & 0xF) | (int)(((qh >> j) & 1) << 4)) - 16;
+            int hi = ((x[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16;
+            sumi += lo * y[i].qs[j] + hi * y[i].qs[j + QK5_0 / 2];
+        }
+        sumf += (float)sumi * (fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d));
+    }
+    return sumf;
+}
+
+static float quant_ref_dot_q8_0(int64_t nb, const block_q8_0 *x, const block_q8_0 *y) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
+        sumf += (float)sumi * (fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d));
+    }
+    return sumf;
+}
+
+/* Q4_K/Q5_K: sum_j sc_j * dot(q, a) over 8 sub-blocks, minus sum_j m_j * (sum of a). */
+static float quant_ref_dot_q45_K(int64_t nb, const void *vx, const block_q8_K *y, int five) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        const block_q4_K *x4 = (const block_q4_K *)vx + i;
+        const block_q5_K *x5 = (const block_q5_K *)vx + i;
+        const uint8_t *scales = five ? x5->scales : x4->scales;
+        const uint8_t *qs = five ? x5->qs : x4->qs;
+        float d = fp16_to_f32(five ? x5->d : x4->d), dmin = fp16_to_f32(five ? x5->dmin : x4->dmin);
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            quant_get_scale_min_k4(j, scales, &sc, &m);
+            int c = j / 2, dot = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = (j & 1) ? (qs[32 * c + l] >> 4) : (qs[32 * c + l] & 0xF);
+                if (five) q |= ((x5->qh[l] >> j) & 1) << 4;
+                dot += q * y[i].qs[32 * j + l];
+            }
+            sumi += sc * dot;
+            summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+        }
+        sumf += y[i].d * d * (float)sumi - y[i].d * dmin * (float)summ;
+    }
+    return sumf;
+}
+
+static float quant_ref_dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_K *y) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        int sumi = 0;
+        for (int j = 0; j < QK_K / 16; j++) {
+            int dot = 0;
+            for (int l = 0; l < 16; l++)
+                dot += (quant_q6_K_get(&x[i], 16 * j + l) - 32) * y[i].qs[16 * j + l];
+            sumi += x[i].scales[j] * dot;
+        }
+        sumf += y[i].d * fp16_to_f32(x[i].d) * (float)sumi;
+    }
+    return sumf;
+}
+
+void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y) {
+    double acc = 0.0;
+    switch (wtype) {
+    case GGML_TYPE_F32: {
+        const float *a = x, *b = y;
+        for (int64_t i = 0; i < n; i++) acc += (double)(a[i] * b[i]);
+        *s = (float)acc;
+        return;
+    }
+    case GGML_TYPE_F16: {
+        const fp16_t *a = x;
+        const float *b = y;
+        for (int64_t i = 0; i < n; i++) acc += (double)(fp16_to_f32(a[i]) * b[i]);
+        *s = (float)acc;
+        return;
+    }
+    case GGML_TYPE_BF16: {
+        const bf16_t *a = x;
+        const float *b = y;
+        for (int64_t i = 0; i < n; i++) acc += (double)(bf16_to_f32(a[i]) * b[i]);
+        *s = (float)acc;
+        return;
+    }
+    case GGML_TYPE_Q4_0: *s = quant_ref_dot_q4_0(n / QK4_0, x, y); return;
+    case GGML_TYPE_Q5_0: *s = quant_ref_dot_q5_0(n / QK5_0, x, y); return;
+    case GGML_TYPE_Q8_0: *s = quant_ref_dot_q8_0(n / QK8_0, x, y); return;
+    case GGML_TYPE_Q4_K: *s = quant_ref_dot_q45_K(n / QK_K, x, y, 0); return;
+    case GGML_TYPE_Q5_K: *s = quant_ref_dot_q45_K(n / QK_K, x, y, 1); return;
+    case GGML_TYPE_Q6_K: *s = quant_ref_dot_q6_K(n / QK_K, x, y); return;
+    default: *s = 0.0f; return;
+    }
+}
+
+static void quant_ref_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                                   const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+    for (int j = 0; j < na; j++)
+        for (int i = 0; i < nw; i++)
+            quant_ref_vec_dot(wtype, n, &out[(size_t)j * out_stride + (size_t)i],
+                              (const char *)w + (size_t)i * w_stride,
+                              (const char *)a + (size_t)j * a_stride);
+}
+
+/* ==== Weight quantization (for writing model files) ==== */
+static void quant_write_q8_0(const float *x, block_q8_0 *y, int64_t nb) { quant_ref_act_q8_0(x, y, nb); }
+
+/* Largest-magnitude value with its sign (the first on ties). */
+static float quant_signed_absmax(const float *x, int n) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < n; j++)
+        if (fabsf(x[j]) > amax) { amax = fabsf(x[j]); max = x[j]; }
+    return max;
+}
+
+static inline int quant_clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Q4_0 / Q5_0: the extreme value maps to level 0 (-8 or -16), so the opposite
+ * side gets one level less; nlev = 16 or 32. Levels stored as 0..nlev-1. */
+static void quant_symmetric_levels(const float *x, int nlev, fp16_t *dout, uint8_t *L) {
+    float max = quant_signed_absmax(x, 32);
+    float d = max / (float)(-nlev / 2);
+    *dout = f32_to_fp16(d);
+    float dh = fp16_to_f32(*dout);
+    float id = dh != 0.0f ? 1.0f / dh : 0.0f;
+    for (int j = 0; j < 32; j++)
+        L[j] = (uint8_t)quant_clampi((int)lrintf(x[j] * id) + nlev / 2, 0, nlev - 1);
+}
+
+static void quant_write_q4_0(const float *x, block_q4_0 *y, int64_t nb) {
+    uint8_t L[32];
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        quant_symmetric_levels(x, 16, &y[i].d, L);
+        for (int j = 0; j < 16; j++) y[i].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+    }
+}
+
+static void quant_write_q5_0(const float *x, block_q5_0 *y, int64_t nb) {
+    uint8_t L[32];
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        quant_symmetric_levels(x, 32, &y[i].d, L);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            y[i].qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
+            qh |= (uint32_t)(L[j] >> 4) << j;
+            qh |= (uint32_t)(L[j + 16] >> 4) << (j + 16);
+        }
+        memcpy(y[i].qh, &qh, 4);
+    }
+}
+
+/* Fit x ~ scale * L - min with L in 0..nmax, min >= 0, for one sub-block of 32:
+ * start from the min/max range, then a few least-squares refinements of
+ * (scale, min) for the current levels. Deterministic. */
+static void quant_fit_scale_min(const float *x, int nmax, float *scale, float *min) {
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < 32; j++) { lo = fminf(lo, x[j]); hi = fmaxf(hi, x[j]); }
+    if (lo > 0.0f) lo = 0.0f;
+    if (hi <= lo) { *scale = 0.0f; *min = -lo; return; }
+    float s = (hi - lo) / (float)nmax, m = -lo;
+    float best_err = INFINITY, best_s = s, best_m = m;
+    for (int it = 0; it < 4; it++) {
+        double sl = 0, sll = 0, sx = 0, slx = 0, err = 0;
+        for (int j = 0; j < 32; j++) {
+            int l = quant_clampi((int)lrintf((x[j] + m) / s), 0, nmax);
+            double diff = s * l - m - x[j];
+            err += diff * diff;
+            sl += l; sll += (double)l * l; sx += x[j]; slx += (double)l * x[j];
+        }
+        if (err < best_err) { best_err = (float)err; best_s = s; best_m = m; }
+        double det = 32.0 * sll - sl * sl;
+        if (det <= 0) break;
+        double ns = (32.0 * slx - sl * sx) / det;     /* least squares for x = s*l - m */
+        double nm = -(sx - ns * sl) / 32.0;
+        if (nm < 0) { nm = 0; ns = sll > 0 ? slx / sll : s; }
+        if (!(ns > 0)) break;
+        s = (float)ns; m = (float)nm;
+    }
+    *scale = best_s; *min = best_m;
+}
+
+/* Shared by Q4_K and Q5_K: 8 sub-blocks of 32, 6-bit scales and mins relative
+ * to the fp16 super-block d and dmin. Writes levels L[256] in 0..nmax. */
+static void quant_k_scales(const float *x, int nmax, fp16_t *d_out, fp16_t *dmin_out,
+                           uint8_t *scales, uint8_t *L) {
+    float sc[8], mn[8], max_sc = 0.0f, max_mn = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        quant_fit_scale_min(x + 32 * j, nmax, &sc[j], &mn[j]);
+        max_sc = fmaxf(max_sc, sc[j]);
+        max_mn = fmaxf(max_mn, mn[j]);
+    }
+    /* 63: the largest 6-bit value */
+    *d_out = f32_to_fp16(max_sc / 63.0f);
+    *dmin_out = f32_to_fp16(max_mn / 63.0f);
+    float d = fp16_to_f32(*d_out), dmin = fp16_to_f32(*dmin_out);
+    uint8_t qs[8], qm[8];
+    for (int j = 0; j < 8; j++) {
+        qs[j] = (uint8_t)(d > 0 ? quant_clampi((int)lrintf(sc[j] / d), 0, 63) : 0);
+        qm[j] = (uint8_t)(dmin > 0 ? quant_clampi((int)lrintf(mn[j] / dmin), 0, 63) : 0);
+        float s = d * qs[j], m = dmin * qm[j];
+        for (int l = 0; l < 32; l++)
+            L[32 * j + l] = (uint8_t)(s > 0 ? quant_clampi((int)lrintf((x[32 * j + l] + m) / s), 0, nmax) : 0);
+    }
+    quant_put_scale_min_k4(scales, qs, qm);
+}
+
+static void quant_write_q4_K(const float *x, block_q4_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        quant_k_scales(x, 15, &y[i].d, &y[i].dmin, y[i].scales, L);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++)
+                y[i].qs[32 * c + l] = (uint8_t)(L[64 * c + l] | (L[64 * c + 32 + l] << 4));
+    }
+}
+
+static void quant_write_q5_K(const float *x, block_q5_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        quant_k_scales(x, 31, &y[i].d, &y[i].dmin, y[i].scales, L);
+        memset(y[i].qh, 0, sizeof y[i].qh);
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l++) {
+                int lo = L[64 * c + l], hi = L[64 * c + 32 + l];
+                y[i].qs[32 * c + l] = (uint8_t)((lo & 0xF) | ((hi & 0xF) << 4));
+                y[i].qh[l] |= (uint8_t)(((lo >> 4) << (2 * c)) | ((hi >> 4) << (2 * c + 1)));
+            }
+    }
+}
+
+static void quant_write_q6_K(const float *x, block_q6_K *y, int64_t nb) {
+    uint8_t L[QK_K];
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float sc[16], amax = 0.0f;
+        for (int j = 0; j < 16; j++) {
+            /* the extreme value maps to level -32, the most negative 6-bit level */
+            sc[j] = quant_signed_absmax(x + 16 * j, 16) / -32.0f;
+            amax = fmaxf(amax, fabsf(sc[j]));
+        }
+        y[i].d = f32_to_fp16(amax / 127.0f);  /* 127: the largest int8 scale */
+        float d = fp16_to_f32(y[i].d);
+        for (int j = 0; j < 16; j++) {
+            int q = d > 0 ? quant_clampi((int)lrintf(sc[j] / d), -127, 127) : 0;
+            y[i].scales[j] = (int8_t)q;
+            float s = d * (float)q;
+            for (int l = 0; l < 16; l++)
+                L[16 * j + l] = (uint8_t)(s != 0 ? quant_clampi((int)lrintf(x[16 * j + l] / s), -32, 31) + 32 : 32);
+        }
+        for (int h = 0; h < 2; h++) {
+            uint8_t *ql = y[i].ql + 64 * h, *qh = y[i].qh + 32 * h;
+            const uint8_t *Lh = L + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+                ql[l + 32] = (uint8_t)((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+                qh[l] = (uint8_t)((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) |
+                                  ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+/* Bytes per row for the writable types (0 if n does not fit the block size). */
+static size_t quant_row_size(uint32_t type, int64_t n) {
+    switch (type) {
+    case GGML_TYPE_F32: return (size_t)n * 4;
+    case GGML_TYPE_F16: case GGML_TYPE_BF16: return (size_t)n * 2;
+    case GGML_TYPE_Q4_0: return n % QK4_0 ? 0 : (size_t)(n / QK4_0) * sizeof(block_q4_0);
+    case GGML_TYPE_Q5_0: return n % QK5_0 ? 0 : (size_t)(n / QK5_0) * sizeof(block_q5_0);
+    case GGML_TYPE_Q8_0: return n % QK8_0 ? 0 : (size_t)(n / QK8_0) * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_K);
+    case GGML_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_K);
+    case GGML_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_K);
+    default: return 0;
+    }
+}
+
+int quant_quantize_weight_rows(uint32_t type, const float *x, void *y, int64_t nrows, int64_t n) {
+    size_t rs = quant_row_size(type, n);
+    if (n <= 0 || nrows < 0 || rs == 0) return -1;
+    for (int64_t r = 0; r < nrows; r++) {
+        const float *xr = x + r * n;
+        void *yr = (char *)y + (size_t)r * rs;
+        switch (type) {
+        case GGML_TYPE_F32: memcpy(yr, xr, rs); break;
+        case GGML_TYPE_F16: case GGML_TYPE_BF16: quant_ref_quantize_act_row(type, xr, yr, n); break;
+        case GGML_TYPE_Q4_0: quant_write_q4_0(xr, yr, n / QK4_0); break;
+        case GGML_TYPE_Q5_0: quant_write_q5_0(xr, yr, n / QK5_0); break;
+        case GGML_TYPE_Q8_0: quant_write_q8_0(xr, yr, n / QK8_0); break;
+        case GGML_TYPE_Q4_K: quant_write_q4_K(xr, yr, n / QK_K); break;
+        case GGML_TYPE_Q5_K: quant_write_q5_K(xr, yr, n / QK_K); break;
+        case GGML_TYPE_Q6_K: quant_write_q6_K(xr, yr, n / QK_K); break;
+        default: return -1;
+        }
+    }
+    return 0;
+}
+
+/* ==== Dispatch ==== */
+/* -1: not decided yet; 0: SIMD kernels; 1: reference kernels. */
+static atomic_int quant_ref_mode = -1;
+
+void quant_force_reference(int on) { atomic_store(&quant_ref_mode, on ? 1 : 0); }
+
+static int quant_use_ref(void) {
+    int m = atomic_load_explicit(&quant_ref_mode, memory_order_relaxed);
+    if (m < 0) {
+        const char *e = getenv("TANDEM_KERNELS");
+        m = (e && strcmp(e, "ref") == 0) ? 1 : 0;
+        int expect = -1;
+        atomic_compare_exchange_strong(&quant_ref_mode, &expect, m);
+        m = atomic_load(&quant_ref_mode);
+    }
+    return m;
+}
+
+const char *quant_kernel_name(void) {
+    if (quant_use_ref()) return "ref";
+#if defined(QUANT_HAVE_AVX2)
+    return "avx2";
+#elif defined(QUANT_HAVE_NEON)
+    return "neon";
+#else
+    return "ref";
+#endif
+}
+
+void quant_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
+    if (!quant_use_ref()) {
+#if defined(QUANT_HAVE_AVX2)
+        if (quant_avx2_quantize_act_row(type, x, y, n)) return;
+#elif defined(QUANT_HAVE_NEON)
+        if (quant_neon_quantize_act_row(type, x, y, n)) return;
+#endif
+    }
+    quant_ref_quantize_act_row(type, x, y, n);
+}
+
+void quant_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                        const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+    if (nw <= 0 || na <= 0) return;
+    if (!quant_use_ref()) {
+#if defined(QUANT_HAVE_AVX2)
+        if (quant_avx2_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride)) return;
+#elif defined(QUANT_HAVE_NEON)
+        if (quant_neon_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride)) return;
+#endif
+    }
+    quant_ref_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
+}
+
+void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y) {
+    quant_mul_mat_tile(wtype, n, x, 0, 1, y, 0, 1, s, 0);
+}

@@ -1,0 +1,81 @@
+/* quant.h - weight block formats, conversion, and dot-product kernels.
+ *
+ * Block layouts are facts of the GGUF/ggml format. Quantized weights are
+ * multiplied against activations quantized to 8 bits, as llama.cpp does:
+ *   Q4_0, Q5_0, Q8_0 weights  x  Q8_0 activations  (blocks of 32)
+ *   Q4_K, Q5_K, Q6_K weights  x  Q8_K activations  (blocks of 256)
+ *   F16, BF16 and F32 weights x F32 activations (f32 accumulation, as the
+ *   primary oracle ik_llama.cpp does; mainline ggml rounds them to f16)
+ *
+ * Every kernel exists as a plain C reference (quant_ref_*) and, where the build
+ * target has it, an AVX2 or NEON version. The dispatcher picks the fastest
+ * unless quant_force_reference(1) was called (or TANDEM_KERNELS=ref is set in
+ * the environment at first use); tests compare the two.
+ */
+#ifndef TANDEM_QUANT_H
+#define TANDEM_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "gguf.h"
+
+#define QK4_0 32
+#define QK5_0 32
+#define QK8_0 32
+#define QK_K 256
+#define K_SCALE_SIZE 12
+
+/* ==== Block layouts ==== */
+typedef uint16_t fp16_t;   /* IEEE half, raw bits */
+typedef uint16_t bf16_t;   /* bfloat16, raw bits */
+
+typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;               /* 18 B */
+typedef struct { fp16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;  /* 22 B */
+typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                      /* 34 B */
+typedef struct { fp16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 B */
+typedef struct { fp16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K; /* 176 B */
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; fp16_t d; } block_q6_K; /* 210 B */
+typedef struct { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; } block_q8_K; /* 292 B, activations only */
+
+/* ==== Scalar conversions ==== */
+float fp16_to_f32(fp16_t h);
+fp16_t f32_to_fp16(float f);          /* round to nearest even */
+float bf16_to_f32(bf16_t h);
+bf16_t f32_to_bf16(float f);          /* round to nearest even, NaN kept */
+
+/* ==== Type queries ==== */
+/* 1 if this engine can compute with weights of this type. */
+int quant_is_supported(uint32_t type);
+/* The activation type a weight type is multiplied against (see above). */
+uint32_t quant_vec_dot_type(uint32_t wtype);
+
+/* ==== Rows ==== */
+/* Weight row -> f32 (all supported weight types). n: elements. */
+void quant_dequantize_row(uint32_t type, const void *x, float *y, int64_t n);
+/* f32 -> activation row of type F32, F16, BF16, Q8_0 or Q8_K. */
+void quant_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
+/* f32 -> weight rows (for writing model files): F32, F16, BF16, Q8_0, Q4_0,
+ * Q5_0, Q4_K, Q5_K, Q6_K. Returns 0, or -1 for a type it cannot write. */
+int quant_quantize_weight_rows(uint32_t type, const float *x, void *y, int64_t nrows, int64_t n);
+
+/* ==== Dot products ==== */
+/* s = dot(weight row x of type wtype, activation row y of quant_vec_dot_type(wtype)), n elements. */
+void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y);
+
+/* Tile: out[j * out_stride + i] = dot(w row i, act row j) for i < nw, j < na.
+ * w rows are w_stride bytes apart; act rows a_stride bytes apart. The fast
+ * versions reuse each loaded weight block across several activation rows. */
+void quant_mul_mat_tile(uint32_t wtype, int64_t n,
+                        const void *w, size_t w_stride, int nw,
+                        const void *a, size_t a_stride, int na,
+                        float *out, size_t out_stride);
+
+/* Reference (plain C) versions, always available, used by the tests. */
+void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y);
+void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
+
+/* ==== Dispatch ==== */
+void quant_force_reference(int on);
+const char *quant_kernel_name(void);  /* "avx2", "neon" or "ref" */
+
+#endif

@@ -1,0 +1,148 @@
+/* test_runtime.c - the pieces under the forward pass: thread pool, KV cache
+ * spans and limits, sampler. */
+#include <math.h>
+#include <stdatomic.h>
+
+#include "gguf.h"
+#include "kvcache.h"
+#include "quant.h"
+#include "sampler.h"
+#include "threadpool.h"
+#include "t.h"
+
+/* ==== thread pool ==== */
+
+typedef struct { atomic_int hits[1000]; atomic_int calls; } tp_ctx;
+
+static void tp_job(void *ud, int ith, int nth) {
+    tp_ctx *c = ud;
+    long lo, hi;
+    tpool_split(1000, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) atomic_fetch_add(&c->hits[i], 1);
+    atomic_fetch_add(&c->calls, 1);
+}
+
+static void test_threadpool(void) {
+    for (int nth = 1; nth <= 4; nth++) {
+        tpool *p = tpool_create(nth);
+        CHECK(p && tpool_size(p) == nth, "pool of %d", nth);
+        static tp_ctx c;
+        memset(&c, 0, sizeof c);
+        for (int r = 0; r < 500; r++) tpool_run(p, tp_job, &c);
+        int ok = 1;
+        for (int i = 0; i < 1000; i++) ok &= atomic_load(&c.hits[i]) == 500;
+        CHECK(ok, "every index covered exactly once per run with %d threads", nth);
+        CHECK(atomic_load(&c.calls) == 500 * nth, "calls %d", atomic_load(&c.calls));
+        tpool_destroy(p);
+    }
+    long lo, hi, prev = 0;
+    for (int i = 0; i < 7; i++) {
+        tpool_split(20, i, 7, &lo, &hi);
+        CHECK(lo == prev && hi >= lo, "split contiguous");
+        prev = hi;
+    }
+    CHECK(prev == 20, "split covers all");
+}
+
+/* ==== KV cache ==== */
+
+static void test_kvcache(void) {
+    char err[256];
+    kvcache *kv = NULL;
+    CHECK(kv_create(&kv, 2, 16, 33, GGML_TYPE_Q8_0, err, sizeof err) != 0, "q8_0 needs a dim that is a multiple of 32");
+    CHECK(kv_create(&kv, 2, 16, 64, GGML_TYPE_Q4_K, err, sizeof err) != 0, "q4_k cache refused");
+    CHECK(strstr(err, "Q4_K") != NULL, "message names the type: %s", err);
+    uint32_t types[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    for (int ti = 0; ti < 3; ti++) {
+        CHECK(kv_create(&kv, 3, 16, 64, types[ti], err, sizeof err) == 0, "create: %s", err);
+        if (!kv) continue;
+        CHECK(kv_row_bytes(kv) == gguf_row_bytes(types[ti], 64), "row bytes");
+        float k[4 * 64], v[4 * 64];
+        for (int i = 0; i < 4 * 64; i++) { k[i] = sinf(i * 0.1f); v[i] = cosf(i * 0.07f); }
+        kv_store_f32(kv, 1, 5, 4, k, v);
+        size_t rb = kv_row_bytes(kv);
+        uint8_t *kb = malloc(4 * rb), *vb = malloc(4 * rb);
+        CHECK(kv_read_span(kv, 1, 5, 4, kb, vb, err, sizeof err) == 0, "read span");
+        CHECK(memcmp(kb, kv_k_row(kv, 1, 5), 4 * rb) == 0, "span is contiguous rows");
+        float back[64];
+        quant_dequantize_row(types[ti], kb + 2 * rb, back, 64);
+        float maxerr = 0;
+        for (int i = 0; i < 64; i++) maxerr = fmaxf(maxerr, fabsf(back[i] - k[2 * 64 + i]));
+        CHECK(maxerr < 0.02f, "round trip error %g", maxerr);
+        /* write into another layer and position, read it back */
+        CHECK(kv_write_span(kv, 2, 0, 4, kb, vb, err, sizeof err) == 0, "write span");
+        CHECK(memcmp(kv_v_row(kv, 2, 3), vb + 3 * rb, rb) == 0, "written V row");
+        CHECK(kv_write_span(kv, 2, 14, 4, kb, vb, err, sizeof err) != 0, "past the context refused");
+        CHECK(strstr(err, "context length exceeded") != NULL, "message: %s", err);
+        CHECK(kv_write_span(kv, 3, 0, 1, kb, vb, err, sizeof err) != 0, "bad layer refused");
+        CHECK(kv_read_span(kv, 0, -1, 1, kb, vb, err, sizeof err) != 0, "negative position refused");
+        kv_set_used(kv, 99);
+        CHECK(kv_used(kv) == 16, "used clamps to n_ctx");
+        free(kb); free(vb);
+        kv_free(kv);
+        kv = NULL;
+    }
+}
+
+/* ==== sampler ==== */
+
+static void test_sampler(void) {
+    enum { N = 1000 };
+    static float logits[N];
+    for (int i = 0; i < N; i++) logits[i] = (float)((i * 7919) % 1000) / 100.0f;  /* max at some id */
+    int best = sampler_argmax(logits, N);
+    sampler_params p = sampler_defaults();
+    p.temp = 0;
+    sampler *s = sampler_new(&p, N);
+    CHECK(sampler_sample(s, logits) == best, "greedy = argmax");
+    sampler_free(s);
+    logits[3] = logits[best];
+    CHECK(sampler_argmax(logits, N) == (best < 3 ? best : 3), "ties go to the lowest id");
+
+    p.temp = 1.0f; p.top_k = 5; p.top_p = 1.0f; p.min_p = 0; p.seed = 42;
+    sampler *a = sampler_new(&p, N), *b = sampler_new(&p, N);
+    int same = 1, in_top = 1, distinct = 0, seen[N] = { 0 };
+    float sorted[N];
+    memcpy(sorted, logits, sizeof sorted);
+    /* 5th largest value */
+    for (int i = 0; i < 5; i++) {
+        int m = i;
+        for (int j = i + 1; j < N; j++) if (sorted[j] > sorted[m]) m = j;
+        float t = sorted[i]; sorted[i] = sorted[m]; sorted[m] = t;
+    }
+    for (int i = 0; i < 200; i++) {
+        int x = sampler_sample(a, logits), y = sampler_sample(b, logits);
+        same &= x == y;
+        in_top &= logits[x] >= sorted[4];
+        if (!seen[x]++) distinct++;
+    }
+    CHECK(same, "same seed, same draws");
+    CHECK(in_top, "top-k respected");
+    CHECK(distinct > 1, "temperature 1 draws more than one token (%d)", distinct);
+    sampler_free(a); sampler_free(b);
+
+    /* min-p: only tokens within a factor of the best survive */
+    for (int i = 0; i < N; i++) logits[i] = -10.0f;
+    logits[10] = 5.0f; logits[11] = 4.5f;
+    p.top_k = 0; p.top_p = 1.0f; p.min_p = 0.5f; p.temp = 1.0f;
+    s = sampler_new(&p, N);
+    int only = 1;
+    for (int i = 0; i < 300; i++) { int x = sampler_sample(s, logits); only &= x == 10 || x == 11; }
+    CHECK(only, "min-p keeps only the two close tokens");
+    sampler_free(s);
+    /* top-p 0.5 with one dominant token: always that token */
+    p.min_p = 0; p.top_p = 0.5f;
+    logits[10] = 20.0f;
+    s = sampler_new(&p, N);
+    only = 1;
+    for (int i = 0; i < 100; i++) only &= sampler_sample(s, logits) == 10;
+    CHECK(only, "top-p keeps the dominant token");
+    sampler_free(s);
+}
+
+int main(void) {
+    test_threadpool();
+    test_kvcache();
+    test_sampler();
+    return t_done("test_runtime");
+}

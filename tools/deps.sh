@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs the Debian packages tandem needs to build and test, if missing.
+# Safe to run repeatedly: it calls apt-get only when something is absent.
+set -euo pipefail
+PKGS=(build-essential clang libclang-rt-14-dev python3 pkg-config
+      libjansson-dev libutf8proc-dev libzstd-dev libmicrohttpd-dev libssl-dev
+      iproute2 curl)
+missing=()
+for p in "${PKGS[@]}"; do
+    dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "deps: installing ${missing[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it, from a fresh machine:
+#   1. install missing Debian packages (tools/deps.sh)
+#   2. build and run the tests (make test)
+#   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan)
+#   4. every libFuzzer target for a short bounded time
+# The last line printed is the total "N passed, M failed".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/deps.sh
+JOBS=$(nproc 2>/dev/null || echo 2)
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+
+make -j"$JOBS" all models
+echo "== tests"
+make test | tee build/test.log
+echo "== tests under ASan+UBSan"
+make -j"$JOBS" asan | tee build/asan.log
+echo "== fuzzing (${FUZZ_SECONDS}s per target)"
+make -j"$JOBS" fuzz >/dev/null
+fuzz_fail=0
+for f in build/fuzz_*; do
+    [ -x "$f" ] || continue
+    name=$(basename "$f")
+    corpus="build/corpus-$name"; mkdir -p "$corpus"
+    seeds="fuzz/seeds/${name#fuzz_}"
+    args=("$corpus"); [ -d "$seeds" ] && args+=("$seeds")
+    if "$f" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "${args[@]}" >build/"$name".log 2>&1; then
+        echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"
+    else
+        echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=1
+    fi
+done
+# totals over both runs and the fuzzers
+p1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\1/p')
+f1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\2/p')
+p2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
+f2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
+pass=$(( ${p1:-0} + ${p2:-0} + nf - fuzz_fail ))
+fail=$(( ${f1:-1} + ${f2:-1} + fuzz_fail ))
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
