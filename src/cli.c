@@ -190,7 +190,7 @@ int cli_run(int argc, char **argv) {
     logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
     if (!smp || !logits) { fprintf(stderr, "tandem: out of memory\n"); goto out; }
     run_print rp = { .ids = o.ids, .first = 1 };
-    tok_stream_init(&rp.ts, model_get_tokenizer(m));
+    tok_stream_init_prompt(&rp.ts, model_get_tokenizer(m), ids, n_prompt);
     gen_opts go = { .max_tokens = o.n_predict, .ignore_eos = o.ignore_eos, .on_token = run_on_token, .ud = &rp };
     gen_stats st;
     if (generate_run(m, s, smp, ids, n_prompt, logits, 0, &go, &st, err, sizeof err)) {

@@ -1,0 +1,180 @@
+/* wire.h - tandem's node-to-node protocol (docs/wire-protocol.md is the
+ * byte-by-byte specification; this header is its C face).
+ *
+ * Every message is a frame: a fixed 32-byte header followed by a payload.
+ * All integers are little-endian. The payload is checked with CRC32C and may
+ * be zstd-compressed (flag bit 0) when both ends advertised it.
+ *
+ *   off size field
+ *     0    4 magic     "TNDM"
+ *     4    2 version   WIRE_VERSION
+ *     6    2 type      enum wire_type
+ *     8    4 flags     bit 0: payload is zstd-compressed
+ *    12    4 len       payload bytes on the wire (<= WIRE_MAX_PAYLOAD)
+ *    16    4 raw_len   payload bytes after decompression (= len if not compressed)
+ *    20    4 crc       CRC32C of the payload bytes as sent
+ *    24    8 req_id    request the frame belongs to (0 for connection-level frames)
+ */
+#ifndef TANDEM_WIRE_H
+#define TANDEM_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_MAGIC 0x4D444E54u      /* "TNDM" read as a little-endian u32 */
+#define WIRE_VERSION 1
+#define WIRE_HEADER_BYTES 32
+/* Largest payload: one layer of one 512-token chunk of a big model is
+ * 512 tokens x 2 (K,V) x 8 KV heads x 128 x 2 bytes = 2 MiB; 64 MiB leaves
+ * room for wide models and bigger chunks while bounding what a hostile peer
+ * can make us allocate. */
+#define WIRE_MAX_PAYLOAD (64u << 20)
+
+enum wire_type {
+    WIRE_HELLO = 1,      /* both ends, first frame: who I am, my nonce, my model */
+    WIRE_AUTH = 2,       /* both ends: HMAC proving the shared secret */
+    WIRE_REQUEST = 3,    /* decode -> prefill: tokens to prefill, span to send */
+    WIRE_KV = 4,         /* prefill -> decode: one layer's K and V for a token range */
+    WIRE_DONE = 5,       /* prefill -> decode: request finished, with figures */
+    WIRE_ERROR = 6,      /* either way: code + message; ends the request (or connection if req_id 0) */
+    WIRE_CANCEL = 7,     /* decode -> prefill: stop computing this request */
+    WIRE_PING = 8,       /* liveness, echoed as PONG */
+    WIRE_PONG = 9,
+};
+
+enum wire_flag { WIRE_FLAG_ZSTD = 1u };
+
+/* Error codes carried in WIRE_ERROR frames. */
+enum wire_err {
+    WERR_PROTOCOL = 1,   /* malformed frame, bad order */
+    WERR_AUTH = 2,       /* wrong secret */
+    WERR_MODEL = 3,      /* model fingerprint mismatch */
+    WERR_CHECKSUM = 4,
+    WERR_RANGE = 5,      /* token range / layer / size out of bounds */
+    WERR_DTYPE = 6,      /* unknown or unnegotiated dtype */
+    WERR_BUSY = 7,
+    WERR_INTERNAL = 8,
+    WERR_CANCELLED = 9,
+    WERR_TIMEOUT = 10,
+};
+
+typedef struct {
+    uint16_t version, type;
+    uint32_t flags, len, raw_len, crc;
+    uint64_t req_id;
+} wire_header;
+
+/* ==== Checksums and authentication ==== */
+uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n);   /* start with crc = 0 */
+/* HMAC-SHA256(secret, label || a || b) into out[32]. */
+void wire_hmac(const void *secret, size_t secret_len, const char *label,
+               const uint8_t a[32], const uint8_t b[32], uint8_t out[32]);
+int wire_random(uint8_t *out, size_t n);   /* 0 on success */
+
+/* ==== Header ==== */
+void wire_header_encode(const wire_header *h, uint8_t out[WIRE_HEADER_BYTES]);
+/* Checks magic, version, type range, flags and sizes. 0 or -1 with message. */
+int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], wire_header *h, char *err, size_t errlen);
+
+/* ==== Payloads ====
+ * Each payload type has a C struct, an encoder (appends to a wire_buf) and a
+ * decoder that bounds-checks everything against the received bytes. Decoded
+ * structs may point into the payload buffer (valid while it lives). */
+
+typedef struct { uint8_t *data; size_t len, cap; } wire_buf;
+void wire_buf_free(wire_buf *b);
+
+enum wire_role { WIRE_ROLE_PREFILL = 1, WIRE_ROLE_DECODE = 2, WIRE_ROLE_ROUTER = 3 };
+enum wire_caps { WIRE_CAP_ZSTD = 1u, WIRE_CAP_Q8_0 = 2u, WIRE_CAP_BF16 = 4u };
+
+typedef struct {
+    uint32_t role;               /* enum wire_role */
+    uint32_t caps;               /* enum wire_caps bits */
+    uint8_t nonce[32];           /* fresh random per connection */
+    uint8_t fingerprint[32];     /* model fingerprint (model_fingerprint) */
+    uint32_t kv_dtype;           /* the sender's KV cache type (ggml type) */
+    char node_id[64];            /* NUL-terminated */
+    char model_desc[256];        /* human-readable: file name, arch, shape, type */
+} wire_hello;
+
+typedef struct {
+    uint8_t mac[32];             /* HMAC(secret, "tandem-auth-v1 " + role, own nonce, peer nonce) */
+} wire_auth;
+
+typedef struct {
+    uint32_t start_pos;          /* first position to send (decode node already holds [0, start_pos)) */
+    uint32_t end_pos;            /* send positions [start_pos, end_pos); end_pos <= n_tokens */
+    uint32_t wire_dtype;         /* GGML_TYPE_F16 / BF16 / Q8_0: must equal the cache type or be negotiated Q8_0 */
+    uint32_t flags;              /* bit 0: zstd frames wanted */
+    uint32_t n_tokens;
+    const uint8_t *tokens;       /* n_tokens little-endian u32 ids (points into the payload) */
+} wire_request;
+
+typedef struct {
+    uint32_t layer;
+    uint32_t pos0, n;            /* token range [pos0, pos0 + n) */
+    uint32_t dtype;              /* ggml type of the rows */
+    uint32_t row_bytes;          /* bytes of one token's K (= V) row */
+    const uint8_t *k, *v;        /* n * row_bytes each */
+} wire_kv;
+
+typedef struct {
+    uint32_t n_positions;        /* positions sent */
+    uint32_t n_computed;         /* prompt positions the prefill node computed */
+    double prefill_ms;           /* prefill compute time on the prefill node */
+    uint64_t kv_bytes;           /* raw K+V bytes sent */
+    uint64_t wire_bytes;         /* bytes actually written (headers + compressed payloads) */
+} wire_done;
+
+typedef struct {
+    uint32_t code;               /* enum wire_err */
+    char message[512];
+} wire_error;
+
+int wire_encode_hello(wire_buf *b, const wire_hello *h);
+int wire_decode_hello(const uint8_t *p, size_t n, wire_hello *h, char *err, size_t errlen);
+int wire_encode_auth(wire_buf *b, const wire_auth *a);
+int wire_decode_auth(const uint8_t *p, size_t n, wire_auth *a, char *err, size_t errlen);
+int wire_encode_request(wire_buf *b, const wire_request *r, const int32_t *tokens);
+int wire_decode_request(const uint8_t *p, size_t n, wire_request *r, char *err, size_t errlen);
+uint32_t wire_request_token(const wire_request *r, uint32_t i);
+/* K and V rows given separately (they live in different cache arrays). */
+int wire_encode_kv(wire_buf *b, const wire_kv *kv);
+int wire_decode_kv(const uint8_t *p, size_t n, wire_kv *kv, char *err, size_t errlen);
+int wire_encode_done(wire_buf *b, const wire_done *d);
+int wire_decode_done(const uint8_t *p, size_t n, wire_done *d, char *err, size_t errlen);
+int wire_encode_error(wire_buf *b, const wire_error *e);
+int wire_decode_error(const uint8_t *p, size_t n, wire_error *e, char *err, size_t errlen);
+
+/* ==== Connection ====
+ * A blocking socket with deadlines. wire_send() frames a payload (compressing
+ * it with zstd when flags has WIRE_FLAG_ZSTD and that makes it smaller),
+ * wire_recv() reads one frame, verifies header and CRC32C, decompresses, and
+ * leaves the payload in conn->rx (valid until the next wire_recv). Both are
+ * safe to call from one sender and one receiver thread at the same time. */
+typedef struct {
+    int fd;
+    int timeout_ms;              /* per-frame read/write deadline; 0 = none */
+    wire_buf rx;                 /* last payload received */
+    wire_buf tx, ztx, zrx;       /* scratch */
+    uint64_t bytes_out, bytes_in;
+} wire_conn;
+
+void wire_conn_init(wire_conn *c, int fd, int timeout_ms);
+void wire_conn_close(wire_conn *c);      /* closes fd, frees buffers */
+int wire_send(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
+              const void *payload, size_t len, char *err, size_t errlen);
+/* Returns 0 with *h filled, or -1 (error, peer closed, or timeout: message says which). */
+int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen);
+
+/* TCP helpers. host:port strings; listen binds 127.0.0.1 unless host is given. */
+int wire_listen(const char *hostport, char *err, size_t errlen);
+int wire_connect(const char *hostport, int timeout_ms, char *err, size_t errlen);
+
+/* Handshake (both sides): send HELLO, receive the peer's, check fingerprint,
+ * exchange AUTH, verify. On a mismatch it sends an ERROR naming both models
+ * and fails. peer receives the peer's hello. */
+int wire_handshake(wire_conn *c, const wire_hello *mine, const void *secret, size_t secret_len,
+                   wire_hello *peer, char *err, size_t errlen);
+
+#endif
