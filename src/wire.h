@@ -18,6 +18,7 @@
 #ifndef TANDEM_WIRE_H
 #define TANDEM_WIRE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,25 @@ typedef struct {
     uint64_t req_id;
 } wire_header;
 
+/* Fixed payload sizes (docs/wire-protocol.md section 4). */
+#define WIRE_HELLO_BYTES 396u
+#define WIRE_AUTH_BYTES 32u
+#define WIRE_REQUEST_FIXED 20u       /* + 4 bytes per token */
+#define WIRE_KV_FIXED 20u            /* + 2 * n * row_bytes */
+#define WIRE_DONE_BYTES 32u
+#define WIRE_ERROR_FIXED 8u          /* + message bytes (<= WIRE_ERROR_MAX_MSG) */
+#define WIRE_ERROR_MAX_MSG 511u
+#define WIRE_PING_MAX 64u            /* PING/PONG: opaque bytes, echoed */
+
+/* "HELLO", "KV", ... ("unknown" outside the enum). */
+const char *wire_type_name(uint32_t type);
+/* "protocol", "auth", "model", ... ("unknown"). */
+const char *wire_err_name(uint32_t code);
+/* "prefill", "decode", "router" ("unknown"). */
+const char *wire_role_name(uint32_t role);
+/* Largest payload (raw and on the wire) a frame of this type may carry; 0 for unknown types. */
+uint32_t wire_type_max_payload(uint32_t type);
+
 /* ==== Checksums and authentication ==== */
 uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n);   /* start with crc = 0 */
 /* HMAC-SHA256(secret, label || a || b) into out[32]. */
@@ -83,6 +103,9 @@ int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], wire_header *h, char
 
 typedef struct { uint8_t *data; size_t len, cap; } wire_buf;
 void wire_buf_free(wire_buf *b);
+void wire_buf_reset(wire_buf *b);        /* len = 0, keeps the memory */
+/* Note: encoders APPEND to b (reset it first to build one payload); they
+ * return 0, or -1 on out-of-memory or a value the format cannot carry. */
 
 enum wire_role { WIRE_ROLE_PREFILL = 1, WIRE_ROLE_DECODE = 2, WIRE_ROLE_ROUTER = 3 };
 enum wire_caps { WIRE_CAP_ZSTD = 1u, WIRE_CAP_Q8_0 = 2u, WIRE_CAP_BF16 = 4u };
@@ -158,22 +181,42 @@ typedef struct {
     wire_buf rx;                 /* last payload received */
     wire_buf tx, ztx, zrx;       /* scratch */
     uint64_t bytes_out, bytes_in;
+    pthread_mutex_t send_lock;   /* wire_send may be called from several threads */
+    void *zc, *zd;               /* zstd contexts (sender's, receiver's), lazily made */
+    int live;                    /* set by wire_conn_init, cleared by wire_conn_close */
 } wire_conn;
 
-void wire_conn_init(wire_conn *c, int fd, int timeout_ms);
-void wire_conn_close(wire_conn *c);      /* closes fd, frees buffers */
+void wire_conn_init(wire_conn *c, int fd, int timeout_ms);   /* also sets TCP_NODELAY */
+void wire_conn_close(wire_conn *c);      /* closes fd, frees buffers; safe to call twice */
+/* shutdown(2) both directions: a thread blocked in wire_recv/wire_send on
+ * this conn returns promptly with "connection closed by peer"/an error. */
+void wire_conn_shutdown(wire_conn *c);
 int wire_send(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
               const void *payload, size_t len, char *err, size_t errlen);
 /* Returns 0 with *h filled, or -1 (error, peer closed, or timeout: message says which). */
 int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen);
+/* Best-effort WIRE_ERROR frame (message truncated to WIRE_ERROR_MAX_MSG). */
+int wire_send_error(wire_conn *c, uint64_t req_id, uint32_t code, const char *msg);
 
 /* TCP helpers. host:port strings; listen binds 127.0.0.1 unless host is given. */
 int wire_listen(const char *hostport, char *err, size_t errlen);
 int wire_connect(const char *hostport, int timeout_ms, char *err, size_t errlen);
+/* Port a bound socket listens on (for wire_listen(":0")), or -1. */
+int wire_local_port(int fd);
+/* Accept one connection (CLOEXEC, TCP_NODELAY). Returns the fd; -2 if
+ * timeout_ms (> 0) passed with no connection; -1 with a message on error. */
+int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen);
 
 /* Handshake (both sides): send HELLO, receive the peer's, check fingerprint,
  * exchange AUTH, verify. On a mismatch it sends an ERROR naming both models
- * and fails. peer receives the peer's hello. */
+ * and fails. peer receives the peer's hello.
+ * mine->nonce is ignored: a fresh nonce is drawn for every handshake.
+ * Peers must have different roles (prefill<->decode, router<->decode).
+ * The whole handshake has one deadline: c->timeout_ms, or 10 s if that is 0.
+ * Error messages (err): "model mismatch: this node serves ..., peer serves ...",
+ * "KV cache type mismatch: ...", "authentication failed: peer <id> does not
+ * know the shared secret", "peer <id> refused the handshake: <its message>",
+ * "protocol version mismatch: ...", or the I/O error ("timed out", "closed"). */
 int wire_handshake(wire_conn *c, const wire_hello *mine, const void *secret, size_t secret_len,
                    wire_hello *peer, char *err, size_t errlen);
 

@@ -1,0 +1,71 @@
+/* handoff.h - moving a prompt's KV cache from a prefill node to a decode node.
+ *
+ * Decode side (handoff.c): a handoff_client is one authenticated connection
+ * to a prefill node. handoff_prefill() sends the prompt and writes the KV
+ * frames into the caller's session as they arrive, so that afterwards the
+ * session holds positions [0, n - 1): the caller evaluates the last prompt
+ * token itself and gets the first token's logits with nothing recomputed.
+ *
+ * Prefill side (node_prefill.c): prefill_node_run() accepts decode nodes,
+ * computes each request's KV with a per-layer hook that queues frames for a
+ * sender thread, so layer L is on the wire while layers L+1.. compute.
+ */
+#ifndef TANDEM_HANDOFF_H
+#define TANDEM_HANDOFF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+typedef struct {
+    uint32_t wire_dtype;        /* GGML_TYPE_F16 (default: the cache type), BF16 or Q8_0 */
+    int zstd;                   /* compress frames with zstd if the peer can */
+    int timeout_ms;             /* no frame for this long -> the transfer fails (default 10000) */
+    const void *secret;         /* shared secret for the HMAC handshake */
+    size_t secret_len;
+    const char *node_id;        /* our name in HELLO */
+} handoff_opts;
+
+typedef struct {
+    int start_pos;              /* positions the decode node already had */
+    int n_sent;                 /* positions received from the prefill node */
+    int n_computed_remote;      /* prompt positions the prefill node computed */
+    int n_computed_local;       /* set by the caller: positions the decode node computed (1) */
+    double prefill_ms_remote;   /* compute time reported by the prefill node */
+    double total_ms;            /* request sent -> last frame written into the cache */
+    double transfer_tail_ms;    /* DONE's arrival after the prefill node finished computing (exposed transfer) */
+    uint64_t kv_bytes, wire_bytes;
+} handoff_stats;
+
+typedef struct handoff_client handoff_client;
+
+int handoff_connect(handoff_client **out, const char *hostport, model *m, uint32_t kv_dtype,
+                    const handoff_opts *o, char *err, size_t errlen);
+void handoff_close(handoff_client *c);
+/* The peer's description (node id and model), for messages. */
+const char *handoff_peer(const handoff_client *c);
+
+/* Fill s (whose cache holds [0, start_pos) already, and tokens[0..start_pos)
+ * match) with positions [start_pos, n - 1). 0 on success; -1 on any failure
+ * (peer died, stalled, sent a bad frame, refused): then the session is reset
+ * to start_pos, the connection is unusable, and err says what happened. */
+int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n, int start_pos,
+                    handoff_stats *st, char *err, size_t errlen);
+
+/* ==== Prefill node ==== */
+typedef struct {
+    const char *listen;         /* host:port (host defaults to 127.0.0.1) */
+    const void *secret;
+    size_t secret_len;
+    const char *node_id;
+    int n_ctx;                  /* per-request context (default 4096) */
+    uint32_t kv_dtype;          /* cache type (default F16) */
+    int timeout_ms;             /* a peer that sends nothing for this long is dropped */
+    volatile int *stop;         /* set non-zero (e.g. from a signal handler) to shut down */
+} prefill_node_opts;
+
+/* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */
+int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t errlen);
+
+#endif
