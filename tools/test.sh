@@ -18,13 +18,27 @@ echo "== tests under ASan+UBSan"
 make -j"$JOBS" asan | tee build/asan.log
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 make -j"$JOBS" fuzz >/dev/null
+FIX=${TANDEM_FIXTURES:-../shared/fixtures}
+# Seeds: the start of real files for the parsers, real prompts for the tokenizer.
+fuzz_seed() {
+    case "$1" in
+    gguf) head -c 16384 "$FIX/models/stories260K.gguf" >"$2/stories-head.gguf"
+          head -c 60000 "$FIX/vocab/ggml-vocab-llama-spm.gguf" >"$2/spm-head.gguf" ;;
+    tokenizer) python3 -c "
+import json,sys
+for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
+    j=json.loads(l)
+    if 'text' in j: open('$2/p%d'%i,'wb').write(bytes([i*37%256])+j['text'].encode())" ;;
+    esac
+}
 fuzz_fail=0
 for f in build/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")
     corpus="build/corpus-$name"; mkdir -p "$corpus"
-    seeds="fuzz/seeds/${name#fuzz_}"
-    args=("$corpus"); [ -d "$seeds" ] && args+=("$seeds")
+    seeds="build/seeds-$name"; mkdir -p "$seeds"
+    fuzz_seed "${name#fuzz_}" "$seeds"
+    args=("$corpus" "$seeds")
     if "$f" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "${args[@]}" >build/"$name".log 2>&1; then
         echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"
     else
