@@ -13,7 +13,7 @@ ARCH_FLAGS ?= -march=native
 OPT      ?= -O2
 CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g $(OPT) $(ARCH_FLAGS) -pthread -Isrc
 LDFLAGS  += $(SAN)
-LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash
+LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
 LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
@@ -60,7 +60,7 @@ asan:
 fuzz: $(FUZZERS)
 $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(wildcard src/*.h)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc -fsanitize=fuzzer,address,undefined \
-	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -o $@
+	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl -o $@
 
 clean:
 	rm -rf build build-asan

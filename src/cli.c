@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "generate.h"
+#include "handoff.h"
 #include "model.h"
 #include "quant.h"
 #include "sampler.h"
@@ -16,7 +17,8 @@
 
 typedef struct {
     const char *model, *prompt, *prompt_file, *kv_type;
-    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose;
+    const char *prefill_node, *secret_file, *wire_dtype;   /* remote prefill */
+    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms;
     sampler_params sp;
 } run_opts;
 
@@ -32,7 +34,13 @@ static void cli_usage_run(void) {
         "  --ignore-eos    keep generating past end-of-generation tokens\n"
         "  --temp T        temperature (default 0 = greedy)\n"
         "  --top-k K --top-p P --min-p P --seed S   sampling (defaults 40, 0.95, 0.05, 0)\n"
-        "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n");
+        "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n"
+        "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
+        "  --prefill-node HOST:PORT   prefill node to use\n"
+        "  --secret-file FILE         shared node secret (or env TANDEM_SECRET)\n"
+        "  --wire-dtype T             KV type on the wire: the cache type (default) or q8_0\n"
+        "  --zstd                     compress KV frames\n"
+        "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n");
 }
 
 static int cli_int(const char *s, int *out) {
@@ -75,12 +83,17 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--min-p")) bad = !v || cli_float(v, &o->sp.min_p);
         else if (!strcmp(a, "--seed")) { int sd = 0; bad = !v || cli_int(v, &sd); o->sp.seed = (uint64_t)(unsigned)sd; }
         else if (!strcmp(a, "--kv-type")) o->kv_type = v;
+        else if (!strcmp(a, "--prefill-node")) o->prefill_node = v;
+        else if (!strcmp(a, "--secret-file")) o->secret_file = v;
+        else if (!strcmp(a, "--wire-dtype")) o->wire_dtype = v;
+        else if (!strcmp(a, "--timeout-ms")) bad = !v || cli_int(v, &o->timeout_ms) || o->timeout_ms < 1;
         else {
             takes = 0;
             if (!strcmp(a, "--chat")) o->chat = 1;
             else if (!strcmp(a, "--ids")) o->ids = 1;
             else if (!strcmp(a, "--ignore-eos")) o->ignore_eos = 1;
             else if (!strcmp(a, "-v")) o->verbose = 1;
+            else if (!strcmp(a, "--zstd")) o->zstd = 1;
             else { fprintf(stderr, "tandem run: unknown option %s\n", a); cli_usage_run(); return -1; }
         }
         if (takes && (!v || bad)) { fprintf(stderr, "tandem run: option %s needs a valid value\n", a); return -1; }
@@ -115,6 +128,41 @@ char *cli_read_file(const char *path, size_t *len) {
 }
 
 /* ==== run ==== */
+
+typedef struct {
+    handoff_stats hs;
+    double last_ms;          /* the last prompt token, evaluated here */
+    double connect_ms;
+} run_remote;
+
+/* Fetches the KV of prompt positions [0, n - 1) from a prefill node, then
+ * evaluates the last prompt token here so that logits hold what a local
+ * prefill would give. */
+static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t kvt, const int32_t *ids, int n,
+                              float *logits, run_remote *rr, char *err, size_t errlen) {
+    memset(rr, 0, sizeof *rr);
+    uint32_t wdt = o->wire_dtype ? cli_kv_type(o->wire_dtype) : kvt;
+    if (wdt == UINT32_MAX) { snprintf(err, errlen, "unknown wire dtype %s", o->wire_dtype); return -1; }
+    char *secret = NULL;
+    size_t slen = 0;
+    if (cli_load_secret(o->secret_file, &secret, &slen, err, errlen)) return -1;
+    handoff_opts ho = { .wire_dtype = wdt, .zstd = o->zstd, .timeout_ms = o->timeout_ms,
+                        .secret = secret, .secret_len = slen, .node_id = "tandem-run" };
+    handoff_client *c = NULL;
+    double t0 = gen_now_ms();
+    int rc = handoff_connect(&c, o->prefill_node, m, kvt, &ho, err, errlen);
+    free(secret);
+    if (rc) return -1;
+    rr->connect_ms = gen_now_ms() - t0;
+    rc = handoff_prefill(c, s, ids, n, 0, &rr->hs, err, errlen);
+    handoff_close(c);
+    if (rc) return -1;
+    double t1 = gen_now_ms();
+    if (model_eval(m, s, ids + n - 1, 1, logits, NULL, NULL, err, errlen)) return -1;
+    rr->last_ms = gen_now_ms() - t1;
+    rr->hs.n_computed_local = 1;
+    return 0;
+}
 
 typedef struct {
     tok_stream ts;
@@ -193,7 +241,11 @@ int cli_run(int argc, char **argv) {
     tok_stream_init_prompt(&rp.ts, model_get_tokenizer(m), ids, n_prompt);
     gen_opts go = { .max_tokens = o.n_predict, .ignore_eos = o.ignore_eos, .on_token = run_on_token, .ud = &rp };
     gen_stats st;
-    if (generate_run(m, s, smp, ids, n_prompt, logits, 0, &go, &st, err, sizeof err)) {
+    run_remote rr;
+    if (o.prefill_node && run_remote_prefill(m, s, &o, kvt, ids, n_prompt, logits, &rr, err, sizeof err)) {
+        fprintf(stderr, "tandem: %s\n", err); goto out;
+    }
+    if (generate_run(m, s, smp, ids, n_prompt, logits, o.prefill_node != NULL, &go, &st, err, sizeof err)) {
         fprintf(stderr, "\ntandem: %s\n", err); goto out;
     }
     if (!o.ids) {
@@ -203,6 +255,17 @@ int cli_run(int argc, char **argv) {
     }
     printf("\n");
     fflush(stdout);
+    if (o.prefill_node) {
+        const handoff_stats *h = &rr.hs;
+        st.n_prompt = n_prompt;
+        st.prompt_ms = rr.connect_ms + h->total_ms + rr.last_ms;
+        fprintf(stderr, "handoff: %d positions received from %s (computed remotely %d, locally %d), "
+                "KV %llu bytes, wire %llu bytes, %.1f ms (connect %.1f ms, remote compute %.1f ms, "
+                "transfer tail %.1f ms, last token %.1f ms)\n",
+                h->n_sent, o.prefill_node, h->n_computed_remote, h->n_computed_local,
+                (unsigned long long)h->kv_bytes, (unsigned long long)h->wire_bytes, h->total_ms,
+                rr.connect_ms, h->prefill_ms_remote, h->transfer_tail_ms, rr.last_ms);
+    }
     fprintf(stderr, "prompt: %d tokens in %.1f ms (%.2f t/s)\n", st.n_prompt, st.prompt_ms,
             st.prompt_ms > 0 ? st.n_prompt * 1e3 / st.prompt_ms : 0.0);
     fprintf(stderr, "generation: %d tokens in %.1f ms (%.2f t/s)\n", st.n_gen, st.gen_ms,

@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "wire.h"
 
 typedef struct {
     uint32_t wire_dtype;        /* GGML_TYPE_F16 (default: the cache type), BF16 or Q8_0 */
@@ -53,6 +54,16 @@ const char *handoff_peer(const handoff_client *c);
 int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n, int start_pos,
                     handoff_stats *st, char *err, size_t errlen);
 
+/* ==== Shared by both sides ==== */
+/* A node's HELLO: caps, KV dtype, node id, model_fingerprint() and a model
+ * description ("file (arch, layers, n_embd, weight type), KV type").
+ * The handshake draws the nonce. */
+int handoff_hello_init(wire_hello *h, model *m, uint32_t kv_dtype, uint32_t role, const char *node_id,
+                       char *err, size_t errlen);
+/* Converts n_rows rows of dim elements between KV types (via f32; tmp holds dim floats). */
+void handoff_convert_rows(uint32_t src_type, const void *src, uint32_t dst_type, void *dst,
+                          int n_rows, int dim, float *tmp);
+
 /* ==== Prefill node ==== */
 typedef struct {
     const char *listen;         /* host:port (host defaults to 127.0.0.1) */
@@ -63,6 +74,13 @@ typedef struct {
     uint32_t kv_dtype;          /* cache type (default F16) */
     int timeout_ms;             /* a peer that sends nothing for this long is dropped */
     volatile int *stop;         /* set non-zero (e.g. from a signal handler) to shut down */
+    const char *port_file;      /* if set, the bound port is written there once listening */
+    int max_conns;              /* concurrent connections (default 16) */
+    /* Fault injection for tests only: sleep this long before each KV frame;
+     * corrupt one payload byte of the Nth KV frame of every request (after
+     * its CRC was computed). 0 = off. */
+    int debug_frame_delay_ms;
+    int debug_corrupt_frame;
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

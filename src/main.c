@@ -12,6 +12,8 @@ static void main_usage(void) {
         "  tokenize    print the token ids of a text\n"
         "  bench       prompt and generation speed (llama-bench style table)\n"
         "  gen-model   write a random-weight GGUF model of a given shape\n"
+        "  serve       run a node: --role prefill | decode | local\n"
+        "  bench-handoff  KV handoff cost: time to first token split vs one node\n"
         "Run `tandem COMMAND` without options for its usage.\n");
 }
 
@@ -22,6 +24,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench")) return cli_bench(argc - 2, argv + 2);
     if (!strcmp(cmd, "gen-model")) return cli_gen_model(argc - 2, argv + 2);
+    if (!strcmp(cmd, "serve")) return cli_serve(argc - 2, argv + 2);
+    if (!strcmp(cmd, "bench-handoff")) return cli_bench_handoff(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { main_usage(); return 0; }
     fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
     main_usage();

@@ -1,41 +1,93 @@
-/* threadpool.c - see threadpool.h. */
+/* threadpool.c - see threadpool.h.
+ *
+ * Job state is one 64-bit word: generation (high 32 bits) and the next
+ * unclaimed chunk (low 32). A thread claims a chunk by compare-and-swap on the
+ * whole word, so a claim can only succeed for the job it read fn/ctx for; the
+ * caller returns when `done` reaches the chunk count, and never waits for a
+ * worker that has not started.
+ */
 #include "threadpool.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
-/* Spin iterations before a worker sleeps: long enough to bridge the gap
- * between back-to-back kernels of one forward pass (microseconds), short
- * enough that an idle server does not burn a core. */
-#define TPOOL_SPIN 200000
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TPOOL_PAUSE() _mm_pause()
+#else
+#define TPOOL_PAUSE() ((void)0)
+#endif
+
+/* Polls before a worker sleeps: about 100-300 us, which bridges the serial
+ * gaps between the kernels of one forward pass, yet lets an idle server (or a
+ * core shared with another process) have the CPU back soon. */
+#define TPOOL_SPIN_WORKER 4000
+/* Polls before the caller sleeps waiting for the last chunk: the chunk is
+ * normally running on a hot core and finishes within microseconds. */
+#define TPOOL_SPIN_CALLER 2000
+
+typedef void (*tpool_task)(void *ctx, int chunk, int arg);
 
 struct tpool {
     int n;
     pthread_t *threads;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    atomic_uint gen;          /* bumped for each job */
-    atomic_int pending;       /* workers still running the current job */
-    atomic_int quit;
-    int sleeping;             /* guarded by mu */
-    tpool_fn fn;
-    void *ctx;
+    _Alignas(64) _Atomic uint64_t job;     /* gen << 32 | next chunk */
+    _Atomic uint32_t gen32;                /* futex word: the generation */
+    _Atomic int sleepers;                  /* workers in futex_wait on gen32 */
+    _Atomic(tpool_task) fn;
+    _Atomic(void *) ctx;
+    _Atomic int n_chunks;
+    _Atomic int mode_tid;                  /* 1: pass tid as arg, 0: pass n_chunks */
+    _Alignas(64) _Atomic uint32_t done;    /* chunks finished (futex word) */
+    _Atomic int caller_waiting;
+    _Atomic int quit;
 };
 
 typedef struct { tpool *p; int ith; } worker_arg;
 
-static void tpool_wait_job(tpool *p, unsigned seen) {
-    for (long i = 0; i < TPOOL_SPIN; i++) {
-        if (atomic_load_explicit(&p->gen, memory_order_acquire) != seen) return;
-        if ((i & 1023) == 1023) sched_yield();
+/* ==== Futex ==== */
+
+static void tpool_futex_wait(_Atomic uint32_t *addr, uint32_t val) {
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void tpool_futex_wake(_Atomic uint32_t *addr) {
+    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ==== Chunks ==== */
+
+/* Claim and run chunks of the job whose word was `w` until none are left or
+ * the job changed. */
+static void tpool_work(tpool *p, uint64_t w, int tid) {
+    tpool_task fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
+    void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
+    int n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
+    int mode_tid = atomic_load_explicit(&p->mode_tid, memory_order_relaxed);
+    const uint64_t gen = w >> 32;
+    for (;;) {
+        uint32_t next = (uint32_t)w;
+        if ((int)next >= n) return;
+        /* on success fn/ctx/n are those of generation w >> 32 (read after its
+         * acquire, and not rewritten before all its chunks are done) */
+        if (!atomic_compare_exchange_weak_explicit(&p->job, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire)) {
+            if ((w >> 32) != gen) return;   /* a newer job: not ours to run */
+            continue;                        /* lost a race for this chunk: w was reloaded */
+        }
+        fn(ctx, (int)next, mode_tid ? tid : n);
+        uint32_t d = atomic_fetch_add_explicit(&p->done, 1, memory_order_seq_cst) + 1;
+        if ((int)d == n && atomic_load_explicit(&p->caller_waiting, memory_order_seq_cst))
+            tpool_futex_wake(&p->done);
+        w++;
     }
-    pthread_mutex_lock(&p->mu);
-    p->sleeping++;
-    while (atomic_load(&p->gen) == seen) pthread_cond_wait(&p->cv, &p->mu);
-    p->sleeping--;
-    pthread_mutex_unlock(&p->mu);
 }
 
 static void *tpool_worker(void *arg) {
@@ -43,13 +95,23 @@ static void *tpool_worker(void *arg) {
     tpool *p = wa->p;
     int ith = wa->ith;
     free(wa);
-    unsigned seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        tpool_wait_job(p, seen);
-        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+        uint32_t g = atomic_load_explicit(&p->gen32, memory_order_acquire);
+        for (int i = 0; g == seen && i < TPOOL_SPIN_WORKER; i++) {
+            TPOOL_PAUSE();
+            g = atomic_load_explicit(&p->gen32, memory_order_acquire);
+        }
+        if (g == seen) {
+            atomic_fetch_add(&p->sleepers, 1);
+            while ((g = atomic_load(&p->gen32)) == seen) tpool_futex_wait(&p->gen32, seen);
+            atomic_fetch_sub(&p->sleepers, 1);
+        }
+        seen = g;
         if (atomic_load(&p->quit)) return NULL;
-        p->fn(p->ctx, ith, p->n);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+        uint64_t w = atomic_load_explicit(&p->job, memory_order_acquire);
+        /* only join the job we were woken for; a later one wakes us again */
+        if ((uint32_t)(w >> 32) == g) tpool_work(p, w, ith);
     }
 }
 
@@ -58,8 +120,6 @@ tpool *tpool_create(int n_threads) {
     tpool *p = calloc(1, sizeof *p);
     if (!p) return NULL;
     p->n = n_threads;
-    pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     if (!p->threads) { free(p); return NULL; }
     for (int i = 1; i < n_threads; i++) {
@@ -75,30 +135,56 @@ tpool *tpool_create(int n_threads) {
 
 int tpool_size(const tpool *p) { return p ? p->n : 1; }
 
-static void tpool_wake(tpool *p) {
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
-    if (p->sleeping) pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+/* Publish a new generation and wake sleeping workers. */
+static uint64_t tpool_publish(tpool *p) {
+    uint32_t g = atomic_load_explicit(&p->gen32, memory_order_relaxed) + 1;
+    uint64_t w = (uint64_t)g << 32;
+    atomic_store_explicit(&p->job, w, memory_order_release);
+    atomic_store_explicit(&p->gen32, g, memory_order_seq_cst);
+    if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst)) tpool_futex_wake(&p->gen32);
+    return w;
+}
+
+static void tpool_wait_done(tpool *p, int n) {
+    for (int i = 0; i < TPOOL_SPIN_CALLER; i++) {
+        if ((int)atomic_load_explicit(&p->done, memory_order_acquire) == n) return;
+        TPOOL_PAUSE();
+    }
+    atomic_store_explicit(&p->caller_waiting, 1, memory_order_seq_cst);
+    uint32_t d;
+    while ((int)(d = atomic_load_explicit(&p->done, memory_order_seq_cst)) != n) tpool_futex_wait(&p->done, d);
+    atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
+}
+
+static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode_tid) {
+    if (n <= 0) return;
+    if (!p || p->n == 1 || n == 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i, mode_tid ? 0 : n);
+        return;
+    }
+    atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&p->n_chunks, n, memory_order_relaxed);
+    atomic_store_explicit(&p->mode_tid, mode_tid, memory_order_relaxed);
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    uint64_t w = tpool_publish(p);
+    tpool_work(p, w, 0);
+    tpool_wait_done(p, n);
 }
 
 void tpool_run(tpool *p, tpool_fn fn, void *ctx) {
-    if (!p || p->n == 1) { fn(ctx, 0, 1); return; }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
-    tpool_wake(p);
-    fn(ctx, 0, p->n);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) { /* spin: workers finish together */ }
+    tpool_exec(p, fn, ctx, p ? p->n : 1, 0);
+}
+
+void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks) {
+    tpool_exec(p, fn, ctx, n_chunks, 1);
 }
 
 void tpool_destroy(tpool *p) {
     if (!p) return;
     atomic_store(&p->quit, 1);
-    tpool_wake(p);
+    tpool_publish(p);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
-    pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
     free(p->threads);
     free(p);
 }

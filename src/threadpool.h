@@ -1,9 +1,14 @@
 /* threadpool.h - a fixed pool of worker threads for data-parallel kernels.
  *
- * tpool_run(fn) calls fn(ctx, ith, nth) once on every thread (the caller is
- * thread 0) and returns when all have finished. Workers spin briefly before
- * sleeping, because a decode step issues hundreds of small jobs per token and
- * a condition-variable wake-up per job would cost more than the job.
+ * A job is a set of numbered chunks. tpool_run(fn) makes nth chunks and calls
+ * fn(ctx, i, nth) once for every i in [0, nth); tpool_run_chunks(fn, n) calls
+ * fn(ctx, i, tid) for every chunk i in [0, n), tid being the index (< nth) of
+ * the thread that runs it, for per-thread scratch. Threads claim chunks from
+ * a shared counter, so when a worker is descheduled (another process on its
+ * core) the caller simply runs the remaining chunks itself instead of waiting
+ * for it. Waiting threads spin briefly (a decode step issues hundreds of small
+ * jobs per token, and a wake-up per job would cost more than the job), then
+ * sleep on a futex.
  */
 #ifndef TANDEM_THREADPOOL_H
 #define TANDEM_THREADPOOL_H
@@ -15,6 +20,8 @@ tpool *tpool_create(int n_threads);      /* NULL on failure; n_threads >= 1 */
 void tpool_destroy(tpool *p);
 int tpool_size(const tpool *p);
 void tpool_run(tpool *p, tpool_fn fn, void *ctx);
+/* fn(ctx, chunk, tid) for chunk in [0, n_chunks); tid < tpool_size(p). */
+void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks);
 
 /* Split [0, n) into nth near-equal parts; part ith is [*lo, *hi). */
 void tpool_split(long n, int ith, int nth, long *lo, long *hi);

@@ -86,7 +86,11 @@ uint32_t wire_type_max_payload(uint32_t type);
 
 /* ==== Checksums and authentication ==== */
 uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n);   /* start with crc = 0 */
-/* HMAC-SHA256(secret, label || a || b) into out[32]. */
+/* Table-driven (slicing-by-8) reference; wire_crc32c uses SSE4.2 when built for it. */
+uint32_t wire_crc32c_sw(uint32_t crc, const void *data, size_t n);
+/* Plain HMAC-SHA256(key, msg) (RFC 2104); wire_hmac is built on it. */
+void wire_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len, uint8_t out[32]);
+/* HMAC-SHA256(secret, label || a || b) into out[32]; label without its NUL. */
 void wire_hmac(const void *secret, size_t secret_len, const char *label,
                const uint8_t a[32], const uint8_t b[32], uint8_t out[32]);
 int wire_random(uint8_t *out, size_t n);   /* 0 on success */
@@ -198,7 +202,10 @@ int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen);
 /* Best-effort WIRE_ERROR frame (message truncated to WIRE_ERROR_MAX_MSG). */
 int wire_send_error(wire_conn *c, uint64_t req_id, uint32_t code, const char *msg);
 
-/* TCP helpers. host:port strings; listen binds 127.0.0.1 unless host is given. */
+/* TCP helpers. "host:port", ":port", "port" or "[v6addr]:port"; listen binds
+ * 127.0.0.1 unless a host is given ("*" = all interfaces). Sockets are
+ * CLOEXEC and TCP_NODELAY. Errors: "cannot connect to H:P: <reason>" (a
+ * connect timeout says "timed out"), "cannot listen on ...", "bad address". */
 int wire_listen(const char *hostport, char *err, size_t errlen);
 int wire_connect(const char *hostport, int timeout_ms, char *err, size_t errlen);
 /* Port a bound socket listens on (for wire_listen(":0")), or -1. */
@@ -209,7 +216,8 @@ int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen);
 
 /* Handshake (both sides): send HELLO, receive the peer's, check fingerprint,
  * exchange AUTH, verify. On a mismatch it sends an ERROR naming both models
- * and fails. peer receives the peer's hello.
+ * and fails. peer receives the peer's hello (filled as soon as it is
+ * decoded, so also on a model/auth failure).
  * mine->nonce is ignored: a fresh nonce is drawn for every handshake.
  * Peers must have different roles (prefill<->decode, router<->decode).
  * The whole handshake has one deadline: c->timeout_ms, or 10 s if that is 0.

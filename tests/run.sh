@@ -7,7 +7,7 @@ bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(build/test_*)
 pass=0; fail=0; crashed=0
 for b in "${bins[@]}"; do
-    [ -x "$b" ] || continue
+    [ -f "$b" ] && [ -x "$b" ] || continue
     out=$("$b" 2>&1); rc=$?
     printf '%s\n' "$out" | grep -E '^(FAIL|[a-z0-9_]+: [0-9]+ passed)' | tail -n 40
     line=$(printf '%s\n' "$out" | grep -E '^[a-z0-9_]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)

@@ -3,7 +3,7 @@
 # Safe to run repeatedly: it calls apt-get only when something is absent.
 set -euo pipefail
 PKGS=(build-essential clang libclang-rt-14-dev python3 pkg-config
-      libjansson-dev libutf8proc-dev libzstd-dev libmicrohttpd-dev libssl-dev libxxhash-dev
+      libjansson-dev libutf8proc-dev libzstd-dev libmicrohttpd-dev libssl-dev libxxhash-dev libcurl4-openssl-dev
       iproute2 curl)
 missing=()
 for p in "${PKGS[@]}"; do

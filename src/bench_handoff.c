@@ -1,0 +1,360 @@
+/* bench_handoff.c - `tandem bench-handoff`: what moving a prompt's KV cache
+ * from a prefill node costs the time to first token.
+ *
+ * For every wire dtype and prompt length n (random token ids, seeded):
+ *   TTFT local: evaluate the n tokens here, pick the first token;
+ *   TTFT split: a prefill node computes the prompt and streams positions
+ *               [0, n-1) layer by layer into our cache, then we evaluate the
+ *               last token and pick the first token.
+ * exposed ms = TTFT split - TTFT local: what the handoff adds on top of the
+ * prefill (with perfect overlap, only the last layer's transfer, the request
+ * trip and the frame bookkeeping). Means over -r repetitions after one
+ * warm-up. Without --prefill-node a prefill node runs in this process (its
+ * own model instance, a thread, 127.0.0.1), so both share the machine.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "generate.h"
+#include "gguf.h"
+#include "handoff.h"
+#include "model.h"
+#include "sampler.h"
+#include "wire.h"
+
+/* ==== Options ==== */
+
+#define BH_MAX_LIST 16
+
+typedef struct {
+    const char *model, *node, *secret_file, *label, *kv_name;
+    int lengths[BH_MAX_LIST], n_lengths;
+    uint32_t dtypes[BH_MAX_LIST];
+    int n_dtypes;
+    int reps, threads, batch, zstd, timeout_ms;
+    uint64_t seed;
+} bh_opts;
+
+static void bh_usage(void) {
+    fprintf(stderr,
+        "usage: tandem bench-handoff -m MODEL.gguf [options]\n"
+        "  --prefill-node HOST:PORT  measure against this prefill node (default: one in this\n"
+        "                            process on 127.0.0.1, sharing this machine's cores)\n"
+        "  --lengths N,N..           prompt lengths (default 128,256,512,1024,2048,4096)\n"
+        "  --wire-dtype T,T..        f16, bf16, q8_0 (default f16,q8_0)\n"
+        "  -r N                      repetitions after one warm-up (default 3)\n"
+        "  -t N                      threads per model (default 2)\n"
+        "  -b N                      prefill chunk (default 512)\n"
+        "  --secret-file F           shared secret (or env TANDEM_SECRET; needed with --prefill-node)\n"
+        "  --link-label TEXT         the link column (default \"loopback\" / the node's address)\n"
+        "  --zstd                    zstd-compressed frames\n"
+        "  --timeout-ms N            handoff stall timeout (default 60000)\n"
+        "  --seed N                  token seed (default 1)\n");
+}
+
+static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
+    *n = 0;
+    while (s && *s) {
+        char *end;
+        errno = 0;
+        long x = strtol(s, &end, 10);
+        if (errno || end == s || x < lo || x > hi || (*end && *end != ',') || *n == BH_MAX_LIST) return -1;
+        v[(*n)++] = (int)x;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : -1;
+}
+
+static int bh_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long x = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || end == s || *end || x < lo || x > hi) return -1;
+    *out = (int)x;
+    return 0;
+}
+
+static int bh_dtypes(const char *s, bh_opts *o) {
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    o->n_dtypes = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        uint32_t d = cli_kv_type(t);
+        if (d == UINT32_MAX || o->n_dtypes == BH_MAX_LIST) return -1;
+        o->dtypes[o->n_dtypes++] = d;
+    }
+    return o->n_dtypes ? 0 : -1;
+}
+
+static int bh_parse(int argc, char **argv, bh_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->reps = 3; o->threads = 2; o->batch = 512; o->timeout_ms = 60000; o->seed = 1;
+    bh_list("128,256,512,1024,2048,4096", o->lengths, &o->n_lengths, 2, 1 << 20);
+    bh_dtypes("f16,q8_0", o);
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0, takes = 1, x = 0;
+        if (!strcmp(a, "-m")) o->model = v;
+        else if (!strcmp(a, "--prefill-node")) o->node = v;
+        else if (!strcmp(a, "--secret-file")) o->secret_file = v;
+        else if (!strcmp(a, "--link-label")) o->label = v;
+        else if (!strcmp(a, "--lengths")) bad = bh_list(v, o->lengths, &o->n_lengths, 2, 1 << 20);
+        else if (!strcmp(a, "--wire-dtype")) bad = !v || bh_dtypes(v, o);
+        else if (!strcmp(a, "-r")) bad = bh_int(v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "-t")) bad = bh_int(v, 1, 256, &o->threads);
+        else if (!strcmp(a, "-b")) bad = bh_int(v, 1, 1 << 16, &o->batch);
+        else if (!strcmp(a, "--timeout-ms")) bad = bh_int(v, 1, 3600000, &o->timeout_ms);
+        else if (!strcmp(a, "--seed")) { bad = bh_int(v, 0, 1 << 30, &x); o->seed = (uint64_t)x; }
+        else if (!strcmp(a, "--zstd")) { o->zstd = 1; takes = 0; }
+        else { fprintf(stderr, "tandem bench-handoff: unknown option %s\n", a); bh_usage(); return -1; }
+        if (takes && (!v || bad)) { fprintf(stderr, "tandem bench-handoff: option %s needs a valid value\n", a); return -1; }
+        i += takes;
+    }
+    if (!o->model) { bh_usage(); return -1; }
+    return 0;
+}
+
+/* ==== In-process prefill node ==== */
+
+typedef struct {
+    model *m;
+    prefill_node_opts po;
+    volatile int stop;
+    pthread_t th;
+    int started, rc;
+    char port_file[64], err[512];
+} bh_local_node;
+
+static void *bh_node_main(void *arg) {
+    bh_local_node *ln = arg;
+    ln->rc = prefill_node_run(ln->m, &ln->po, ln->err, sizeof ln->err);
+    return NULL;
+}
+
+/* Starts a prefill node thread with its own model; fills addr. */
+static int bh_local_start(bh_local_node *ln, const bh_opts *o, const void *secret, size_t secret_len, int n_ctx,
+                          char *addr, size_t addrlen, char *err, size_t errlen) {
+    model_opts mo = { .n_threads = o->threads, .n_batch = o->batch };
+    if (model_load(&ln->m, o->model, &mo, err, errlen)) return -1;
+    snprintf(ln->port_file, sizeof ln->port_file, "/tmp/tandem-bh-%d.port", (int)getpid());
+    unlink(ln->port_file);
+    ln->po = (prefill_node_opts){ .listen = "127.0.0.1:0", .secret = secret, .secret_len = secret_len,
+                                  .node_id = "bench-prefill", .n_ctx = n_ctx, .kv_dtype = GGML_TYPE_F16,
+                                  .timeout_ms = o->timeout_ms, .stop = &ln->stop, .port_file = ln->port_file };
+    if (pthread_create(&ln->th, NULL, bh_node_main, ln)) { snprintf(err, errlen, "cannot start a thread"); return -1; }
+    ln->started = 1;
+    for (int i = 0; i < 600; i++) {   /* up to 60 s for the node to listen */
+        FILE *f = fopen(ln->port_file, "r");
+        int port = 0;
+        if (f) { int ok = fscanf(f, "%d", &port) == 1; fclose(f); if (ok && port > 0) { snprintf(addr, addrlen, "127.0.0.1:%d", port); return 0; } }
+        struct timespec ts = { 0, 100 * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    snprintf(err, errlen, "the in-process prefill node did not start: %.400s", ln->err[0] ? ln->err : "no port file");
+    return -1;
+}
+
+static void bh_local_stop(bh_local_node *ln) {
+    if (ln->started) { ln->stop = 1; pthread_join(ln->th, NULL); }
+    if (ln->port_file[0]) unlink(ln->port_file);
+    model_free(ln->m);
+}
+
+/* ==== Measurement ==== */
+
+typedef struct {
+    double ttft_local, ttft_split, prefill_remote, total, tail, xfer;
+    double kv_bytes, wire_bytes;
+    int agree, runs;
+} bh_row;
+
+static void bh_tokens(int32_t *t, int n, int n_vocab, uint64_t seed) {
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; i < n; i++) {
+        s ^= s << 13; s ^= s >> 7; s ^= s << 17;   /* xorshift64 */
+        t[i] = (int32_t)(s % (uint64_t)n_vocab);
+    }
+}
+
+typedef struct {
+    model *m;
+    session *s;
+    handoff_client *c;
+    float *logits;
+    int n_vocab, n_layer, batch;
+} bh_ctx;
+
+static int bh_local(bh_ctx *x, const int32_t *t, int n, double *ms, int32_t *first, char *err, size_t errlen) {
+    session_reset(x->s, 0);
+    double t0 = gen_now_ms();
+    if (model_eval(x->m, x->s, t, n, x->logits, NULL, NULL, err, errlen)) return -1;
+    *first = sampler_argmax(x->logits, x->n_vocab);
+    *ms = gen_now_ms() - t0;
+    return 0;
+}
+
+static int bh_split(bh_ctx *x, const int32_t *t, int n, double *ms, int32_t *first, handoff_stats *hs,
+                    char *err, size_t errlen) {
+    session_reset(x->s, 0);
+    double t0 = gen_now_ms();
+    if (handoff_prefill(x->c, x->s, t, n, 0, hs, err, errlen)) return -1;
+    if (model_eval(x->m, x->s, t + n - 1, 1, x->logits, NULL, NULL, err, errlen)) return -1;
+    *first = sampler_argmax(x->logits, x->n_vocab);
+    *ms = gen_now_ms() - t0;
+    return 0;
+}
+
+/* One local and one split run of the same tokens (the order alternates with
+ * `flip`, so that neither side always runs on a warmer machine); adds to r. */
+static int bh_measure(bh_ctx *x, const int32_t *t, int n, int flip, bh_row *r, char *err, size_t errlen) {
+    double ms_local, ms_split;
+    int32_t first_local, first_split;
+    handoff_stats hs;
+    if (flip && bh_split(x, t, n, &ms_split, &first_split, &hs, err, errlen)) return -1;
+    if (bh_local(x, t, n, &ms_local, &first_local, err, errlen)) return -1;
+    if (!flip && bh_split(x, t, n, &ms_split, &first_split, &hs, err, errlen)) return -1;
+    /* frames start once the first chunk's first layer is computed; from then
+     * until the last frame is in the cache the KV is on the wire */
+    int sent = n - 1, chunk = sent < x->batch ? sent : x->batch;
+    double first_frame = hs.prefill_ms_remote * chunk / (double)sent / x->n_layer;
+    r->ttft_local += ms_local;
+    r->ttft_split += ms_split;
+    r->prefill_remote += hs.prefill_ms_remote;
+    r->total += hs.total_ms;
+    r->tail += hs.transfer_tail_ms;
+    r->xfer += hs.total_ms > first_frame ? hs.total_ms - first_frame : hs.total_ms;
+    r->kv_bytes += (double)hs.kv_bytes;
+    r->wire_bytes += (double)hs.wire_bytes;
+    r->agree += first_local == first_split;
+    r->runs++;
+    return 0;
+}
+
+static const char *bh_dtype_name(uint32_t d) {
+    return d == GGML_TYPE_F16 ? "f16" : d == GGML_TYPE_BF16 ? "bf16" : d == GGML_TYPE_Q8_0 ? "q8_0" : "?";
+}
+
+static void bh_print_row(const char *link, uint32_t dt, int n, const bh_row *r) {
+    double k = r->runs ? 1.0 / r->runs : 0;
+    double exposed = (r->ttft_split - r->ttft_local) * k, pf = r->prefill_remote * k, xfer = r->xfer * k;
+    printf("| %s | %s | %d | %.1f | %.0f | %.0f | %.1f | %.1f | %.1f%% | %.3f | %.1f | %.1f | %.1f | %d/%d |\n",
+           link, bh_dtype_name(dt), n, pf, r->kv_bytes * k, r->wire_bytes * k, xfer, exposed,
+           pf > 0 ? 100.0 * exposed / pf : 0.0, xfer > 0 ? r->wire_bytes * k / (xfer * 1e6) : 0.0,
+           r->ttft_local * k, r->ttft_split * k, r->tail * k, r->agree, r->runs);
+    fflush(stdout);
+}
+
+static int bh_run_dtype(bh_ctx *x, const bh_opts *o, const char *addr, const char *link, uint32_t dt,
+                        const void *secret, size_t secret_len, int32_t *toks, char *err, size_t errlen) {
+    handoff_opts ho = { .wire_dtype = dt, .zstd = o->zstd, .timeout_ms = o->timeout_ms, .secret = secret,
+                        .secret_len = secret_len, .node_id = "bench-decode" };
+    if (handoff_connect(&x->c, addr, x->m, GGML_TYPE_F16, &ho, err, errlen)) { x->c = NULL; return -1; }
+    int rc = -1;
+    bh_row warm = { 0 };
+    bh_tokens(toks, o->lengths[0], x->n_vocab, o->seed + 999);
+    if (bh_measure(x, toks, o->lengths[0], 0, &warm, err, errlen)) goto out;
+    for (int li = 0; li < o->n_lengths; li++) {
+        int n = o->lengths[li];
+        bh_row r = { 0 };
+        for (int rep = 0; rep < o->reps; rep++) {
+            bh_tokens(toks, n, x->n_vocab, o->seed * 1000003ull + (uint64_t)n * 131 + (uint64_t)rep);
+            if (bh_measure(x, toks, n, rep & 1, &r, err, errlen)) goto out;
+        }
+        bh_print_row(link, dt, n, &r);
+    }
+    rc = 0;
+out:
+    handoff_close(x->c);
+    x->c = NULL;
+    return rc;
+}
+
+/* ==== Command ==== */
+
+int cli_bench_handoff(int argc, char **argv) {
+    bh_opts o;
+    if (bh_parse(argc, argv, &o)) return 2;
+    signal(SIGPIPE, SIG_IGN);
+    char err[512], addr[300], link[128];
+    int max_n = 0;
+    for (int i = 0; i < o.n_lengths; i++) if (o.lengths[i] > max_n) max_n = o.lengths[i];
+    char *secret = NULL;
+    size_t secret_len = 0;
+    uint8_t rnd[32];
+    char rnd_hex[65];
+    if (o.node || o.secret_file) {
+        if (cli_load_secret(o.secret_file, &secret, &secret_len, err, sizeof err)) {
+            fprintf(stderr, "tandem bench-handoff: %s\n", err);
+            return 2;
+        }
+    } else {   /* our own node: a throwaway secret */
+        if (wire_random(rnd, sizeof rnd)) { fprintf(stderr, "tandem bench-handoff: no randomness\n"); return 1; }
+        for (int i = 0; i < 32; i++) snprintf(rnd_hex + 2 * i, 3, "%02x", rnd[i]);
+        secret = strdup(rnd_hex);
+        secret_len = 64;
+    }
+    model_opts mo = { .n_threads = o.threads, .n_batch = o.batch };
+    bh_ctx x = { 0 };
+    bh_local_node ln;
+    memset(&ln, 0, sizeof ln);
+    int32_t *toks = NULL;
+    int rc = 1;
+    if (!secret) { fprintf(stderr, "tandem bench-handoff: out of memory\n"); return 1; }
+    if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o.model, err); goto out; }
+    const model_hparams *hp = model_get_hparams(x.m);
+    x.n_vocab = hp->n_vocab;
+    x.n_layer = hp->n_layer;
+    x.batch = o.batch;
+    if (session_new(&x.s, x.m, max_n, GGML_TYPE_F16, err, sizeof err)) { fprintf(stderr, "tandem: %s\n", err); goto out; }
+    x.logits = malloc(sizeof(float) * (size_t)x.n_vocab);
+    toks = malloc(sizeof(int32_t) * (size_t)max_n);
+    if (!x.logits || !toks) { fprintf(stderr, "tandem: out of memory\n"); goto out; }
+    if (o.node) {
+        snprintf(addr, sizeof addr, "%s", o.node);
+    } else if (bh_local_start(&ln, &o, secret, secret_len, max_n, addr, sizeof addr, err, sizeof err)) {
+        fprintf(stderr, "tandem bench-handoff: %s\n", err);
+        goto out;
+    }
+    snprintf(link, sizeof link, "%s", o.label ? o.label : o.node ? o.node : "loopback");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    printf("bench-handoff: %s (%s, %d layers, n_embd %d, %d KV heads x %d, %s), %d thread(s) per node, "
+           "%d rep(s) after a warm-up, KV cache f16, prefill chunk %d%s\n",
+           o.model, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_head_kv, hp->head_dim_k, model_type_summary(x.m),
+           o.threads, o.reps, o.batch, o.zstd ? ", zstd frames" : "");
+    printf("prefill node: %s%s; this machine has %ld core(s)%s\n\n", addr, o.node ? "" : " (in this process)", cores,
+           o.node ? "" : ": the prefill and decode sides share them");
+    printf("| link | wire dtype | prompt tokens | prefill ms (remote compute) | KV bytes | wire bytes | transfer ms | "
+           "exposed ms | exposed %% of prefill | effective GB/s | TTFT local ms | TTFT split ms | tail ms | top-1 agree |\n");
+    printf("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    fflush(stdout);
+    for (int d = 0; d < o.n_dtypes; d++) {
+        if (bh_run_dtype(&x, &o, addr, link, o.dtypes[d], secret, secret_len, toks, err, sizeof err)) {
+            fprintf(stderr, "tandem bench-handoff: %s wire: %s\n", bh_dtype_name(o.dtypes[d]), err);
+            goto out;
+        }
+    }
+    printf("\nexposed ms = TTFT split - TTFT local (mean). transfer ms = handoff wall time (request sent -> last KV "
+           "frame in the cache) minus the remote compute before the first frame can leave (one layer of the first "
+           "chunk); effective GB/s = wire bytes / transfer ms (where the prefill compute is slower than the link this is the "
+           "rate the KV was produced, not the link's capacity). tail ms = handoff wall time minus the remote compute: "
+           "the transfer left after the last layer was computed, measured without the local run's noise; exposed ms "
+           "also holds the decode side's evaluation of the last prompt token. top-1 agree: runs whose first token "
+           "matched the one-node run.\n");
+    rc = 0;
+out:
+    bh_local_stop(&ln);
+    free(toks);
+    free(x.logits);
+    session_free(x.s);
+    model_free(x.m);
+    if (secret) { memset(secret, 0, secret_len); free(secret); }
+    return rc;
+}

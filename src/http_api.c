@@ -1,0 +1,587 @@
+/* http_api.c - OpenAI request parsing/validation and response rendering
+ * (see http_api.h). Pure functions over jansson; no I/O. */
+#include "http_api.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ==== Limits and errors ==== */
+
+void api_limits_default(api_limits *l) {
+    l->max_tokens_limit = 4096;       /* generous for the small models tandem serves */
+    l->default_max_tokens = 256;      /* OpenAI's completions default is 16; chat is "until context" */
+    l->max_prompt_bytes = 256 * 1024; /* ~64k tokens of English: beyond any context we serve */
+    l->max_prompt_tokens = 65536;
+    l->max_messages = 256;
+    l->max_stop = 4;                  /* OpenAI's documented maximum */
+}
+
+void api_error_set(api_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+}
+
+static int api_bad(api_error *e, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int api_bad(api_error *e, const char *param, const char *code, const char *fmt, ...) {
+    e->status = 400;
+    e->type = "invalid_request_error";
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *api_json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: return "integer";
+    case JSON_REAL: return "number";
+    case JSON_TRUE: case JSON_FALSE: return "boolean";
+    default: return "null";
+    }
+}
+
+static int api_wrong_type(api_error *e, const char *param, const char *want, const json_t *v) {
+    return api_bad(e, param, "invalid_type", "Invalid type for '%s': expected %s, but got %s.",
+                   param, want, api_json_type_name(v));
+}
+
+char *api_error_json(const api_error *e) {
+    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error",
+                          "message", e->message,
+                          "type", e->type ? e->type : "server_error",
+                          "param", e->param[0] ? json_string(e->param) : json_null(),
+                          "code", e->code ? json_string(e->code) : json_null());
+    if (!o) return strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* ==== Field readers ==== */
+
+/* A number field in [lo, hi]; absent or null keeps *out. */
+static int api_get_number(json_t *root, const char *key, double lo, double hi, double *out, api_error *e) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return api_wrong_type(e, key, "a number", v);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x < lo || x > hi)
+        return api_bad(e, key, "invalid_value", "'%s' must be between %g and %g; got %g.", key, lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+static int api_get_bool(json_t *root, const char *key, int *out, api_error *e) {
+    json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return api_wrong_type(e, key, "a boolean", v);
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* max_tokens (or max_completion_tokens for chat): integer in [1, limit]. */
+static int api_get_max_tokens(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    static const char *const keys[2] = {"max_tokens", "max_completion_tokens"};
+    r->max_tokens = lim->default_max_tokens;
+    for (int i = 0; i < 2; i++) {
+        json_t *v = json_object_get(root, keys[i]);
+        if (!v || json_is_null(v)) continue;
+        if (!json_is_integer(v)) return api_wrong_type(e, keys[i], "an integer", v);
+        json_int_t x = json_integer_value(v);
+        if (x < 1)
+            return api_bad(e, keys[i], "invalid_value", "'%s' must be at least 1; got %lld.", keys[i], (long long)x);
+        if (x > lim->max_tokens_limit)
+            return api_bad(e, keys[i], "invalid_value",
+                           "'%s' is too large: %lld. This server allows at most %d completion tokens.",
+                           keys[i], (long long)x, lim->max_tokens_limit);
+        r->max_tokens = (int)x;
+    }
+    return 0;
+}
+
+static int api_get_stop(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    json_t *v = json_object_get(root, "stop");
+    if (!v || json_is_null(v)) return 0;
+    if (json_is_string(v)) {
+        if (json_string_length(v) == 0) return 0;
+        r->stop = calloc(1, sizeof *r->stop);
+        if (!r->stop || !(r->stop[0] = strdup(json_string_value(v))))
+            return api_bad(e, "stop", NULL, "out of memory");
+        r->n_stop = 1;
+        return 0;
+    }
+    if (!json_is_array(v)) return api_wrong_type(e, "stop", "a string or an array of strings", v);
+    size_t n = json_array_size(v);
+    if ((int)n > lim->max_stop || n > 64)
+        return api_bad(e, "stop", "invalid_value", "'stop' may hold at most %d sequences; got %zu.", lim->max_stop, n);
+    r->stop = calloc(n ? n : 1, sizeof *r->stop);
+    if (!r->stop) return api_bad(e, "stop", NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(v, i);
+        if (!json_is_string(s)) return api_wrong_type(e, "stop", "an array of strings", s);
+        if (json_string_length(s) == 0) continue;
+        if (!(r->stop[r->n_stop] = strdup(json_string_value(s)))) return api_bad(e, "stop", NULL, "out of memory");
+        r->n_stop++;
+    }
+    return 0;
+}
+
+/* ==== Prompt and messages ==== */
+
+static int api_get_token_array(json_t *arr, const api_limits *lim, api_request *r, api_error *e) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return api_bad(e, "prompt", "invalid_value", "'prompt' must not be empty.");
+    if ((long long)n > lim->max_prompt_tokens)
+        return api_bad(e, "prompt", "context_length_exceeded",
+                       "The prompt has %zu tokens; this server accepts at most %d.", n, lim->max_prompt_tokens);
+    r->tokens = malloc(n * sizeof *r->tokens);
+    if (!r->tokens) return api_bad(e, "prompt", NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(arr, i);
+        if (!json_is_integer(t)) return api_wrong_type(e, "prompt", "an array of token ids (integers)", t);
+        json_int_t x = json_integer_value(t);
+        if (x < 0 || x > INT32_MAX)
+            return api_bad(e, "prompt", "invalid_value", "Token id %lld at position %zu is out of range.", (long long)x, i);
+        r->tokens[i] = (int32_t)x;
+    }
+    r->n_tokens = (int)n;
+    return 0;
+}
+
+/* prompt: "text" | ["text"] | [ids] | [[ids]]; batches (several prompts) are refused. */
+static int api_get_prompt(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    json_t *v = json_object_get(root, "prompt");
+    if (!v || json_is_null(v)) return api_bad(e, "prompt", "missing_required_parameter",
+                                              "Missing required parameter: 'prompt'.");
+    if (json_is_array(v) && json_array_size(v) == 1 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
+        v = json_array_get(v, 0);
+    if (json_is_string(v)) {
+        size_t n = json_string_length(v);
+        if (n > lim->max_prompt_bytes)
+            return api_bad(e, "prompt", "context_length_exceeded",
+                           "The prompt is %zu bytes; this server accepts at most %zu bytes "
+                           "(reduce the length of the prompt).", n, lim->max_prompt_bytes);
+        if (n == 0) return api_bad(e, "prompt", "invalid_value", "'prompt' must not be empty.");
+        r->prompt = strdup(json_string_value(v));
+        if (!r->prompt) return api_bad(e, "prompt", NULL, "out of memory");
+        r->prompt_bytes = n;
+        return 0;
+    }
+    if (json_is_array(v)) {
+        if (json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0)))
+            return api_bad(e, "prompt", "invalid_value",
+                           "Batched prompts are not supported: send one prompt per request.");
+        return api_get_token_array(v, lim, r, e);
+    }
+    return api_wrong_type(e, "prompt", "a string or an array of token ids", v);
+}
+
+/* content: "text" | [{"type":"text","text":"..."}...] | null (assistant turns). */
+static int api_get_content(json_t *c, size_t idx, char **out, api_error *e) {
+    char param[48];
+    snprintf(param, sizeof param, "messages[%zu].content", idx);
+    if (!c || json_is_null(c)) { *out = strdup(""); return *out ? 0 : api_bad(e, param, NULL, "out of memory"); }
+    if (json_is_string(c)) { *out = strdup(json_string_value(c)); return *out ? 0 : api_bad(e, param, NULL, "out of memory"); }
+    if (!json_is_array(c)) return api_wrong_type(e, param, "a string or an array of content parts", c);
+    size_t total = 0;
+    for (size_t i = 0; i < json_array_size(c); i++) {
+        json_t *p = json_array_get(c, i);
+        json_t *ty = json_object_get(p, "type"), *tx = json_object_get(p, "text");
+        if (!json_is_object(p) || !json_is_string(ty))
+            return api_bad(e, param, "invalid_type", "Each content part of %s must be an object with a 'type'.", param);
+        if (strcmp(json_string_value(ty), "text") != 0)
+            return api_bad(e, param, "invalid_value", "Content part type '%s' is not supported (only 'text').",
+                           json_string_value(ty));
+        if (!json_is_string(tx)) return api_wrong_type(e, param, "a text part with a string 'text'", tx ? tx : json_null());
+        total += json_string_length(tx);
+    }
+    char *s = malloc(total + 1);
+    if (!s) return api_bad(e, param, NULL, "out of memory");
+    size_t off = 0;
+    for (size_t i = 0; i < json_array_size(c); i++) {
+        json_t *tx = json_object_get(json_array_get(c, i), "text");
+        size_t n = json_string_length(tx);
+        memcpy(s + off, json_string_value(tx), n);
+        off += n;
+    }
+    s[off] = 0;
+    *out = s;
+    return 0;
+}
+
+static int api_get_messages(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    static const char *const roles[] = {"system", "developer", "user", "assistant"};
+    json_t *v = json_object_get(root, "messages");
+    if (!v || json_is_null(v)) return api_bad(e, "messages", "missing_required_parameter",
+                                              "Missing required parameter: 'messages'.");
+    if (!json_is_array(v)) return api_wrong_type(e, "messages", "an array", v);
+    size_t n = json_array_size(v);
+    if (n == 0) return api_bad(e, "messages", "empty_array", "'messages' must contain at least one message.");
+    if ((int)n > lim->max_messages)
+        return api_bad(e, "messages", "invalid_value", "Too many messages: %zu (at most %d).", n, lim->max_messages);
+    r->messages = calloc(n, sizeof *r->messages);
+    if (!r->messages) return api_bad(e, "messages", NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i);
+        char param[48];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m)) return api_wrong_type(e, param, "an object", m);
+        json_t *role = json_object_get(m, "role");
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        if (!json_is_string(role)) return api_wrong_type(e, param, "a string", role ? role : json_null());
+        const char *rs = json_string_value(role);
+        int ok = 0;
+        for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) ok |= !strcmp(rs, roles[k]);
+        if (!ok) return api_bad(e, param, "invalid_value",
+                                "Invalid value for %s: '%.40s'. Supported: system, developer, user, assistant.", param, rs);
+        api_msg *am = &r->messages[r->n_messages];
+        /* "developer" is OpenAI's newer name for the system role. */
+        am->role = strdup(strcmp(rs, "developer") ? rs : "system");
+        r->n_messages++;
+        if (!am->role) return api_bad(e, param, NULL, "out of memory");
+        if (api_get_content(json_object_get(m, "content"), i, &am->content, e)) return -1;
+        r->prompt_bytes += strlen(am->content);
+        if (r->prompt_bytes > lim->max_prompt_bytes)
+            return api_bad(e, "messages", "context_length_exceeded",
+                           "The messages total more than %zu bytes; reduce the length of the messages.",
+                           lim->max_prompt_bytes);
+    }
+    return 0;
+}
+
+/* ==== Request ==== */
+
+/* Fields we cannot honour are refused rather than silently ignored. */
+static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e) {
+    json_t *n = json_object_get(root, "n");
+    if (n && !json_is_null(n)) {
+        if (!json_is_integer(n)) return api_wrong_type(e, "n", "an integer", n);
+        if (json_integer_value(n) != 1)
+            return api_bad(e, "n", "invalid_value", "Only n=1 is supported.");
+    }
+    json_t *lp = json_object_get(root, "logprobs");
+    if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0))
+        return api_bad(e, "logprobs", "unsupported_parameter", "'logprobs' is not supported by this server.");
+    static const char *const refused[] = {"tools", "functions", "tool_choice", "function_call"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        json_t *v = json_object_get(root, refused[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return api_bad(e, refused[i], "unsupported_parameter", "'%s' is not supported by this server.", refused[i]);
+    }
+    json_t *bo = json_object_get(root, "best_of");
+    if (kind == API_COMPLETION && bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
+        return api_bad(e, "best_of", "unsupported_parameter", "Only best_of=1 is supported.");
+    return 0;
+}
+
+static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *lim, api_request *r, api_error *e) {
+    json_t *model = json_object_get(root, "model");
+    if (!model || json_is_null(model))
+        return api_bad(e, "model", "missing_required_parameter", "Missing required parameter: 'model'.");
+    if (!json_is_string(model)) return api_wrong_type(e, "model", "a string", model);
+    if (json_string_length(model) == 0 || json_string_length(model) > 256)
+        return api_bad(e, "model", "invalid_value", "'model' must be a non-empty string of at most 256 bytes.");
+    if (!(r->model = strdup(json_string_value(model)))) return api_bad(e, "model", NULL, "out of memory");
+    if (kind == API_CHAT ? api_get_messages(root, lim, r, e) : api_get_prompt(root, lim, r, e)) return -1;
+    if (api_check_unsupported(root, kind, e)) return -1;
+    if (api_get_max_tokens(root, lim, r, e)) return -1;
+    if (api_get_number(root, "temperature", 0, 2, &r->temperature, e)) return -1;
+    if (api_get_number(root, "top_p", 0, 1, &r->top_p, e)) return -1;
+    double pen = 0;
+    if (api_get_number(root, "presence_penalty", -2, 2, &pen, e)) return -1;
+    if (api_get_number(root, "frequency_penalty", -2, 2, &pen, e)) return -1;
+    json_t *seed = json_object_get(root, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) return api_wrong_type(e, "seed", "an integer", seed);
+        r->has_seed = 1;
+        r->seed = (int64_t)json_integer_value(seed);
+    }
+    if (api_get_stop(root, lim, r, e)) return -1;
+    if (api_get_bool(root, "stream", &r->stream, e)) return -1;
+    if (kind == API_COMPLETION && api_get_bool(root, "echo", &r->echo, e)) return -1;
+    if (r->echo && !r->prompt)
+        return api_bad(e, "echo", "invalid_value", "'echo' needs a text prompt.");
+    json_t *so = json_object_get(root, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) return api_wrong_type(e, "stream_options", "an object", so);
+        if (!r->stream)
+            return api_bad(e, "stream_options", "invalid_value", "'stream_options' is only allowed when 'stream' is true.");
+        if (api_get_bool(so, "include_usage", &r->include_usage, e)) return -1;
+    }
+    return 0;
+}
+
+int api_parse_request(enum api_kind kind, const char *body, size_t len, const api_limits *lim,
+                      api_request *r, api_error *e) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    r->temperature = 1.0;
+    r->top_p = 1.0;
+    json_error_t je;
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return api_bad(e, NULL, "invalid_json",
+                       "We could not parse the JSON body of your request: %s (line %d, column %d).",
+                       je.text, je.line, je.column);
+    int rc = 0;
+    if (!json_is_object(root)) rc = api_bad(e, NULL, "invalid_json", "The request body must be a JSON object.");
+    else rc = api_parse_fields(root, kind, lim, r, e);
+    json_decref(root);
+    if (rc) api_request_free(r);
+    return rc;
+}
+
+void api_request_free(api_request *r) {
+    free(r->model);
+    free(r->prompt);
+    free(r->tokens);
+    for (int i = 0; i < r->n_messages; i++) { free(r->messages[i].role); free(r->messages[i].content); }
+    free(r->messages);
+    for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    memset(r, 0, sizeof *r);
+}
+
+/* ==== Decode node protocol ==== */
+
+static char *api_dump(json_t *o) {
+    if (!o) return NULL;
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+static json_t *api_upstream_prompt(const api_request *r, json_t *o) {
+    if (r->kind == API_CHAT) {
+        json_object_set_new(o, "chat", json_true());
+        /* One user message: the plain "prompt" + "chat" form every decode node takes. */
+        if (r->n_messages == 1 && !strcmp(r->messages[0].role, "user"))
+            return json_object_set_new(o, "prompt", json_string(r->messages[0].content)) ? NULL : o;
+        json_t *arr = json_array();
+        for (int i = 0; i < r->n_messages; i++)
+            json_array_append_new(arr, json_pack("{s:s, s:s}", "role", r->messages[i].role,
+                                                 "content", r->messages[i].content));
+        return json_object_set_new(o, "messages", arr) ? NULL : o;
+    }
+    if (r->prompt) return json_object_set_new(o, "prompt", json_string(r->prompt)) ? NULL : o;
+    json_t *arr = json_array();
+    for (int i = 0; i < r->n_tokens; i++) json_array_append_new(arr, json_integer(r->tokens[i]));
+    return json_object_set_new(o, "tokens", arr) ? NULL : o;
+}
+
+char *api_upstream_body(const api_request *r, const char *prefill_mode, const char *prefill_node) {
+    json_t *o = json_object();
+    if (!o || !api_upstream_prompt(r, o)) { json_decref(o); return NULL; }
+    json_object_set_new(o, "max_tokens", json_integer(r->max_tokens));
+    json_object_set_new(o, "temperature", json_real(r->temperature));
+    json_object_set_new(o, "top_p", json_real(r->top_p));
+    /* OpenAI sampling has no top-k or min-p: switch them off on the node. */
+    json_object_set_new(o, "top_k", json_integer(0));
+    json_object_set_new(o, "min_p", json_real(0.0));
+    /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
+    if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));
+    if (r->n_stop) {
+        json_t *arr = json_array();
+        for (int i = 0; i < r->n_stop; i++) json_array_append_new(arr, json_string(r->stop[i]));
+        json_object_set_new(o, "stop", arr);
+    }
+    json_object_set_new(o, "prefill", json_string(prefill_mode ? prefill_mode : "auto"));
+    if (prefill_node && *prefill_node) json_object_set_new(o, "prefill_node", json_string(prefill_node));
+    /* The router always streams from the node: it learns the first token's
+     * arrival (retry boundary, TTFT) even when the client wants one reply. */
+    json_object_set_new(o, "stream", json_true());
+    return api_dump(o);
+}
+
+static void api_copy_str(json_t *v, char *out, size_t outlen) {
+    if (json_is_string(v)) snprintf(out, outlen, "%s", json_string_value(v));
+}
+
+static double api_num(json_t *v) { return json_is_number(v) ? json_number_value(v) : 0; }
+static int api_int(json_t *v) {
+    if (!json_is_integer(v)) return 0;
+    json_int_t x = json_integer_value(v);
+    return x < 0 ? 0 : x > INT32_MAX ? INT32_MAX : (int)x;
+}
+
+static void api_read_prefill(json_t *p, api_upstream_line *u) {
+    if (!json_is_object(p)) return;
+    api_copy_str(json_object_get(p, "mode"), u->prefill_mode, sizeof u->prefill_mode);
+    api_copy_str(json_object_get(p, "node"), u->prefill_node, sizeof u->prefill_node);
+    u->positions_received = api_int(json_object_get(p, "positions_received"));
+    u->computed_remote = api_int(json_object_get(p, "computed_remote"));
+    u->computed_local = api_int(json_object_get(p, "computed_local"));
+    u->kv_bytes = api_num(json_object_get(p, "kv_bytes"));
+    u->wire_bytes = api_num(json_object_get(p, "wire_bytes"));
+    u->prefill_ms = api_num(json_object_get(p, "prefill_ms"));
+    u->ttft_ms = api_num(json_object_get(p, "ttft_ms"));
+    json_t *t = json_object_get(p, "transfer_tail_ms");
+    u->transfer_ms = json_is_number(t) ? json_number_value(t) : -1;
+    u->remote_prefill_ms = api_num(json_object_get(p, "remote_prefill_ms"));
+    u->handoff_ms = api_num(json_object_get(p, "handoff_ms"));
+    api_copy_str(json_object_get(p, "fallback_reason"), u->fallback_reason, sizeof u->fallback_reason);
+}
+
+static void api_read_error(json_t *v, char *out, size_t outlen) {
+    if (json_is_string(v)) snprintf(out, outlen, "%s", json_string_value(v));
+    else if (json_is_object(v) && json_is_string(json_object_get(v, "message")))
+        snprintf(out, outlen, "%s", json_string_value(json_object_get(v, "message")));
+    else if (v && !json_is_null(v) && !json_is_false(v)) snprintf(out, outlen, "unspecified error");
+}
+
+int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) {
+    memset(u, 0, sizeof *u);
+    json_t *o = json_loadb(line, len, 0, NULL);
+    if (!json_is_object(o)) { json_decref(o); return -1; }
+    json_t *tok = json_object_get(o, "token"), *text = json_object_get(o, "text");
+    if (json_is_string(text) && !(u->text = strdup(json_string_value(text)))) { json_decref(o); return -1; }
+    if (json_is_integer(tok)) { u->is_token = 1; u->token = api_int(tok); }
+    if (json_is_true(json_object_get(o, "done")) || json_is_string(json_object_get(o, "finish_reason"))) {
+        u->is_done = 1;
+        u->is_token = 0;
+        api_copy_str(json_object_get(o, "finish_reason"), u->finish_reason, sizeof u->finish_reason);
+        json_t *us = json_object_get(o, "usage");
+        u->prompt_tokens = api_int(json_object_get(us, "prompt_tokens"));
+        u->completion_tokens = api_int(json_object_get(us, "completion_tokens"));
+        api_read_prefill(json_object_get(o, "prefill"), u);
+        if (!u->fallback_reason[0])
+            api_copy_str(json_object_get(o, "fallback_reason"), u->fallback_reason, sizeof u->fallback_reason);
+    }
+    api_read_error(json_object_get(o, "error"), u->error, sizeof u->error);
+    int ok = u->is_token || u->is_done || u->error[0];
+    json_decref(o);
+    if (!ok) { api_upstream_line_free(u); return -1; }
+    return 0;
+}
+
+void api_upstream_line_free(api_upstream_line *u) {
+    free(u->text);
+    u->text = NULL;
+}
+
+void api_upstream_error_message(const char *body, size_t len, char *out, size_t outlen) {
+    if (outlen == 0) return;
+    out[0] = 0;
+    json_t *o = json_loadb(body, len, 0, NULL);
+    if (o) api_read_error(json_object_get(o, "error"), out, outlen);
+    json_decref(o);
+    if (!out[0]) {
+        size_t n = len < outlen - 1 ? len : outlen - 1;
+        for (size_t i = 0; i < n; i++) out[i] = (body[i] >= 32 && body[i] < 127) ? body[i] : ' ';
+        out[n] = 0;
+    }
+}
+
+/* ==== OpenAI responses ==== */
+
+static json_t *api_usage(int p, int c) {
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c);
+}
+
+static json_t *api_str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
+
+/* jansson refuses invalid UTF-8; a token text that is not valid is sent
+ * with the bad bytes replaced, never dropped silently as a null. */
+static json_t *api_text(const char *s) {
+    if (!s) s = "";
+    json_t *v = json_string(s);
+    if (v) return v;
+    size_t n = strlen(s);
+    char *c = malloc(n + 1);
+    if (!c) return json_string("");
+    for (size_t i = 0; i < n; i++) c[i] = (unsigned char)s[i] < 128 ? s[i] : '?';
+    c[n] = 0;
+    v = json_string(c);
+    free(c);
+    return v ? v : json_string("");
+}
+
+char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char *text,
+                          const char *finish_reason, int prompt_tokens, int completion_tokens) {
+    json_t *choice;
+    if (kind == API_CHAT)
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:o}", "index", 0, "message", "role", "assistant",
+                           "content", api_text(text), "logprobs", "finish_reason", api_str_or_null(finish_reason));
+    else
+        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", api_text(text), "index", 0, "logprobs",
+                           "finish_reason", api_str_or_null(finish_reason));
+    if (!choice) return NULL;
+    return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
+                              "object", kind == API_CHAT ? "chat.completion" : "text_completion",
+                              "created", (json_int_t)m->created, "model", m->model, "choices", choice,
+                              "usage", api_usage(prompt_tokens, completion_tokens)));
+}
+
+static char *api_sse(json_t *o) {
+    char *j = api_dump(o);
+    if (!j) return NULL;
+    size_t n = strlen(j);
+    char *s = malloc(n + 9);
+    if (s) { memcpy(s, "data: ", 6); memcpy(s + 6, j, n); memcpy(s + 6 + n, "\n\n", 3); }
+    free(j);
+    return s;
+}
+
+char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *text,
+                       const char *finish_reason, int first) {
+    json_t *choice;
+    if (kind == API_CHAT) {
+        json_t *delta = json_object();
+        if (first) json_object_set_new(delta, "role", json_string("assistant"));
+        if (text || first) json_object_set_new(delta, "content", api_text(text));
+        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+                           "finish_reason", api_str_or_null(finish_reason));
+    } else {
+        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", api_text(text), "index", 0, "logprobs",
+                           "finish_reason", api_str_or_null(finish_reason));
+    }
+    if (!choice) return NULL;
+    return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", m->id,
+                             "object", kind == API_CHAT ? "chat.completion.chunk" : "text_completion",
+                             "created", (json_int_t)m->created, "model", m->model, "choices", choice));
+}
+
+char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int prompt_tokens,
+                             int completion_tokens) {
+    return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", m->id,
+                             "object", kind == API_CHAT ? "chat.completion.chunk" : "text_completion",
+                             "created", (json_int_t)m->created, "model", m->model, "choices",
+                             "usage", api_usage(prompt_tokens, completion_tokens)));
+}
+
+char *api_render_error_event(const api_error *e) {
+    char *j = api_error_json(e);
+    if (!j) return NULL;
+    size_t n = strlen(j);
+    char *s = malloc(n + 9);
+    if (s) { memcpy(s, "data: ", 6); memcpy(s + 6, j, n); memcpy(s + 6 + n, "\n\n", 3); }
+    free(j);
+    return s;
+}
+
+char *api_render_models(const char *const *ids, int n, long long created) {
+    json_t *arr = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:s}", "id", ids[i], "object", "model",
+                                             "created", (json_int_t)created, "owned_by", "tandem"));
+    return api_dump(json_pack("{s:s, s:o}", "object", "list", "data", arr));
+}

@@ -1,0 +1,132 @@
+/* http_api.h - the OpenAI-compatible face of the router, as pure functions.
+ *
+ * Parsing and validating /v1/chat/completions and /v1/completions bodies,
+ * building the body the router sends to a decode node (POST /v1/generate),
+ * reading a decode node's NDJSON lines, and rendering OpenAI responses,
+ * stream chunks (SSE) and errors. No I/O and no globals here, so that the
+ * whole request path can be unit-tested and fuzzed (fuzz/fuzz_http_api.c).
+ * All strings returned as char * are malloc'd; the caller frees them.
+ */
+#ifndef TANDEM_HTTP_API_H
+#define TANDEM_HTTP_API_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum api_kind { API_CHAT = 0, API_COMPLETION = 1 };
+
+/* An OpenAI-shaped error: HTTP status plus the four fields of "error". */
+typedef struct {
+    int status;                 /* 400, 401, 404, 405, 413, 429, 500, 502, 503, 504 */
+    const char *type;           /* "invalid_request_error", "server_error", ... (static) */
+    const char *code;           /* static string or NULL (rendered as null) */
+    char param[64];             /* offending field, "" = null */
+    char message[320];
+} api_error;
+
+/* Limits the parser enforces (the router's config). */
+typedef struct {
+    int max_tokens_limit;       /* largest accepted max_tokens */
+    int default_max_tokens;     /* used when the request gives none */
+    size_t max_prompt_bytes;    /* prompt (or all messages' content) in bytes: the router does not tokenize */
+    int max_prompt_tokens;      /* a token-id prompt's length */
+    int max_messages;
+    int max_stop;               /* OpenAI allows up to 4 stop sequences */
+} api_limits;
+
+typedef struct { char *role; char *content; } api_msg;
+
+typedef struct {
+    enum api_kind kind;
+    char *model;
+    /* completions: prompt text, or token ids */
+    char *prompt;
+    int32_t *tokens;
+    int n_tokens;
+    /* chat */
+    api_msg *messages;
+    int n_messages;
+    int max_tokens;
+    double temperature;         /* OpenAI default 1 */
+    double top_p;               /* OpenAI default 1 */
+    int has_seed;
+    int64_t seed;
+    char **stop;
+    int n_stop;
+    int stream;
+    int include_usage;          /* stream_options.include_usage */
+    int echo;                   /* completions: echo the prompt (only with a text prompt) */
+    size_t prompt_bytes;        /* bytes of prompt text / message contents */
+} api_request;
+
+void api_limits_default(api_limits *l);
+
+/* Fills e (status, type, code, param, printf-style message). */
+void api_error_set(api_error *e, int status, const char *type, const char *code,
+                   const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* Parses and validates a request body. 0 on success (free with
+ * api_request_free), -1 with e filled (status 400 or 413). */
+int api_parse_request(enum api_kind kind, const char *body, size_t len, const api_limits *lim,
+                      api_request *r, api_error *e);
+void api_request_free(api_request *r);
+
+/* {"error": {"message", "type", "param", "code"}} */
+char *api_error_json(const api_error *e);
+
+/* ==== Decode node protocol ==== */
+/* The POST /v1/generate body for a decode node. prefill_mode is "auto",
+ * "remote" or "local"; prefill_node "host:port" or NULL. */
+char *api_upstream_body(const api_request *r, const char *prefill_mode, const char *prefill_node);
+
+/* One parsed NDJSON line (or the whole non-stream reply) from a decode node. */
+typedef struct {
+    int is_token;               /* {"token": id, "text": ...} */
+    int token;
+    char *text;                 /* token text, or full text of a non-stream reply */
+    int is_done;                /* final line / non-stream object */
+    char finish_reason[16];     /* "stop", "length", "error" */
+    int prompt_tokens, completion_tokens;
+    /* prefill figures */
+    char prefill_mode[16];      /* "remote" / "local" / "" */
+    char prefill_node[128];
+    int computed_remote, computed_local, positions_received;
+    double kv_bytes, wire_bytes, prefill_ms, ttft_ms;
+    double transfer_ms;         /* exposed transfer: "transfer_tail_ms" if reported, else -1 */
+    double remote_prefill_ms;   /* compute time on the prefill node (split only) */
+    double handoff_ms;          /* request sent -> last KV frame in the cache (split only) */
+    char fallback_reason[256];
+    char error[320];            /* "error" member (string or object with message) */
+} api_upstream_line;
+
+/* 0 on success, -1 if the line is not a JSON object of the protocol. */
+int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u);
+void api_upstream_line_free(api_upstream_line *u);
+/* Error message in a decode node's 4xx/5xx body (any of the shapes
+ * {"error":"..."}, {"error":{"message":"..."}}), or the body's start. */
+void api_upstream_error_message(const char *body, size_t len, char *out, size_t outlen);
+
+/* ==== OpenAI responses ==== */
+typedef struct {
+    const char *id;             /* "chatcmpl-..." / "cmpl-..." */
+    long long created;          /* unix seconds */
+    const char *model;
+} api_resp_meta;
+
+/* A complete non-stream response. */
+char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char *text,
+                          const char *finish_reason, int prompt_tokens, int completion_tokens);
+/* One SSE event "data: {...}\n\n" carrying a chunk: text (may be NULL),
+ * finish_reason (NULL = null). For chat, first != 0 adds the assistant role delta. */
+char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *text,
+                       const char *finish_reason, int first);
+/* The final usage chunk (stream_options.include_usage): empty choices + usage. */
+char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int prompt_tokens,
+                             int completion_tokens);
+/* "data: {"error": {...}}\n\n" - an error after the stream started. */
+char *api_render_error_event(const api_error *e);
+/* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
+char *api_render_models(const char *const *ids, int n, long long created);
+
+#endif

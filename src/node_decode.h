@@ -1,0 +1,71 @@
+/* node_decode.h - the decode node: an HTTP server that owns the sessions,
+ * samples tokens and (optionally) offloads prompt prefill to prefill nodes.
+ *
+ * Endpoints (JSON via jansson, HTTP via libmicrohttpd):
+ *   POST /v1/generate   generation request; streamed as NDJSON if "stream"
+ *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
+ *   GET  /v1/stats      counters and moving-average speeds (router cost model)
+ *
+ * POST /v1/generate body: exactly one of "prompt" (string; "chat": true
+ * wraps it as one user message), "messages" ([{"role","content"}], rendered
+ * with the model's chat template) or "tokens" (ids); "max_tokens" (128),
+ * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy),
+ * "ignore_eos", "stop" (string or up to 8 strings), "prefill": "auto" |
+ * "remote" | "local", "prefill_node": "host:port", "stream". Answer: NDJSON
+ * lines {"token","text"} then {"done":true, "finish_reason", "usage",
+ * "prefill": {"mode", "node", "fallback_reason", "start_pos",
+ * "positions_received", "computed_remote", "computed_local", "kv_bytes",
+ * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "error"}; or, not streamed,
+ * one object with "tokens", "text" and the same fields. A stop string ends
+ * generation; the non-stream "text" is cut before it (streamed lines were
+ * already sent). Errors: 400/404/405/413 {"error":{"message","type"}}, 503
+ * when the queue is full or the node is stopping.
+ *
+ * One generation runs at a time (the model's scratch and thread pool are
+ * shared); further requests wait in a bounded queue, beyond which they get
+ * 503. Up to n_sessions KV caches are kept with their token lists; a request
+ * continues the session sharing the longest prefix with its prompt, so only
+ * the missing span is prefilled (locally or by a prefill node). A remote
+ * prefill that fails falls back to local prefill for that request.
+ */
+#ifndef TANDEM_NODE_DECODE_H
+#define TANDEM_NODE_DECODE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+#define DECODE_MAX_PREFILL_NODES 16
+
+typedef struct {
+    const char *listen;          /* host:port; port 0 picks a free port (default 127.0.0.1:8080) */
+    const char *port_file;       /* if set, the bound port is written here once listening */
+    int local_only;              /* --role local: never use a prefill node */
+    const char *prefill_nodes[DECODE_MAX_PREFILL_NODES];
+    int n_prefill_nodes;
+    const void *secret;          /* shared secret for the prefill nodes' handshake */
+    size_t secret_len;
+    const char *node_id;         /* our name in HELLO (default "decode") */
+    const char *model_path;      /* for /health */
+    int n_ctx;                   /* per-session context (default: the model's, at most 4096) */
+    uint32_t kv_dtype;           /* cache type (default GGML_TYPE_F16) */
+    uint32_t wire_dtype;         /* handoff wire type (default: the cache type) */
+    int zstd;                    /* ask prefill nodes for zstd frames */
+    int timeout_ms;              /* handoff: no frame for this long -> fall back (default 10000) */
+    int n_sessions;              /* KV caches kept (default 4) */
+    int queue_max;               /* requests that may wait for the model (default 16) */
+    int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
+    int max_body_bytes;          /* request body limit (default 8 MiB) */
+    volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
+} decode_node_opts;
+
+/* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */
+int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errlen);
+
+/* `tandem serve --role decode|local ...`: parses the options (argv as given
+ * to `serve`, "--role X" is skipped), loads the model, handles SIGINT and
+ * SIGTERM, and runs the node. Returns the process exit status. */
+int decode_node_cli(int argc, char **argv, int local_only);
+
+#endif

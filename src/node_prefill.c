@@ -1,0 +1,666 @@
+/* node_prefill.c - the prefill node: computes prompts' KV for decode nodes
+ * and streams it to them layer by layer (see handoff.h, docs/wire-protocol.md).
+ *
+ * Threads: the accept loop; one thread per connection (handshake, then
+ * REQUEST frames one after another); per request one sender thread. The
+ * connection thread runs model_eval (one evaluation at a time per model),
+ * whose layer hook queues (layer, pos0, n) descriptors; the sender reads
+ * those rows straight out of the session's cache - rows never change once
+ * written - and puts them on the wire while later layers compute. The hook
+ * also watches the socket, so a CANCEL or a vanished decode node stops the
+ * evaluation at the next layer.
+ */
+#include "handoff.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "generate.h"
+#include "gguf.h"
+#include "wire.h"
+
+/* Default concurrent connections: each holds a session (KV cache pages are
+ * only touched as used) and a thread; more wait in the listen backlog. */
+#define PN_DEFAULT_CONNS 16
+#define PN_MAX_CONNS 256
+/* Descriptors a request may have computed but not yet sent: one chunk's
+ * layers keeps the sender busy while the next chunk computes, and stops the
+ * compute soon when the link is slow or dead (backpressure). */
+#define PN_QUEUE_MIN 4
+#define PN_QUEUE_MAX 64
+/* A connection that sends nothing for this long between requests is dropped
+ * (decode nodes keep connections open between prompts). */
+#define PN_IDLE_MS 300000
+/* How often blocked loops look at the stop flag. */
+#define PN_TICK_MS 200
+/* Positions per frame when resending a span the session already holds (the
+ * size of a default prefill chunk, so frames look the same either way). */
+#define PN_CACHED_SPAN 512
+
+typedef struct pnode pnode;
+
+typedef struct {
+    pthread_t th;
+    int used, done;
+    int fd;
+    pnode *node;
+    unsigned id;
+} pn_slot;
+
+struct pnode {
+    model *m;
+    const prefill_node_opts *o;
+    wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
+    pthread_mutex_t compute_mu;   /* one model_eval at a time */
+    pthread_mutex_t mu;           /* slots, counters */
+    pn_slot *slots;
+    int n_slots;
+    unsigned next_conn;
+    uint64_t n_requests;
+};
+
+typedef struct { int layer, pos0, n; } pn_job;
+
+/* One request in flight: shared by the compute (hook) and the sender. */
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pn_job q[PN_QUEUE_MAX];
+    int head, count, cap;
+    int producer_done, abort, failed, sender_exited;
+    char fail_msg[300];
+
+    pnode *node;
+    wire_conn *conn;
+    kvcache *kv;
+    uint64_t req_id, seq;
+    int start, end;
+    uint32_t wire_dtype, send_flags;
+    int cur_layer, cur_pos;
+    int cancelled, peer_gone, stopping;
+    int too_big;                  /* positions of a chunk too big for one frame */
+
+    /* sender's */
+    wire_buf fb;
+    uint8_t *conv;
+    size_t conv_cap;
+    float *tmp;
+    int frames;
+    uint64_t kv_bytes;
+} pn_req;
+
+/* Per connection. */
+typedef struct {
+    pnode *node;
+    wire_conn conn;
+    unsigned id;
+    char peer[128];
+    uint32_t caps;
+    session *s;
+    int32_t *prev;                /* tokens whose KV the session holds ([0, session_pos)) */
+    int prev_cap;
+} pn_conn;
+
+static void pn_log(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "prefill: %s\n", buf);
+}
+
+static int pn_stopped(const pnode *n) { return n->o->stop && *n->o->stop; }
+
+static void pn_sleep_ms(int ms) {
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
+}
+
+static void pn_send_error(wire_conn *c, uint64_t req, uint32_t code, const char *fmt, ...) {
+    wire_error e = { .code = code };
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.message, sizeof e.message, fmt, ap);
+    va_end(ap);
+    wire_buf b = { 0 };
+    char err[256];
+    if (wire_encode_error(&b, &e) == 0) wire_send(c, WIRE_ERROR, req, 0, b.data, b.len, err, sizeof err);
+    wire_buf_free(&b);
+}
+
+/* ==== Sender ==== */
+
+static int pn_write_raw(int fd, const uint8_t *p, size_t n, char *err, size_t errlen) {
+    size_t off = 0;
+    while (off < n) {
+        ssize_t w = send(fd, p + off, n - off, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { snprintf(err, errlen, "send: %s", strerror(errno)); return -1; }
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+/* Writes a frame whose CRC is right for the payload but then flips one
+ * payload byte: the --debug-corrupt-frame fault injection. */
+static int pn_send_corrupt(pn_req *r, char *err, size_t errlen) {
+    wire_header h = { .version = WIRE_VERSION, .type = WIRE_KV, .flags = 0,
+                      .len = (uint32_t)r->fb.len, .raw_len = (uint32_t)r->fb.len,
+                      .crc = wire_crc32c(0, r->fb.data, r->fb.len), .req_id = r->req_id };
+    uint8_t hb[WIRE_HEADER_BYTES];
+    wire_header_encode(&h, hb);
+    r->fb.data[r->fb.len / 2] ^= 0x5A;
+    pthread_mutex_lock(&r->conn->send_lock);
+    int rc = pn_write_raw(r->conn->fd, hb, sizeof hb, err, errlen);
+    if (rc == 0) rc = pn_write_raw(r->conn->fd, r->fb.data, r->fb.len, err, errlen);
+    pthread_mutex_unlock(&r->conn->send_lock);
+    if (rc == 0) r->conn->bytes_out += sizeof hb + r->fb.len;
+    return rc;
+}
+/* Points k/v at the rows to send, converting to the wire dtype if needed. */
+static int pn_job_rows(pn_req *r, const pn_job *j, const uint8_t **k, const uint8_t **v, size_t *rb) {
+    uint32_t cdt = kv_dtype(r->kv);
+    int dim = kv_dim(r->kv);
+    *k = kv_k_row_c(r->kv, j->layer, j->pos0);
+    *v = kv_v_row_c(r->kv, j->layer, j->pos0);
+    *rb = kv_row_bytes(r->kv);
+    if (r->wire_dtype == cdt) return 0;
+    size_t wrb = (size_t)gguf_row_bytes(r->wire_dtype, (uint64_t)dim);
+    size_t need = 2 * wrb * (size_t)j->n;
+    if (need > r->conv_cap) {
+        uint8_t *p = realloc(r->conv, need);
+        if (!p) return -1;
+        r->conv = p;
+        r->conv_cap = need;
+    }
+    if (!r->tmp && !(r->tmp = malloc(sizeof(float) * (size_t)dim))) return -1;
+    handoff_convert_rows(cdt, *k, r->wire_dtype, r->conv, j->n, dim, r->tmp);
+    handoff_convert_rows(cdt, *v, r->wire_dtype, r->conv + wrb * (size_t)j->n, j->n, dim, r->tmp);
+    *k = r->conv;
+    *v = r->conv + wrb * (size_t)j->n;
+    *rb = wrb;
+    return 0;
+}
+
+static int pn_send_job(pn_req *r, const pn_job *j, char *err, size_t errlen) {
+    const uint8_t *k, *v;
+    size_t rb;
+    if (pn_job_rows(r, j, &k, &v, &rb)) { snprintf(err, errlen, "out of memory converting KV"); return -1; }
+    wire_kv kv = { .layer = (uint32_t)j->layer, .pos0 = (uint32_t)j->pos0, .n = (uint32_t)j->n,
+                   .dtype = r->wire_dtype, .row_bytes = (uint32_t)rb, .k = k, .v = v };
+    r->fb.len = 0;
+    if (wire_encode_kv(&r->fb, &kv)) { snprintf(err, errlen, "cannot encode a KV frame (out of memory?)"); return -1; }
+    const prefill_node_opts *o = r->node->o;
+    if (o->debug_frame_delay_ms > 0) pn_sleep_ms(o->debug_frame_delay_ms);
+    r->frames++;
+    int rc;
+    if (o->debug_corrupt_frame > 0 && r->frames == o->debug_corrupt_frame) rc = pn_send_corrupt(r, err, errlen);
+    else rc = wire_send(r->conn, WIRE_KV, r->req_id, r->send_flags, r->fb.data, r->fb.len, err, errlen);
+    if (rc == 0) r->kv_bytes += 2ull * rb * (uint64_t)j->n;
+    return rc;
+}
+
+static void *pn_sender_main(void *arg) {
+    pn_req *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        while (!r->count && !r->producer_done && !r->abort) pthread_cond_wait(&r->cv, &r->mu);
+        if (r->abort || !r->count) { pthread_mutex_unlock(&r->mu); break; }
+        if (pn_stopped(r->node)) {
+            r->failed = r->stopping = 1;   /* the DONE must not go out for a partial stream */
+            snprintf(r->fail_msg, sizeof r->fail_msg, "shutting down");
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        pn_job j = r->q[r->head];
+        pthread_mutex_unlock(&r->mu);
+        char err[256];
+        int rc = pn_send_job(r, &j, err, sizeof err);
+        pthread_mutex_lock(&r->mu);
+        if (rc) {
+            r->failed = 1;
+            snprintf(r->fail_msg, sizeof r->fail_msg, "%s", err);
+        } else {
+            r->head = (r->head + 1) % r->cap;
+            r->count--;
+        }
+        pthread_cond_broadcast(&r->cv);
+        pthread_mutex_unlock(&r->mu);
+        if (rc) break;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->sender_exited = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    return NULL;
+}
+
+/* ==== Compute side ==== */
+
+/* Reads a frame the decode node sent during the computation, if any.
+ * Returns non-zero when the computation must stop. */
+static int pn_check_peer(pn_req *r) {
+    struct pollfd p = { .fd = r->conn->fd, .events = POLLIN };
+    if (poll(&p, 1, 0) <= 0) return 0;
+    wire_header h;
+    char err[256];
+    if (wire_recv(r->conn, &h, err, sizeof err)) {
+        r->peer_gone = 1;
+        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", err);
+        return 1;
+    }
+    if (h.type == WIRE_CANCEL) { r->cancelled = 1; return 1; }
+    if (h.type == WIRE_PING || h.type == WIRE_PONG) return 0;
+    r->peer_gone = 1;
+    snprintf(r->fail_msg, sizeof r->fail_msg, "unexpected frame type %u during a request", h.type);
+    return 1;
+}
+
+/* Waits on the request's condition variable for at most 100 ms (the
+ * callers look at the socket and the stop flag in between). Locked. */
+static void pn_wait_tick(pn_req *r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 100L * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
+/* Queues a descriptor, waiting while the queue is full. Non-zero: stop. */
+static int pn_push(pn_req *r, int layer, int pos0, int n) {
+    pthread_mutex_lock(&r->mu);
+    while (r->count == r->cap && !r->failed) {
+        pn_wait_tick(r);
+        if (r->count == r->cap && !r->failed) {
+            pthread_mutex_unlock(&r->mu);
+            if (pn_stopped(r->node)) { r->stopping = 1; return 1; }
+            if (pn_check_peer(r)) return 1;
+            pthread_mutex_lock(&r->mu);
+        }
+    }
+    int failed = r->failed;
+    if (!failed) {
+        r->q[(r->head + r->count) % r->cap] = (pn_job){ layer, pos0, n };
+        r->count++;
+        pthread_cond_broadcast(&r->cv);
+    }
+    pthread_mutex_unlock(&r->mu);
+    return failed;
+}
+
+/* Payload bytes of a KV frame of n positions (with room for its fixed fields). */
+static uint64_t pn_frame_bytes(const pn_req *r, int n) {
+    return 2ull * (uint64_t)n * gguf_row_bytes(r->wire_dtype, (uint64_t)kv_dim(r->kv)) + 64;
+}
+
+static int pn_hook(void *ud, int layer, int pos0, int n) {
+    pn_req *r = ud;
+    r->cur_layer = layer;
+    r->cur_pos = pos0;
+    if (pn_stopped(r->node)) { r->stopping = 1; return 1; }
+    if (pn_check_peer(r)) return 1;
+    int lo = pos0 > r->start ? pos0 : r->start;
+    int hi = pos0 + n < r->end ? pos0 + n : r->end;
+    if (lo >= hi) return 0;   /* a chunk before start_pos: the decode node has it */
+    if (pn_frame_bytes(r, hi - lo) > WIRE_MAX_PAYLOAD) { r->too_big = hi - lo; return 1; }
+    return pn_push(r, layer, lo, hi - lo);
+}
+
+/* Queues the part of [start, end) the session already holds (prefix reuse). */
+static int pn_push_cached(pn_req *r, int have) {
+    int n_layer = kv_n_layer(r->kv);
+    int hi = have < r->end ? have : r->end;
+    int span = PN_CACHED_SPAN;
+    while (span > 1 && pn_frame_bytes(r, span) > WIRE_MAX_PAYLOAD) span /= 2;
+    for (int p = r->start; p < hi; p += span) {
+        int n = hi - p < span ? hi - p : span;
+        for (int l = 0; l < n_layer; l++)
+            if (pn_push(r, l, p, n)) return -1;
+    }
+    return 0;
+}
+
+/* ==== Requests ==== */
+
+static int pn_conn_session(pn_conn *pc, int n, char *err, size_t errlen) {
+    pnode *node = pc->node;
+    if (!pc->s && session_new(&pc->s, node->m, node->o->n_ctx, node->o->kv_dtype, err, errlen)) return -1;
+    if (n > pc->prev_cap) {
+        int32_t *p = realloc(pc->prev, sizeof(int32_t) * (size_t)n);
+        if (!p) { snprintf(err, errlen, "out of memory"); return -1; }
+        pc->prev = p;
+        pc->prev_cap = n;
+    }
+    return 0;
+}
+
+/* Checks a decoded REQUEST; on a problem sends the ERROR and returns -1. */
+static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_t *send_flags) {
+    const model_hparams *hp = model_get_hparams(pc->node->m);
+    const prefill_node_opts *o = pc->node->o;
+    if (q->n_tokens < 1 || q->n_tokens > (uint32_t)o->n_ctx) {
+        pn_send_error(&pc->conn, req, WERR_RANGE, "%u tokens: this prefill node takes 1..%d", q->n_tokens, o->n_ctx);
+        return -1;
+    }
+    if (q->start_pos > q->end_pos || q->end_pos > q->n_tokens) {
+        pn_send_error(&pc->conn, req, WERR_RANGE, "bad span %u..%u for %u tokens", q->start_pos, q->end_pos, q->n_tokens);
+        return -1;
+    }
+    for (uint32_t i = 0; i < q->n_tokens; i++) {
+        uint32_t t = wire_request_token(q, i);
+        if (t >= (uint32_t)hp->n_vocab) {
+            pn_send_error(&pc->conn, req, WERR_RANGE, "token %u at index %u is outside the vocabulary (%d)", t, i, hp->n_vocab);
+            return -1;
+        }
+    }
+    int ok = q->wire_dtype == o->kv_dtype || (q->wire_dtype == GGML_TYPE_Q8_0 && (pc->caps & WIRE_CAP_Q8_0));
+    if (!ok) {
+        pn_send_error(&pc->conn, req, WERR_DTYPE, "wire dtype %s (%u) is not available: the cache holds %s "
+                      "(q8_0 only if negotiated; KV is never upcast)", gguf_type_name(q->wire_dtype),
+                      q->wire_dtype, gguf_type_name(o->kv_dtype));
+        return -1;
+    }
+    if (q->flags & ~1u) {
+        pn_send_error(&pc->conn, req, WERR_PROTOCOL, "unknown request flags 0x%x", q->flags);
+        return -1;
+    }
+    *send_flags = ((q->flags & 1u) && (pc->caps & WIRE_CAP_ZSTD)) ? WIRE_FLAG_ZSTD : 0;
+    return 0;
+}
+
+/* Runs the evaluation and the sender; the caller reports. */
+static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, double *ms,
+                  char *err, size_t errlen) {
+    pnode *node = pc->node;
+    pthread_t th;
+    if (pthread_create(&th, NULL, pn_sender_main, r)) { snprintf(err, errlen, "cannot start the sender thread"); return -1; }
+    int rc = pn_push_cached(r, have);
+    double t0 = gen_now_ms();
+    if (rc == 0 && have < r->end) {
+        pthread_mutex_lock(&node->compute_mu);
+        t0 = gen_now_ms();
+        rc = model_eval(node->m, pc->s, tokens + have, r->end - have, NULL, pn_hook, r, err, errlen);
+        pthread_mutex_unlock(&node->compute_mu);
+    }
+    *ms = gen_now_ms() - t0;
+    /* Let the sender drain, still listening for a CANCEL or a vanished peer. */
+    pthread_mutex_lock(&r->mu);
+    r->producer_done = 1;
+    if (rc) r->abort = 1;
+    pthread_cond_broadcast(&r->cv);
+    while (!r->sender_exited) {
+        pn_wait_tick(r);
+        if (r->sender_exited || r->abort) continue;
+        pthread_mutex_unlock(&r->mu);
+        int stop = 0;
+        if (pn_stopped(node)) stop = r->stopping = 1;
+        else stop = pn_check_peer(r);
+        pthread_mutex_lock(&r->mu);
+        if (stop) { r->abort = 1; pthread_cond_broadcast(&r->cv); if (!rc) rc = -1; }
+    }
+    pthread_mutex_unlock(&r->mu);
+    pthread_join(th, NULL);
+    return rc;
+}
+
+static void pn_req_free(pn_req *r) {
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    wire_buf_free(&r->fb);
+    free(r->conv);
+    free(r->tmp);
+}
+
+/* Handles one REQUEST. Returns 0 to keep the connection, -1 to drop it. */
+static int pn_request(pn_conn *pc, uint64_t req) {
+    pnode *node = pc->node;
+    wire_request q;
+    char err[512];
+    if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, &q, err, sizeof err)) {
+        pn_send_error(&pc->conn, req, WERR_PROTOCOL, "malformed request: %s", err);
+        return -1;
+    }
+    uint32_t send_flags;
+    if (pn_validate(pc, req, &q, &send_flags)) return 0;
+    if (pn_conn_session(pc, (int)q.n_tokens, err, sizeof err)) {
+        pn_send_error(&pc->conn, req, WERR_INTERNAL, "%s", err);
+        return 0;
+    }
+    /* Reuse whatever prefix of the previous prompt the session holds. */
+    int have = 0, hold = session_pos(pc->s);
+    while (have < hold && have < (int)q.end_pos && pc->prev[have] == (int32_t)wire_request_token(&q, (uint32_t)have)) have++;
+    for (uint32_t i = 0; i < q.n_tokens; i++) pc->prev[i] = (int32_t)wire_request_token(&q, i);  /* rx is reused by the hook */
+    session_reset(pc->s, have);
+
+    pthread_mutex_lock(&node->mu);
+    uint64_t seq = ++node->n_requests;
+    pthread_mutex_unlock(&node->mu);
+    pn_req *r = calloc(1, sizeof *r);
+    if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); return 0; }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    int n_layer = kv_n_layer(session_kv(pc->s));
+    r->cap = n_layer < PN_QUEUE_MIN ? PN_QUEUE_MIN : n_layer > PN_QUEUE_MAX ? PN_QUEUE_MAX : n_layer;
+    r->node = node; r->conn = &pc->conn; r->kv = session_kv(pc->s);
+    r->req_id = req; r->seq = seq; r->start = (int)q.start_pos; r->end = (int)q.end_pos;
+    r->wire_dtype = q.wire_dtype; r->send_flags = send_flags;
+
+    double t0 = gen_now_ms(), ms = 0;
+    uint64_t out0 = pc->conn.bytes_out;
+    int rc = pn_run(pc, r, pc->prev, have, &ms, err, sizeof err);
+    int keep = 0;
+    if (rc == 0 && !r->failed) {
+        wire_done d = { .n_positions = (uint32_t)(r->end - r->start), .n_computed = (uint32_t)(r->end - have),
+                        .prefill_ms = ms, .kv_bytes = r->kv_bytes, .wire_bytes = pc->conn.bytes_out - out0 };
+        wire_buf b = { 0 };
+        keep = wire_encode_done(&b, &d) == 0 && wire_send(&pc->conn, WIRE_DONE, req, 0, b.data, b.len, err, sizeof err) == 0;
+        wire_buf_free(&b);
+        if (keep)
+            pn_log("request %llu (conn %u, id %llu): %u tokens, sent %d..%d (%d frames), computed %d in %.1f ms, "
+                   "total %.1f ms, KV %llu B, wire %llu B", (unsigned long long)seq, pc->id, (unsigned long long)req,
+                   q.n_tokens, r->start, r->end, r->frames, r->end - have, ms, gen_now_ms() - t0,
+                   (unsigned long long)r->kv_bytes, (unsigned long long)d.wire_bytes);
+        else
+            pn_log("request %llu (conn %u): sending DONE failed: %s", (unsigned long long)seq, pc->id, err);
+    } else if (r->cancelled) {
+        /* the ERROR ends the request's stream: a decode node may keep the connection */
+        pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
+        pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
+               (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+        keep = 1;
+    } else if (r->too_big) {
+        pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
+                      "run the prefill node with a smaller -b", r->too_big);
+        pn_log("request %llu (conn %u): chunk too big for a frame (lower -b)", (unsigned long long)seq, pc->id);
+        keep = 1;
+    } else if (r->stopping) {
+        pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
+        pn_log("request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
+    } else if (r->failed || r->peer_gone) {
+        pn_log("decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
+               (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
+    } else {
+        pn_send_error(&pc->conn, req, WERR_INTERNAL, "prefill failed: %s", err);
+        pn_log("request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);
+        keep = 1;
+    }
+    pn_req_free(r);
+    free(r);
+    return keep ? 0 : -1;
+}
+
+/* ==== Connections ==== */
+
+/* Waits until a frame starts arriving. 0 = readable, -1 = stop or idle. */
+static int pn_wait_frame(pn_conn *pc) {
+    int waited = 0;
+    while (!pn_stopped(pc->node)) {
+        struct pollfd p = { .fd = pc->conn.fd, .events = POLLIN };
+        int r = poll(&p, 1, PN_TICK_MS);
+        if (r > 0) return 0;
+        if (r < 0 && errno != EINTR) return -1;
+        waited += PN_TICK_MS;
+        if (waited >= PN_IDLE_MS) { pn_log("conn %u (%s) idle for %d s, closing", pc->id, pc->peer, PN_IDLE_MS / 1000); return -1; }
+    }
+    return -1;
+}
+
+static int pn_handshake(pn_conn *pc) {
+    pnode *node = pc->node;
+    wire_hello mine = node->hello, peer;
+    char err[512];
+    if (wire_handshake(&pc->conn, &mine, node->o->secret, node->o->secret_len, &peer, err, sizeof err)) {
+        pn_log("conn %u: handshake failed: %s", pc->id, err);
+        return -1;
+    }
+    if (peer.role != WIRE_ROLE_DECODE && peer.role != WIRE_ROLE_ROUTER) {
+        pn_send_error(&pc->conn, 0, WERR_PROTOCOL, "a prefill node serves decode nodes (peer role %u)", peer.role);
+        pn_log("conn %u: refused peer %s with role %u", pc->id, peer.node_id, peer.role);
+        return -1;
+    }
+    pc->caps = mine.caps & peer.caps;
+    snprintf(pc->peer, sizeof pc->peer, "%s", peer.node_id);
+    return 0;
+}
+
+static void pn_conn_loop(pn_conn *pc) {
+    char err[512];
+    while (pn_wait_frame(pc) == 0) {
+        wire_header h;
+        if (wire_recv(&pc->conn, &h, err, sizeof err)) {
+            if (!strstr(err, "closed")) pn_log("conn %u (%s): %s", pc->id, pc->peer, err);
+            return;
+        }
+        if (h.type == WIRE_REQUEST) {
+            if (pn_request(pc, h.req_id)) return;
+        } else if (h.type == WIRE_PING) {
+            wire_send(&pc->conn, WIRE_PONG, h.req_id, 0, pc->conn.rx.data, pc->conn.rx.len, err, sizeof err);
+        } else if (h.type == WIRE_CANCEL || h.type == WIRE_PONG) {
+            /* a cancel that crossed the DONE: nothing to stop */
+        } else if (h.type == WIRE_ERROR) {
+            wire_error we = { 0 };
+            if (wire_decode_error(pc->conn.rx.data, pc->conn.rx.len, &we, err, sizeof err) == 0)
+                pn_log("conn %u (%s) reported error %u: %s", pc->id, pc->peer, we.code, we.message);
+            if (h.req_id == 0) return;
+        } else {
+            pn_send_error(&pc->conn, 0, WERR_PROTOCOL, "unexpected frame type %u", h.type);
+            pn_log("conn %u (%s): unexpected frame type %u, closing", pc->id, pc->peer, h.type);
+            return;
+        }
+    }
+}
+
+static void *pn_conn_main(void *arg) {
+    pn_slot *slot = arg;
+    pn_conn pc = { .node = slot->node, .id = slot->id };
+    snprintf(pc.peer, sizeof pc.peer, "?");
+    int timeout = slot->node->o->timeout_ms > 0 ? slot->node->o->timeout_ms : 10000;
+    wire_conn_init(&pc.conn, slot->fd, timeout);
+    if (pn_handshake(&pc) == 0) pn_conn_loop(&pc);
+    session_free(pc.s);
+    free(pc.prev);
+    wire_conn_close(&pc.conn);
+    pthread_mutex_lock(&slot->node->mu);
+    slot->done = 1;
+    pthread_mutex_unlock(&slot->node->mu);
+    return NULL;
+}
+
+/* ==== Accept loop ==== */
+
+static void pn_reap(pnode *node, int all) {
+    for (int i = 0; i < node->n_slots; i++) {
+        pn_slot *s = &node->slots[i];
+        pthread_mutex_lock(&node->mu);
+        int join = s->used && (s->done || all);
+        pthread_mutex_unlock(&node->mu);
+        if (join) {
+            pthread_join(s->th, NULL);
+            s->used = 0;
+            s->done = 0;
+        }
+    }
+}
+
+static void pn_accept_one(pnode *node, int lfd) {
+    char err[256];
+    int fd = wire_accept(lfd, PN_TICK_MS, err, sizeof err);
+    if (fd == -1) { pn_log("%s", err); pn_sleep_ms(PN_TICK_MS); }   /* e.g. out of fds: do not spin */
+    if (fd < 0) return;
+    pn_slot *slot = NULL;
+    for (int i = 0; i < node->n_slots && !slot; i++)
+        if (!node->slots[i].used) slot = &node->slots[i];
+    if (!slot) {
+        wire_conn c;
+        wire_conn_init(&c, fd, 500);
+        pn_send_error(&c, 0, WERR_BUSY, "prefill node busy: %d connections", node->n_slots);
+        wire_conn_close(&c);
+        pn_log("refused a connection: all %d slots busy", node->n_slots);
+        return;
+    }
+    slot->used = 1;
+    slot->done = 0;
+    slot->fd = fd;
+    slot->node = node;
+    slot->id = ++node->next_conn;
+    if (pthread_create(&slot->th, NULL, pn_conn_main, slot)) {
+        pn_log("cannot start a connection thread");
+        close(fd);
+        slot->used = 0;
+    }
+}
+
+static int pn_write_port(const char *path, int lfd, char *err, size_t errlen) {
+    int port = wire_local_port(lfd);
+    if (port < 0) { snprintf(err, errlen, "cannot find the listening port: %s", strerror(errno)); return -1; }
+    if (!path) return port;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    int bad = !f;
+    if (f) { bad = fprintf(f, "%d\n", port) < 0; bad |= fclose(f) != 0; }
+    if (bad || rename(tmp, path)) { snprintf(err, errlen, "cannot write the port file %s", path); return -1; }
+    return port;
+}
+
+int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t errlen) {
+    pnode node = { .m = m, .o = o };
+    prefill_node_opts oo = *o;
+    if (oo.n_ctx <= 0) oo.n_ctx = 4096;
+    if (!oo.kv_dtype) oo.kv_dtype = GGML_TYPE_F16;
+    node.o = &oo;
+    if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
+    if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
+    node.n_slots = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
+    node.slots = calloc((size_t)node.n_slots, sizeof *node.slots);
+    if (!node.slots) { snprintf(err, errlen, "out of memory"); return -1; }
+    int lfd = wire_listen(o->listen ? o->listen : "127.0.0.1:0", err, errlen);
+    if (lfd < 0) { free(node.slots); return -1; }
+    int port = pn_write_port(o->port_file, lfd, err, errlen);
+    if (port < 0) { close(lfd); free(node.slots); return -1; }
+    pthread_mutex_init(&node.mu, NULL);
+    pthread_mutex_init(&node.compute_mu, NULL);
+    pn_log("node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
+    while (!pn_stopped(&node)) {
+        pn_reap(&node, 0);
+        pn_accept_one(&node, lfd);
+    }
+    close(lfd);
+    pn_reap(&node, 1);
+    pn_log("shut down after %llu requests", (unsigned long long)node.n_requests);
+    pthread_mutex_destroy(&node.mu);
+    pthread_mutex_destroy(&node.compute_mu);
+    free(node.slots);
+    return 0;
+}

@@ -1,0 +1,1773 @@
+/* router.c - `tandem serve --role router` (see router.h, docs/router.md).
+ *
+ * Threads: libmicrohttpd runs one thread per client connection; a request's
+ * whole life (choosing nodes, talking to the decode node through a libcurl
+ * multi handle, streaming SSE back) runs on that thread. One health thread
+ * checks every node each health_interval_ms. The registry, the measured
+ * rates and the metrics live under one mutex; no lock is held across I/O.
+ */
+#include "router.h"
+
+#include <arpa/inet.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "wire.h"
+
+/* ==== Small helpers ==== */
+
+static double rt_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void rt_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void rt_errf(char *err, size_t errlen, const char *fmt, ...) {
+    if (!err || !errlen) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+}
+
+static void rt_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void rt_log(const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "router: %s\n", buf);
+}
+
+/* Exponentially weighted moving average; the first sample is taken as is. */
+static void rt_ewma(double *avg, double x) {
+    if (!(x > 0) || !isfinite(x)) return;
+    *avg = *avg > 0 ? 0.7 * *avg + 0.3 * x : x;
+}
+
+/* ==== Config ==== */
+
+void router_config_default(router_config *c) {
+    memset(c, 0, sizeof *c);
+    snprintf(c->listen, sizeof c->listen, "127.0.0.1:8000");
+    c->split = ROUTER_SPLIT_AUTO;
+    c->min_split_tokens = 32;          /* below this a handoff's fixed cost dominates */
+    c->link_gbps = 10.0;               /* a datacentre link until measured */
+    c->default_prefill_tps = 500.0;    /* order of magnitude of a CPU node on a small model */
+    api_limits_default(&c->lim);
+    c->max_body_bytes = 1 << 20;       /* 1 MiB: far above max_prompt_bytes + JSON overhead */
+    c->max_concurrent = 64;
+    c->request_timeout_ms = 300000;
+    c->idle_timeout_ms = 30000;
+    c->connect_timeout_ms = 2000;
+    c->max_attempts = 3;
+    c->health_interval_ms = 1000;
+    c->down_after = 2;                 /* one lost probe is noise; two is a node in trouble */
+    c->heartbeat_ttl_ms = 5000;
+}
+
+void router_config_free(router_config *c) {
+    if (c->secret) { OPENSSL_cleanse(c->secret, c->secret_len); free(c->secret); }
+    c->secret = NULL;
+    c->secret_len = 0;
+}
+
+int router_config_add_node(router_config *c, const char *role, const char *model, const char *addr,
+                           char *err, size_t errlen) {
+    int r = !strcmp(role, "decode") ? ROUTER_NODE_DECODE : !strcmp(role, "prefill") ? ROUTER_NODE_PREFILL : 0;
+    if (!r) { rt_errf(err, errlen, "node role must be \"decode\" or \"prefill\", not \"%s\"", role); return -1; }
+    if (!model || !*model || strlen(model) >= sizeof c->nodes[0].model) {
+        rt_errf(err, errlen, "node %s: missing or too long model name", addr ? addr : "?");
+        return -1;
+    }
+    if (!addr || !*addr || strlen(addr) >= sizeof c->nodes[0].addr || !strchr(addr, ':')) {
+        rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\"", addr ? addr : "");
+        return -1;
+    }
+    if (c->n_nodes >= ROUTER_MAX_NODES) { rt_errf(err, errlen, "too many nodes (at most %d)", ROUTER_MAX_NODES); return -1; }
+    router_node_cfg *n = &c->nodes[c->n_nodes++];
+    n->role = r;
+    snprintf(n->model, sizeof n->model, "%s", model);
+    snprintf(n->addr, sizeof n->addr, "%s", addr);
+    return 0;
+}
+
+static int rt_cfg_int(json_t *o, const char *key, int lo, int hi, int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v) return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        rt_errf(err, errlen, "config: \"%s\" must be an integer in [%d, %d]", key, lo, hi);
+        return -1;
+    }
+    *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int rt_cfg_str(json_t *o, const char *key, char *out, size_t outlen, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v) return 0;
+    if (!json_is_string(v) || json_string_length(v) >= outlen) {
+        rt_errf(err, errlen, "config: \"%s\" must be a string shorter than %zu bytes", key, outlen);
+        return -1;
+    }
+    snprintf(out, outlen, "%s", json_string_value(v));
+    return 0;
+}
+
+static int rt_cfg_limits(router_config *c, json_t *l, char *err, size_t errlen) {
+    if (!l) return 0;
+    if (!json_is_object(l)) { rt_errf(err, errlen, "config: \"limits\" must be an object"); return -1; }
+    int body = (int)c->max_body_bytes, prompt = (int)c->lim.max_prompt_bytes;
+    if (rt_cfg_int(l, "max_body_bytes", 1024, 1 << 28, &body, err, errlen) ||
+        rt_cfg_int(l, "max_prompt_bytes", 1, 1 << 28, &prompt, err, errlen) ||
+        rt_cfg_int(l, "max_prompt_tokens", 1, 1 << 24, &c->lim.max_prompt_tokens, err, errlen) ||
+        rt_cfg_int(l, "max_tokens", 1, 1 << 24, &c->lim.max_tokens_limit, err, errlen) ||
+        rt_cfg_int(l, "default_max_tokens", 1, 1 << 24, &c->lim.default_max_tokens, err, errlen) ||
+        rt_cfg_int(l, "max_concurrent", 1, 100000, &c->max_concurrent, err, errlen) ||
+        rt_cfg_int(l, "request_timeout_ms", 100, 86400000, &c->request_timeout_ms, err, errlen) ||
+        rt_cfg_int(l, "idle_timeout_ms", 100, 86400000, &c->idle_timeout_ms, err, errlen))
+        return -1;
+    c->max_body_bytes = (size_t)body;
+    c->lim.max_prompt_bytes = (size_t)prompt;
+    if (c->lim.default_max_tokens > c->lim.max_tokens_limit) c->lim.default_max_tokens = c->lim.max_tokens_limit;
+    return 0;
+}
+
+static int rt_cfg_split(const char *s, int *out) {
+    if (!strcmp(s, "auto")) *out = ROUTER_SPLIT_AUTO;
+    else if (!strcmp(s, "always")) *out = ROUTER_SPLIT_ALWAYS;
+    else if (!strcmp(s, "never")) *out = ROUTER_SPLIT_NEVER;
+    else return -1;
+    return 0;
+}
+
+static int rt_cfg_secret(router_config *c, json_t *root, char *err, size_t errlen) {
+    json_t *s = json_object_get(root, "secret"), *f = json_object_get(root, "secret_file");
+    char *val = NULL;
+    size_t n = 0;
+    if (json_is_string(s)) {
+        if (!(val = strdup(json_string_value(s)))) { rt_errf(err, errlen, "out of memory"); return -1; }
+        n = strlen(val);
+    } else if (json_is_string(f)) {
+        if (cli_load_secret(json_string_value(f), &val, &n, err, errlen)) return -1;
+    } else if (s || f) {
+        rt_errf(err, errlen, "config: \"secret\"/\"secret_file\" must be strings");
+        return -1;
+    } else {
+        return 0;
+    }
+    router_config_free(c);
+    c->secret = val;
+    c->secret_len = n;
+    return 0;
+}
+
+static int rt_cfg_nodes(router_config *c, json_t *nodes, char *err, size_t errlen) {
+    if (!nodes) return 0;
+    if (!json_is_array(nodes)) { rt_errf(err, errlen, "config: \"nodes\" must be an array"); return -1; }
+    for (size_t i = 0; i < json_array_size(nodes); i++) {
+        json_t *n = json_array_get(nodes, i);
+        const char *role = json_string_value(json_object_get(n, "role"));
+        const char *model = json_string_value(json_object_get(n, "model"));
+        const char *addr = json_string_value(json_object_get(n, "addr"));
+        if (!role || !model || !addr) {
+            rt_errf(err, errlen, "config: nodes[%zu] needs string \"role\", \"model\" and \"addr\"", i);
+            return -1;
+        }
+        if (router_config_add_node(c, role, model, addr, err, errlen)) return -1;
+    }
+    return 0;
+}
+
+static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen) {
+    char split[16] = "";
+    double gbps = c->link_gbps;
+    json_t *g = json_object_get(root, "link_gbps");
+    if (g && (!json_is_number(g) || json_number_value(g) <= 0)) {
+        rt_errf(err, errlen, "config: \"link_gbps\" must be a positive number");
+        return -1;
+    }
+    if (g) gbps = json_number_value(g);
+    c->link_gbps = gbps;
+    if (rt_cfg_str(root, "listen", c->listen, sizeof c->listen, err, errlen) ||
+        rt_cfg_str(root, "api_key", c->api_key, sizeof c->api_key, err, errlen) ||
+        rt_cfg_str(root, "split", split, sizeof split, err, errlen) ||
+        rt_cfg_int(root, "min_split_tokens", 0, 1 << 24, &c->min_split_tokens, err, errlen) ||
+        rt_cfg_int(root, "health_interval_ms", 50, 600000, &c->health_interval_ms, err, errlen) ||
+        rt_cfg_int(root, "down_after", 1, 100, &c->down_after, err, errlen) ||
+        rt_cfg_int(root, "heartbeat_ttl_ms", 100, 3600000, &c->heartbeat_ttl_ms, err, errlen) ||
+        rt_cfg_int(root, "max_attempts", 1, 16, &c->max_attempts, err, errlen) ||
+        rt_cfg_secret(c, root, err, errlen) ||
+        rt_cfg_limits(c, json_object_get(root, "limits"), err, errlen) ||
+        rt_cfg_nodes(c, json_object_get(root, "nodes"), err, errlen))
+        return -1;
+    if (split[0] && rt_cfg_split(split, &c->split)) {
+        rt_errf(err, errlen, "config: \"split\" must be \"auto\", \"always\" or \"never\"");
+        return -1;
+    }
+    return 0;
+}
+
+int router_config_load(router_config *c, const char *path, char *err, size_t errlen) {
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) { rt_errf(err, errlen, "%s:%d: %s", path, je.line, je.text); return -1; }
+    int rc = -1;
+    if (!json_is_object(root)) rt_errf(err, errlen, "%s: the config must be a JSON object", path);
+    else rc = rt_cfg_apply(c, root, err, errlen);
+    json_decref(root);
+    return rc;
+}
+
+/* ==== Cost model ==== */
+
+void router_decide(const router_cost_in *in, router_decision *d) {
+    memset(d, 0, sizeof *d);
+    int n = in->n_prompt > 0 ? in->n_prompt : 1;
+    double dtps = in->decode_prefill_tps > 0 ? in->decode_prefill_tps : 1;
+    double ptps = in->prefill_prefill_tps > 0 ? in->prefill_prefill_tps : 1;
+    d->est_local_ms = n / dtps * 1e3;
+    double compute = n / ptps * 1e3;
+    double transfer = in->kv_bytes_per_token > 0 && in->link_bytes_per_s > 0
+                    ? n * in->kv_bytes_per_token / in->link_bytes_per_s * 1e3 : 0;
+    /* Frames go out while later layers compute: only the part of the
+     * transfer that outlasts the compute is exposed, plus the measured fixed
+     * cost; requests queued on the prefill node are served before ours. */
+    double exposed = (transfer > compute ? transfer - compute : 0) + in->handoff_overhead_ms;
+    d->est_split_ms = compute * (1 + in->prefill_queue) + exposed;
+    if (in->policy == ROUTER_SPLIT_NEVER) {
+        d->key = "policy";
+        snprintf(d->reason, sizeof d->reason, "local: split policy is \"never\"");
+        return;
+    }
+    if (!in->have_prefill) {
+        d->key = "no_prefill_node";
+        snprintf(d->reason, sizeof d->reason, "local: no healthy prefill node serves this model");
+        return;
+    }
+    if (in->policy == ROUTER_SPLIT_ALWAYS) {
+        d->split = 1;
+        d->key = "policy";
+        snprintf(d->reason, sizeof d->reason, "split: split policy is \"always\"");
+        return;
+    }
+    if (n < in->min_split_tokens) {
+        d->key = "short_prompt";
+        snprintf(d->reason, sizeof d->reason, "local: prompt ~%d tokens < min_split_tokens %d", n, in->min_split_tokens);
+        return;
+    }
+    /* A busy decode node gains from giving its prefill away: prefer the
+     * split on near-ties (within 10%) when requests wait on it. */
+    double bias = in->decode_queue > 0 ? 1.1 : 1.0;
+    d->key = "cost";
+    d->split = d->est_split_ms < d->est_local_ms * bias;
+    snprintf(d->reason, sizeof d->reason,
+             "%s: est split %.1f ms (%.0f t/s, queue %d, exposed %.1f ms) %s local %.1f ms (%.0f t/s, queue %d), ~%d tokens",
+             d->split ? "split" : "local", d->est_split_ms, ptps, in->prefill_queue, exposed,
+             d->split ? "<" : ">=", d->est_local_ms, dtps, in->decode_queue, n);
+}
+
+/* ==== Registry ==== */
+
+typedef struct {
+    router_node_cfg cfg;
+    int registered;              /* came in through POST /v1/nodes/register */
+    int up;
+    int fails;                   /* consecutive failed checks */
+    double last_heartbeat_ms;
+    int inflight;                /* this router's requests on the node now */
+    int queue_depth;             /* as the node reports it (decode: /v1/stats) */
+    double prefill_tps, decode_tps;
+    double kv_bytes_per_token, link_Bps, overhead_ms;
+    double bytes_per_token;      /* prompt bytes per token (decode nodes), to estimate prompt length */
+    unsigned long long requests, failures, checks_failed;
+    char desc[400];
+} rt_node;
+
+/* ==== Metrics ==== */
+
+#define RT_NB 12
+static const double rt_ttft_b[RT_NB] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+static const double rt_tpot_b[RT_NB] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+static const double rt_xfer_b[RT_NB] = {0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000};
+
+typedef struct { double sum; unsigned long long count, b[RT_NB]; } rt_hist;
+
+static void rt_hist_add(rt_hist *h, const double *bounds, double x) {
+    h->sum += x;
+    h->count++;
+    for (int i = 0; i < RT_NB; i++) if (x <= bounds[i]) h->b[i]++;
+}
+
+enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_N };
+static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other"};
+static const int rt_status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 502, 503, 504};
+#define RT_NSTATUS ((int)(sizeof rt_status_codes / sizeof rt_status_codes[0]))
+static const char *const rt_reason_keys[] = {"policy", "no_prefill_node", "short_prompt", "cost"};
+#define RT_NREASON 4
+
+typedef struct {
+    unsigned long long requests[RT_EP_N][RT_NSTATUS];
+    unsigned long long decisions[2][RT_NREASON];   /* [split][reason] */
+    unsigned long long served[2];                  /* prefill actually done [local, remote] */
+    unsigned long long fallbacks, retries, cancels, stream_errors;
+    unsigned long long prompt_tokens, completion_tokens;
+    double kv_bytes, wire_bytes;
+    rt_hist ttft, tpot, transfer;
+} rt_metrics;
+
+struct router {
+    router_config cfg;
+    struct MHD_Daemon *mhd;
+    int port;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    rt_node nodes[ROUTER_MAX_NODES];
+    int n_nodes;
+    int active;                  /* generation requests in flight */
+    unsigned long long seq;
+    volatile int stopping;
+    pthread_t health;
+    int health_started;
+    rt_metrics m;
+    long long started_unix;
+};
+
+static void rt_count_request(router *r, int ep, int status) {
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < RT_NSTATUS; i++)
+        if (rt_status_codes[i] == status) { r->m.requests[ep][i]++; break; }
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int rt_reason_index(const char *key) {
+    for (int i = 0; i < RT_NREASON; i++) if (key && !strcmp(key, rt_reason_keys[i])) return i;
+    return RT_NREASON - 1;
+}
+
+/* ==== Node selection ==== */
+
+static int rt_node_load(const rt_node *n) {
+    return n->inflight > n->queue_depth ? n->inflight : n->queue_depth;
+}
+
+static int rt_model_known(router *r, const char *model) {
+    int found = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_nodes; i++)
+        if (r->nodes[i].cfg.role == ROUTER_NODE_DECODE && !strcmp(r->nodes[i].cfg.model, model)) found = 1;
+    pthread_mutex_unlock(&r->mu);
+    return found;
+}
+
+/* Least loaded healthy node of a role for a model, skipping tried[]; -1 if none. Caller holds mu. */
+static int rt_pick_locked(router *r, int role, const char *model, const int *tried) {
+    int best = -1;
+    for (int i = 0; i < r->n_nodes; i++) {
+        rt_node *n = &r->nodes[i];
+        if (n->cfg.role != role || !n->up || strcmp(n->cfg.model, model) || (tried && tried[i])) continue;
+        if (best < 0 || rt_node_load(n) < rt_node_load(&r->nodes[best]) ||
+            (rt_node_load(n) == rt_node_load(&r->nodes[best]) && n->requests < r->nodes[best].requests))
+            best = i;
+    }
+    return best;
+}
+
+/* ==== Upstream: one streamed POST /v1/generate through a curl multi handle ==== */
+
+#define RT_UP_MAX_BUF (16u << 20)   /* a decode node's reply line is small; bound a broken one */
+
+typedef struct {
+    CURL *easy;
+    CURLM *multi;
+    struct curl_slist *hdrs;
+    char *body;
+    char *buf;
+    size_t len, cap, off;
+    int done, overflow;
+    CURLcode result;
+    char errbuf[CURL_ERROR_SIZE];
+} rt_up;
+
+static size_t rt_up_write(char *p, size_t sz, size_t nm, void *ud) {
+    rt_up *u = ud;
+    size_t n = sz * nm;
+    if (u->off > 0 && u->off == u->len) u->off = u->len = 0;
+    if (u->len + n > RT_UP_MAX_BUF) { u->overflow = 1; return 0; }
+    if (u->len + n + 1 > u->cap) {
+        if (u->off > 0) { memmove(u->buf, u->buf + u->off, u->len - u->off); u->len -= u->off; u->off = 0; }
+        size_t cap = u->cap ? u->cap : 4096;
+        while (cap < u->len + n + 1) cap *= 2;
+        char *b = realloc(u->buf, cap);
+        if (!b) return 0;
+        u->buf = b;
+        u->cap = cap;
+    }
+    memcpy(u->buf + u->len, p, n);
+    u->len += n;
+    u->buf[u->len] = 0;
+    return n;
+}
+
+static void rt_up_close(rt_up *u) {
+    if (u->multi && u->easy) curl_multi_remove_handle(u->multi, u->easy);
+    if (u->easy) curl_easy_cleanup(u->easy);
+    if (u->multi) curl_multi_cleanup(u->multi);
+    curl_slist_free_all(u->hdrs);
+    free(u->body);
+    free(u->buf);
+    memset(u, 0, sizeof *u);
+}
+
+static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms) {
+    memset(u, 0, sizeof *u);
+    u->body = body;
+    char url[192];
+    snprintf(url, sizeof url, "http://%s/v1/generate", addr);
+    u->easy = curl_easy_init();
+    u->multi = curl_multi_init();
+    u->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (!u->easy || !u->multi || !u->hdrs) return -1;
+    curl_easy_setopt(u->easy, CURLOPT_URL, url);
+    curl_easy_setopt(u->easy, CURLOPT_POSTFIELDS, u->body);
+    curl_easy_setopt(u->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(u->body));
+    curl_easy_setopt(u->easy, CURLOPT_HTTPHEADER, u->hdrs);
+    curl_easy_setopt(u->easy, CURLOPT_WRITEFUNCTION, rt_up_write);
+    curl_easy_setopt(u->easy, CURLOPT_WRITEDATA, u);
+    curl_easy_setopt(u->easy, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(u->easy, CURLOPT_TCP_NODELAY, 1L);
+    curl_easy_setopt(u->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)connect_ms);
+    curl_easy_setopt(u->easy, CURLOPT_ERRORBUFFER, u->errbuf);
+    curl_easy_setopt(u->easy, CURLOPT_PROXY, "");   /* nodes are reached directly, never through $http_proxy */
+    return curl_multi_add_handle(u->multi, u->easy) == CURLM_OK ? 0 : -1;
+}
+
+static long rt_up_status(rt_up *u) {
+    long code = 0;
+    curl_easy_getinfo(u->easy, CURLINFO_RESPONSE_CODE, &code);
+    return code;
+}
+
+enum { RT_LINE = 1, RT_EOF = 0, RT_FAIL = -1, RT_TIMEOUT = -2, RT_GONE = -3 };
+
+static int rt_client_gone(int fd) {
+    if (fd < 0) return 0;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+static void rt_up_pump(rt_up *u, int wait_ms) {
+    curl_multi_poll(u->multi, NULL, 0, wait_ms, NULL);
+    int running = 0, left;
+    curl_multi_perform(u->multi, &running);
+    CURLMsg *msg;
+    while ((msg = curl_multi_info_read(u->multi, &left)))
+        if (msg->msg == CURLMSG_DONE) { u->done = 1; u->result = msg->data.result; }
+}
+
+/* Next complete line of the reply into *line (NUL-terminated, valid until the
+ * next call). Blocks until a line, the end, deadline_ms (monotonic) or the
+ * client hanging up (client_fd, -1 = do not watch). A reply with a status
+ * other than 200 is read whole and left in the buffer: RT_EOF. */
+static int rt_up_line(rt_up *u, double deadline_ms, int client_fd, char **line, size_t *len) {
+    for (;;) {
+        long status = rt_up_status(u);
+        int plain = status == 0 || status == 200;
+        char *start = u->buf ? u->buf + u->off : NULL;
+        char *nl = plain && start ? memchr(start, '\n', u->len - u->off) : NULL;
+        if (nl) {
+            *nl = 0;
+            *line = start;
+            *len = (size_t)(nl - start);
+            u->off += *len + 1;
+            if (*len == 0 || (*len == 1 && start[0] == '\r')) continue;   /* blank keep-alive lines */
+            return RT_LINE;
+        }
+        if (u->done) {
+            if (u->result != CURLE_OK || u->overflow) return RT_FAIL;
+            if (plain && start && u->len > u->off) {   /* last line without a newline */
+                *line = start;
+                *len = u->len - u->off;
+                u->off = u->len;
+                return RT_LINE;
+            }
+            return RT_EOF;
+        }
+        double now = rt_now_ms();
+        if (now >= deadline_ms) return RT_TIMEOUT;
+        if (rt_client_gone(client_fd)) return RT_GONE;
+        int wait = (int)(deadline_ms - now);
+        rt_up_pump(u, wait < 100 ? wait : 100);
+    }
+}
+
+/* ==== A generation request ==== */
+
+typedef struct {
+    router *r;
+    int ep;
+    api_request req;
+    char id[48];
+    long long created;
+    int client_fd;
+    /* chosen nodes */
+    int decode_idx, prefill_idx;
+    char decode_addr[128], prefill_addr[128];
+    router_decision dec;
+    int tried[ROUTER_MAX_NODES];
+    int attempts;
+    rt_up up;
+    int have_up;
+    /* progress */
+    double t_start, t_first, t_last;
+    int n_tokens;
+    char *text;                  /* accumulated (non-stream) */
+    size_t text_len, text_cap;
+    api_upstream_line pending;   /* first line read while choosing a node */
+    int have_pending;
+    api_upstream_line fin;
+    int have_fin;
+    /* stream output */
+    char *out;
+    size_t out_len, out_off;
+    int phase;                   /* 0 streaming tokens, 1 ended */
+    int status;
+    char error[800];
+    int logged;
+    int counted_active;
+} rt_req;
+
+static int rt_text_add(rt_req *q, const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t cap = q->text_cap ? q->text_cap * 2 : 256;
+        while (cap < q->text_len + n + 1) cap *= 2;
+        char *t = realloc(q->text, cap);
+        if (!t) return -1;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    if (n) memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = 0;
+    return 0;
+}
+
+/* Release the current attempt's node; failed: count a failure against it. */
+static void rt_release_node(rt_req *q, int failed, int mark_down) {
+    router *r = q->r;
+    if (q->have_up) { rt_up_close(&q->up); q->have_up = 0; }
+    pthread_mutex_lock(&r->mu);
+    if (q->decode_idx >= 0) {
+        rt_node *n = &r->nodes[q->decode_idx];
+        if (n->inflight > 0) n->inflight--;
+        if (failed) n->failures++;
+        if (mark_down && n->up) { n->up = 0; rt_log("decode node %s marked down: %s", n->cfg.addr, q->error); }
+    }
+    if (q->prefill_idx >= 0 && r->nodes[q->prefill_idx].inflight > 0) r->nodes[q->prefill_idx].inflight--;
+    pthread_mutex_unlock(&r->mu);
+    q->decode_idx = q->prefill_idx = -1;
+}
+
+/* Prompt length in tokens as the router can know it without a tokenizer. */
+static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
+    if (q->req.tokens) return q->req.n_tokens;
+    double bpt = d->bytes_per_token > 0 ? d->bytes_per_token : 4.0;   /* ~4 bytes/token for English BPE */
+    int n = (int)(q->req.prompt_bytes / bpt) + 1;
+    return n;
+}
+
+/* Chooses a decode node and the prefill plan; -1 when no node is left. */
+static int rt_choose(rt_req *q) {
+    router *r = q->r;
+    pthread_mutex_lock(&r->mu);
+    int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
+    if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
+    int p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
+    rt_node *dn = &r->nodes[d], *pn = p >= 0 ? &r->nodes[p] : NULL;
+    router_cost_in in = {
+        .n_prompt = rt_estimate_tokens(q, dn),
+        .decode_prefill_tps = dn->prefill_tps > 0 ? dn->prefill_tps : r->cfg.default_prefill_tps,
+        .prefill_prefill_tps = pn && pn->prefill_tps > 0 ? pn->prefill_tps : r->cfg.default_prefill_tps,
+        .link_bytes_per_s = pn && pn->link_Bps > 0 ? pn->link_Bps : r->cfg.link_gbps * 1e9 / 8,
+        .kv_bytes_per_token = pn ? pn->kv_bytes_per_token : 0,
+        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : 2.0,
+        .decode_queue = rt_node_load(dn),
+        .prefill_queue = pn ? rt_node_load(pn) : 0,
+        .have_prefill = pn != NULL,
+        .policy = r->cfg.split,
+        .min_split_tokens = r->cfg.min_split_tokens,
+    };
+    router_decide(&in, &q->dec);
+    q->tried[d] = 1;
+    q->decode_idx = d;
+    dn->inflight++;
+    dn->requests++;
+    snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dn->cfg.addr);
+    q->prefill_idx = -1;
+    q->prefill_addr[0] = 0;
+    if (q->dec.split) {
+        q->prefill_idx = p;
+        pn->inflight++;
+        pn->requests++;
+        snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pn->cfg.addr);
+    }
+    r->m.decisions[q->dec.split][rt_reason_index(q->dec.key)]++;
+    pthread_mutex_unlock(&r->mu);
+    if (!r->cfg.quiet)
+        rt_log("%s: model %s -> decode %s, %s%s%s", q->id, q->req.model, q->decode_addr, q->dec.reason,
+               q->dec.split ? " via prefill " : "", q->prefill_addr);
+    return 0;
+}
+
+/* Maps a decode node's 4xx reply to the client's error. */
+static void rt_client_error_from_node(rt_req *q, long status, api_error *e) {
+    char msg[300];
+    api_upstream_error_message(q->up.buf ? q->up.buf + q->up.off : "", q->up.len - q->up.off, msg, sizeof msg);
+    const char *code = NULL, *param = NULL;
+    if (strstr(msg, "context") || strstr(msg, "too long") || strstr(msg, "exceeds")) {
+        code = "context_length_exceeded";
+        param = q->req.kind == API_CHAT ? "messages" : "prompt";
+    }
+    api_error_set(e, status == 413 ? 413 : 400, "invalid_request_error", code, param, "%s", msg);
+}
+
+/* One attempt: open the stream to the chosen node and wait for its first
+ * line. 0 = streaming (q->pending holds the first line); 1 = retry on another
+ * node; -1 = give up with e filled. */
+static int rt_attempt(rt_req *q, api_error *e) {
+    router *r = q->r;
+    const char *mode = q->dec.split ? "remote" : "local";
+    char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
+    if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms)) {
+        if (!q->up.body) free(body);
+        rt_up_close(&q->up);
+        api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    q->have_up = 1;
+    double deadline = rt_now_ms() + r->cfg.idle_timeout_ms;
+    double hard = q->t_start + r->cfg.request_timeout_ms;
+    char *line;
+    size_t len;
+    int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
+    long status = rt_up_status(&q->up);
+    if (rc == RT_GONE) { snprintf(q->error, sizeof q->error, "client disconnected"); return -1; }
+    if (status >= 400 && status < 500 && status != 429 && status != 408) {
+        rt_client_error_from_node(q, status, e);
+        return -1;
+    }
+    if (rc == RT_LINE && status == 200 && api_parse_upstream_line(line, len, &q->pending) == 0) {
+        if (q->pending.is_token || (q->pending.is_done && strcmp(q->pending.finish_reason, "error"))) {
+            q->have_pending = 1;
+            q->error[0] = 0;   /* earlier attempts' failures are in the log and the retry count */
+            return 0;
+        }
+        snprintf(q->error, sizeof q->error, "decode node %s failed before the first token: %s", q->decode_addr,
+                 q->pending.error[0] ? q->pending.error : "error");
+        api_upstream_line_free(&q->pending);
+    } else if (rc == RT_TIMEOUT) {
+        snprintf(q->error, sizeof q->error, "decode node %s sent nothing for %d ms", q->decode_addr, r->cfg.idle_timeout_ms);
+    } else if (status == 503 || status == 429) {
+        snprintf(q->error, sizeof q->error, "decode node %s is busy (HTTP %ld)", q->decode_addr, status);
+    } else {
+        snprintf(q->error, sizeof q->error, "decode node %s failed before the first token: %s (HTTP %ld)",
+                 q->decode_addr, q->up.errbuf[0] ? q->up.errbuf : rc == RT_EOF ? "closed without a reply" : "bad reply",
+                 status);
+    }
+    return 1;
+}
+
+/* Runs attempts until a node streams; 0, or -1 with e filled. */
+static int rt_start(rt_req *q, api_error *e) {
+    router *r = q->r;
+    for (;;) {
+        if (q->attempts >= r->cfg.max_attempts || rt_choose(q)) {
+            if (q->attempts == 0)
+                api_error_set(e, 503, "server_error", "no_healthy_node", NULL,
+                              "No healthy decode node serves model '%s' right now; try again later.", q->req.model);
+            else
+                api_error_set(e, 502, "server_error", "upstream_failed", NULL,
+                              "The request failed on %d decode node(s); last error: %s", q->attempts, q->error);
+            return -1;
+        }
+        q->attempts++;
+        int rc = rt_attempt(q, e);
+        if (rc == 0) return 0;
+        int busy = strstr(q->error, "busy") != NULL;
+        int conn_fail = q->have_up && q->up.done && q->up.result == CURLE_COULDNT_CONNECT;
+        rt_release_node(q, rc > 0 && !busy, conn_fail);
+        if (rc < 0) {
+            if (!strcmp(q->error, "client disconnected")) api_error_set(e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
+            return -1;
+        }
+        if (busy) {
+            api_error_set(e, 429, "rate_limit_error", "overloaded", NULL, "All decode nodes for '%s' are busy.", q->req.model);
+        }
+        pthread_mutex_lock(&r->mu);
+        r->m.retries++;
+        pthread_mutex_unlock(&r->mu);
+        rt_log("%s: %s; retrying on another decode node", q->id, q->error);
+    }
+}
+
+/* Feeds a final line's figures into the node registry and the metrics. */
+static void rt_learn(rt_req *q) {
+    router *r = q->r;
+    const api_upstream_line *f = &q->fin;
+    double ttft = q->t_first > 0 ? (q->t_first - q->t_start) / 1e3 : -1;
+    double tpot = q->n_tokens > 1 ? (q->t_last - q->t_first) / 1e3 / (q->n_tokens - 1) : -1;
+    double transfer = f->transfer_ms >= 0 ? f->transfer_ms : (f->ttft_ms > f->prefill_ms ? f->ttft_ms - f->prefill_ms : 0);
+    int remote = !strcmp(f->prefill_mode, "remote");
+    pthread_mutex_lock(&r->mu);
+    if (ttft >= 0) rt_hist_add(&r->m.ttft, rt_ttft_b, ttft);
+    if (tpot >= 0) rt_hist_add(&r->m.tpot, rt_tpot_b, tpot);
+    r->m.prompt_tokens += f->prompt_tokens;
+    r->m.completion_tokens += f->completion_tokens;
+    r->m.served[remote]++;
+    if (f->fallback_reason[0]) r->m.fallbacks++;
+    if (remote) {
+        r->m.kv_bytes += f->kv_bytes;
+        r->m.wire_bytes += f->wire_bytes;
+        rt_hist_add(&r->m.transfer, rt_xfer_b, transfer);
+    }
+    if (q->decode_idx >= 0) {
+        rt_node *d = &r->nodes[q->decode_idx];
+        if (q->req.prompt_bytes > 0 && f->prompt_tokens > 0) rt_ewma(&d->bytes_per_token, (double)q->req.prompt_bytes / f->prompt_tokens);
+        if (!remote && f->computed_local >= 16 && f->prefill_ms > 0) rt_ewma(&d->prefill_tps, f->computed_local / f->prefill_ms * 1e3);
+        if (tpot > 0) rt_ewma(&d->decode_tps, 1.0 / tpot);
+    }
+    if (q->prefill_idx >= 0 && remote) {
+        rt_node *p = &r->nodes[q->prefill_idx];
+        double pms = f->remote_prefill_ms > 0 ? f->remote_prefill_ms : f->prefill_ms;
+        if (f->computed_remote >= 16 && pms > 0) rt_ewma(&p->prefill_tps, f->computed_remote / pms * 1e3);
+        if (f->positions_received > 0 && f->kv_bytes > 0) rt_ewma(&p->kv_bytes_per_token, f->kv_bytes / f->positions_received);
+        /* The frames travel during the whole handoff (overlapped with compute):
+         * bytes over handoff time is a lower bound of the link rate. */
+        if (f->handoff_ms > 0 && f->wire_bytes > 0) rt_ewma(&p->link_Bps, f->wire_bytes / f->handoff_ms * 1e3);
+        rt_ewma(&p->overhead_ms, transfer > 0 ? transfer : 0.1);
+    }
+    if (q->prefill_idx >= 0 && f->fallback_reason[0]) {
+        rt_node *p = &r->nodes[q->prefill_idx];
+        p->failures++;
+        p->fails = r->cfg.down_after;   /* suspect until the next good probe */
+        p->up = 0;
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (f->fallback_reason[0])
+        rt_log("%s: prefill fell back to the decode node: %s", q->id, f->fallback_reason);
+}
+
+static void rt_log_done(rt_req *q, const char *outcome) {
+    if (q->logged) return;
+    q->logged = 1;
+    if (q->r->cfg.quiet) return;
+    const api_upstream_line *f = &q->fin;
+    double ttft = q->t_first > 0 ? q->t_first - q->t_start : -1;
+    double tpot = q->n_tokens > 1 ? (q->t_last - q->t_first) / (q->n_tokens - 1) : 0;
+    double transfer = strcmp(f->prefill_mode, "remote") ? 0
+                    : f->transfer_ms >= 0 ? f->transfer_ms : (f->ttft_ms > f->prefill_ms ? f->ttft_ms - f->prefill_ms : 0);
+    rt_log("%s: %s status=%d attempts=%d decode=%s plan=%s prefill=%s%s%s prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
+           "computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
+           q->id, outcome, q->status, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
+           f->prefill_mode[0] ? f->prefill_mode : "-", f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, f->completion_tokens, ttft, tpot,
+           f->computed_remote, f->computed_local, f->kv_bytes, f->wire_bytes, f->prefill_ms, transfer,
+           f->fallback_reason[0] ? " fallback=" : "", f->fallback_reason, q->error[0] ? " error=" : "", q->error);
+}
+
+/* Reads the next line of the current attempt. 1 token/done line in *u;
+ * 0 the attempt failed (q->error says why); -1 the client went away. */
+static int rt_next(rt_req *q, api_upstream_line *u) {
+    if (q->have_pending) { *u = q->pending; q->have_pending = 0; memset(&q->pending, 0, sizeof q->pending); return 1; }
+    router *r = q->r;
+    char *line;
+    size_t len;
+    double deadline = rt_now_ms() + r->cfg.idle_timeout_ms, hard = q->t_start + r->cfg.request_timeout_ms;
+    int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
+    if (rc == RT_GONE) return -1;
+    if (rc == RT_LINE && api_parse_upstream_line(line, len, u) == 0) {
+        if (u->error[0] && !u->is_token) {
+            snprintf(q->error, sizeof q->error, "decode node %s: %s", q->decode_addr, u->error);
+            if (u->is_done) return 1;
+            api_upstream_line_free(u);
+            return 0;
+        }
+        return 1;
+    }
+    if (rc == RT_TIMEOUT)
+        snprintf(q->error, sizeof q->error, rt_now_ms() >= hard ? "request timed out after %d ms" : "decode node stalled for %d ms",
+                 rt_now_ms() >= hard ? r->cfg.request_timeout_ms : r->cfg.idle_timeout_ms);
+    else
+        snprintf(q->error, sizeof q->error, "decode node %s %s", q->decode_addr,
+                 rc == RT_LINE ? "sent a malformed line" : rc == RT_EOF ? "closed the stream before finishing"
+                 : q->up.errbuf[0] ? q->up.errbuf : "connection failed");
+    return 0;
+}
+
+static void rt_on_token(rt_req *q, const api_upstream_line *u) {
+    double now = rt_now_ms();
+    if (q->n_tokens == 0) q->t_first = now;
+    q->t_last = now;
+    q->n_tokens++;
+}
+
+/* ==== HTTP plumbing ==== */
+
+typedef struct {
+    int ep;
+    char *body;
+    size_t len, cap;
+    int too_big;
+    int handled;
+} rt_conn;
+
+static enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body) {
+    if (!body) {
+        status = 500;
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+        if (!body) return MHD_NO;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+    if (!resp) { free(body); return MHD_NO; }
+    MHD_add_response_header(resp, "Content-Type", ctype);
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+static enum MHD_Result rt_send_error(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
+    rt_count_request(r, ep, e->status);
+    return rt_send(c, e->status, "application/json", api_error_json(e));
+}
+
+static int rt_client_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* ==== Generation endpoints ==== */
+
+static void rt_req_finish(rt_req *q) {
+    router *r = q->r;
+    if (q->have_fin) api_upstream_line_free(&q->fin);
+    if (q->have_pending) api_upstream_line_free(&q->pending);
+    rt_release_node(q, 0, 0);
+    api_request_free(&q->req);
+    free(q->text);
+    free(q->out);
+    if (q->counted_active) {
+        pthread_mutex_lock(&r->mu);
+        r->active--;
+        pthread_mutex_unlock(&r->mu);
+    }
+    free(q);
+}
+
+static void rt_meta(const rt_req *q, api_resp_meta *m) {
+    m->id = q->id;
+    m->created = q->created;
+    m->model = q->req.model;
+}
+
+/* Non-stream: read everything; a node failing mid-way is retried from scratch
+ * (the client has seen nothing yet). */
+static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
+    router *r = q->r;
+    api_error e;
+    for (;;) {
+        if (rt_start(q, &e)) break;
+        api_upstream_line u;
+        int rc;
+        while ((rc = rt_next(q, &u)) == 1) {
+            if (u.is_token) { rt_on_token(q, &u); rt_text_add(q, u.text); api_upstream_line_free(&u); continue; }
+            q->fin = u;
+            q->have_fin = 1;
+            break;
+        }
+        if (q->have_fin && strcmp(q->fin.finish_reason, "error")) {
+            rt_learn(q);
+            api_resp_meta m;
+            rt_meta(q, &m);
+            if (q->req.echo) {
+                char *t = q->text;
+                q->text = NULL; q->text_len = q->text_cap = 0;
+                rt_text_add(q, q->req.prompt);
+                rt_text_add(q, t);
+                free(t);
+            }
+            char *body = api_render_response(q->req.kind, &m, q->text ? q->text : "", q->fin.finish_reason,
+                                             q->fin.prompt_tokens, q->fin.completion_tokens);
+            q->status = 200;
+            rt_count_request(r, q->ep, 200);
+            rt_log_done(q, "done");
+            enum MHD_Result mr = rt_send(c, 200, "application/json", body);
+            rt_req_finish(q);
+            return mr;
+        }
+        if (rc < 0) {
+            snprintf(q->error, sizeof q->error, "client disconnected");
+            api_error_set(&e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
+            break;
+        }
+        /* failed mid-way: drop what we have and retry */
+        if (q->have_fin) { api_upstream_line_free(&q->fin); q->have_fin = 0; memset(&q->fin, 0, sizeof q->fin); }
+        q->text_len = 0;
+        q->n_tokens = 0;
+        q->t_first = 0;
+        rt_release_node(q, 1, 0);
+        rt_log("%s: %s; retrying", q->id, q->error);
+        pthread_mutex_lock(&r->mu);
+        r->m.retries++;
+        pthread_mutex_unlock(&r->mu);
+    }
+    q->status = e.status;
+    enum MHD_Result mr;
+    if (e.status == 499) {
+        pthread_mutex_lock(&r->mu);
+        r->m.cancels++;
+        pthread_mutex_unlock(&r->mu);
+        rt_log_done(q, "cancelled");
+        mr = MHD_NO;   /* nobody to answer: close the connection */
+    } else {
+        if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", e.message);
+        rt_log_done(q, "failed");
+        mr = rt_send_error(r, c, q->ep, &e);
+    }
+    rt_req_finish(q);
+    return mr;
+}
+
+static int rt_out_set(rt_req *q, char *s) {
+    if (!s) return -1;
+    free(q->out);
+    q->out = s;
+    q->out_len = strlen(s);
+    q->out_off = 0;
+    return 0;
+}
+
+static char *rt_concat(char *a, char *b) {
+    if (!a || !b) { free(a); free(b); return NULL; }
+    size_t na = strlen(a), nb = strlen(b);
+    char *s = realloc(a, na + nb + 1);
+    if (!s) { free(a); free(b); return NULL; }
+    memcpy(s + na, b, nb + 1);
+    free(b);
+    return s;
+}
+
+/* Produces the next SSE bytes into q->out; 0, or -1 at the end of stream. */
+static int rt_stream_produce(rt_req *q) {
+    if (q->phase == 1) return -1;
+    api_resp_meta m;
+    rt_meta(q, &m);
+    api_upstream_line u;
+    int rc = rt_next(q, &u);
+    if (rc == 1 && u.is_token) {
+        int first = q->n_tokens == 0;
+        rt_on_token(q, &u);
+        char *s = api_render_chunk(q->req.kind, &m, u.text ? u.text : "", NULL, 0);
+        if (first && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
+        if (first && q->req.echo) s = rt_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
+        api_upstream_line_free(&u);
+        return rt_out_set(q, s) ? -1 : 0;
+    }
+    q->phase = 1;
+    router *r = q->r;
+    if (rc == 1 && strcmp(u.finish_reason, "error")) {
+        q->fin = u;
+        q->have_fin = 1;
+        rt_learn(q);
+        char *s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
+        if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
+        if (q->req.include_usage)
+            s = rt_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
+        s = rt_concat(s, strdup("data: [DONE]\n\n"));
+        q->status = 200;
+        rt_count_request(r, q->ep, 200);
+        rt_log_done(q, "done");
+        return rt_out_set(q, s) ? -1 : 0;
+    }
+    if (rc == 1) { q->fin = u; q->have_fin = 1; }
+    if (rc < 0) {
+        snprintf(q->error, sizeof q->error, "client disconnected");
+        return -1;
+    }
+    /* After tokens went out, a failure can only be reported in the stream. */
+    api_error e;
+    api_error_set(&e, 502, "server_error", "upstream_failed", NULL,
+                  "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
+    q->status = 502;
+    pthread_mutex_lock(&r->mu);
+    r->m.stream_errors++;
+    pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, q->ep, 502);
+    rt_log_done(q, "stream error");
+    return rt_out_set(q, api_render_error_event(&e)) ? -1 : 0;
+}
+
+static ssize_t rt_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    rt_req *q = cls;
+    while (q->out_off >= q->out_len) {
+        if (rt_stream_produce(q)) return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    size_t n = q->out_len - q->out_off;
+    if (n > max) n = max;
+    memcpy(buf, q->out + q->out_off, n);
+    q->out_off += n;
+    return (ssize_t)n;
+}
+
+static void rt_stream_free(void *cls) {
+    rt_req *q = cls;
+    if (!q->logged) {
+        /* The client went away mid-stream (MHD could not write): closing the
+         * upstream connection tells the decode node to stop. */
+        pthread_mutex_lock(&q->r->mu);
+        q->r->m.cancels++;
+        pthread_mutex_unlock(&q->r->mu);
+        if (!q->error[0]) snprintf(q->error, sizeof q->error, "client disconnected");
+        q->status = 499;
+        rt_log_done(q, "cancelled");
+    }
+    rt_req_finish(q);
+}
+
+static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
+    router *r = q->r;
+    api_error e;
+    if (rt_start(q, &e)) {
+        q->status = e.status;
+        enum MHD_Result mr = MHD_NO;
+        if (e.status != 499) {
+            if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", e.message);
+            mr = rt_send_error(r, c, q->ep, &e);
+        }
+        rt_log_done(q, e.status == 499 ? "cancelled" : "failed");
+        rt_req_finish(q);
+        return mr;
+    }
+    /* The status line goes out now: from here errors travel as SSE events. */
+    q->client_fd = -1;   /* MHD notices a closed client when it writes */
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, rt_stream_cb, q, rt_stream_free);
+    if (!resp) { rt_req_finish(q); return MHD_NO; }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return mr;
+}
+
+static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
+    enum api_kind kind = cc->ep == RT_EP_CHAT ? API_CHAT : API_COMPLETION;
+    api_error e;
+    if (cc->too_big) {
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                      "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
+        return rt_send_error(r, c, cc->ep, &e);
+    }
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_send_error(r, c, cc->ep, &e); }
+    q->r = r;
+    q->ep = cc->ep;
+    q->decode_idx = q->prefill_idx = -1;
+    q->t_start = rt_now_ms();
+    q->created = (long long)time(NULL);
+    q->client_fd = rt_client_fd(c);
+    if (api_parse_request(kind, cc->body ? cc->body : "", cc->len, &r->cfg.lim, &q->req, &e)) {
+        free(q);
+        return rt_send_error(r, c, cc->ep, &e);
+    }
+    if (!rt_model_known(r, q->req.model)) {
+        api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%s' does not exist or you do not have access to it.", q->req.model);
+        api_request_free(&q->req);
+        free(q);
+        return rt_send_error(r, c, cc->ep, &e);
+    }
+    pthread_mutex_lock(&r->mu);
+    int over = r->active >= r->cfg.max_concurrent;
+    if (!over) r->active++;
+    unsigned long long seq = ++r->seq;
+    pthread_mutex_unlock(&r->mu);
+    if (over) {
+        api_error_set(&e, 429, "rate_limit_error", "too_many_requests", NULL,
+                      "Too many concurrent requests (limit %d); retry later.", r->cfg.max_concurrent);
+        api_request_free(&q->req);
+        free(q);
+        return rt_send_error(r, c, cc->ep, &e);
+    }
+    q->counted_active = 1;
+    uint8_t rnd[6] = {0};
+    wire_random(rnd, sizeof rnd);
+    snprintf(q->id, sizeof q->id, "%s-%llu%02x%02x%02x%02x%02x%02x", kind == API_CHAT ? "chatcmpl" : "cmpl", seq,
+             rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+    return q->req.stream ? rt_run_stream(q, c) : rt_run_blocking(q, c);
+}
+
+/* ==== Other endpoints ==== */
+
+static enum MHD_Result rt_models(router *r, struct MHD_Connection *c) {
+    const char *ids[ROUTER_MAX_NODES];
+    int n = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_nodes; i++) {
+        if (r->nodes[i].cfg.role != ROUTER_NODE_DECODE) continue;
+        int dup = 0;
+        for (int k = 0; k < n; k++) dup |= !strcmp(ids[k], r->nodes[i].cfg.model);
+        if (!dup) ids[n++] = r->nodes[i].cfg.model;
+    }
+    char *body = api_render_models(ids, n, r->started_unix);
+    pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, RT_EP_MODELS, 200);
+    return rt_send(c, 200, "application/json", body);
+}
+
+static json_t *rt_node_json(const rt_node *n) {
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:s}",
+                     "addr", n->cfg.addr, "role", n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                     "model", n->cfg.model, "up", n->up, "registered", n->registered,
+                     "inflight", n->inflight, "queue_depth", n->queue_depth,
+                     "prefill_tps", n->prefill_tps, "decode_tps", n->decode_tps,
+                     "kv_bytes_per_token", n->kv_bytes_per_token, "link_bytes_per_s", n->link_Bps,
+                     "requests", (json_int_t)n->requests, "failures", (json_int_t)n->failures, "desc", n->desc);
+}
+
+static enum MHD_Result rt_health(router *r, struct MHD_Connection *c) {
+    json_t *arr = json_array();
+    int decode_up = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_nodes; i++) {
+        json_array_append_new(arr, rt_node_json(&r->nodes[i]));
+        decode_up += r->nodes[i].cfg.role == ROUTER_NODE_DECODE && r->nodes[i].up;
+    }
+    int active = r->active;
+    pthread_mutex_unlock(&r->mu);
+    json_t *o = json_pack("{s:s, s:s, s:i, s:o}", "status", decode_up ? "ok" : "unavailable", "role", "router",
+                          "active_requests", active, "nodes", arr);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    rt_count_request(r, RT_EP_OTHER, decode_up ? 200 : 503);
+    return rt_send(c, decode_up ? 200 : 503, "application/json", s);
+}
+
+/* ==== Prometheus text ==== */
+
+typedef struct { char *s; size_t len, cap; } rt_sb;
+
+static void rt_sb_printf(rt_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void rt_sb_printf(rt_sb *b, const char *fmt, ...) {
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
+        size_t cap = b->cap ? b->cap * 2 : 8192;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *s = realloc(b->s, cap);
+        if (!s) return;
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+static void rt_metric_hist(rt_sb *b, const char *name, const char *help, const rt_hist *h, const double *bounds) {
+    rt_sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    for (int i = 0; i < RT_NB; i++) rt_sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], h->b[i]);
+    rt_sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->count, name, h->sum, name, h->count);
+}
+
+static void rt_metrics_requests(rt_sb *b, const rt_metrics *m) {
+    rt_sb_printf(b, "# HELP tandem_router_requests_total HTTP requests answered, by endpoint and status.\n"
+                    "# TYPE tandem_router_requests_total counter\n");
+    for (int e = 0; e < RT_EP_N; e++)
+        for (int s = 0; s < RT_NSTATUS; s++)
+            if (m->requests[e][s] || (s == 0 && e < 2))
+                rt_sb_printf(b, "tandem_router_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
+                             rt_ep_names[e], rt_status_codes[s], m->requests[e][s]);
+    rt_sb_printf(b, "# HELP tandem_router_decisions_total Routing decisions: split (prefill node) or local, and why.\n"
+                    "# TYPE tandem_router_decisions_total counter\n");
+    for (int sp = 0; sp < 2; sp++)
+        for (int k = 0; k < RT_NREASON; k++)
+            rt_sb_printf(b, "tandem_router_decisions_total{decision=\"%s\",reason=\"%s\"} %llu\n",
+                         sp ? "split" : "local", rt_reason_keys[k], m->decisions[sp][k]);
+    rt_sb_printf(b, "# HELP tandem_router_prefill_total Completed requests by where the prompt was actually prefilled.\n"
+                    "# TYPE tandem_router_prefill_total counter\n"
+                    "tandem_router_prefill_total{mode=\"local\"} %llu\ntandem_router_prefill_total{mode=\"split\"} %llu\n",
+                 m->served[0], m->served[1]);
+    rt_sb_printf(b, "# TYPE tandem_router_prefill_fallbacks_total counter\ntandem_router_prefill_fallbacks_total %llu\n"
+                    "# TYPE tandem_router_retries_total counter\ntandem_router_retries_total %llu\n"
+                    "# TYPE tandem_router_cancelled_total counter\ntandem_router_cancelled_total %llu\n"
+                    "# TYPE tandem_router_stream_errors_total counter\ntandem_router_stream_errors_total %llu\n"
+                    "# TYPE tandem_router_prompt_tokens_total counter\ntandem_router_prompt_tokens_total %llu\n"
+                    "# TYPE tandem_router_completion_tokens_total counter\ntandem_router_completion_tokens_total %llu\n"
+                    "# TYPE tandem_router_kv_bytes_total counter\ntandem_router_kv_bytes_total %.0f\n"
+                    "# TYPE tandem_router_wire_bytes_total counter\ntandem_router_wire_bytes_total %.0f\n",
+                 m->fallbacks, m->retries, m->cancels, m->stream_errors, m->prompt_tokens, m->completion_tokens,
+                 m->kv_bytes, m->wire_bytes);
+}
+
+static void rt_metrics_nodes(rt_sb *b, const router *r) {
+    static const char *const names[] = {"up", "inflight", "queue_depth", "prefill_tokens_per_second",
+                                        "decode_tokens_per_second", "kv_bytes_per_token", "link_bytes_per_second",
+                                        "requests_total", "failures_total"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        rt_sb_printf(b, "# TYPE tandem_node_%s %s\n", names[k], strstr(names[k], "_total") ? "counter" : "gauge");
+        for (int i = 0; i < r->n_nodes; i++) {
+            const rt_node *n = &r->nodes[i];
+            double v[] = {n->up, n->inflight, n->queue_depth, n->prefill_tps, n->decode_tps, n->kv_bytes_per_token,
+                          n->link_Bps, (double)n->requests, (double)n->failures};
+            rt_sb_printf(b, "tandem_node_%s{node=\"%s\",role=\"%s\",model=\"%s\"} %.6g\n", names[k], n->cfg.addr,
+                         n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill", n->cfg.model, v[k]);
+        }
+    }
+}
+
+static enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
+    rt_sb b = {0};
+    pthread_mutex_lock(&r->mu);
+    rt_metrics_requests(&b, &r->m);
+    rt_sb_printf(&b, "# TYPE tandem_router_active_requests gauge\ntandem_router_active_requests %d\n", r->active);
+    rt_metric_hist(&b, "tandem_router_ttft_seconds", "Time to first token seen by the router.", &r->m.ttft, rt_ttft_b);
+    rt_metric_hist(&b, "tandem_router_tpot_seconds", "Time per output token after the first.", &r->m.tpot, rt_tpot_b);
+    rt_metric_hist(&b, "tandem_router_kv_transfer_ms", "KV handoff time exposed to the request (split only).",
+                   &r->m.transfer, rt_xfer_b);
+    rt_metrics_nodes(&b, r);
+    pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, RT_EP_OTHER, 200);
+    return rt_send(c, 200, "text/plain; version=0.0.4", b.s);
+}
+
+/* ==== Node registration ==== */
+
+void router_sign(const void *secret, size_t secret_len, const char *body, size_t len, char out[65]) {
+    unsigned char mac[32];
+    unsigned int ml = 0;
+    HMAC(EVP_sha256(), secret, (int)secret_len, (const unsigned char *)body, len, mac, &ml);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
+    out[64] = 0;
+}
+
+/* Adds or refreshes a node; returns its index or -1. Caller holds mu. */
+static int rt_node_upsert_locked(router *r, const router_node_cfg *cfg, int registered) {
+    for (int i = 0; i < r->n_nodes; i++) {
+        rt_node *n = &r->nodes[i];
+        if (!strcmp(n->cfg.addr, cfg->addr) && n->cfg.role == cfg->role) {
+            snprintf(n->cfg.model, sizeof n->cfg.model, "%s", cfg->model);
+            if (registered) { n->registered = 1; n->last_heartbeat_ms = rt_now_ms(); }
+            return i;
+        }
+    }
+    if (r->n_nodes >= ROUTER_MAX_NODES) return -1;
+    rt_node *n = &r->nodes[r->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->cfg = *cfg;
+    n->registered = registered;
+    n->last_heartbeat_ms = rt_now_ms();
+    return r->n_nodes++;
+}
+
+static enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
+    api_error e;
+    if (!r->cfg.secret) {
+        api_error_set(&e, 404, "invalid_request_error", NULL, NULL, "Node registration is off (the router has no shared secret).");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    const char *sig = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Signature");
+    char want[65];
+    router_sign(r->cfg.secret, r->cfg.secret_len, cc->body ? cc->body : "", cc->len, want);
+    if (!sig || strlen(sig) != 64 || CRYPTO_memcmp(sig, want, 64)) {
+        api_error_set(&e, 401, "invalid_request_error", "invalid_signature", NULL, "Bad or missing X-Tandem-Signature.");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    json_t *o = json_loadb(cc->body ? cc->body : "", cc->len, 0, NULL);
+    const char *role = json_string_value(json_object_get(o, "role"));
+    const char *model = json_string_value(json_object_get(o, "model"));
+    const char *addr = json_string_value(json_object_get(o, "addr"));
+    json_t *ts = json_object_get(o, "ts");
+    router_config tmp;
+    tmp.n_nodes = 0;
+    char err[256] = "missing \"role\", \"model\", \"addr\" or \"ts\"";
+    /* The signed timestamp bounds how long a captured heartbeat can be replayed. */
+    long long age = json_is_integer(ts) ? (long long)time(NULL) - json_integer_value(ts) : 1 << 30;
+    if (!role || !model || !addr || age > 60 || age < -60 || router_config_add_node(&tmp, role, model, addr, err, sizeof err)) {
+        json_decref(o);
+        if (age > 60 || age < -60) snprintf(err, sizeof err, "stale or missing \"ts\" (unix seconds)");
+        api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s", err);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    json_decref(o);
+    pthread_mutex_lock(&r->mu);
+    int i = rt_node_upsert_locked(r, &tmp.nodes[0], 1);
+    int was_new = i >= 0 && r->nodes[i].requests == 0 && !r->nodes[i].up;
+    pthread_mutex_unlock(&r->mu);
+    if (i < 0) {
+        api_error_set(&e, 503, "server_error", NULL, NULL, "Node table full.");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    if (was_new) rt_log("node %s (%s, model %s) registered", tmp.nodes[0].addr, role, model);
+    pthread_cond_broadcast(&r->cv);   /* probe it now */
+    rt_count_request(r, RT_EP_OTHER, 200);
+    return rt_send(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+}
+
+/* ==== Request dispatch ==== */
+
+static int rt_route(const char *method, const char *url, int *ep, int *post) {
+    *post = !strcmp(method, "POST");
+    if (!strcmp(url, "/v1/chat/completions")) { *ep = RT_EP_CHAT; return 1; }
+    if (!strcmp(url, "/v1/completions")) { *ep = RT_EP_COMPLETIONS; return 1; }
+    if (!strcmp(url, "/v1/nodes/register")) { *ep = RT_EP_OTHER; return 1; }
+    *ep = !strcmp(url, "/v1/models") ? RT_EP_MODELS : RT_EP_OTHER;
+    return 0;   /* GET endpoints */
+}
+
+static int rt_authorized(router *r, struct MHD_Connection *c, const char *url) {
+    if (!r->cfg.api_key[0] || !strncmp(url, "/health", 7) || !strcmp(url, "/metrics") ||
+        !strcmp(url, "/v1/nodes/register"))
+        return 1;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    size_t kl = strlen(r->cfg.api_key);
+    return h && !strncmp(h, "Bearer ", 7) && strlen(h + 7) == kl && !CRYPTO_memcmp(h + 7, r->cfg.api_key, kl);
+}
+
+/* First call for a connection's request: checks that need no body. */
+static enum MHD_Result rt_first_call(router *r, struct MHD_Connection *c, const char *url, const char *method,
+                                     void **con_cls) {
+    int ep, post;
+    int is_post_ep = rt_route(method, url, &ep, &post);
+    api_error e;
+    if (!rt_authorized(r, c, url)) {
+        api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                      "Incorrect or missing API key: send 'Authorization: Bearer <key>'.");
+        return rt_send_error(r, c, ep, &e);
+    }
+    int known_get = !strcmp(url, "/v1/models") || !strcmp(url, "/health") || !strcmp(url, "/metrics");
+    if (!is_post_ep && !known_get) {
+        api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %.100s.", method, url);
+        return rt_send_error(r, c, ep, &e);
+    }
+    if (is_post_ep != post || (!post && strcmp(method, "GET") && strcmp(method, "HEAD"))) {
+        api_error_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
+                      "Method %s is not allowed for %.100s.", method, url);
+        return rt_send_error(r, c, ep, &e);
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (post && cl && strtoull(cl, NULL, 10) > r->cfg.max_body_bytes) {
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                      "The request body (%s bytes) exceeds %zu bytes.", cl, r->cfg.max_body_bytes);
+        return rt_send_error(r, c, ep, &e);
+    }
+    rt_conn *cc = calloc(1, sizeof *cc);
+    if (!cc) return MHD_NO;
+    cc->ep = ep;
+    *con_cls = cc;
+    return MHD_YES;
+}
+
+static enum MHD_Result rt_handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    router *r = cls;
+    if (!*con_cls) return rt_first_call(r, c, url, method, con_cls);
+    rt_conn *cc = *con_cls;
+    if (*upload_size) {
+        if (!cc->too_big && cc->len + *upload_size > r->cfg.max_body_bytes) {
+            cc->too_big = 1;
+            free(cc->body);
+            cc->body = NULL;
+            cc->len = cc->cap = 0;
+        }
+        if (!cc->too_big) {
+            if (cc->len + *upload_size + 1 > cc->cap) {
+                size_t cap = cc->cap ? cc->cap : 4096;
+                while (cap < cc->len + *upload_size + 1) cap *= 2;
+                char *b = realloc(cc->body, cap);
+                if (!b) return MHD_NO;
+                cc->body = b;
+                cc->cap = cap;
+            }
+            memcpy(cc->body + cc->len, upload_data, *upload_size);
+            cc->len += *upload_size;
+            cc->body[cc->len] = 0;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (cc->handled) return MHD_YES;
+    cc->handled = 1;
+    if (!strcmp(url, "/v1/models")) return rt_models(r, c);
+    if (!strcmp(url, "/health")) return rt_health(r, c);
+    if (!strcmp(url, "/metrics")) return rt_metrics_page(r, c);
+    if (!strcmp(url, "/v1/nodes/register")) return rt_register(r, c, cc);
+    return rt_generate(r, c, cc);
+}
+
+static void rt_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
+    rt_conn *cc = *con_cls;
+    if (!cc) return;
+    free(cc->body);
+    free(cc);
+    *con_cls = NULL;
+}
+
+/* ==== Health checks ==== */
+
+static size_t rt_sink(char *p, size_t sz, size_t nm, void *ud) {
+    rt_sb *b = ud;
+    size_t n = sz * nm;
+    if (b->len + n > (1u << 20)) return 0;   /* a health reply is tiny */
+    rt_sb_printf(b, "%.*s", (int)n, p);
+    return n;
+}
+
+static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_sb *out) {
+    char url[256];
+    snprintf(url, sizeof url, "http://%s%s", addr, path);
+    CURL *h = curl_easy_init();
+    if (!h) return -1;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rt_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+    curl_easy_setopt(h, CURLOPT_PROXY, "");
+    long code = -1;
+    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(h);
+    return code;
+}
+
+/* First number among keys (the stats format names may vary by version). */
+static double rt_json_num(json_t *o, const char *const *keys) {
+    for (; *keys; keys++) {
+        json_t *v = json_object_get(o, *keys);
+        if (json_is_number(v)) return json_number_value(v);
+    }
+    return -1;
+}
+
+typedef struct { int ok; char desc[400]; int queue; double prefill_tps, decode_tps; } rt_probe;
+
+static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
+    rt_sb b = {0};
+    long code = rt_http_get(addr, "/health", timeout_ms, &b);
+    json_t *o = b.s ? json_loadb(b.s, b.len, 0, NULL) : NULL;
+    p->ok = code == 200 && json_is_object(o);
+    const char *model = json_string_value(json_object_get(o, "model"));
+    if (model) snprintf(p->desc, sizeof p->desc, "%s", model);
+    json_decref(o);
+    free(b.s);
+    p->queue = -1;
+    p->prefill_tps = p->decode_tps = -1;
+    if (!p->ok) return;
+    rt_sb s = {0};
+    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s) == 200 && s.s) {
+        json_t *st = json_loadb(s.s, s.len, 0, NULL);
+        static const char *const qk[] = {"queued", "queue_depth", "waiting", NULL};
+        static const char *const pk[] = {"prefill_tps_local", "prefill_tps", NULL};
+        static const char *const dk[] = {"decode_tps", "decode_tokens_per_s", "decode_tok_s", NULL};
+        double qd = rt_json_num(st, qk);
+        json_t *act = json_object_get(st, "busy");
+        p->queue = qd >= 0 ? (int)qd + (json_is_integer(act) ? (int)json_integer_value(act) : 0) : -1;
+        p->prefill_tps = rt_json_num(st, pk);
+        p->decode_tps = rt_json_num(st, dk);
+        json_decref(st);
+    }
+    free(s.s);
+}
+
+/* A prefill node speaks only the wire protocol: connect and read its HELLO
+ * (the first frame it sends), which proves a live node of the right role and
+ * names its model, without the router knowing any model fingerprint. */
+static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
+    char err[256];
+    int fd = wire_connect(addr, timeout_ms, err, sizeof err);
+    p->ok = 0;
+    if (fd < 0) return;
+    wire_conn wc;
+    wire_conn_init(&wc, fd, timeout_ms);
+    wire_header h;
+    wire_hello hello;
+    if (wire_recv(&wc, &h, err, sizeof err) == 0 && h.type == WIRE_HELLO &&
+        wire_decode_hello(wc.rx.data, wc.rx.len, &hello, err, sizeof err) == 0 && hello.role == WIRE_ROLE_PREFILL) {
+        p->ok = 1;
+        snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
+    }
+    wire_conn_close(&wc);
+}
+
+static void rt_health_round(router *r) {
+    int n;
+    router_node_cfg cfgs[ROUTER_MAX_NODES];
+    pthread_mutex_lock(&r->mu);
+    n = r->n_nodes;
+    for (int i = 0; i < n; i++) cfgs[i] = r->nodes[i].cfg;
+    pthread_mutex_unlock(&r->mu);
+    int timeout = r->cfg.health_interval_ms < 1000 ? 1000 : r->cfg.health_interval_ms;
+    for (int i = 0; i < n && !r->stopping; i++) {
+        rt_probe p;
+        memset(&p, 0, sizeof p);
+        if (cfgs[i].role == ROUTER_NODE_DECODE) rt_probe_decode(cfgs[i].addr, timeout, &p);
+        else rt_probe_prefill(cfgs[i].addr, timeout, &p);
+        pthread_mutex_lock(&r->mu);
+        rt_node *nd = &r->nodes[i];
+        double now = rt_now_ms();
+        int expired = nd->registered && now - nd->last_heartbeat_ms > r->cfg.heartbeat_ttl_ms;
+        if (p.ok && !expired) {
+            if (!nd->up) rt_log("%s node %s (model %s) is up: %s", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                                cfgs[i].addr, cfgs[i].model, p.desc);
+            nd->up = 1;
+            nd->fails = 0;
+            snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
+            if (p.queue >= 0) nd->queue_depth = p.queue;
+            if (p.prefill_tps > 0) nd->prefill_tps = p.prefill_tps;
+            if (p.decode_tps > 0) nd->decode_tps = p.decode_tps;
+        } else {
+            nd->fails++;
+            nd->checks_failed++;
+            if (nd->up && (nd->fails >= r->cfg.down_after || expired)) {
+                nd->up = 0;
+                rt_log("%s node %s marked down (%s)", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                       cfgs[i].addr, expired ? "no heartbeat" : "health check failed");
+            }
+        }
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+static void *rt_health_main(void *arg) {
+    router *r = arg;
+    while (!r->stopping) {
+        rt_health_round(r);
+        pthread_mutex_lock(&r->mu);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long long ns = ts.tv_nsec + (long long)r->cfg.health_interval_ms * 1000000LL;
+        ts.tv_sec += ns / 1000000000LL;
+        ts.tv_nsec = ns % 1000000000LL;
+        if (!r->stopping) pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+        pthread_mutex_unlock(&r->mu);
+    }
+    return NULL;
+}
+
+/* ==== Start / stop ==== */
+
+static int rt_bind_addr(const char *listen, struct sockaddr_storage *ss, socklen_t *sl, int *v6, char *err, size_t errlen) {
+    char host[128], port[16];
+    const char *colon = strrchr(listen, ':');
+    if (!colon || (size_t)(colon - listen) >= sizeof host || strlen(colon + 1) >= sizeof port || !colon[1]) {
+        rt_errf(err, errlen, "listen address must be HOST:PORT, got \"%s\"", listen);
+        return -1;
+    }
+    memcpy(host, listen, (size_t)(colon - listen));
+    host[colon - listen] = 0;
+    snprintf(port, sizeof port, "%s", colon + 1);
+    char *h = host;
+    if (h[0] == '[') { h++; char *e = strchr(h, ']'); if (e) *e = 0; }
+    if (!*h) h = "127.0.0.1";   /* loopback unless told otherwise */
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *res = NULL;
+    int rc = getaddrinfo(h, port, &hints, &res);
+    if (rc || !res) { rt_errf(err, errlen, "cannot resolve %s: %s", listen, gai_strerror(rc)); return -1; }
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *sl = res->ai_addrlen;
+    *v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    return 0;
+}
+
+int router_start(router **out, const router_config *cfg, char *err, size_t errlen) {
+    *out = NULL;
+    router *r = calloc(1, sizeof *r);
+    if (!r) { rt_errf(err, errlen, "out of memory"); return -1; }
+    r->cfg = *cfg;
+    r->cfg.secret = NULL;
+    if (cfg->secret && !(r->cfg.secret = malloc(cfg->secret_len + 1))) { free(r); rt_errf(err, errlen, "out of memory"); return -1; }
+    if (cfg->secret) { memcpy(r->cfg.secret, cfg->secret, cfg->secret_len); r->cfg.secret[cfg->secret_len] = 0; }
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, NULL);
+    r->started_unix = (long long)time(NULL);
+    for (int i = 0; i < cfg->n_nodes; i++) rt_node_upsert_locked(r, &cfg->nodes[i], 0);
+    curl_global_init(CURL_GLOBAL_DEFAULT);
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    int v6 = 0;
+    if (rt_bind_addr(cfg->listen, &ss, &sl, &v6, err, errlen)) { router_stop(r); return -1; }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
+                     (v6 ? MHD_USE_IPv6 : 0);
+    /* Connections beyond the concurrent-request limit still get a 429 answer
+     * (and GET /health, /metrics keep working), so allow some headroom. */
+    unsigned conn_limit = (unsigned)cfg->max_concurrent * 2 + 16;
+    r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, rt_handler, r,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+                              MHD_OPTION_CONNECTION_LIMIT, conn_limit,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+                              MHD_OPTION_NOTIFY_COMPLETED, rt_completed, r,
+                              MHD_OPTION_END);
+    if (!r->mhd) { rt_errf(err, errlen, "cannot listen on %s: %s", cfg->listen, strerror(errno)); router_stop(r); return -1; }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(r->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    r->port = di ? di->port : -1;
+    rt_health_round(r);   /* know who is up before the first request */
+    if (pthread_create(&r->health, NULL, rt_health_main, r)) { rt_errf(err, errlen, "cannot start the health thread"); router_stop(r); return -1; }
+    r->health_started = 1;
+    *out = r;
+    return 0;
+}
+
+int router_port(const router *r) { return r ? r->port : -1; }
+
+void router_stop(router *r) {
+    if (!r) return;
+    pthread_mutex_lock(&r->mu);
+    r->stopping = 1;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (r->health_started) pthread_join(r->health, NULL);
+    if (r->mhd) MHD_stop_daemon(r->mhd);
+    router_config_free(&r->cfg);
+    pthread_cond_destroy(&r->cv);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+    curl_global_cleanup();
+}
+
+/* ==== CLI ==== */
+
+static volatile sig_atomic_t rt_stop_flag;
+static void rt_on_signal(int sig) { (void)sig; rt_stop_flag = 1; }
+
+static void rt_usage(void) {
+    fprintf(stderr,
+        "usage: tandem serve --role router [--config FILE] [options]\n"
+        "  --config FILE          JSON config (docs/router.md): listen, nodes, secret, limits, split\n"
+        "  --listen HOST:PORT     address (default 127.0.0.1:8000; port 0 = any free port)\n"
+        "  --decode MODEL=HOST:PORT    a decode node serving MODEL (repeatable)\n"
+        "  --prefill MODEL=HOST:PORT   a prefill node for MODEL (repeatable)\n"
+        "  --split auto|always|never   prefill placement policy (default auto: cost model)\n"
+        "  --secret-file FILE     shared secret (node registration); or env TANDEM_SECRET\n"
+        "  --api-key-file FILE    require 'Authorization: Bearer <key>'; or env TANDEM_API_KEY\n"
+        "  --port-file FILE       write the bound port there once listening\n"
+        "  --max-concurrent N     generation requests in flight (default 64)\n"
+        "  --health-interval-ms N (default 1000)\n"
+        "  --quiet                no per-request log lines\n");
+}
+
+static int rt_cli_node(router_config *c, const char *role, const char *v) {
+    char buf[300], err[256];
+    const char *eq = v ? strchr(v, '=') : NULL;
+    if (!eq || strlen(v) >= sizeof buf) return -1;
+    snprintf(buf, sizeof buf, "%s", v);
+    buf[eq - v] = 0;
+    if (router_config_add_node(c, role, buf, buf + (eq - v) + 1, err, sizeof err)) {
+        fprintf(stderr, "tandem serve: %s\n", err);
+        return -1;
+    }
+    return 0;
+}
+
+static int rt_cli_file_str(const char *path, char *out, size_t outlen) {
+    size_t n = 0;
+    char *s = cli_read_file(path, &n);
+    if (!s) return -1;
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = 0;
+    int bad = n == 0 || n >= outlen;
+    if (!bad) snprintf(out, outlen, "%s", s);
+    free(s);
+    return bad ? -1 : 0;
+}
+
+static int rt_cli_parse(int argc, char **argv, router_config *c, const char **port_file) {
+    const char *listen = NULL, *secret_file = NULL, *split = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char err[256];
+        int bad = 0;
+        if (!strcmp(a, "--quiet")) { c->quiet = 1; continue; }
+        if (!strcmp(a, "--role")) bad = !v || strcmp(v, "router");
+        else if (!strcmp(a, "--config")) {
+            if (!v || router_config_load(c, v, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", v ? err : "--config needs a file"); return -1; }
+        }
+        else if (!strcmp(a, "--listen")) bad = !(listen = v);
+        else if (!strcmp(a, "--decode")) bad = rt_cli_node(c, "decode", v);
+        else if (!strcmp(a, "--prefill")) bad = rt_cli_node(c, "prefill", v);
+        else if (!strcmp(a, "--split")) bad = !(split = v) || rt_cfg_split(v, &c->split);
+        else if (!strcmp(a, "--secret-file")) bad = !(secret_file = v);
+        else if (!strcmp(a, "--api-key-file")) bad = !v || rt_cli_file_str(v, c->api_key, sizeof c->api_key);
+        else if (!strcmp(a, "--port-file")) bad = !(*port_file = v);
+        else if (!strcmp(a, "--max-concurrent")) bad = !v || (c->max_concurrent = atoi(v)) < 1;
+        else if (!strcmp(a, "--health-interval-ms")) bad = !v || (c->health_interval_ms = atoi(v)) < 50;
+        else { fprintf(stderr, "tandem serve: unknown router option %s\n", a); rt_usage(); return -1; }
+        if (bad) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
+        i++;
+    }
+    if (listen) snprintf(c->listen, sizeof c->listen, "%s", listen);
+    char err[256];
+    if (secret_file || (!c->secret && getenv("TANDEM_SECRET"))) {
+        router_config_free(c);
+        if (cli_load_secret(secret_file, &c->secret, &c->secret_len, err, sizeof err)) {
+            fprintf(stderr, "tandem serve: %s\n", err);
+            return -1;
+        }
+    }
+    const char *k = getenv("TANDEM_API_KEY");
+    if (!c->api_key[0] && k && *k) snprintf(c->api_key, sizeof c->api_key, "%s", k);
+    return 0;
+}
+
+int router_cli(int argc, char **argv) {
+    router_config c;
+    router_config_default(&c);
+    const char *port_file = NULL;
+    if (rt_cli_parse(argc, argv, &c, &port_file)) { router_config_free(&c); return 2; }
+    if (c.n_nodes == 0 && !c.secret)
+        rt_log("warning: no nodes configured and no shared secret for registration: nothing to route to");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = rt_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    router *r = NULL;
+    char err[512];
+    if (router_start(&r, &c, err, sizeof err)) {
+        fprintf(stderr, "tandem serve: %s\n", err);
+        router_config_free(&c);
+        return 1;
+    }
+    rt_log("listening on port %d (%s), %d node(s), split policy %s%s", router_port(r), c.listen, c.n_nodes,
+           c.split == ROUTER_SPLIT_AUTO ? "auto" : c.split == ROUTER_SPLIT_ALWAYS ? "always" : "never",
+           c.api_key[0] ? ", API key required" : "");
+    if (port_file) {
+        FILE *f = fopen(port_file, "w");
+        if (f) { fprintf(f, "%d\n", router_port(r)); fclose(f); }
+    }
+    while (!rt_stop_flag) usleep(100 * 1000);
+    rt_log("shutting down");
+    router_stop(r);
+    router_config_free(&c);
+    return 0;
+}

@@ -1,0 +1,205 @@
+/* serve.c - `tandem serve --role prefill|decode|local`: the long-running
+ * nodes. Options common to every role are parsed here; each role has one
+ * function below that takes the loaded model and the parsed options.
+ *
+ *   prefill  computes prompts' KV for decode nodes (node_prefill.c)
+ *   decode   keeps sessions, samples, takes generation requests (node_decode.c)
+ *   local    decode and prefill in one process (node_decode.c)
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "handoff.h"
+#include "model.h"
+#include "node_decode.h"
+#include "router.h"
+#include "quant.h"
+
+/* ==== Options ==== */
+
+enum serve_role { SERVE_PREFILL = 1, SERVE_DECODE, SERVE_LOCAL };
+
+typedef struct {
+    enum serve_role role;
+    const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file;
+    int n_threads, n_ctx, n_batch, timeout_ms, max_conns;
+    int debug_frame_delay_ms, debug_corrupt_frame;   /* fault injection (tests) */
+    uint32_t kv_dtype;
+    char *secret;
+    size_t secret_len;
+} serve_opts;
+
+static void serve_usage(void) {
+    fprintf(stderr,
+        "usage: tandem serve --role prefill|decode|local -m MODEL.gguf [options]\n"
+        "  --listen HOST:PORT   address to listen on (default 127.0.0.1:0 = any free port)\n"
+        "  --secret-file FILE   shared secret for node authentication (or env TANDEM_SECRET);\n"
+        "                       required for network roles\n"
+        "  -t N                 threads (default 2)\n"
+        "  -c N                 context per request (default: the model's, at most 4096)\n"
+        "  -b N                 prefill chunk size (default 512)\n"
+        "  --kv-type T          KV cache type: f16 (default), bf16, q8_0\n"
+        "  --node-id NAME       this node's name in handshakes and logs\n"
+        "  --timeout-ms N       per-frame I/O deadline (default 10000)\n"
+        "  --port-file FILE     write the bound port there once listening\n"
+        "  --max-conns N        concurrent connections (default 16)\n"
+        "Fault injection for tests (prefill role):\n"
+        "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
+        "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n");
+}
+
+static int serve_int(const char *s, int lo, int hi, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : 0;
+    if (!s || errno || *end || end == s || v < lo || v > hi) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int serve_role_parse(const char *s, enum serve_role *r) {
+    if (!s) return -1;
+    if (!strcmp(s, "prefill")) *r = SERVE_PREFILL;
+    else if (!strcmp(s, "decode")) *r = SERVE_DECODE;
+    else if (!strcmp(s, "local")) *r = SERVE_LOCAL;
+    else return -1;
+    return 0;
+}
+
+/* Parses the options; 0, or -1 after printing what is wrong. */
+static int serve_parse(int argc, char **argv, serve_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->n_threads = 2; o->n_batch = 512; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad = 0;
+        if (!strcmp(a, "--role")) bad = serve_role_parse(v, &o->role);
+        else if (!strcmp(a, "-m")) bad = !(o->model = v);
+        else if (!strcmp(a, "--listen")) bad = !(o->listen = v);
+        else if (!strcmp(a, "--secret-file")) bad = !(o->secret_file = v);
+        else if (!strcmp(a, "--kv-type")) bad = !(o->kv_type = v);
+        else if (!strcmp(a, "--node-id")) bad = !(o->node_id = v);
+        else if (!strcmp(a, "--port-file")) bad = !(o->port_file = v);
+        else if (!strcmp(a, "-t")) bad = serve_int(v, 1, 256, &o->n_threads);
+        else if (!strcmp(a, "-c")) bad = serve_int(v, 1, 1 << 24, &o->n_ctx);
+        else if (!strcmp(a, "-b")) bad = serve_int(v, 1, 1 << 16, &o->n_batch);
+        else if (!strcmp(a, "--timeout-ms")) bad = serve_int(v, 1, 3600000, &o->timeout_ms);
+        else if (!strcmp(a, "--max-conns")) bad = serve_int(v, 1, 256, &o->max_conns);
+        else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(v, 0, 60000, &o->debug_frame_delay_ms);
+        else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_corrupt_frame);
+        else { fprintf(stderr, "tandem serve: unknown option %s\n", a); serve_usage(); return -1; }
+        if (bad) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
+        i++;
+    }
+    if (!o->role || !o->model) { serve_usage(); return -1; }
+    o->kv_dtype = cli_kv_type(o->kv_type);
+    if (o->kv_dtype == UINT32_MAX) { fprintf(stderr, "tandem serve: unknown KV type %s\n", o->kv_type); return -1; }
+    return 0;
+}
+
+/* ==== Secret ==== */
+
+int cli_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen) {
+    *out = NULL;
+    *len = 0;
+    char *s = NULL;
+    size_t n = 0;
+    if (file) {
+        if (!(s = cli_read_file(file, &n))) { snprintf(err, errlen, "cannot read the secret file %s", file); return -1; }
+    } else {
+        const char *e = getenv("TANDEM_SECRET");
+        if (!e || !*e) { snprintf(err, errlen, "no shared secret: give --secret-file FILE or set TANDEM_SECRET"); return -1; }
+        if (!(s = strdup(e))) { snprintf(err, errlen, "out of memory"); return -1; }
+        n = strlen(s);
+    }
+    /* A trailing newline is an artefact of how the file was written, not part of the secret. */
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    if (n == 0) {
+        snprintf(err, errlen, "the shared secret%s%s is empty", file ? " in " : "", file ? file : "");
+        free(s);
+        return -1;
+    }
+    *out = s;
+    *len = n;
+    return 0;
+}
+
+/* ==== Signals ==== */
+
+static volatile int serve_stop;
+
+static void serve_on_signal(int sig) {
+    (void)sig;
+    serve_stop = 1;
+}
+
+static void serve_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = serve_on_signal;   /* no SA_RESTART: blocking calls wake up */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+/* ==== Roles ==== */
+
+static int serve_prefill(model *m, const serve_opts *o) {
+    prefill_node_opts po = {
+        .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
+        .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
+        .timeout_ms = o->timeout_ms, .stop = &serve_stop, .port_file = o->port_file,
+        .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
+        .debug_corrupt_frame = o->debug_corrupt_frame,
+    };
+    char err[512];
+    if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 1; }
+    return 0;
+}
+
+int cli_serve(int argc, char **argv) {
+    /* decode and local parse their own, larger option set (node_decode.c) */
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))
+            return decode_node_cli(argc, argv, !strcmp(argv[i + 1], "local"));
+    /* the router loads no model and has its own options (router.c) */
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--role") && !strcmp(argv[i + 1], "router")) return router_cli(argc, argv);
+    serve_opts o;
+    if (serve_parse(argc, argv, &o)) return 2;
+    char err[512];
+    if (cli_load_secret(o.secret_file, &o.secret, &o.secret_len, err, sizeof err)) {
+        fprintf(stderr, "tandem serve: refusing to start a network node: %s\n", err);
+        return 2;
+    }
+    serve_signals();
+    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch };
+    model *m = NULL;
+    int rc = 1;
+    if (model_load(&m, o.model, &mo, err, sizeof err)) {
+        fprintf(stderr, "tandem serve: %s: %s\n", o.model, err);
+        goto out;
+    }
+    if (!o.n_ctx) {
+        int t = model_get_hparams(m)->n_ctx_train;
+        o.n_ctx = t > 0 && t < 4096 ? t : 4096;
+    }
+    switch (o.role) {
+    case SERVE_PREFILL: rc = serve_prefill(m, &o); break;
+    case SERVE_DECODE:
+    case SERVE_LOCAL:
+        fprintf(stderr, "tandem serve: role %s is not available in this build\n", o.role == SERVE_DECODE ? "decode" : "local");
+        rc = 2;
+        break;
+    }
+out:
+    model_free(m);
+    free(o.secret);
+    return rc;
+}

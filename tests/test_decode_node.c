@@ -1,0 +1,762 @@
+/* test_decode_node.c - the decode node as real processes on loopback.
+ *
+ * Starts `tandem serve --role local`, and `--role decode` beside a
+ * `--role prefill` process, on port 0 with --port-file, and talks plain
+ * HTTP/1.1 to them over sockets:
+ *   - streamed and non-streamed generations equal `tandem run --ids`;
+ *   - malformed JSON, wrong types, bad values, an overlong prompt -> 400;
+ *   - a split request: mode remote, computed_local 1, positions_received n-1;
+ *   - prefix reuse: a request extending the previous one receives only the
+ *     new span (positions_received = new tokens - 1) and still matches;
+ *   - busy: with --queue 1, one running + one waiting -> the third gets 503;
+ *   - a client that disconnects mid-stream stops its generation and the
+ *     server keeps serving;
+ *   - kill -9 of the prefill node -> the next request succeeds locally with
+ *     a fallback_reason;
+ *   - SIGTERM -> exit status 0 (under ASan that includes no leaks).
+ * Uses the generated qwen3-mini-F16 model and its golden prompts.
+ */
+#include "t.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+/* ==== Processes ==== */
+
+static const char *bin(void) {
+    const char *b = getenv("TANDEM_BIN");
+    return b && *b ? b : "build/tandem";
+}
+
+static int asan(void) {
+    const char *a = getenv("TANDEM_ASAN");
+    return a && *a && strcmp(a, "0");
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+    nanosleep(&ts, NULL);
+}
+
+/* Starts argv with stdout/stderr appended to log. */
+static pid_t spawn(char *const argv[], const char *log) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The port from a port file, waiting for the process to write it. */
+static int wait_port(const char *file, pid_t pid, int timeout_ms) {
+    double t0 = now_ms();
+    while (now_ms() - t0 < timeout_ms) {
+        FILE *f = fopen(file, "r");
+        int port = 0;
+        if (f) {
+            int ok = fscanf(f, "%d", &port) == 1;
+            fclose(f);
+            if (ok && port > 0) return port;
+        }
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) return -1;
+        sleep_ms(50);
+    }
+    return -1;
+}
+
+/* SIGTERM, then the exit status (or -1 if it had to be killed). */
+static int stop_proc(pid_t pid, int timeout_ms) {
+    kill(pid, SIGTERM);
+    double t0 = now_ms();
+    int st;
+    while (now_ms() - t0 < timeout_ms) {
+        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        sleep_ms(50);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
+/* Runs argv, returns its stdout (malloc'd) or NULL. */
+static char *run_capture(char *const argv[]) {
+    int p[2];
+    if (pipe(p)) return NULL;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1);
+        close(p[0]); close(p[1]);
+        int dn = open("/dev/null", O_WRONLY);
+        if (dn >= 0) dup2(dn, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf && (r = read(p[0], buf + n, cap - n - 1)) > 0) {
+        n += (size_t)r;
+        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
+    }
+    close(p[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    if (buf) buf[n] = 0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) { free(buf); return NULL; }
+    return buf;
+}
+
+/* `tandem run --ids --ignore-eos` on a prompt given as a file. */
+static int run_ids(const char *model, const char *prompt, int chat, int n_predict, int32_t *out, int cap) {
+    char pf[] = "/tmp/tandem-test-prompt-XXXXXX";
+    int fd = mkstemp(pf);
+    if (fd < 0) return -1;
+    size_t len = strlen(prompt);
+    int ok = write(fd, prompt, len) == (ssize_t)len;
+    close(fd);
+    char np[16];
+    snprintf(np, sizeof np, "%d", n_predict);
+    char *argv[] = { (char *)bin(), "run", "-m", (char *)model, "-f", pf, "-n", np, "--ids", "--ignore-eos", "-t", "1",
+                     chat ? "--chat" : NULL, NULL };
+    char *o = ok ? run_capture(argv) : NULL;
+    unlink(pf);
+    if (!o) return -1;
+    int n = 0;
+    char *p = o, *end;
+    while (n < cap) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    free(o);
+    return n;
+}
+
+static int count_fds(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) if (e->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+/* The fewest open files over half a second: connections just answered may
+ * still be closing on the server's threads. */
+static int settled_fds(pid_t pid) {
+    int best = -1;
+    for (int i = 0; i < 10; i++) {
+        int n = count_fds(pid);
+        if (n >= 0 && (best < 0 || n < best)) best = n;
+        sleep_ms(50);
+    }
+    return best;
+}
+
+static long rss_kb(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f)) if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    if (f) fclose(f);
+    return kb;
+}
+
+/* ==== HTTP ==== */
+
+static int http_connect(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = { asan() ? 120 : 60, 0 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
+    return fd;
+}
+
+static int http_send(int fd, const char *method, const char *path, const char *body) {
+    char head[512];
+    size_t bl = body ? strlen(body) : 0;
+    int hl = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method, path, bl);
+    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
+    if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
+    return 0;
+}
+
+/* Decodes a chunked body in place; returns its length. */
+static size_t dechunk(char *b, size_t n) {
+    size_t in = 0, out = 0;
+    while (in < n) {
+        char *end;
+        unsigned long sz = strtoul(b + in, &end, 16);
+        char *crlf = strstr(b + in, "\r\n");
+        if (!crlf || end == b + in) break;
+        in = (size_t)(crlf - b) + 2;
+        if (sz == 0 || in + sz > n) break;
+        memmove(b + out, b + in, sz);
+        out += sz;
+        in += sz + 2;
+    }
+    b[out] = 0;
+    return out;
+}
+
+/* Reads the whole response (the server closes). Returns the status; *body malloc'd. */
+static int http_read(int fd, char **body) {
+    size_t cap = 8192, n = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf && (r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
+        n += (size_t)r;
+        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
+    }
+    *body = NULL;
+    if (!buf) return -1;
+    buf[n] = 0;
+    int status = -1;
+    char *sep = strstr(buf, "\r\n\r\n");
+    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) { free(buf); return -1; }
+    *sep = 0;
+    int chunked = strcasestr(buf, "transfer-encoding: chunked") != NULL;
+    size_t off = (size_t)(sep + 4 - buf), bl = n - off;
+    memmove(buf, buf + off, bl);
+    buf[bl] = 0;
+    if (chunked) dechunk(buf, bl);
+    *body = buf;
+    return status;
+}
+
+static int http(int port, const char *method, const char *path, const char *req, char **body) {
+    int fd = http_connect(port);
+    *body = NULL;
+    if (fd < 0) return -1;
+    int st = http_send(fd, method, path, req) ? -1 : http_read(fd, body);
+    close(fd);
+    return st;
+}
+
+/* ==== JSON helpers ==== */
+
+static json_t *post_json(int port, json_t *req, int *status) {
+    char *s = json_dumps(req, JSON_COMPACT), *body = NULL;
+    json_decref(req);
+    *status = http(port, "POST", "/v1/generate", s, &body);
+    free(s);
+    json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    return o;
+}
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static int same_ids(json_t *arr, const int32_t *ids, int n) {
+    if (!json_is_array(arr) || (int)json_array_size(arr) != n) return 0;
+    for (int i = 0; i < n; i++)
+        if (json_integer_value(json_array_get(arr, (size_t)i)) != ids[i]) return 0;
+    return 1;
+}
+
+static long long jint(json_t *o, const char *path1, const char *path2) {
+    json_t *v = json_object_get(o, path1);
+    if (path2) v = json_object_get(v, path2);
+    return json_integer_value(v);
+}
+
+static const char *jstr(json_t *o, const char *path1, const char *path2) {
+    json_t *v = json_object_get(o, path1);
+    if (path2) v = json_object_get(v, path2);
+    return json_is_string(v) ? json_string_value(v) : "";
+}
+
+/* A generation request on ids (greedy, ignore_eos). */
+static json_t *gen_req(const int32_t *ids, int n, int max_tokens, int stream, const char *prefill) {
+    json_t *r = json_object();
+    json_object_set_new(r, "tokens", ids_json(ids, n));
+    json_object_set_new(r, "max_tokens", json_integer(max_tokens));
+    json_object_set_new(r, "ignore_eos", json_true());
+    if (stream) json_object_set_new(r, "stream", json_true());
+    if (prefill) json_object_set_new(r, "prefill", json_string(prefill));
+    return r;
+}
+
+/* Parses NDJSON lines: tokens into ids, returns the final object (or NULL). */
+static json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
+    json_t *done = NULL;
+    *n = 0;
+    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *o = json_loads(l, 0, NULL);
+        if (!o) continue;
+        if (json_is_integer(json_object_get(o, "token")) && *n < cap) ids[(*n)++] = (int32_t)jint(o, "token", NULL);
+        if (json_is_true(json_object_get(o, "done"))) { json_decref(done); done = o; continue; }
+        json_decref(o);
+    }
+    return done;
+}
+
+/* ==== Fixtures ==== */
+
+typedef struct { char *prompt; int32_t ids[2048]; int n; } golden;
+
+static int load_goldens(golden *g, int cap) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/golden/visible/qwen3-mini-F16.jsonl", t_fixtures());
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t lc = 0;
+    int n = 0;
+    while (n < cap && getline(&line, &lc, f) > 0) {
+        json_t *o = json_loads(line, 0, NULL);
+        json_t *ids = json_object_get(o, "prompt_ids");
+        if (json_is_array(ids) && json_array_size(ids) <= 2048) {
+            g[n].prompt = strdup(jstr(o, "prompt", NULL));
+            g[n].n = (int)json_array_size(ids);
+            for (int i = 0; i < g[n].n; i++) g[n].ids[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+            n++;
+        }
+        json_decref(o);
+    }
+    free(line);
+    fclose(f);
+    return n;
+}
+
+/* ==== Tests ==== */
+
+typedef struct {
+    const char *model;
+    golden *g;
+    int n_g, n_pred;
+    int32_t ref[8][64];          /* tandem run --ids for goldens 0..7 */
+    int n_ref[8];
+    char *ext_prompt;            /* golden 2's prompt extended by a sentence */
+    int32_t ext_ref[64];
+    int n_ext_ref;
+    int32_t chat_ref[64];        /* tandem run --chat on golden 0 */
+    int n_chat_ref;
+} ctx;
+
+static void test_bad_requests(int port) {
+    const char *bad[] = {
+        "{bad json", "[1,2,3]", "{\"prompt\": 5}", "{\"tokens\": [1, \"a\"]}", "{\"tokens\": []}",
+        "{\"prompt\": \"hi\", \"max_tokens\": \"x\"}", "{\"prompt\": \"hi\", \"stream\": 1}",
+        "{\"prompt\": \"hi\", \"temperature\": -1}", "{\"prompt\": \"hi\", \"tokens\": [1]}", "{}",
+        "{\"prompt\": \"hi\", \"prefill\": \"sideways\"}", "{\"tokens\": [99999999]}",
+        "{\"prompt\": \"hi\", \"stop\": [1]}", "", "{\"messages\": []}", "{\"messages\": [{\"role\": \"user\"}]}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"prompt\": \"x\"}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *body = NULL;
+        int st = http(port, "POST", "/v1/generate", bad[i], &body);
+        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+        CHECK(st == 400, "'%s' -> status %d, want 400", bad[i], st);
+        CHECK(*jstr(o, "error", "message") && !strcmp(jstr(o, "error", "type"), "invalid_request_error"),
+              "'%s' -> body %s", bad[i], body ? body : "(none)");
+        json_decref(o);
+        free(body);
+    }
+    /* longer than the context (the servers run with -c 2048) */
+    int32_t *many = calloc(3000, sizeof(int32_t));
+    for (int i = 0; i < 3000; i++) many[i] = 1000 + i;
+    int st;
+    json_t *o = post_json(port, gen_req(many, 3000, 4, 0, NULL), &st);
+    CHECK(st == 400 && strstr(jstr(o, "error", "message"), "context"), "overlong prompt -> %d", st);
+    json_decref(o);
+    free(many);
+    char *body = NULL;
+    st = http(port, "GET", "/nope", NULL, &body);
+    CHECK(st == 404, "unknown path -> %d", st);
+    free(body);
+}
+
+/* Golden prompts as text, streamed and not, equal tandem run. */
+static void test_local_equal(ctx *c, int port) {
+    int which[] = { 0, 3, 6 };
+    for (int k = 0; k < (asan() ? 2 : 3); k++) {
+        int gi = which[k];
+        if (gi >= c->n_g || c->n_ref[gi] <= 0) continue;
+        for (int stream = 0; stream < 2; stream++) {
+            json_t *r = json_object();
+            json_object_set_new(r, "prompt", json_string(c->g[gi].prompt));
+            json_object_set_new(r, "max_tokens", json_integer(c->n_pred));
+            json_object_set_new(r, "ignore_eos", json_true());
+            json_object_set_new(r, "stream", json_boolean(stream));
+            char *s = json_dumps(r, JSON_COMPACT), *body = NULL;
+            json_decref(r);
+            int st = http(port, "POST", "/v1/generate", s, &body);
+            free(s);
+            CHECK(st == 200, "golden %d stream %d: status %d", gi, stream, st);
+            int32_t ids[256];
+            int n = 0;
+            json_t *fin = NULL;
+            if (stream && body) {
+                fin = parse_stream(body, ids, 256, &n);
+            } else if (body) {
+                fin = json_loads(body, 0, NULL);
+                json_t *a = json_object_get(fin, "tokens");
+                for (size_t i = 0; i < json_array_size(a) && n < 256; i++) ids[n++] = (int32_t)json_integer_value(json_array_get(a, i));
+            }
+            int same = n == c->n_ref[gi] && !memcmp(ids, c->ref[gi], sizeof(int32_t) * (size_t)n);
+            CHECK(same, "golden %d stream %d: %d tokens differ from tandem run (%d)", gi, stream, n, c->n_ref[gi]);
+            CHECK(fin && !strcmp(jstr(fin, "finish_reason", NULL), "length"), "golden %d: finish_reason", gi);
+            CHECK(jint(fin, "usage", "prompt_tokens") == c->g[gi].n, "golden %d: prompt_tokens %lld want %d", gi,
+                  jint(fin, "usage", "prompt_tokens"), c->g[gi].n);
+            CHECK(!strcmp(jstr(fin, "prefill", "mode"), "local"), "golden %d: local mode", gi);
+            json_decref(fin);
+            free(body);
+        }
+    }
+}
+
+/* A stop string ends generation and is cut from the text. */
+static void test_stop(ctx *c, int port) {
+    json_t *r = gen_req(c->g[0].ids, c->g[0].n, 6, 1, NULL);
+    char *s = json_dumps(r, JSON_COMPACT), *body = NULL;
+    json_decref(r);
+    int st = http(port, "POST", "/v1/generate", s, &body);
+    free(s);
+    char full[4096] = "", third[512] = "";
+    for (char *save = NULL, *l = body ? strtok_r(body, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *o = json_loads(l, 0, NULL);
+        const char *t = jstr(o, "text", NULL);
+        if (json_is_integer(json_object_get(o, "token"))) {
+            size_t fl = strlen(full);
+            snprintf(full + fl, sizeof full - fl, "%s", t);
+        }
+        json_decref(o);
+    }
+    free(body);
+    /* the stop string: the text from byte 2 of the generation, 3 bytes long */
+    size_t fl = strlen(full);
+    CHECK(st == 200 && fl >= 6, "stream for the stop test: %d, text '%s'", st, full);
+    if (fl < 6) return;
+    memcpy(third, full + 2, 3);
+    third[3] = 0;
+    r = gen_req(c->g[0].ids, c->g[0].n, 6, 0, NULL);
+    json_t *stop = json_array();
+    json_array_append_new(stop, json_string(third));
+    json_object_set_new(r, "stop", stop);
+    json_t *o = post_json(port, r, &st);
+    const char *text = jstr(o, "text", NULL);
+    CHECK(st == 200 && !strcmp(jstr(o, "finish_reason", NULL), "stop"), "stop '%s': finish %s", third, jstr(o, "finish_reason", NULL));
+    CHECK(!strstr(text, third) && !strncmp(text, full, strlen(text)) && strlen(text) <= 2,
+          "stop '%s': text '%s' of '%s'", third, text, full);
+    json_decref(o);
+}
+
+/* "chat": true and "messages" use the model's template like `tandem run --chat`. */
+static void test_chat(ctx *c, int port) {
+    for (int form = 0; form < 2; form++) {
+        json_t *r = json_object();
+        if (form == 0) {
+            json_object_set_new(r, "prompt", json_string(c->g[0].prompt));
+            json_object_set_new(r, "chat", json_true());
+        } else {
+            json_t *m = json_object();
+            json_object_set_new(m, "role", json_string("user"));
+            json_object_set_new(m, "content", json_string(c->g[0].prompt));
+            json_t *a = json_array();
+            json_array_append_new(a, m);
+            json_object_set_new(r, "messages", a);
+        }
+        json_object_set_new(r, "max_tokens", json_integer(c->n_pred));
+        json_object_set_new(r, "ignore_eos", json_true());
+        int st;
+        json_t *o = post_json(port, r, &st);
+        CHECK(st == 200 && jint(o, "usage", "prompt_tokens") > c->g[0].n, "chat form %d: status %d", form, st);
+        CHECK(same_ids(json_object_get(o, "tokens"), c->chat_ref, c->n_chat_ref), "chat form %d: tokens equal tandem run --chat", form);
+        json_decref(o);
+    }
+}
+
+/* --queue 1: one generating, one waiting, the third is refused; the first
+ * client disconnecting mid-stream frees the model for the waiting one. */
+static void test_busy_and_disconnect(ctx *c, int port) {
+    int32_t *ids = c->g[1].ids;
+    json_t *ra = gen_req(ids, 8, 100000, 1, NULL);
+    char *sa = json_dumps(ra, JSON_COMPACT);
+    json_decref(ra);
+    int a = http_connect(port);
+    CHECK(a >= 0 && !http_send(a, "POST", "/v1/generate", sa), "stream request A sent");
+    free(sa);
+    char buf[4096];
+    ssize_t got = a >= 0 ? recv(a, buf, sizeof buf - 1, 0) : -1;   /* headers + first token line(s) */
+    buf[got > 0 ? got : 0] = 0;
+    CHECK(got > 0 && strstr(buf, "200") && strstr(buf, "application/x-ndjson"), "A is streaming: %.200s", buf);
+    json_t *rb = gen_req(ids, 8, 2, 0, NULL);
+    char *sb = json_dumps(rb, JSON_COMPACT);
+    json_decref(rb);
+    int b = http_connect(port);
+    CHECK(b >= 0 && !http_send(b, "POST", "/v1/generate", sb), "request B sent");
+    free(sb);
+    long long queued = 0;
+    for (int i = 0; i < 200 && queued < 1; i++) {   /* B is parsed on its own thread */
+        char *body = NULL;
+        http(port, "GET", "/v1/stats", NULL, &body);
+        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+        queued = jint(o, "queued", NULL);
+        json_decref(o);
+        free(body);
+        if (queued < 1) sleep_ms(25);
+    }
+    CHECK(queued == 1, "B waits in the queue (queued %lld)", queued);
+    int st;
+    json_t *o = post_json(port, gen_req(ids, 8, 2, 0, NULL), &st);
+    CHECK(st == 503, "C with a full queue -> %d, want 503", st);
+    json_decref(o);
+    if (a >= 0) close(a);   /* A goes away mid-stream */
+    char *body = NULL;
+    st = b >= 0 ? http_read(b, &body) : -1;
+    CHECK(st == 200, "B completes after A disconnected: %d", st);
+    json_t *ob = body ? json_loads(body, 0, NULL) : NULL;
+    CHECK(json_array_size(json_object_get(ob, "tokens")) == 2, "B generated 2 tokens");
+    json_decref(ob);
+    free(body);
+    if (b >= 0) close(b);
+    long long cancelled = 0;
+    for (int i = 0; i < 100 && !cancelled; i++) {
+        http(port, "GET", "/v1/stats", NULL, &body);
+        json_t *so = body ? json_loads(body, 0, NULL) : NULL;
+        cancelled = jint(so, "requests_cancelled", NULL);
+        json_decref(so);
+        free(body);
+        if (!cancelled) sleep_ms(25);
+    }
+    CHECK(cancelled == 1, "A counted as cancelled (%lld)", cancelled);
+    st = http(port, "GET", "/health", NULL, &body);
+    CHECK(st == 200 && body && strstr(body, "\"ok\""), "healthy after the disconnect: %d", st);
+    free(body);
+}
+
+static void test_local_server(ctx *c, const char *dir) {
+    char pf[1100], log[1100];
+    snprintf(pf, sizeof pf, "%s/local.port", dir);
+    snprintf(log, sizeof log, "%s/local.log", dir);
+    char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
+                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", NULL };
+    pid_t pid = spawn(argv, log);
+    int port = wait_port(pf, pid, asan() ? 60000 : 20000);
+    CHECK(port > 0, "local server started (log %s)", log);
+    if (port <= 0) { stop_proc(pid, 1000); return; }
+    char *body = NULL;
+    int st = http(port, "GET", "/health", NULL, &body);
+    CHECK(st == 200 && body && strstr(body, "\"role\":\"local\""), "health: %s", body ? body : "");
+    free(body);
+    test_bad_requests(port);
+    test_local_equal(c, port);
+    test_chat(c, port);
+    test_stop(c, port);
+    test_busy_and_disconnect(c, port);
+    /* SIGTERM while a stream is generating: the stream ends, the server exits cleanly */
+    json_t *r = gen_req(c->g[1].ids, 8, 100000, 1, NULL);
+    char *sr = json_dumps(r, JSON_COMPACT);
+    json_decref(r);
+    int fd = http_connect(port);
+    CHECK(fd >= 0 && !http_send(fd, "POST", "/v1/generate", sr), "long stream sent");
+    free(sr);
+    char buf[1024];
+    CHECK(fd >= 0 && recv(fd, buf, sizeof buf, 0) > 0, "long stream started");
+    CHECK(stop_proc(pid, 20000) == 0, "local server exits cleanly on SIGTERM mid-stream (log %s)", log);
+    if (fd >= 0) close(fd);
+}
+
+/* Split prefill, prefix reuse, and the prefill node dying. */
+static void test_split(ctx *c, const char *dir) {
+    char ppf[1100], dpf[1100], plog[1100], dlog[1100], sec[1100];
+    snprintf(ppf, sizeof ppf, "%s/prefill.port", dir);
+    snprintf(dpf, sizeof dpf, "%s/decode.port", dir);
+    snprintf(plog, sizeof plog, "%s/prefill.log", dir);
+    snprintf(dlog, sizeof dlog, "%s/decode.log", dir);
+    snprintf(sec, sizeof sec, "%s/secret", dir);
+    FILE *f = fopen(sec, "w");
+    if (f) { fputs("test-secret-0123456789\n", f); fclose(f); }
+    char *pargv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
+                      "--port-file", ppf, "--secret-file", sec, "-t", "1", "-c", "2048", NULL };
+    pid_t ppid = spawn(pargv, plog);
+    int pport = wait_port(ppf, ppid, asan() ? 60000 : 20000);
+    CHECK(pport > 0, "prefill node started (log %s)", plog);
+    if (pport <= 0) { stop_proc(ppid, 1000); return; }
+    char node[64];
+    snprintf(node, sizeof node, "127.0.0.1:%d", pport);
+    char *dargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
+                      "--port-file", dpf, "--secret-file", sec, "--prefill-node", node, "-t", "1", "-c", "2048",
+                      "--min-split-tokens", "8", "--timeout-ms", "3000", NULL };
+    pid_t dpid = spawn(dargv, dlog);
+    int port = wait_port(dpf, dpid, asan() ? 60000 : 20000);
+    CHECK(port > 0, "decode node started (log %s)", dlog);
+    if (port <= 0) { stop_proc(dpid, 1000); stop_proc(ppid, 1000); return; }
+
+    /* split generations equal tandem run, the decode node computing one position */
+    int which[] = { 1, 5, 7 };
+    for (int k = 0; k < (asan() ? 2 : 3); k++) {
+        int gi = which[k], st;
+        if (gi >= c->n_g || c->n_ref[gi] <= 0) continue;
+        json_t *o = post_json(port, gen_req(c->g[gi].ids, c->g[gi].n, c->n_pred, 0, "auto"), &st);
+        CHECK(st == 200, "split golden %d: status %d", gi, st);
+        CHECK(!strcmp(jstr(o, "prefill", "mode"), "remote"), "split golden %d: mode %s (%s)", gi,
+              jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
+        CHECK(jint(o, "prefill", "computed_local") == 1, "split golden %d: computed_local %lld", gi,
+              jint(o, "prefill", "computed_local"));
+        long long start = jint(o, "prefill", "start_pos");
+        CHECK(jint(o, "prefill", "positions_received") == c->g[gi].n - 1 - start,
+              "split golden %d: positions_received %lld, n %d, start %lld", gi,
+              jint(o, "prefill", "positions_received"), c->g[gi].n, start);
+        CHECK(jint(o, "prefill", "wire_bytes") >= jint(o, "prefill", "kv_bytes") && jint(o, "prefill", "kv_bytes") > 0,
+              "split golden %d: bytes reported", gi);
+        CHECK(same_ids(json_object_get(o, "tokens"), c->ref[gi], c->n_ref[gi]),
+              "split golden %d: tokens differ from tandem run", gi);
+        json_decref(o);
+    }
+    /* prefix reuse: golden 2's text, then the same text extended */
+    int st;
+    json_t *o = post_json(port, gen_req(c->g[2].ids, c->g[2].n, 4, 0, "remote"), &st);
+    CHECK(st == 200 && jint(o, "prefill", "start_pos") == 0 && jint(o, "prefill", "positions_received") == c->g[2].n - 1,
+          "first request: start %lld received %lld", jint(o, "prefill", "start_pos"), jint(o, "prefill", "positions_received"));
+    json_decref(o);
+    json_t *r = json_object();
+    json_object_set_new(r, "prompt", json_string(c->ext_prompt));
+    json_object_set_new(r, "max_tokens", json_integer(c->n_pred));
+    json_object_set_new(r, "ignore_eos", json_true());
+    json_object_set_new(r, "prefill", json_string("remote"));
+    o = post_json(port, r, &st);
+    long long n2 = jint(o, "usage", "prompt_tokens");
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote"), "extension: status %d mode %s", st, jstr(o, "prefill", "mode"));
+    CHECK(jint(o, "prefill", "start_pos") == c->g[2].n, "extension reuses %lld positions, want %d",
+          jint(o, "prefill", "start_pos"), c->g[2].n);
+    CHECK(n2 > c->g[2].n + 1 && jint(o, "prefill", "positions_received") == n2 - c->g[2].n - 1,
+          "extension received %lld positions for %lld new tokens", jint(o, "prefill", "positions_received"), n2 - c->g[2].n);
+    CHECK(same_ids(json_object_get(o, "tokens"), c->ext_ref, c->n_ext_ref), "extension: tokens equal tandem run");
+    json_decref(o);
+
+    /* many requests in a row: no growth in open files or memory */
+    int fd0 = settled_fds(dpid);
+    long rss0 = rss_kb(dpid);
+    for (int i = 0; i < (asan() ? 6 : 12); i++) {
+        int32_t ids[24];
+        for (int k = 0; k < 24; k++) ids[k] = c->g[i % 8].ids[k % c->g[i % 8].n] + i;
+        o = post_json(port, gen_req(ids, 24, 2, i & 1, i % 3 ? "remote" : "local"), &st);
+        CHECK(st == 200, "request %d in a row: %d", i, st);
+        json_decref(o);
+    }
+    int fd1 = settled_fds(dpid);
+    long rss1 = rss_kb(dpid);
+    CHECK(fd0 > 0 && fd1 > 0 && fd1 <= fd0, "open files %d -> %d", fd0, fd1);
+    CHECK(asan() || rss1 - rss0 < 8192, "RSS %ld kB -> %ld kB", rss0, rss1);
+
+    /* the prefill node stalls (SIGSTOP): the request falls back after the timeout */
+    kill(ppid, SIGSTOP);
+    int gi = 0;
+    double t0 = now_ms();
+    o = post_json(port, gen_req(c->g[gi].ids, c->g[gi].n, c->n_pred, 0, "remote"), &st);
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "local") && *jstr(o, "prefill", "fallback_reason"),
+          "stalled node: status %d mode %s, fallback '%s'", st, jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
+    CHECK(now_ms() - t0 < 3000 * 3 + (asan() ? 20000 : 5000), "stalled node: fell back in %.0f ms", now_ms() - t0);
+    CHECK(same_ids(json_object_get(o, "tokens"), c->ref[gi], c->n_ref[gi]), "after the stall: tokens equal tandem run");
+    json_decref(o);
+
+    /* the prefill node dies: the next request still succeeds, locally */
+    kill(ppid, SIGKILL);
+    waitpid(ppid, NULL, 0);
+    o = post_json(port, gen_req(c->g[gi].ids, c->g[gi].n, c->n_pred, 0, "remote"), &st);
+    CHECK(st == 200, "after kill -9: status %d", st);
+    CHECK(!strcmp(jstr(o, "prefill", "mode"), "local") && *jstr(o, "prefill", "fallback_reason"),
+          "after kill -9: mode %s, fallback '%s'", jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
+    CHECK(same_ids(json_object_get(o, "tokens"), c->ref[gi], c->n_ref[gi]), "after kill -9: tokens equal tandem run");
+    json_decref(o);
+    char *body = NULL;
+    st = http(port, "GET", "/v1/stats", NULL, &body);
+    o = body ? json_loads(body, 0, NULL) : NULL;
+    CHECK(st == 200 && jint(o, "fallbacks", NULL) == 2 && jint(o, "remote_prefills", NULL) >= 4,
+          "stats: %s", body ? body : "");
+    json_decref(o);
+    free(body);
+    CHECK(stop_proc(dpid, 20000) == 0, "decode node exits cleanly on SIGTERM (log %s)", dlog);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    char model[1024];
+    snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
+    static golden g[8];
+    static ctx c;
+    c.model = model;
+    c.g = g;
+    c.n_g = load_goldens(g, 8);
+    c.n_pred = asan() ? 6 : 12;
+    CHECK(access(model, R_OK) == 0, "model %s", model);
+    CHECK(c.n_g == 8, "8 golden prompts (got %d)", c.n_g);
+    CHECK(access(bin(), X_OK) == 0, "tandem binary %s", bin());
+    if (t_fail) return t_done("test_decode_node");
+    double t0 = now_ms();
+    int need[] = { 0, 1, 3, 5, 6, 7 };
+    for (size_t k = 0; k < (asan() ? 4 : sizeof need / sizeof need[0]); k++) {
+        int gi = need[k];
+        c.n_ref[gi] = run_ids(model, g[gi].prompt, 0, c.n_pred, c.ref[gi], 64);
+        CHECK(c.n_ref[gi] == c.n_pred, "tandem run on golden %d gave %d ids", gi, c.n_ref[gi]);
+    }
+    size_t el = strlen(g[2].prompt) + 64;
+    c.ext_prompt = malloc(el);
+    snprintf(c.ext_prompt, el, "%s Late work loses ten percent of the marks per day.", g[2].prompt);
+    c.n_ext_ref = run_ids(model, c.ext_prompt, 0, c.n_pred, c.ext_ref, 64);
+    c.n_chat_ref = run_ids(model, g[0].prompt, 1, c.n_pred, c.chat_ref, 64);
+    CHECK(c.n_chat_ref == c.n_pred, "tandem run --chat gave %d ids", c.n_chat_ref);
+    CHECK(c.n_ext_ref == c.n_pred, "tandem run on the extended prompt gave %d ids", c.n_ext_ref);
+    char dir[] = "/tmp/tandem-test-decode-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "temp dir");
+    fprintf(stderr, "test_decode_node: references after %.1f s\n", (now_ms() - t0) / 1e3);
+    test_local_server(&c, dir);
+    fprintf(stderr, "test_decode_node: local server done after %.1f s\n", (now_ms() - t0) / 1e3);
+    test_split(&c, dir);
+    fprintf(stderr, "test_decode_node: %.1f s (logs in %s)\n", (now_ms() - t0) / 1e3, dir);
+    if (!t_fail) {   /* keep the logs only when something failed */
+        const char *files[] = { "local.port", "local.log", "prefill.port", "prefill.log", "decode.port", "decode.log", "secret" };
+        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+            unlink(p);
+        }
+        rmdir(dir);
+    }
+    for (int i = 0; i < c.n_g; i++) free(g[i].prompt);
+    free(c.ext_prompt);
+    return t_done("test_decode_node");
+}

@@ -1,0 +1,173 @@
+/* test_ops.c - vector element-wise kernels (ops.h) against their plain C
+ * references: exp accuracy in ulp over the whole useful range, softmax sums,
+ * SiLU gating, RMS norm, and odd lengths that exercise the tails. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <stdatomic.h>
+
+#include "ops.h"
+#include "quant.h"
+#include "threadpool.h"
+#include "t.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(float lo, float hi) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return lo + (hi - lo) * (float)((rng >> 40) / 16777216.0);
+}
+
+/* distance in units in the last place between two finite floats of one sign */
+static int64_t ulp_diff(float a, float b) {
+    int32_t ia, ib;
+    memcpy(&ia, &a, 4); memcpy(&ib, &b, 4);
+    if (ia < 0) ia = INT32_MIN - ia;
+    if (ib < 0) ib = INT32_MIN - ib;
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+static void test_exp(void) {
+    enum { N = 20003 };   /* odd: exercises the tail */
+    static float x[N], y[N], r[N];
+    for (int i = 0; i < N; i++) x[i] = -100.0f + 188.7f * (float)i / (float)(N - 1);
+    double s = ops_exp_sum(x, 0.0f, y, N);
+    double sr = ops_ref_exp_sum(x, 0.0f, r, N);
+    int64_t worst = 0;
+    for (int i = 0; i < N; i++) {
+        if (r[i] < 1.17549435e-38f) {   /* subnormal results: absolute error only */
+            CHECK(fabsf(y[i] - r[i]) <= 2e-45f * 4, "exp(%g) subnormal %g vs %g", x[i], y[i], r[i]);
+            continue;
+        }
+        int64_t d = ulp_diff(y[i], r[i]);
+        if (d > worst) worst = d;
+    }
+    CHECK(worst <= 1, "exp max ulp error %lld", (long long)worst);
+    CHECK(fabs(s - sr) <= 1e-6 * sr, "exp sum %.9g vs %.9g", s, sr);
+    float big[9] = { 89.0f, 100.0f, INFINITY, -INFINITY, -200.0f, 0.0f, NAN, 1.0f, -1.0f }, out[9];
+    ops_exp_sum(big, 0.0f, out, 9);
+    CHECK(isinf(out[0]) && isinf(out[1]) && isinf(out[2]), "exp overflow to inf");
+    CHECK(out[3] == 0.0f && out[4] == 0.0f && out[5] == 1.0f, "exp underflow / exp(0)");
+    CHECK(isnan(out[6]), "exp(NaN) is NaN");
+    CHECK(ulp_diff(out[7], expf(1.0f)) <= 1 && ulp_diff(out[8], expf(-1.0f)) <= 1, "exp(+-1)");
+    /* softmax-style use: subtract the max */
+    float sc[37], e1[37], e2[37];
+    for (int i = 0; i < 37; i++) sc[i] = frand(-30.0f, 30.0f);
+    float mx = ops_max(sc, 37);
+    double a = ops_exp_sum(sc, mx, e1, 37), b = ops_ref_exp_sum(sc, mx, e2, 37);
+    CHECK(fabs(a - b) <= 1e-6 * b && a >= 1.0, "softmax sum %.9g vs %.9g", a, b);
+}
+
+static void test_swiglu(void) {
+    enum { N = 4099 };
+    static float g[N], u[N], y[N], r[N];
+    for (int i = 0; i < N; i++) { g[i] = frand(-60.0f, 60.0f); u[i] = frand(-3.0f, 3.0f); }
+    g[0] = -100.0f; g[1] = 100.0f; g[2] = 0.0f;
+    ops_swiglu(g, u, y, N);
+    ops_ref_swiglu(g, u, r, N);
+    double worst = 0.0;
+    for (int i = 0; i < N; i++) {
+        double d = fabs((double)y[i] - r[i]) / (fabs(r[i]) + 1e-30);
+        if (r[i] != 0.0f && d > worst) worst = d;
+        if (r[i] == 0.0f) CHECK(fabsf(y[i]) < 1e-30f, "swiglu zero at %d: %g", i, y[i]);
+    }
+    CHECK(worst < 4e-7, "swiglu max relative error %g", worst);
+    /* in place, as the backend calls it */
+    memcpy(y, g, sizeof g);
+    ops_swiglu(y, u, y, N);
+    CHECK(fabsf(y[5] - r[5]) <= 4e-7f * fabsf(r[5]) + 1e-30f, "swiglu in place");
+}
+
+static void test_rms_norm(void) {
+    for (int n = 1; n <= 1031; n += 103) {
+        float x[1031], w[1031], y[1031], r[1031];
+        for (int i = 0; i < n; i++) { x[i] = frand(-4.0f, 4.0f); w[i] = frand(0.5f, 1.5f); }
+        ops_rms_norm_row(x, w, y, (size_t)n, 1e-6f);
+        ops_ref_rms_norm_row(x, w, r, (size_t)n, 1e-6f);
+        float worst = 0.0f;
+        for (int i = 0; i < n; i++) worst = fmaxf(worst, fabsf(y[i] - r[i]));
+        CHECK(worst <= 1e-6f, "rms_norm n=%d max diff %g", n, worst);
+        ops_rms_norm_row(x, NULL, y, (size_t)n, 1e-6f);
+        ops_ref_rms_norm_row(x, NULL, r, (size_t)n, 1e-6f);
+        worst = 0.0f;
+        for (int i = 0; i < n; i++) worst = fmaxf(worst, fabsf(y[i] - r[i]));
+        CHECK(worst <= 1e-6f, "rms_norm (no weight) n=%d max diff %g", n, worst);
+    }
+}
+
+static void test_small(void) {
+    float x[11], y[11];
+    for (int i = 0; i < 11; i++) { x[i] = (float)i; y[i] = 1.0f; }
+    ops_add(y, x, 11);
+    CHECK(y[10] == 11.0f && y[0] == 1.0f, "add");
+    ops_axpy(2.0f, x, y, 11);
+    CHECK(y[10] == 31.0f && y[3] == 10.0f, "axpy");
+    ops_scale(y, 0.5f, 11);
+    CHECK(y[10] == 15.5f, "scale");
+    CHECK(ops_max(x, 11) == 10.0f, "max");
+}
+
+/* Attention's P x V for F16 and BF16 V rows: the vector version must equal
+ * the reference bit for bit (same products, same order, unfused). */
+static void test_attn_pv(void) {
+    enum { HD = 128, NPOS = 77, GRP = 6, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
+    static uint16_t vrow[NPOS * STRIDE / 2];
+    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[HD];
+    const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
+    for (int ti = 0; ti < 2; ti++) {
+        for (size_t i = 0; i < sizeof vrow / 2; i++) {
+            float f = frand(-2.0f, 2.0f);
+            vrow[i] = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f) : f32_to_bf16(f);
+        }
+        for (int i = 0; i < GRP * NPOS; i++) pr[i] = frand(0.0f, 0.05f);
+        const uint8_t *v = (const uint8_t *)vrow + 2 * HD;
+        for (int grp = 1; grp <= GRP; grp++) {
+            ops_attn_pv(types[ti], v, STRIDE, NPOS, pr, NPOS, grp, HD, out, tmp);
+            ops_ref_attn_pv(types[ti], v, STRIDE, NPOS, pr, NPOS, grp, HD, ref, tmp);
+            CHECK(!memcmp(out, ref, sizeof(float) * grp * HD), "attn_pv type %u grp %d differs", types[ti], grp);
+        }
+    }
+}
+
+/* The chunked pool: every chunk runs exactly once, tids are in range. */
+typedef struct { atomic_int hits[1000]; atomic_int bad_tid; int nth; } chunk_ctx;
+
+static void chunk_job(void *ud, int chunk, int tid) {
+    chunk_ctx *c = ud;
+    atomic_fetch_add(&c->hits[chunk], 1);
+    if (tid < 0 || tid >= c->nth) atomic_fetch_add(&c->bad_tid, 1);
+}
+
+static void test_pool_chunks(void) {
+    static chunk_ctx c;
+    const int sizes[5] = { 1, 2, 3, 17, 1000 };
+    for (int nth = 1; nth <= 3; nth++) {
+        tpool *p = tpool_create(nth);
+        CHECK(p != NULL, "pool of %d", nth);
+        if (!p) continue;
+        for (int si = 0; si < 5; si++) {
+            int bad = 0;
+            for (int rep = 0; rep < 50; rep++) {
+                memset(&c, 0, sizeof c);
+                c.nth = nth;
+                tpool_run_chunks(p, chunk_job, &c, sizes[si]);
+                for (int i = 0; i < sizes[si]; i++) bad += atomic_load(&c.hits[i]) != 1;
+                bad += atomic_load(&c.bad_tid);
+            }
+            CHECK(bad == 0, "pool %d threads, %d chunks: %d wrong", nth, sizes[si], bad);
+        }
+        tpool_run_chunks(p, chunk_job, &c, 0);   /* no chunks: returns at once */
+        tpool_destroy(p);
+    }
+}
+
+int main(void) {
+    printf("ops: %s kernels\n", ops_vectorised() ? "vector" : "reference");
+    test_exp();
+    test_swiglu();
+    test_rms_norm();
+    test_small();
+    test_attn_pv();
+    test_pool_chunks();
+    return t_done("test_ops");
+}
