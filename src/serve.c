@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,9 @@ static int serve_prefill(model *m, const serve_opts *o) {
 }
 
 int cli_serve(int argc, char **argv) {
+    /* Each connection's thread would otherwise get its own malloc arena and
+     * keep its freed KV caches mapped: two arenas bound a node's footprint. */
+    mallopt(M_ARENA_MAX, 2);
     /* decode and local parse their own, larger option set (node_decode.c) */
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))

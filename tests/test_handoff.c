@@ -583,7 +583,7 @@ static void test_in_process(const char *model_path, const char *golden, const ch
     }
 
     /* 9: many requests, each on a new connection: the node must not grow. */
-    int total = g_asan ? 12 : 30, warm = 4;
+    int total = g_asan ? 12 : 30, warm = g_asan ? 4 : 8;
     long rss0 = 0;
     int fd0 = 0, fails = 0;
     double t0 = now_ms();
