@@ -520,8 +520,12 @@ static int pn_handshake(pn_conn *pc) {
     pnode *node = pc->node;
     wire_hello mine = node->hello, peer;
     char err[512];
+    memset(&peer, 0, sizeof peer);
     if (wire_handshake(&pc->conn, &mine, node->o->secret, node->o->secret_len, &peer, err, sizeof err)) {
-        pn_log("conn %u: handshake failed: %s", pc->id, err);
+        /* A router's health probe reads our HELLO and hangs up without one
+         * of its own: not worth a log line every second. */
+        if (peer.node_id[0] || !strstr(err, "closed"))
+            pn_log("conn %u: handshake failed: %s", pc->id, err);
         return -1;
     }
     if (peer.role != WIRE_ROLE_DECODE && peer.role != WIRE_ROLE_ROUTER) {
