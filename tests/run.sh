@@ -8,7 +8,8 @@ bins=("$@")
 pass=0; fail=0; crashed=0
 for b in "${bins[@]}"; do
     [ -f "$b" ] && [ -x "$b" ] || continue
-    out=$("$b" 2>&1); rc=$?
+    # A hung test must fail, not stall CI: each binary gets TEST_TIMEOUT seconds.
+    out=$(timeout "${TEST_TIMEOUT:-900}" "$b" 2>&1); rc=$?
     printf '%s\n' "$out" | grep -E '^(FAIL|[a-z0-9_]+: [0-9]+ passed)' | tail -n 40
     line=$(printf '%s\n' "$out" | grep -E '^[a-z0-9_]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then
