@@ -1097,6 +1097,18 @@ static void dn_cleanup(dnode *n) {
     pthread_mutex_destroy(&n->smu);
 }
 
+int decode_node_check_request(model *m, const decode_node_opts *o, const char *body, size_t len,
+                              char *err, size_t errlen) {
+    dnode n;
+    memset(&n, 0, sizeof n);
+    if (dn_init(&n, m, o, err, errlen)) { dn_cleanup(&n); return -1; }
+    dn_req r;
+    int rc = dn_parse_request(&n, body, len, &r, err, errlen);
+    if (rc == 0) dn_req_free(&r);
+    dn_cleanup(&n);
+    return rc;
+}
+
 int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errlen) {
     static volatile int never = 0;
     volatile int *stop = o->stop ? o->stop : &never;

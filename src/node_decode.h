@@ -62,6 +62,11 @@ typedef struct {
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */
 int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errlen);
+/* Parse and validate one POST /v1/generate body exactly as the running node
+ * would (JSON, types, ranges, prompt tokenization and context limit), without
+ * serving it: 0, or -1 with the 400 message. The fuzz target's entry. */
+int decode_node_check_request(model *m, const decode_node_opts *o, const char *body, size_t len,
+                              char *err, size_t errlen);
 
 /* `tandem serve --role decode|local ...`: parses the options (argv as given
  * to `serve`, "--role X" is skipped), loads the model, handles SIGINT and

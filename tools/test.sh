@@ -29,6 +29,14 @@ import json,sys
 for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     j=json.loads(l)
     if 'text' in j: open('$2/p%d'%i,'wb').write(bytes([i*37%256])+j['text'].encode())" ;;
+    decode_request)
+          printf '\x00{"prompt":"Once upon a time","max_tokens":4}' >"$2/prompt"
+          printf '\x01{"messages":[{"role":"user","content":"hi"}],"stream":true,"prefill":"local"}' >"$2/messages"
+          printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens" ;;
+    http_api)
+          printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
+          printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
+          printf '\x02{"token":42,"text":"hi"}' >"$2/line" ;;
     esac
 }
 fuzz_fail=0
