@@ -574,10 +574,12 @@ static void *pn_conn_main(void *arg) {
     if (pn_handshake(&pc) == 0) pn_conn_loop(&pc);
     session_free(pc.s);
     free(pc.prev);
-    wire_conn_close(&pc.conn);
+    /* done before close: the shutdown path only touches fds of slots not
+     * done, under the same lock, so it never sees a closed (reused) fd */
     pthread_mutex_lock(&slot->node->mu);
     slot->done = 1;
     pthread_mutex_unlock(&slot->node->mu);
+    wire_conn_close(&pc.conn);
     return NULL;
 }
 
@@ -661,6 +663,12 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
         pn_accept_one(&node, lfd);
     }
     close(lfd);
+    /* Wake connection threads blocked in a handshake or a read so shutdown
+     * does not wait out their I/O deadlines. */
+    pthread_mutex_lock(&node.mu);
+    for (int i = 0; i < node.n_slots; i++)
+        if (node.slots[i].used && !node.slots[i].done) shutdown(node.slots[i].fd, SHUT_RDWR);
+    pthread_mutex_unlock(&node.mu);
     pn_reap(&node, 1);
     pn_log("shut down after %llu requests", (unsigned long long)node.n_requests);
     pthread_mutex_destroy(&node.mu);

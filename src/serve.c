@@ -168,6 +168,10 @@ int cli_serve(int argc, char **argv) {
     /* Each connection's thread would otherwise get its own malloc arena and
      * keep its freed KV caches mapped: two arenas bound a node's footprint. */
     mallopt(M_ARENA_MAX, 2);
+    /* KV caches (megabytes each) are always mmapped and go back to the system
+     * when a session ends; glibc's sliding threshold would otherwise move
+     * them into the heap after the first free and keep them resident. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     /* decode and local parse their own, larger option set (node_decode.c) */
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))

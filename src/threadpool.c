@@ -1,8 +1,12 @@
 /* threadpool.c - see threadpool.h.
  *
- * Job state is one 64-bit word: generation (high 32 bits) and the next
- * unclaimed chunk (low 32). A thread claims a chunk by compare-and-swap on the
- * whole word, so a claim can only succeed for the job it read fn/ctx for; the
+ * Job state is one 64-bit word: generation (high 32 bits), the job's chunk
+ * count (16 bits) and the next unclaimed chunk (low 16). A thread claims a
+ * chunk by compare-and-swap on the whole word, so a claim can only succeed
+ * for a chunk that exists in the job it read fn/ctx for. (The count must live
+ * in the word: read separately, a late worker could see the next job's larger
+ * count while the word still showed the finished job, claim a chunk that did
+ * not exist, and push `done` past the count, leaving the caller asleep.) The
  * caller returns when `done` reaches the chunk count, and never waits for a
  * worker that has not started.
  */
@@ -35,15 +39,17 @@
 
 typedef void (*tpool_task)(void *ctx, int chunk, int arg);
 
+/* Chunks of one job: 16 bits of the job word (more runs on the caller alone). */
+#define TPOOL_MAX_CHUNKS 0xFFFF
+
 struct tpool {
     int n;
     pthread_t *threads;
-    _Alignas(64) _Atomic uint64_t job;     /* gen << 32 | next chunk */
+    _Alignas(64) _Atomic uint64_t job;     /* gen << 32 | n_chunks << 16 | next chunk */
     _Atomic uint32_t gen32;                /* futex word: the generation */
     _Atomic int sleepers;                  /* workers in futex_wait on gen32 */
     _Atomic(tpool_task) fn;
     _Atomic(void *) ctx;
-    _Atomic int n_chunks;
     _Atomic int mode_tid;                  /* 1: pass tid as arg, 0: pass n_chunks */
     _Alignas(64) _Atomic uint32_t done;    /* chunks finished (futex word) */
     _Atomic int caller_waiting;
@@ -69,12 +75,12 @@ static void tpool_futex_wake(_Atomic uint32_t *addr) {
 static void tpool_work(tpool *p, uint64_t w, int tid) {
     tpool_task fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
     void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-    int n = atomic_load_explicit(&p->n_chunks, memory_order_relaxed);
     int mode_tid = atomic_load_explicit(&p->mode_tid, memory_order_relaxed);
     const uint64_t gen = w >> 32;
+    const int n = (int)((w >> 16) & TPOOL_MAX_CHUNKS);
     for (;;) {
-        uint32_t next = (uint32_t)w;
-        if ((int)next >= n) return;
+        int next = (int)(w & TPOOL_MAX_CHUNKS);
+        if (next >= n) return;
         /* on success fn/ctx/n are those of generation w >> 32 (read after its
          * acquire, and not rewritten before all its chunks are done) */
         if (!atomic_compare_exchange_weak_explicit(&p->job, &w, w + 1, memory_order_acq_rel,
@@ -135,10 +141,10 @@ tpool *tpool_create(int n_threads) {
 
 int tpool_size(const tpool *p) { return p ? p->n : 1; }
 
-/* Publish a new generation and wake sleeping workers. */
-static uint64_t tpool_publish(tpool *p) {
+/* Publish a new generation of n chunks and wake sleeping workers. */
+static uint64_t tpool_publish(tpool *p, int n) {
     uint32_t g = atomic_load_explicit(&p->gen32, memory_order_relaxed) + 1;
-    uint64_t w = (uint64_t)g << 32;
+    uint64_t w = (uint64_t)g << 32 | (uint64_t)n << 16;
     atomic_store_explicit(&p->job, w, memory_order_release);
     atomic_store_explicit(&p->gen32, g, memory_order_seq_cst);
     if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst)) tpool_futex_wake(&p->gen32);
@@ -158,16 +164,15 @@ static void tpool_wait_done(tpool *p, int n) {
 
 static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode_tid) {
     if (n <= 0) return;
-    if (!p || p->n == 1 || n == 1) {
+    if (!p || p->n == 1 || n == 1 || n > TPOOL_MAX_CHUNKS) {
         for (int i = 0; i < n; i++) fn(ctx, i, mode_tid ? 0 : n);
         return;
     }
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&p->n_chunks, n, memory_order_relaxed);
     atomic_store_explicit(&p->mode_tid, mode_tid, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    uint64_t w = tpool_publish(p);
+    uint64_t w = tpool_publish(p, n);
     tpool_work(p, w, 0);
     tpool_wait_done(p, n);
 }
@@ -183,7 +188,7 @@ void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks) {
 void tpool_destroy(tpool *p) {
     if (!p) return;
     atomic_store(&p->quit, 1);
-    tpool_publish(p);
+    tpool_publish(p, 0);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
     free(p);

@@ -166,7 +166,7 @@ static int node_start(tnode *n, const char *model, const char *secret_file, cons
 static int node_stop(tnode *n) {
     if (n->pid <= 0) return -1;
     kill(n->pid, SIGTERM);
-    int rc = wait_for(n->pid, 10000 * g_slow);
+    int rc = wait_for(n->pid, 20000 * g_slow);
     if (rc == -1) { kill(n->pid, SIGKILL); waitpid(n->pid, NULL, 0); }
     n->pid = 0;
     return rc;

@@ -44,6 +44,33 @@ static void test_threadpool(void) {
     CHECK(prev == 20, "split covers all");
 }
 
+/* Back-to-back jobs whose chunk counts grow and shrink: every chunk of every
+ * job runs exactly once and each job returns (regression: a worker that read
+ * the next job's larger count could claim a chunk that did not exist, push
+ * the done counter past the count, and leave the caller asleep forever). */
+typedef struct { atomic_int hits[64]; int n; } chunk_ctx;
+
+static void chunk_job(void *ud, int chunk, int tid) {
+    chunk_ctx *c = ud;
+    (void)tid;
+    if (chunk >= 0 && chunk < 64) atomic_fetch_add(&c->hits[chunk], 1);
+}
+
+static void test_threadpool_chunks(void) {
+    tpool *p = tpool_create(2);
+    static chunk_ctx c;
+    int bad = 0;
+    for (int it = 0; it < 1000000 && !bad; it++) {
+        int n = 1 + (int)(((unsigned)it * 7919u) % 13u);   /* 1..13 chunks, scrambled order */
+        memset(&c, 0, sizeof c);
+        c.n = n;
+        tpool_run_chunks(p, chunk_job, &c, n);
+        for (int i = 0; i < 64; i++) bad |= atomic_load(&c.hits[i]) != (i < n);
+    }
+    CHECK(!bad, "every chunk of 1000000 jobs of 1..13 chunks ran exactly once");
+    tpool_destroy(p);
+}
+
 /* ==== KV cache ==== */
 
 static void test_kvcache(void) {
@@ -142,6 +169,7 @@ static void test_sampler(void) {
 
 int main(void) {
     test_threadpool();
+    test_threadpool_chunks();
     test_kvcache();
     test_sampler();
     return t_done("test_runtime");
