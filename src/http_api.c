@@ -531,8 +531,8 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
                               "usage", api_usage(prompt_tokens, completion_tokens)));
 }
 
-static char *api_sse(json_t *o) {
-    char *j = api_dump(o);
+/* "data: <json>\n\n" from a malloc'd JSON text, which it frees. */
+static char *api_sse_text(char *j) {
     if (!j) return NULL;
     size_t n = strlen(j);
     char *s = malloc(n + 9);
@@ -540,6 +540,8 @@ static char *api_sse(json_t *o) {
     free(j);
     return s;
 }
+
+static char *api_sse(json_t *o) { return api_sse_text(api_dump(o)); }
 
 char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *text,
                        const char *finish_reason, int first) {
@@ -568,15 +570,7 @@ char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int pro
                              "usage", api_usage(prompt_tokens, completion_tokens)));
 }
 
-char *api_render_error_event(const api_error *e) {
-    char *j = api_error_json(e);
-    if (!j) return NULL;
-    size_t n = strlen(j);
-    char *s = malloc(n + 9);
-    if (s) { memcpy(s, "data: ", 6); memcpy(s + 6, j, n); memcpy(s + 6 + n, "\n\n", 3); }
-    free(j);
-    return s;
-}
+char *api_render_error_event(const api_error *e) { return api_sse_text(api_error_json(e)); }
 
 char *api_render_models(const char *const *ids, int n, long long created) {
     json_t *arr = json_array();
