@@ -45,6 +45,27 @@ typedef struct {
     int norm_topk;               /* renormalise the chosen weights to sum to 1 */
 } be_moe;
 
+/* ==== Batches ====
+ * One forward pass carries tokens of several sequences (continuous batching).
+ * Tokens of one sequence are contiguous in the batch and in position order;
+ * each sequence has its own KV cache. Row-wise ops (matrix products, norms,
+ * SwiGLU) ignore the mapping: every token is a row, so the weights are read
+ * once for all of them. RoPE needs each token's position; the KV store and
+ * attention need each token's sequence. Shapes: activations are
+ * [n_tok][dim] row-major, token t of sequence s at row seq[s].t0 + i. */
+typedef struct {
+    kvcache *kv;            /* this sequence's cache */
+    int t0, n;              /* its tokens: batch rows [t0, t0 + n) */
+    int pos0;               /* position of row t0; row t0 + i is at pos0 + i */
+} be_seq;
+
+typedef struct {
+    int n_tok;              /* rows in the batch */
+    const int32_t *pos;     /* [n_tok] position of each row (= its sequence's pos0 + i) */
+    int n_seq;
+    const be_seq *seq;      /* [n_seq], in row order, covering [0, n_tok) */
+} be_batch;
+
 typedef struct backend backend;
 
 typedef struct {
@@ -63,13 +84,14 @@ typedef struct {
     void (*mul_mat)(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y);
     /* x[t][c] += b[c] */
     void (*add_bias)(backend *be, float *x, const be_weight *b, int n_tok);
-    /* rotate n_head heads of head_dim per token, token t at position pos0 + t */
-    void (*rope)(backend *be, float *x, int n_tok, int n_head, int head_dim, int pos0, const rope_cfg *rc);
-    /* causal GQA attention of n_tok queries at positions pos0.. over cache rows [0, pos0 + n_tok) */
-    int (*attention)(backend *be, const float *q, const kvcache *kv, int layer, int pos0, int n_tok,
+    /* rotate n_head heads of head_dim for each row t, at position pos[t] */
+    void (*rope)(backend *be, float *x, int n_tok, int n_head, int head_dim, const int32_t *pos, const rope_cfg *rc);
+    /* causal GQA attention: the query rows of each sequence of the batch at
+     * positions pos0.. over that sequence's cache rows [0, pos0 + n) */
+    int (*attention)(backend *be, const float *q, const be_batch *b, int layer,
                       int n_head, int n_head_kv, int head_dim, float scale, float *out);
-    /* store K and V rows ([n_tok][kv_dim] f32) into the cache */
-    void (*kv_store)(backend *be, kvcache *kv, int layer, int pos0, int n_tok, const float *k, const float *v);
+    /* store each sequence's K and V rows ([n_tok][kv_dim] f32) into its cache at pos0.. */
+    void (*kv_store)(backend *be, const be_batch *b, int layer, const float *k, const float *v);
     /* y = silu(g) * u, n elements */
     void (*swiglu)(backend *be, const float *g, const float *u, float *y, size_t n);
     /* x += y, n elements */

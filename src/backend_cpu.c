@@ -75,6 +75,7 @@ typedef struct {
     float eps;
     kvcache *kv;
     int layer, pos0;
+    const int32_t *pos;
     const float *k, *v;
     const rope_cfg *rc;
     int n_head, head_dim;
@@ -82,7 +83,7 @@ typedef struct {
 
 enum { EW_RMS, EW_SWIGLU, EW_ADD, EW_BIAS, EW_KV, EW_ROPE };
 
-static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, int pos0, const rope_cfg *rc);
+static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const int32_t *pos, const rope_cfg *rc);
 
 static void ew_run(void *ctx, int chunk, int nch) {
     ew_job *j = ctx;
@@ -103,7 +104,7 @@ static void ew_run(void *ctx, int chunk, int nch) {
             kv_store_f32(j->kv, j->layer, j->pos0 + (int)lo, (int)(hi - lo), j->k + (size_t)lo * j->row,
                          j->v + (size_t)lo * j->row);
         break;
-    case EW_ROPE: rope_tokens(j->x, (int)lo, (int)hi, j->n_head, j->head_dim, j->pos0, j->rc); break;
+    case EW_ROPE: rope_tokens(j->x, (int)lo, (int)hi, j->n_head, j->head_dim, j->pos, j->rc); break;
     }
 }
 
@@ -202,9 +203,9 @@ static void cpu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
 
 /* ==== RoPE ==== */
 
-/* Tokens [t0, t1) of x. cos/sin are computed once per token and reused by
- * every head. */
-static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, int pos0, const rope_cfg *rc) {
+/* Rows [t0, t1) of x, row t at position pos[t]. cos/sin are computed once
+ * per row and reused by every head. */
+static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const int32_t *pos, const rope_cfg *rc) {
     int n_rot = rc->n_rot;
     float theta_scale = powf(rc->freq_base, -2.0f / (float)n_rot);
     float cs[512], sn[512];     /* n_rot/2 <= 256 pairs: head_dim is at most 512 in practice */
@@ -212,7 +213,7 @@ static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, int 
     for (int t = t0; t < t1; t++) {
         /* theta is advanced by repeated multiplication in float, as ggml does,
          * so that positions far into the context round the same way. */
-        float theta = (float)(pos0 + t);
+        float theta = (float)pos[t];
         for (int i = 0; i < n_rot / 2; i++) {
             float ff = rc->freq_factors ? rc->freq_factors[i] : 1.0f;
             float th = theta / ff * rc->freq_scale;
@@ -240,9 +241,10 @@ static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, int 
     }
 }
 
-static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, int pos0, const rope_cfg *rc) {
+static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, const int32_t *pos,
+                     const rope_cfg *rc) {
     ew_job j = { .op = EW_ROPE, .x = x, .n = (size_t)n_tok, .n_head = n_head, .head_dim = head_dim,
-                 .pos0 = pos0, .rc = rc };
+                 .pos = pos, .rc = rc };
     /* the cos/sin per token dominate: about 60 adds' worth per pair */
     ew_exec(be, &j, (size_t)n_tok * (size_t)rc->n_rot * 30);
 }
@@ -252,30 +254,34 @@ static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim,
 typedef struct {
     cpu_impl *c;
     const float *q;
-    const kvcache *kv;
-    int layer, pos0, n_tok, n_head, n_head_kv, head_dim;
+    const be_batch *b;
+    int layer, n_head, n_head_kv, head_dim;
     float scale;
     float *out;
-    int n_items, n_chunks;
+    long *first;            /* [n_seq + 1] first item of each sequence */
+    long n_items;
+    int n_chunks;
 } attn_job;
 
-/* One (kv head, query token): the grp = n_head / n_head_kv query heads that
- * share this K/V head are handled together, so each K and V row is read once
- * for all of them. Scores come from the matrix tile kernel with the cache's K
- * rows of this head as weight rows (positions 0..pos, exactly causal) and the
- * grp query rows as activations. q meets the cache in the cache type's
- * vec_dot type (f32 for an F16 or BF16 cache, Q8_0 for a Q8_0 cache), and the
- * probabilities stay f32: what the primary oracle computes with flash
- * attention off. */
-static void attn_item(const attn_job *j, int kvh, int t, float *scratch) {
-    const int hd = j->head_dim, npos = j->pos0 + t + 1, grp = j->n_head / j->n_head_kv;
-    const uint32_t dt = kv_dtype(j->kv), vt = quant_vec_dot_type(dt);
-    const size_t head_off = gguf_row_bytes(dt, (uint64_t)kvh * hd), rb = kv_row_bytes(j->kv);
+/* One (kv head, query row) of one sequence: the grp = n_head / n_head_kv
+ * query heads that share this K/V head are handled together, so each K and
+ * V row is read once for all of them. Scores come from the matrix tile
+ * kernel with the cache's K rows of this head as weight rows (positions
+ * 0..pos, exactly causal) and the grp query rows as activations. q meets the
+ * cache in the cache type's vec_dot type (f32 for an F16 or BF16 cache, Q8_0
+ * for a Q8_0 cache), and the probabilities stay f32: what the primary oracle
+ * computes with flash attention off. */
+static void attn_item(const attn_job *j, const be_seq *sq, int kvh, int t, float *scratch) {
+    const int hd = j->head_dim, npos = sq->pos0 + t + 1, grp = j->n_head / j->n_head_kv;
+    const kvcache *kv = sq->kv;
+    const uint32_t dt = kv_dtype(kv), vt = quant_vec_dot_type(dt);
+    const size_t head_off = gguf_row_bytes(dt, (uint64_t)kvh * hd), rb = kv_row_bytes(kv);
+    const size_t row = (size_t)(sq->t0 + t);
     float *scores = scratch;                              /* [grp][npos] */
     float *acc = scores + (size_t)grp * npos;             /* [grp][hd] */
     float *tmp = acc + (size_t)grp * hd;                  /* [hd] */
     uint8_t *qc = (uint8_t *)(tmp + hd);                  /* grp rows of q in vt */
-    const float *qh = j->q + ((size_t)t * j->n_head + (size_t)kvh * grp) * hd;
+    const float *qh = j->q + (row * j->n_head + (size_t)kvh * grp) * hd;
     const void *act = qh;
     size_t qrow = (size_t)hd * sizeof(float);
     if (vt != GGML_TYPE_F32) {
@@ -283,7 +289,7 @@ static void attn_item(const attn_job *j, int kvh, int t, float *scratch) {
         for (int g = 0; g < grp; g++) quant_quantize_act_row(vt, qh + (size_t)g * hd, qc + (size_t)g * qrow, hd);
         act = qc;
     }
-    quant_mul_mat_tile(dt, hd, kv_k_row_c(j->kv, j->layer, 0) + head_off, rb, npos, act, qrow, grp,
+    quant_mul_mat_tile(dt, hd, kv_k_row_c(kv, j->layer, 0) + head_off, rb, npos, act, qrow, grp,
                        scores, (size_t)npos);
     for (int g = 0; g < grp; g++) {
         float *s = scores + (size_t)g * npos;
@@ -292,44 +298,62 @@ static void attn_item(const attn_job *j, int kvh, int t, float *scratch) {
         double sum = ops_exp_sum(s, mx, s, (size_t)npos);
         ops_scale(s, (float)(1.0 / sum), (size_t)npos);
     }
-    ops_attn_pv(dt, kv_v_row_c(j->kv, j->layer, 0) + head_off, rb, npos, scores, (size_t)npos, grp, hd,
+    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, npos, scores, (size_t)npos, grp, hd,
                 acc, tmp);
-    memcpy(j->out + ((size_t)t * j->n_head + (size_t)kvh * grp) * hd, acc, (size_t)grp * hd * sizeof(float));
+    memcpy(j->out + (row * j->n_head + (size_t)kvh * grp) * hd, acc, (size_t)grp * hd * sizeof(float));
 }
 
-/* Items are ordered head-major (a head's K/V rows stay in cache across its
- * tokens) and cut into more chunks than threads, because causal rows grow
- * with the token and threads claim chunks as they free up. */
+/* Items are numbered sequence by sequence, and within one sequence head-major
+ * (a head's K/V rows stay in cache across its rows); they are cut into more
+ * chunks than threads, because causal rows grow with the position and
+ * threads claim chunks as they free up. */
 static void attn_run(void *ctx, int chunk, int tid) {
     attn_job *j = ctx;
     long lo, hi;
     tpool_split(j->n_items, chunk, j->n_chunks, &lo, &hi);
-    for (long i = lo; i < hi; i++)
-        attn_item(j, (int)(i / j->n_tok), (int)(i % j->n_tok), j->c->scratch[tid]);
+    int s = 0;
+    for (long i = lo; i < hi; i++) {
+        while (i >= j->first[s + 1]) s++;
+        const be_seq *sq = &j->b->seq[s];
+        long k = i - j->first[s];
+        attn_item(j, sq, (int)(k / sq->n), (int)(k % sq->n), j->c->scratch[tid]);
+    }
 }
 
-static int cpu_attention(backend *be, const float *q, const kvcache *kv, int layer, int pos0, int n_tok,
+static int cpu_attention(backend *be, const float *q, const be_batch *b, int layer,
                           int n_head, int n_head_kv, int head_dim, float scale, float *out) {
     cpu_impl *c = cpu_of(be);
-    if (n_head_kv < 1 || n_head % n_head_kv) return -1;
-    size_t grp = (size_t)(n_head / n_head_kv);
+    if (n_head_kv < 1 || n_head % n_head_kv || b->n_seq < 1) return -1;
+    size_t grp = (size_t)(n_head / n_head_kv), max_pos = 0;
+    long *first = malloc(sizeof(long) * (size_t)(b->n_seq + 1));
+    if (!first) return -1;
+    first[0] = 0;
+    for (int s = 0; s < b->n_seq; s++) {
+        size_t np = (size_t)b->seq[s].pos0 + (size_t)b->seq[s].n;
+        if (np > max_pos) max_pos = np;
+        first[s + 1] = first[s] + (long)b->seq[s].n * n_head_kv;
+    }
     /* scores + acc + tmp + q rows in the cache's vec_dot type (at most 4 bytes an element) */
-    size_t need = (grp * (size_t)(pos0 + n_tok) + 2 * grp * (size_t)head_dim + (size_t)head_dim + 64) * sizeof(float);
+    size_t need = (grp * max_pos + 2 * grp * (size_t)head_dim + (size_t)head_dim + 64) * sizeof(float);
     for (int i = 0; i < c->nth; i++)
-        if (cpu_grow((void **)&c->scratch[i], &c->scratch_size[i], need)) return -1;
-    attn_job j = { c, q, kv, layer, pos0, n_tok, n_head, n_head_kv, head_dim, scale, out, 0, 0 };
-    j.n_items = n_tok * n_head_kv;
-    j.n_chunks = c->nth == 1 ? 1 : (j.n_items < 16 * c->nth ? j.n_items : 16 * c->nth);
+        if (cpu_grow((void **)&c->scratch[i], &c->scratch_size[i], need)) { free(first); return -1; }
+    attn_job j = { c, q, b, layer, n_head, n_head_kv, head_dim, scale, out, first, first[b->n_seq], 0 };
+    j.n_chunks = c->nth == 1 ? 1 : (int)(j.n_items < 16L * c->nth ? j.n_items : 16L * c->nth);
     tpool_run_chunks(c->pool, attn_run, &j, j.n_chunks);
+    free(first);
     return 0;
 }
 
 /* ==== Element-wise ops ==== */
 
-static void cpu_kv_store(backend *be, kvcache *kv, int layer, int pos0, int n_tok, const float *k, const float *v) {
-    ew_job j = { .op = EW_KV, .kv = kv, .layer = layer, .pos0 = pos0, .k = k, .v = v,
-                 .n = (size_t)n_tok, .row = (size_t)kv_dim(kv) };
-    ew_exec(be, &j, (size_t)n_tok * kv_dim(kv) * 2);
+static void cpu_kv_store(backend *be, const be_batch *b, int layer, const float *k, const float *v) {
+    for (int s = 0; s < b->n_seq; s++) {
+        const be_seq *sq = &b->seq[s];
+        size_t row = (size_t)kv_dim(sq->kv), off = (size_t)sq->t0 * row;
+        ew_job j = { .op = EW_KV, .kv = sq->kv, .layer = layer, .pos0 = sq->pos0, .k = k + off, .v = v + off,
+                     .n = (size_t)sq->n, .row = row };
+        ew_exec(be, &j, (size_t)sq->n * row * 2);
+    }
 }
 
 static void cpu_swiglu(backend *be, const float *g, const float *u, float *y, size_t n) {

@@ -229,6 +229,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     model *m = calloc(1, sizeof *m);
     if (!m) { snprintf(err, errlen, "out of memory"); return -1; }
     m->n_batch = o && o->n_batch > 0 ? o->n_batch : 512;
+    pthread_mutex_init(&m->eval_mu, NULL);
     int nth = o && o->n_threads > 0 ? o->n_threads : 1;
     if (gguf_open_file(&m->gf, path, err, errlen)) goto fail;
     if (model_read_hparams(m, err, errlen)) goto fail;
@@ -249,7 +250,8 @@ fail:
 
 void model_free(model *m) {
     if (!m) return;
-    if (m->be) m->be->ops->destroy(m->be);
+    if (m->be) { forward_release(m); m->be->ops->destroy(m->be); }
+    pthread_mutex_destroy(&m->eval_mu);
     tokenizer_free(m->tok);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);
@@ -305,14 +307,12 @@ int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err
         free(s);
         return -1;
     }
-    if (forward_alloc(m, s, err, errlen)) { session_free(s); return -1; }
     *out = s;
     return 0;
 }
 
 void session_free(session *s) {
     if (!s) return;
-    forward_release(s->m, s);
     kv_free(s->kv);
     free(s);
 }

@@ -77,10 +77,30 @@ void session_reset(session *s, int pos);    /* forget positions >= pos */
 /* Called after layer `layer` has written K/V for positions [pos0, pos0+n). */
 typedef int (*layer_hook)(void *ud, int layer, int pos0, int n);
 
-/* Run n tokens at the session's current position (chunked by n_batch).
- * logits: if non-NULL, receives n_vocab floats for the last token.
- * hook: optional per-layer callback (the handoff streams from it); a
- * non-zero return aborts the evaluation. 0 on success, -1 with a message. */
+/* ==== Evaluation ====
+ * One call evaluates tokens of one or more sessions in shared forward
+ * passes (continuous batching): each item appends n tokens at its session's
+ * current position. The weights are read once per pass for every token of
+ * every item; attention runs per session over its own cache. Passes hold at
+ * most n_batch tokens; an item longer than what is left of a pass continues
+ * in the next one. Results do not depend on what else is in the batch.
+ * Calls on one model are serialised (the activation buffers are shared). */
+typedef struct {
+    session *s;
+    const int32_t *ids;
+    int n;
+    float *logits;           /* if non-NULL: n_vocab floats for the item's last token */
+    layer_hook hook;         /* optional: after each layer of each pass that holds
+                              * tokens of this item (the handoff streams from it);
+                              * non-zero aborts the whole evaluation */
+    void *hook_ud;
+} model_batch_item;
+
+/* 0 on success; -1 with a message, each session keeping the positions
+ * completed before the failure. Items must name distinct sessions. */
+int model_eval_batch(model *m, model_batch_item *items, int n_items, char *err, size_t errlen);
+
+/* The single-sequence case: n tokens of one session. */
 int model_eval(model *m, session *s, const int32_t *ids, int n, float *logits,
                layer_hook hook, void *hook_ud, char *err, size_t errlen);
 

@@ -3,7 +3,27 @@
 #ifndef TANDEM_MODEL_INTERNAL_H
 #define TANDEM_MODEL_INTERNAL_H
 
+#include <pthread.h>
+
 #include "model.h"
+
+/* Activation buffers for one forward pass of up to n_batch rows (backend
+ * memory), shared by every session of the model and allocated at the first
+ * evaluation. */
+typedef struct {
+    int cap;                 /* rows (tokens) */
+    float *x;                /* [cap][n_embd] residual stream */
+    float *h;                /* [cap][n_embd] normed input */
+    float *q;                /* [cap][n_head * hd] */
+    float *k, *v;            /* [cap][n_head_kv * hd] */
+    float *att;              /* [cap][n_head * hd] */
+    float *o;                /* [cap][n_embd] */
+    float *g, *u;            /* [cap][n_ff] */
+    float *logits;           /* [logits_cap][n_vocab] */
+    int logits_cap;          /* rows of logits allocated */
+    int32_t *pos;            /* [cap] host: position of each row */
+    be_seq *seq;             /* [cap] host: the pass's sequences */
+} fwd_bufs;
 
 struct model {
     gguf_file *gf;
@@ -18,28 +38,16 @@ struct model {
     model_layer *layers;     /* [n_layer] */
     char **names;            /* owned copies of bound tensor names */
     int n_names, n_bound;
+    /* forward pass state: one evaluation at a time per model */
+    pthread_mutex_t eval_mu;
+    fwd_bufs b;
 };
-
-/* Activation buffers for one chunk of up to n_batch tokens (backend memory). */
-typedef struct {
-    int cap;                 /* tokens */
-    float *x;                /* [cap][n_embd] residual stream */
-    float *h;                /* [cap][n_embd] normed input */
-    float *q;                /* [cap][n_head * hd] */
-    float *k, *v;            /* [cap][n_head_kv * hd] */
-    float *att;              /* [cap][n_head * hd] */
-    float *o;                /* [cap][n_embd] */
-    float *g, *u;            /* [cap][n_ff] */
-    float *logits;           /* [n_vocab] */
-} fwd_bufs;
 
 struct session {
     model *m;
     kvcache *kv;
-    fwd_bufs b;
 };
 
-int forward_alloc(model *m, session *s, char *err, size_t errlen);
-void forward_release(model *m, session *s);
+void forward_release(model *m);
 
 #endif
