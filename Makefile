@@ -37,7 +37,7 @@ $(BUILD)/libtandem.a: $(LIB_OBJ)
 $(BUILD)/tandem: src/main.c $(BUILD)/libtandem.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
-$(BUILD)/test_%: tests/test_%.c tests/t.h $(BUILD)/libtandem.a
+$(BUILD)/test_%: tests/test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
 # The three F16 fixture models are generated, not shipped (see the fixtures README).

@@ -112,3 +112,21 @@ int kv_read_span(const kvcache *kv, int layer, int pos, int n, void *k, void *v,
     if (v) memcpy(v, kv_v_row_c(kv, layer, pos), bytes);
     return 0;
 }
+
+int kv_copy_prefix(kvcache *dst, const kvcache *src, int n, char *err, size_t errlen) {
+    if (dst->n_layer != src->n_layer || dst->dim != src->dim || dst->dtype != src->dtype) {
+        snprintf(err, errlen, "KV caches of different shapes");
+        return -1;
+    }
+    if (n > kv_used(src) || kv_check_range(dst, 0, 0, n, err, errlen)) {
+        if (n > kv_used(src)) snprintf(err, errlen, "copying %d positions from a cache holding %d", n, kv_used(src));
+        return -1;
+    }
+    size_t bytes = (size_t)n * dst->row_bytes;
+    for (int l = 0; l < dst->n_layer; l++) {
+        memcpy(kv_k_row(dst, l, 0), kv_k_row_c(src, l, 0), bytes);
+        memcpy(kv_v_row(dst, l, 0), kv_v_row_c(src, l, 0), bytes);
+    }
+    kv_set_used(dst, n);
+    return 0;
+}

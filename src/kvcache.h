@@ -53,4 +53,8 @@ int kv_write_span(kvcache *kv, int layer, int pos, int n, const void *k, const v
 int kv_read_span(const kvcache *kv, int layer, int pos, int n, void *k, void *v,
                  char *err, size_t errlen);
 
+/* dst's positions [0, n) := src's, every layer (same shape and dtype); dst
+ * then holds n positions. Prefix sharing between sequences. */
+int kv_copy_prefix(kvcache *dst, const kvcache *src, int n, char *err, size_t errlen);
+
 #endif

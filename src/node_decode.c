@@ -33,6 +33,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "handoff.h"
+#include "scheduler.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -47,6 +48,7 @@
 #define DN_STREAM_BLOCK 4096       /* MHD's buffer for streamed responses */
 #define DN_MAX_MESSAGES 1024      /* chat messages per request */
 #define DN_MIN_REUSE 32            /* shared tokens worth truncating another session's cache for */
+#define DN_MAX_DEFAULT_SLOTS 8     /* default --parallel ceiling (memory permitting) */
 
 enum { DN_PF_AUTO = 0, DN_PF_REMOTE, DN_PF_LOCAL };
 
@@ -115,16 +117,11 @@ static json_t *dn_json_text(const char *s, size_t n) {
 
 /* ==== Node state ==== */
 
-typedef struct {
-    session *s;
-    int32_t *tokens;             /* ids whose K/V are in the cache: tokens[0..n), n == session_pos */
-    int n;
-    uint64_t last_used;
-} dn_slot;
-
+/* A connection to a prefill node, lent to one request at a time. */
 typedef struct {
     char addr[256];
     handoff_client *c;
+    int in_use;
     uint64_t last_used;
 } dn_peer;
 
@@ -144,21 +141,16 @@ typedef struct {
     uint32_t kv_dtype, wire_dtype;
     const char *role;
     char desc[512];
-    /* generation slot */
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int busy, waiting;
     volatile int stopping;
-    /* owned by the holder of the generation slot */
-    dn_slot *slots;
-    uint64_t tick;
+    sched *sc;                   /* continuous batching: slots, queue, the model's thread */
+    /* prefill-node connections (pmu) */
+    pthread_mutex_t pmu;
     dn_peer peers[DN_MAX_PEERS];
+    uint64_t tick;
     unsigned rr;
-    float *logits;
-    /* counters */
+    /* counters (smu) */
     pthread_mutex_t smu;
     dn_stats st;
-    int sessions_used;
 } dnode;
 
 static void dn_ema(double *avg, double x) {
@@ -166,102 +158,35 @@ static void dn_ema(double *avg, double x) {
     *avg = *avg > 0 ? (1 - DN_EMA_ALPHA) * *avg + DN_EMA_ALPHA * x : x;
 }
 
-/* ==== Generation slot (one generation at a time, bounded queue) ==== */
-
-/* 0: acquired; -1: queue full (503); -2: shutting down. */
-static int dn_gen_acquire(dnode *n) {
-    pthread_mutex_lock(&n->mu);
-    if (n->busy && n->waiting >= n->queue_max) { pthread_mutex_unlock(&n->mu); return -1; }
-    n->waiting++;
-    while (n->busy && !n->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;   /* wake now and then to notice shutdown */
-        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
-        pthread_cond_timedwait(&n->cv, &n->mu, &ts);
-    }
-    n->waiting--;
-    if (n->stopping) { pthread_mutex_unlock(&n->mu); return -2; }
-    n->busy = 1;
-    pthread_mutex_unlock(&n->mu);
-    return 0;
-}
-
-static void dn_gen_release(dnode *n) {
-    pthread_mutex_lock(&n->mu);
-    n->busy = 0;
-    pthread_cond_signal(&n->cv);
-    pthread_mutex_unlock(&n->mu);
-}
-
-/* ==== Sessions ==== */
-
-static int dn_common_prefix(const int32_t *a, int na, const int32_t *b, int nb) {
-    int i = 0;
-    while (i < na && i < nb && a[i] == b[i]) i++;
-    return i;
-}
-
-/* Which session a prompt continues: the one sharing the longest prefix when
- * it shares a useful amount (all of that session's tokens, or at least
- * DN_MIN_REUSE); otherwise an unused slot, else the least recently used
- * one, so that a few shared tokens (a BOS, a chat header) do not cost
- * another conversation its cache. *lcp receives the shared length. */
-static dn_slot *dn_slot_pick(dnode *n, const int32_t *ids, int n_ids, int *lcp) {
-    dn_slot *best = NULL, *empty = NULL, *lru = NULL;
-    int best_l = 0;
-    for (int i = 0; i < n->n_slots; i++) {
-        dn_slot *sl = &n->slots[i];
-        if (!sl->s) { if (!empty) empty = sl; continue; }
-        int l = dn_common_prefix(sl->tokens, sl->n, ids, n_ids);
-        if (l > best_l) { best_l = l; best = sl; }
-        if (!lru || sl->last_used < lru->last_used) lru = sl;
-    }
-    if (best && (best_l == best->n || best_l >= DN_MIN_REUSE)) { *lcp = best_l; return best; }
-    dn_slot *sl = empty ? empty : lru;
-    *lcp = sl->s ? dn_common_prefix(sl->tokens, sl->n, ids, n_ids) : 0;
-    return sl;
-}
-
-static int dn_slot_prepare(dnode *n, dn_slot *sl, char *err, size_t errlen) {
-    if (sl->s) return 0;
-    if (session_new(&sl->s, n->m, n->n_ctx, n->kv_dtype, err, errlen)) return -1;
-    sl->tokens = malloc(sizeof(int32_t) * (size_t)n->n_ctx);
-    if (!sl->tokens) { session_free(sl->s); sl->s = NULL; snprintf(err, errlen, "out of memory"); return -1; }
-    sl->n = 0;
-    pthread_mutex_lock(&n->smu);
-    n->sessions_used++;
-    pthread_mutex_unlock(&n->smu);
-    return 0;
-}
-
-/* Keep the token list equal to what the cache holds. */
-static void dn_slot_sync(dn_slot *sl, const int32_t *ids, int n_ids) {
-    int pos = session_pos(sl->s);
-    if (pos > sl->n) {
-        int add = pos - sl->n;
-        if (add > n_ids) add = n_ids;
-        memcpy(sl->tokens + sl->n, ids, sizeof(int32_t) * (size_t)add);
-        sl->n += add;
-    }
-    if (sl->n > pos) sl->n = pos;
-}
-
 /* ==== Prefill-node connections ==== */
 
-static dn_peer *dn_peer_get(dnode *n, const char *addr) {
-    dn_peer *empty = NULL, *lru = NULL;
-    for (int i = 0; i < DN_MAX_PEERS; i++) {
-        dn_peer *p = &n->peers[i];
-        if (p->addr[0] && !strcmp(p->addr, addr)) return p;
-        if (!p->addr[0]) { if (!empty) empty = p; }
-        else if (!lru || p->last_used < lru->last_used) lru = p;
+/* Lends a connection to addr: an idle one if there is one, else a new
+ * entry (an unused one, else the least recently used idle one). NULL when
+ * every entry is lent. */
+static dn_peer *dn_peer_take(dnode *n, const char *addr) {
+    dn_peer *p = NULL, *empty = NULL, *lru = NULL;
+    pthread_mutex_lock(&n->pmu);
+    for (int i = 0; i < DN_MAX_PEERS && !p; i++) {
+        dn_peer *q = &n->peers[i];
+        if (q->in_use) continue;
+        if (q->addr[0] && q->c && !strcmp(q->addr, addr)) p = q;
+        else if (!q->addr[0]) { if (!empty) empty = q; }
+        else if (!lru || q->last_used < lru->last_used) lru = q;
     }
-    dn_peer *p = empty ? empty : lru;
-    handoff_close(p->c);
-    memset(p, 0, sizeof *p);
-    snprintf(p->addr, sizeof p->addr, "%s", addr);
+    if (!p && (p = empty ? empty : lru)) {
+        handoff_close(p->c);
+        memset(p, 0, sizeof *p);
+        snprintf(p->addr, sizeof p->addr, "%s", addr);
+    }
+    if (p) { p->in_use = 1; p->last_used = ++n->tick; }
+    pthread_mutex_unlock(&n->pmu);
     return p;
+}
+
+static void dn_peer_give(dnode *n, dn_peer *p) {
+    pthread_mutex_lock(&n->pmu);
+    p->in_use = 0;
+    pthread_mutex_unlock(&n->pmu);
 }
 
 static void dn_peers_close(dnode *n) {
@@ -487,86 +412,110 @@ out:
 
 /* ==== Generation jobs ==== */
 
+/* One request on its connection thread: the scheduler job plus what the
+ * request reports (prefill mode, node, fallback) and its stream state. */
 typedef struct {
     dnode *n;
-    dn_req r;
-    dn_slot *slot;
-    sampler *smp;
-    tok_stream ts;
-    char *piece;                 /* one token's text */
-    size_t piece_cap;
-    int32_t *gen;
-    int n_gen;
-    dn_str text;                 /* everything generated (stop strings, non-stream "text") */
-    size_t text_keep;            /* reported text length (cut before a stop string) */
-    int need_eval;               /* the last token is not in the cache yet */
-    int finished, holds_slot;
-    const char *finish;
-    char error[512];
+    sched_job *sj;
+    const sched_view *v;         /* latest snapshot */
+    int n_prompt, stream, max_tokens;
+    char addr[256];              /* prefill node chosen at submission, or "" */
     /* prefill report */
-    int remote, start_pos, computed_local;
+    int remote;
     char node[256], fallback[512];
     handoff_stats hs;
-    double t_arrive, t_start, t_first, prefill_ms, queue_ms;
+    double t_arrive;
     /* streaming */
     dn_str out;
     size_t out_off;
-    int done_sent;
+    int sent, done_sent;
 } dn_job;
 
 static double dn_now(void) { return gen_now_ms(); }
 
-static void dn_job_finish(dn_job *j, const char *reason, const char *error) {
-    if (j->finished) return;
-    j->finished = 1;
-    j->finish = reason;
-    if (error) snprintf(j->error, sizeof j->error, "%s", error);
-}
-
 /* Which prefill node this request uses, or NULL for local prefill. */
-static const char *dn_pick_node(dn_job *j) {
-    dnode *n = j->n;
-    if (n->o->local_only || j->r.mode == DN_PF_LOCAL) return NULL;
-    if (j->r.node[0]) return j->r.node;
+static const char *dn_pick_node(dnode *n, const dn_req *r) {
+    if (n->o->local_only || r->mode == DN_PF_LOCAL) return NULL;
+    if (r->node[0]) return r->node;
     if (n->o->n_prefill_nodes == 0) return NULL;
-    if (j->r.mode == DN_PF_AUTO && j->r.n_prompt < n->min_split) return NULL;
-    return n->o->prefill_nodes[n->rr++ % (unsigned)n->o->n_prefill_nodes];
+    if (r->mode == DN_PF_AUTO && r->n_prompt < n->min_split) return NULL;
+    pthread_mutex_lock(&n->pmu);
+    const char *a = n->o->prefill_nodes[n->rr++ % (unsigned)n->o->n_prefill_nodes];
+    pthread_mutex_unlock(&n->pmu);
+    return a;
 }
 
-/* Positions [start_pos, n-1) from a prefill node; on failure the session is
- * back at start_pos. One retry when a reused connection fails at once (the
- * prefill node drops idle connections). */
-static int dn_remote_prefill(dn_job *j, const char *addr, char *err, size_t errlen) {
+/* Positions [start_pos, n-1) from a prefill node into the job's slot; on
+ * failure the session is back at start_pos. One retry when a reused
+ * connection fails at once (the prefill node drops idle connections). */
+static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char *err, size_t errlen) {
     dnode *n = j->n;
-    dn_peer *p = dn_peer_get(n, addr);
-    p->last_used = ++n->tick;
+    dn_peer *p = dn_peer_take(n, j->addr);
+    if (!p) { snprintf(err, errlen, "every prefill-node connection is in use"); return -1; }
     handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
                         .secret = n->o->secret, .secret_len = n->o->secret_len,
                         .node_id = n->o->node_id ? n->o->node_id : "decode" };
+    int rc = -1, start = j->v->start_pos;
     for (int attempt = 0; attempt < 2; attempt++) {
         int fresh = 0;
         if (!p->c) {
-            if (handoff_connect(&p->c, addr, n->m, n->kv_dtype, &ho, err, errlen)) { p->c = NULL; return -1; }
+            if (handoff_connect(&p->c, j->addr, n->m, n->kv_dtype, &ho, err, errlen)) { p->c = NULL; break; }
             fresh = 1;
         }
         double t0 = dn_now();
         memset(&j->hs, 0, sizeof j->hs);
-        if (!handoff_prefill(p->c, j->slot->s, j->r.prompt, j->r.n_prompt, j->start_pos, &j->hs, err, errlen))
-            return 0;
+        if (!handoff_prefill(p->c, s, prompt, j->n_prompt, start, &j->hs, err, errlen)) { rc = 0; break; }
         handoff_close(p->c);
         p->c = NULL;
-        session_reset(j->slot->s, j->start_pos);
-        if (fresh || dn_now() - t0 > DN_STALE_RETRY_MS || n->stopping) return -1;
-        dn_log("connection to %s failed at once (%s); reconnecting", addr, err);
+        session_reset(s, start);
+        if (fresh || dn_now() - t0 > DN_STALE_RETRY_MS || n->stopping) break;
+        dn_log("connection to %s failed at once (%s); reconnecting", j->addr, err);
     }
-    return -1;
+    dn_peer_give(n, p);
+    return rc;
 }
 
-static void dn_count_prefill(dn_job *j) {
+/* The scheduler lent us the slot: fill it from the prefill node, or give it
+ * back for local prefill with the reason. */
+static void dn_job_remote(dn_job *j) {
     dnode *n = j->n;
+    char herr[512];
+    snprintf(j->node, sizeof j->node, "%s", j->addr);
+    if (!dn_remote_prefill(j, sched_remote_session(j->sj), sched_job_prompt(j->sj), herr, sizeof herr)) {
+        j->remote = 1;
+    } else {
+        snprintf(j->fallback, sizeof j->fallback, "%s", herr);
+        dn_log("remote prefill on %s failed, prefilling locally: %s", j->addr, herr);
+    }
+    sched_remote_done(n->sc, j->sj, j->remote);
+}
+
+/* Waits for more than `have` tokens or the end, running a remote prefill
+ * when the scheduler asks for one; gives up waiting when the node stops. */
+static const sched_view *dn_job_wait(dn_job *j, int have) {
+    for (;;) {
+        j->v = sched_wait(j->n->sc, j->sj, have, 100);
+        if (j->v->state == SJ_REMOTE) { dn_job_remote(j); continue; }
+        if (j->v->state == SJ_DONE || j->v->n_gen > have || j->n->stopping) return j->v;
+    }
+}
+
+static void dn_count_job(dn_job *j) {
+    dnode *n = j->n;
+    const sched_view *v = j->v;
+    int cancelled = v->state != SJ_DONE, failed = !cancelled && v->finish && !strcmp(v->finish, "error");
+    if (cancelled) dn_log("client went away after %d tokens; generation stopped", v->n_gen);
+    double prefill_ms = v->t_prompt_done > 0 ? v->t_prompt_done - v->t_admit : 0;
+    double gen_ms = v->n_gen > 1 ? dn_now() - v->t_first : 0;
     pthread_mutex_lock(&n->smu);
-    n->st.prompt_tokens += (uint64_t)j->r.n_prompt;
-    n->st.reused_positions += (uint64_t)j->start_pos;
+    n->st.completion_tokens += (uint64_t)v->n_gen;
+    if (cancelled) n->st.cancelled++;
+    else if (failed) n->st.failed++;
+    else n->st.ok++;
+    if (v->t_admit > 0) {
+        n->st.prompt_tokens += (uint64_t)j->n_prompt;
+        n->st.reused_positions += (uint64_t)v->start_pos;
+    }
     if (j->remote) {
         n->st.remote_prefills++;
         n->st.positions_received += (uint64_t)j->hs.n_sent;
@@ -575,198 +524,71 @@ static void dn_count_prefill(dn_job *j) {
         if (j->hs.prefill_ms_remote > 0)
             dn_ema(&n->st.prefill_tps_remote, j->hs.n_computed_remote * 1e3 / j->hs.prefill_ms_remote);
         if (j->hs.total_ms > 0) dn_ema(&n->st.handoff_gbps, j->hs.wire_bytes / (j->hs.total_ms * 1e6));
-    } else {
+    } else if (v->t_admit > 0) {
         n->st.local_prefills++;
         /* a one-token "prefill" measures decode speed, not prefill speed */
-        if (j->computed_local >= 8 && j->prefill_ms > 0)
-            dn_ema(&n->st.prefill_tps_local, j->computed_local * 1e3 / j->prefill_ms);
+        if (v->computed_local >= 8 && prefill_ms > 0) dn_ema(&n->st.prefill_tps_local, v->computed_local * 1e3 / prefill_ms);
     }
     if (j->fallback[0]) n->st.fallbacks++;
+    if (v->n_gen > 1 && gen_ms > 0) dn_ema(&n->st.decode_tps, (v->n_gen - 1) * 1e3 / gen_ms);
+    if (v->n_gen > 0) dn_ema(&n->st.ttft_ms, v->t_first - j->t_arrive);
     pthread_mutex_unlock(&n->smu);
 }
 
-/* Picks the session, prefills the prompt (remote if chosen, falling back to
- * local), and leaves the last prompt position's logits in n->logits. */
-static int dn_job_prefill(dn_job *j, char *err, size_t errlen) {
-    dnode *n = j->n;
-    int lcp;
-    j->slot = dn_slot_pick(n, j->r.prompt, j->r.n_prompt, &lcp);
-    if (dn_slot_prepare(n, j->slot, err, errlen)) return -1;
-    j->slot->last_used = ++n->tick;
-    session *s = j->slot->s;
-    /* the last prompt token is always evaluated here: its logits pick token 1 */
-    j->start_pos = lcp < j->r.n_prompt - 1 ? lcp : j->r.n_prompt - 1;
-    session_reset(s, j->start_pos);
-    j->slot->n = j->start_pos;
-    j->t_start = dn_now();
-    const char *addr = dn_pick_node(j);
-    if (addr && j->start_pos < j->r.n_prompt - 1) {
-        snprintf(j->node, sizeof j->node, "%s", addr);
-        char herr[512];
-        if (!dn_remote_prefill(j, addr, herr, sizeof herr)) {
-            j->remote = 1;
-        } else {
-            snprintf(j->fallback, sizeof j->fallback, "%s", herr);
-            dn_log("remote prefill on %s failed, prefilling locally: %s", addr, herr);
-            session_reset(s, j->start_pos);
-        }
-        dn_slot_sync(j->slot, j->r.prompt + j->slot->n, j->r.n_prompt - j->slot->n);
-    }
-    int pos = session_pos(s);
-    j->computed_local = j->r.n_prompt - pos;
-    if (model_eval(n->m, s, j->r.prompt + pos, j->r.n_prompt - pos, n->logits, NULL, NULL, err, errlen)) {
-        session_reset(s, j->slot->n);
-        return -1;
-    }
-    dn_slot_sync(j->slot, j->r.prompt + j->slot->n, j->r.n_prompt - j->slot->n);
-    j->prefill_ms = dn_now() - j->t_start;
-    dn_count_prefill(j);
-    return 0;
-}
-
-/* Appends the token's text and checks the stop strings. */
-static void dn_job_text(dn_job *j, int32_t id, size_t *piece_len) {
-    int w = tok_stream_push(&j->ts, id, j->piece, j->piece_cap);
-    *piece_len = w > 0 ? (size_t)w : 0;
-    size_t old = j->text.len;
-    dn_str_add(&j->text, j->piece, *piece_len);
-    j->text_keep = j->text.len;
-    for (int i = 0; i < j->r.n_stop; i++) {
-        size_t sl = strlen(j->r.stop[i]);
-        size_t from = old + 1 > sl ? old + 1 - sl : 0;   /* a match must end in the new bytes */
-        char *hit = j->text.len >= sl ? memmem(j->text.p + from, j->text.len - from, j->r.stop[i], sl) : NULL;
-        if (hit && (size_t)(hit - j->text.p) < j->text_keep) {
-            j->text_keep = (size_t)(hit - j->text.p);
-            dn_job_finish(j, "stop", NULL);
-        }
-    }
-}
-
-/* One token: evaluates the previous one if needed, samples the next.
- * Returns 1 with j->gen[j->n_gen - 1] new (j->finished may be set too), or
- * 0 when generation is over. Mirrors generate_run's order exactly. */
-static int dn_job_step(dn_job *j, size_t *piece_len) {
-    dnode *n = j->n;
-    if (j->finished) return 0;
-    if (n->stopping) { dn_job_finish(j, "error", "the server is shutting down"); return 0; }
-    dn_slot *sl = j->slot;
-    if (j->need_eval) {
-        int32_t id = j->gen[j->n_gen - 1];
-        char err[512];
-        if (session_pos(sl->s) >= n->n_ctx) { dn_job_finish(j, "length", NULL); return 0; }
-        if (model_eval(n->m, sl->s, &id, 1, n->logits, NULL, NULL, err, sizeof err)) {
-            session_reset(sl->s, sl->n);
-            dn_job_finish(j, "error", err);
-            return 0;
-        }
-        dn_slot_sync(sl, &id, 1);
-        j->need_eval = 0;
-    }
-    if (j->n_gen >= j->r.max_tokens) { dn_job_finish(j, "length", NULL); return 0; }
-    int32_t id = sampler_sample(j->smp, n->logits);
-    if (!j->r.ignore_eos && tokenizer_is_eog(n->tok, id)) { dn_job_finish(j, "stop", NULL); return 0; }
-    j->gen[j->n_gen++] = id;
-    if (j->n_gen == 1) j->t_first = dn_now();
-    j->need_eval = 1;
-    dn_job_text(j, id, piece_len);
-    if (j->n_gen >= j->r.max_tokens) dn_job_finish(j, "length", NULL);
-    return 1;
-}
-
-static dn_job *dn_job_new(dnode *n, dn_req *r, double t_arrive) {
-    dn_job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    j->n = n;
-    j->r = *r;
-    memset(r, 0, sizeof *r);
-    j->t_arrive = t_arrive;
-    j->piece_cap = tokenizer_max_token_bytes(n->tok) + 16;
-    int cap = j->r.max_tokens < n->n_ctx ? j->r.max_tokens : n->n_ctx;
-    j->piece = malloc(j->piece_cap);
-    j->gen = malloc(sizeof(int32_t) * (size_t)(cap + 1));
-    j->smp = sampler_new(&j->r.sp, n->n_vocab);
-    if (!j->piece || !j->gen || !j->smp) {
-        free(j->piece); free(j->gen); sampler_free(j->smp); dn_req_free(&j->r); free(j);
-        return NULL;
-    }
-    if (j->r.max_tokens > cap) j->r.max_tokens = cap;   /* the context ends generation anyway */
-    tok_stream_init_prompt(&j->ts, n->tok, j->r.prompt, j->r.n_prompt);
-    return j;
-}
-
-/* Releases the generation slot, counts the outcome, frees the job. */
+/* Counts the outcome, hands the job back to the scheduler (cancelling it
+ * if it still runs: the client went away), frees the request. */
 static void dn_job_free(dn_job *j) {
     if (!j) return;
-    dnode *n = j->n;
-    if (j->holds_slot) {
-        int cancelled = !j->finished;
-        if (cancelled) dn_log("client went away after %d tokens; generation stopped", j->n_gen);
-        double gen_ms = j->n_gen > 1 ? dn_now() - j->t_first : 0;
-        pthread_mutex_lock(&n->smu);
-        n->st.completion_tokens += (uint64_t)j->n_gen;
-        if (cancelled) n->st.cancelled++;
-        else if (j->finish && !strcmp(j->finish, "error")) n->st.failed++;
-        else n->st.ok++;
-        if (j->n_gen > 1 && gen_ms > 0) dn_ema(&n->st.decode_tps, (j->n_gen - 1) * 1e3 / gen_ms);
-        if (j->n_gen > 0) dn_ema(&n->st.ttft_ms, j->t_first - j->t_arrive);
-        pthread_mutex_unlock(&n->smu);
-        dn_gen_release(n);
+    if (j->sj) {
+        j->v = sched_wait(j->n->sc, j->sj, INT32_MAX, 0);
+        dn_count_job(j);
+        sched_release(j->n->sc, j->sj);
     }
-    sampler_free(j->smp);
-    free(j->piece);
-    free(j->gen);
-    free(j->text.p);
     free(j->out.p);
-    dn_req_free(&j->r);
     free(j);
 }
 
 /* ==== Result JSON ==== */
 
 static json_t *dn_prefill_json(dn_job *j) {
+    const sched_view *v = j->v;
+    double prefill_ms = v->t_prompt_done > 0 ? v->t_prompt_done - v->t_admit : 0.0;
     json_t *p = json_object();
     json_object_set_new(p, "mode", json_string(j->remote ? "remote" : "local"));
     if (j->node[0]) json_object_set_new(p, "node", json_string(j->node));
     if (j->fallback[0]) json_object_set_new(p, "fallback_reason", dn_json_text(j->fallback, strlen(j->fallback)));
-    json_object_set_new(p, "start_pos", json_integer(j->start_pos));
+    json_object_set_new(p, "start_pos", json_integer(v->start_pos));
+    json_object_set_new(p, "reused_from_other_session", json_boolean(v->reused_from_other));
     json_object_set_new(p, "positions_received", json_integer(j->remote ? j->hs.n_sent : 0));
     json_object_set_new(p, "computed_remote", json_integer(j->remote ? j->hs.n_computed_remote : 0));
-    json_object_set_new(p, "computed_local", json_integer(j->computed_local));
+    json_object_set_new(p, "computed_local", json_integer(v->computed_local));
     json_object_set_new(p, "kv_bytes", json_integer(j->remote ? (json_int_t)j->hs.kv_bytes : 0));
     json_object_set_new(p, "wire_bytes", json_integer(j->remote ? (json_int_t)j->hs.wire_bytes : 0));
-    json_object_set_new(p, "prefill_ms", json_real(j->prefill_ms));
+    json_object_set_new(p, "prefill_ms", json_real(prefill_ms));
     if (j->remote) {
         json_object_set_new(p, "remote_prefill_ms", json_real(j->hs.prefill_ms_remote));
         json_object_set_new(p, "handoff_ms", json_real(j->hs.total_ms));
         json_object_set_new(p, "transfer_tail_ms", json_real(j->hs.transfer_tail_ms));
     }
-    json_object_set_new(p, "queue_ms", json_real(j->queue_ms));
-    json_object_set_new(p, "ttft_ms", json_real(j->n_gen > 0 ? j->t_first - j->t_arrive : 0.0));
+    json_object_set_new(p, "queue_ms", json_real(v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0));
+    json_object_set_new(p, "ttft_ms", json_real(v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0));
     return p;
 }
 
 /* Fields shared by the final stream line and the non-stream body. */
 static void dn_result_fields(dn_job *j, json_t *o) {
-    json_object_set_new(o, "finish_reason", json_string(j->finish ? j->finish : "stop"));
+    const sched_view *v = j->v;
+    json_object_set_new(o, "finish_reason", json_string(v->finish && strcmp(v->finish, "cancelled") ? v->finish : "stop"));
     json_t *u = json_object();
-    json_object_set_new(u, "prompt_tokens", json_integer(j->r.n_prompt));
-    json_object_set_new(u, "completion_tokens", json_integer(j->n_gen));
+    json_object_set_new(u, "prompt_tokens", json_integer(j->n_prompt));
+    json_object_set_new(u, "completion_tokens", json_integer(v->n_gen));
     json_object_set_new(o, "usage", u);
     json_object_set_new(o, "prefill", dn_prefill_json(j));
-    if (j->n_gen > 1) {
-        double ms = dn_now() - j->t_first;
-        json_object_set_new(o, "decode_tps", json_real(ms > 0 ? (j->n_gen - 1) * 1e3 / ms : 0.0));
+    if (v->n_gen > 1) {
+        double ms = dn_now() - v->t_first;
+        json_object_set_new(o, "decode_tps", json_real(ms > 0 ? (v->n_gen - 1) * 1e3 / ms : 0.0));
     }
-    if (j->error[0]) json_object_set_new(o, "error", dn_json_text(j->error, strlen(j->error)));
-}
-
-static void dn_flush_text(dn_job *j, dn_str *tail) {
-    char buf[32];
-    int w = tok_stream_flush(&j->ts, buf, sizeof buf);
-    if (w > 0) {
-        if (j->text_keep == j->text.len) { dn_str_add(&j->text, buf, (size_t)w); j->text_keep = j->text.len; }
-        if (tail) dn_str_add(tail, buf, (size_t)w);
-    }
+    if (v->error) json_object_set_new(o, "error", dn_json_text(v->error, strlen(v->error)));
 }
 
 static char *dn_dump(json_t *o, size_t *len) {
@@ -834,15 +656,11 @@ static enum MHD_Result dn_handle_health(dnode *n, struct MHD_Connection *c) {
 
 static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     dn_stats s;
-    int busy, waiting, used;
+    sched_stats ss;
     pthread_mutex_lock(&n->smu);
     s = n->st;
-    used = n->sessions_used;
     pthread_mutex_unlock(&n->smu);
-    pthread_mutex_lock(&n->mu);
-    busy = n->busy;
-    waiting = n->waiting;
-    pthread_mutex_unlock(&n->mu);
+    sched_get_stats(n->sc, &ss);
     json_t *o = json_object();
     json_object_set_new(o, "role", json_string(n->role));
     json_object_set_new(o, "model", dn_json_text(n->desc, strlen(n->desc)));
@@ -861,11 +679,15 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "decode_tps", json_real(s.decode_tps));
     json_object_set_new(o, "ttft_ms", json_real(s.ttft_ms));
     json_object_set_new(o, "handoff_gbps", json_real(s.handoff_gbps));
-    json_object_set_new(o, "busy", json_integer(busy));
-    json_object_set_new(o, "queued", json_integer(waiting));
-    json_object_set_new(o, "queue_max", json_integer(n->queue_max));
-    json_object_set_new(o, "sessions", json_integer(n->n_slots));
-    json_object_set_new(o, "sessions_used", json_integer(used));
+    json_object_set_new(o, "busy", json_integer(ss.slots_busy > 0));
+    json_object_set_new(o, "slots", json_integer(ss.slots));
+    json_object_set_new(o, "slots_busy", json_integer(ss.slots_busy));
+    json_object_set_new(o, "queued", json_integer(ss.queued));
+    json_object_set_new(o, "queue_max", json_integer(ss.queue_max));
+    json_object_set_new(o, "sessions", json_integer(ss.slots));
+    json_object_set_new(o, "sessions_used", json_integer(ss.sessions_used));
+    json_object_set_new(o, "batch_steps", json_integer((json_int_t)ss.steps));
+    json_object_set_new(o, "batched_tokens", json_integer((json_int_t)ss.batched_tokens));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
     return dn_send_json(c, 200, o);
 }
@@ -877,28 +699,45 @@ static void dn_emit_line(dn_job *j, json_t *o) {
     free(s);
 }
 
+/* Lines for the tokens the scheduler published since the last call, then
+ * the final line once the job is done. */
+static void dn_stream_fill(dn_job *j) {
+    const sched_view *v = dn_job_wait(j, j->sent);
+    for (; j->sent < v->n_gen; j->sent++) {
+        size_t a = j->sent ? v->piece_end[j->sent - 1] : 0, b = v->piece_end[j->sent];
+        json_t *o = json_object();
+        json_object_set_new(o, "token", json_integer(v->gen[j->sent]));
+        json_object_set_new(o, "text", dn_json_text(v->text + a, b - a));
+        dn_emit_line(j, o);
+    }
+    if (v->state != SJ_DONE && !j->n->stopping) return;
+    size_t end = v->n_gen ? v->piece_end[v->n_gen - 1] : 0;
+    json_t *o = json_object();
+    json_object_set_new(o, "done", json_true());
+    if (v->text_len > end) json_object_set_new(o, "text", dn_json_text(v->text + end, v->text_len - end));
+    if (v->state != SJ_DONE) {
+        static const sched_view stopping = { .state = SJ_DONE, .finish = "error", .error = "the server is shutting down" };
+        sched_view cp = *v;
+        cp.finish = stopping.finish;
+        cp.error = stopping.error;
+        j->v = &cp;
+        dn_result_fields(j, o);
+        j->v = v;
+    } else {
+        dn_result_fields(j, o);
+    }
+    dn_emit_line(j, o);
+    j->done_sent = 1;
+}
+
+/* MHD's content reader: blocks (thread per connection) until there is
+ * something to send. */
 static ssize_t dn_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     dn_job *j = cls;
     while (j->out_off == j->out.len) {
         j->out.len = j->out_off = 0;
         if (j->done_sent) return MHD_CONTENT_READER_END_OF_STREAM;
-        size_t pl = 0;
-        if (dn_job_step(j, &pl)) {
-            json_t *o = json_object();
-            json_object_set_new(o, "token", json_integer(j->gen[j->n_gen - 1]));
-            json_object_set_new(o, "text", dn_json_text(j->piece, pl));
-            dn_emit_line(j, o);
-        } else {
-            dn_str tail = { 0 };
-            dn_flush_text(j, &tail);
-            json_t *o = json_object();
-            json_object_set_new(o, "done", json_true());
-            if (tail.len) json_object_set_new(o, "text", dn_json_text(tail.p, tail.len));
-            free(tail.p);
-            dn_result_fields(j, o);
-            dn_emit_line(j, o);
-            j->done_sent = 1;
-        }
+        dn_stream_fill(j);
     }
     size_t k = j->out.len - j->out_off;
     if (k > max) k = max;
@@ -910,46 +749,70 @@ static ssize_t dn_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void dn_stream_free(void *cls) { dn_job_free(cls); }
 
 static enum MHD_Result dn_generate_full(dn_job *j, struct MHD_Connection *c) {
-    size_t pl;
-    while (dn_job_step(j, &pl)) {}
-    dn_flush_text(j, NULL);
+    const sched_view *v = j->v;
+    while (v->state != SJ_DONE && !j->n->stopping) v = dn_job_wait(j, v->n_gen);
     json_t *o = json_object();
     json_t *toks = json_array();
-    for (int i = 0; i < j->n_gen; i++) json_array_append_new(toks, json_integer(j->gen[i]));
+    for (int i = 0; i < v->n_gen; i++) json_array_append_new(toks, json_integer(v->gen[i]));
     json_object_set_new(o, "tokens", toks);
-    json_object_set_new(o, "text", dn_json_text(j->text.p ? j->text.p : "", j->text_keep));
+    json_object_set_new(o, "text", dn_json_text(v->text ? v->text : "", v->text_keep));
     dn_result_fields(j, o);
-    unsigned status = j->finish && !strcmp(j->finish, "error") ? 500 : 200;
+    unsigned status = v->finish && !strcmp(v->finish, "error") ? 500 : 200;
     dn_job_free(j);
     return dn_send_json(c, status, o);
+}
+
+/* Parses the request and hands it to the scheduler; *out receives the job.
+ * Returns 0, or the HTTP status of the error already described in err. */
+static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, dn_job **out,
+                              const char **type, char *err, size_t errlen) {
+    dn_req r;
+    *out = NULL;
+    if (dn_parse_request(n, body, len, &r, err, errlen)) { *type = "invalid_request_error"; return 400; }
+    dn_job *j = calloc(1, sizeof *j);
+    if (!j) { dn_req_free(&r); *type = "server_error"; snprintf(err, errlen, "out of memory"); return 500; }
+    j->n = n;
+    j->t_arrive = t_arrive;
+    j->n_prompt = r.n_prompt;
+    j->stream = r.stream;
+    j->max_tokens = r.max_tokens;
+    const char *addr = dn_pick_node(n, &r);
+    if (addr) snprintf(j->addr, sizeof j->addr, "%s", addr);
+    sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
+                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL };
+    for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
+    memset(&r, 0, sizeof r);          /* the scheduler owns the prompt and stop strings now */
+    int a = sched_submit(n->sc, &sr, &j->sj);
+    if (a) {
+        free(j);
+        *type = a == -1 ? "busy" : "unavailable";
+        snprintf(err, errlen, a == -1 ? "too many requests waiting; try again later" : "the server is shutting down");
+        return 503;
+    }
+    *out = j;
+    return 0;
 }
 
 static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, const char *body, size_t len) {
     double t_arrive = dn_now();
     char err[512];
-    dn_req r;
+    const char *type = "";
+    dn_job *j;
     pthread_mutex_lock(&n->smu);
     n->st.requests++;
     pthread_mutex_unlock(&n->smu);
-    if (dn_parse_request(n, body, len, &r, err, sizeof err))
-        return dn_send_error(n, c, 400, "invalid_request_error", err);
-    dn_job *j = dn_job_new(n, &r, t_arrive);
-    if (!j) { dn_req_free(&r); return dn_send_error(n, c, 500, "server_error", "out of memory"); }
-    int a = dn_gen_acquire(n);
-    if (a) {
-        dn_job_free(j);
-        return dn_send_error(n, c, 503, a == -1 ? "busy" : "unavailable",
-                             a == -1 ? "too many requests waiting; try again later" : "the server is shutting down");
-    }
-    j->holds_slot = 1;
-    j->queue_ms = dn_now() - t_arrive;
-    if (dn_job_prefill(j, err, sizeof err)) {
-        dn_job_finish(j, "error", err);
+    unsigned status = dn_job_submit(n, body, len, t_arrive, &j, &type, err, sizeof err);
+    if (status) return dn_send_error(n, c, status, type, err);
+    /* Until the first token (or the end) nothing is sent, so a failure
+     * before then is an HTTP error the router can retry elsewhere. */
+    const sched_view *v = dn_job_wait(j, 0);
+    if (v->state == SJ_DONE && v->n_gen == 0 && v->finish && !strcmp(v->finish, "error")) {
+        snprintf(err, sizeof err, "%s", v->error ? v->error : "generation failed");
         dn_log("prefill failed: %s", err);
         dn_job_free(j);
         return dn_send_error(n, c, 500, "server_error", err);
     }
-    if (!j->r.stream) return dn_generate_full(j, c);
+    if (!j->stream) return dn_generate_full(j, c);
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, DN_STREAM_BLOCK,
                                                                   dn_stream_read, j, dn_stream_free);
     if (!resp) { dn_job_free(j); return MHD_NO; }
@@ -1060,6 +923,24 @@ static int dn_write_port_file(const char *path, int port, char *err, size_t errl
 
 /* ==== Run ==== */
 
+/* Default slot count: what half of the available memory holds of full
+ * caches, at most DN_MAX_DEFAULT_SLOTS (a 2-core CPU gains little beyond
+ * that) and at least 1. */
+static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
+    const model_hparams *hp = model_get_hparams(m);
+    uint64_t row = gguf_row_bytes(kv_dtype, (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim_k);
+    uint64_t per_slot = 2 * row * (uint64_t)hp->n_layer * (uint64_t)n_ctx;
+    long long avail_kb = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %lld kB", &avail_kb) == 1) break;
+    if (f) fclose(f);
+    if (avail_kb <= 0 || per_slot == 0) return 4;
+    uint64_t fit = (uint64_t)avail_kb * 1024 / 2 / per_slot;
+    return fit < 1 ? 1 : fit > DN_MAX_DEFAULT_SLOTS ? DN_MAX_DEFAULT_SLOTS : (int)fit;
+}
+
 static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     n->m = m;
@@ -1067,7 +948,7 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     n->tok = model_get_tokenizer(m);
     n->n_vocab = hp->n_vocab;
     n->n_ctx = o->n_ctx > 0 ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    n->n_slots = o->n_sessions > 0 ? o->n_sessions : 4;
+    n->n_slots = o->n_sessions > 0 ? o->n_sessions : dn_default_slots(m, n->n_ctx, o->kv_dtype ? o->kv_dtype : GGML_TYPE_F16);
     n->queue_max = o->queue_max > 0 ? o->queue_max : 16;
     n->min_split = o->min_split_tokens > 0 ? o->min_split_tokens : 32;
     n->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
@@ -1078,22 +959,24 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     const char *base = strrchr(path, '/');
     snprintf(n->desc, sizeof n->desc, "%s (%s, %d layers, n_embd %d, %s)", base ? base + 1 : path,
              hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, model_type_summary(m));
-    pthread_mutex_init(&n->mu, NULL);
-    pthread_cond_init(&n->cv, NULL);
+    pthread_mutex_init(&n->pmu, NULL);
     pthread_mutex_init(&n->smu, NULL);
-    n->slots = calloc((size_t)n->n_slots, sizeof *n->slots);
-    n->logits = malloc(sizeof(float) * (size_t)n->n_vocab);
-    if (!n->slots || !n->logits) { snprintf(err, errlen, "out of memory"); return -1; }
     return 0;
 }
 
+/* Starts the scheduler (the node's generation slots). */
+static int dn_start(dnode *n, char *err, size_t errlen) {
+    sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
+                      .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,
+                      .min_reuse = DN_MIN_REUSE };
+    return sched_create(&n->sc, n->m, &so, err, errlen);
+}
+
 static void dn_cleanup(dnode *n) {
+    sched_destroy(n->sc);
+    n->sc = NULL;
     dn_peers_close(n);
-    for (int i = 0; n->slots && i < n->n_slots; i++) { session_free(n->slots[i].s); free(n->slots[i].tokens); }
-    free(n->slots);
-    free(n->logits);
-    pthread_mutex_destroy(&n->mu);
-    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
 }
 
@@ -1117,7 +1000,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     dnode n;
     memset(&n, 0, sizeof n);
     int rc = -1, port = 0, family = AF_INET;
-    if (dn_init(&n, m, &def, err, errlen)) { dn_cleanup(&n); return -1; }
+    if (dn_init(&n, m, &def, err, errlen) || dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
     int fd = dn_listen(o->listen ? o->listen : "127.0.0.1:8080", &port, &family, err, errlen);
     if (fd < 0) { dn_cleanup(&n); return -1; }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
@@ -1125,7 +1008,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, dn_on_request, &n,
         MHD_OPTION_LISTEN_SOCKET, fd,
         MHD_OPTION_NOTIFY_COMPLETED, dn_on_completed, &n,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(n.queue_max + 32),   /* queued + running + health/stats probes */
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(n.queue_max + n.n_slots + 32),   /* queued + running + probes */
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,                  /* idle keep-alive connections */
         MHD_OPTION_END);
     if (!d) {
@@ -1134,7 +1017,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         dn_cleanup(&n);
         return -1;
     }
-    dn_log("listening on %s (port %d), role %s, model %s, n_ctx %d, %d sessions, %d prefill node(s)",
+    dn_log("listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s)",
            o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes);
     if (o->port_file && dn_write_port_file(o->port_file, port, err, errlen)) goto stop;
     while (!*stop) {
@@ -1144,10 +1027,8 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     dn_log("shutting down");
     rc = 0;
 stop:
-    pthread_mutex_lock(&n.mu);
     n.stopping = 1;
-    pthread_cond_broadcast(&n.cv);
-    pthread_mutex_unlock(&n.mu);
+    sched_stop(n.sc);     /* ends running jobs: their streams finish with an error line */
     MHD_stop_daemon(d);   /* joins every connection thread; closes the listening socket */
     dn_cleanup(&n);
     return rc;
@@ -1169,7 +1050,9 @@ static void dn_usage(void) {
         "  -t N                      threads (default 2)\n"
         "  -c N                      context per session (default: the model's, at most 4096)\n"
         "  -b N                      prefill chunk (default 512)\n"
-        "  --sessions N              KV caches kept for prefix reuse (default 4)\n"
+        "  --parallel N              sequences decoded together, each with its KV cache\n"
+        "                            (default: what half the free memory holds, at most 8)\n"
+        "  --prefill-budget N        prompt tokens per step while others decode (default 256)\n"
         "  --queue N                 requests that may wait (default 16; more get 503)\n"
         "  --min-split-tokens N      \"auto\" prefills remotely from this prompt length (default 32)\n"
         "  --kv-type T               cache type: f16 (default), bf16, q8_0\n"
@@ -1213,7 +1096,8 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "-t")) bad = dn_cli_int(v, 1, 256, &c->threads);
         else if (!strcmp(a, "-c")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.n_ctx);
         else if (!strcmp(a, "-b")) bad = dn_cli_int(v, 1, 1 << 16, &c->batch);
-        else if (!strcmp(a, "--sessions")) bad = dn_cli_int(v, 1, 256, &c->o.n_sessions);
+        else if (!strcmp(a, "--parallel") || !strcmp(a, "--sessions")) bad = dn_cli_int(v, 1, 256, &c->o.n_sessions);
+        else if (!strcmp(a, "--prefill-budget")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.prefill_budget);
         else if (!strcmp(a, "--queue")) bad = dn_cli_int(v, 1, 4096, &c->o.queue_max);
         else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.min_split_tokens);
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(v, 1, 3600000, &c->o.timeout_ms);

@@ -21,12 +21,15 @@
  * already sent). Errors: 400/404/405/413 {"error":{"message","type"}}, 503
  * when the queue is full or the node is stopping.
  *
- * One generation runs at a time (the model's scratch and thread pool are
- * shared); further requests wait in a bounded queue, beyond which they get
- * 503. Up to n_sessions KV caches are kept with their token lists; a request
- * continues the session sharing the longest prefix with its prompt, so only
- * the missing span is prefilled (locally or by a prefill node). A remote
- * prefill that fails falls back to local prefill for that request.
+ * Continuous batching (scheduler.h): up to n_sessions requests generate
+ * together, one token each per model pass, while newly admitted prompts are
+ * evaluated in the same passes within a per-step budget; further requests
+ * wait in a bounded queue, beyond which they get 503. Each slot keeps its
+ * KV cache and token list after its request ends; a request starts from the
+ * longest cached prefix of any slot (copying rows from another slot when
+ * that one shares more), so only the missing span is prefilled (locally or
+ * by a prefill node). A remote prefill that fails falls back to local
+ * prefill for that request.
  */
 #ifndef TANDEM_NODE_DECODE_H
 #define TANDEM_NODE_DECODE_H
@@ -53,7 +56,9 @@ typedef struct {
     uint32_t wire_dtype;         /* handoff wire type (default: the cache type) */
     int zstd;                    /* ask prefill nodes for zstd frames */
     int timeout_ms;              /* handoff: no frame for this long -> fall back (default 10000) */
-    int n_sessions;              /* KV caches kept (default 4) */
+    int n_sessions;              /* --parallel: slots decoded together, one KV cache each
+                                  * (default: what half the free memory holds, at most 8) */
+    int prefill_budget;          /* prompt tokens per step while other slots decode (default 256) */
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */

@@ -1,0 +1,322 @@
+/* test_serve_batch.c - continuous batching on real decode nodes.
+ *
+ * Starts `tandem serve --role local --parallel 4` (and a decode node beside
+ * a prefill node) on loopback and checks, with concurrent clients:
+ *   - 8 greedy requests at once, joining at staggered times and asking for
+ *     different lengths, streamed and not, get exactly the tokens each gets
+ *     alone, on every F16/F32 golden model; the node really batched them
+ *     (more tokens than model passes);
+ *   - the same for split requests (prefill node -> decode node);
+ *   - a shared prompt prefix is copied from a running slot (start_pos);
+ *   - a client that leaves mid-stream frees its slot; the others finish
+ *     with their own tokens; queue overflow gives 503 while the admitted
+ *     requests stay correct; a sequence that fills its context ends with
+ *     finish_reason "length" beside an unaffected one;
+ *   - fds and RSS come back to their baseline.
+ */
+#include "proc.h"
+
+#include <pthread.h>
+
+#define N_REQ 8
+#define MAX_GEN 48
+
+typedef struct {
+    int port;
+    int32_t prompt[64];
+    int n_prompt, max_tokens, stream, delay_ms;
+    const char *prefill;
+    /* results */
+    int status, n_tok;
+    int32_t tok[MAX_GEN];
+    char finish[32], mode[32];
+    int start_pos;
+} req;
+
+static void req_run(req *r) {
+    if (r->delay_ms) sleep_ms(r->delay_ms);
+    json_t *o = NULL;
+    r->n_tok = 0;
+    if (r->stream) {
+        json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, 1, r->prefill);
+        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
+        json_decref(q);
+        r->status = http(r->port, "POST", "/v1/generate", s, &body);
+        free(s);
+        if (body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
+        free(body);
+    } else {
+        o = post_json(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, 0, r->prefill), &r->status);
+        json_t *a = json_object_get(o, "tokens");
+        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
+            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
+    }
+    snprintf(r->finish, sizeof r->finish, "%s", jstr(o, "finish_reason", NULL));
+    snprintf(r->mode, sizeof r->mode, "%s", jstr(o, "prefill", "mode"));
+    r->start_pos = (int)jint(o, "prefill", "start_pos");
+    json_decref(o);
+}
+
+static void *req_thread(void *arg) { req_run(arg); return NULL; }
+
+static void run_all(req *r, int n) {
+    pthread_t th[N_REQ * 2];
+    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, req_thread, &r[i]);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+static uint32_t rng(uint32_t *s) { *s = *s * 1664525u + 1013904223u; return *s >> 8; }
+
+/* N_REQ requests with random prompts over ids [lo, hi). */
+static void make_reqs(req *r, int port, uint32_t seed, int lo, int hi, const char *prefill) {
+    for (int i = 0; i < N_REQ; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        r[i].port = port;
+        r[i].n_prompt = 4 + (int)(rng(&seed) % 40);
+        for (int t = 0; t < r[i].n_prompt; t++) r[i].prompt[t] = lo + (int32_t)(rng(&seed) % (uint32_t)(hi - lo));
+        r[i].max_tokens = 6 + (int)(rng(&seed) % 20);
+        r[i].stream = i % 2;
+        r[i].delay_ms = (int)(rng(&seed) % 5) * 40;
+        r[i].prefill = prefill;
+    }
+}
+
+static long long stat_int(int port, const char *key) {
+    char *body = NULL;
+    int st = http(port, "GET", "/v1/stats", NULL, &body);
+    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    long long v = o ? jint(o, key, NULL) : -1;
+    json_decref(o);
+    free(body);
+    return v;
+}
+
+/* Waits until no slot is busy (a cancelled job is dropped at the next step). */
+static int wait_idle(int port, int timeout_ms) {
+    double t0 = now_ms();
+    while (now_ms() - t0 < timeout_ms) {
+        if (stat_int(port, "slots_busy") == 0 && stat_int(port, "queued") == 0) return 1;
+        sleep_ms(50);
+    }
+    return 0;
+}
+
+/* Each request alone (one at a time), then all together: same tokens. */
+static void check_concurrent_equal(req *r, const char *what) {
+    req alone[N_REQ];
+    memcpy(alone, r, sizeof alone);
+    for (int i = 0; i < N_REQ; i++) { alone[i].delay_ms = 0; req_run(&alone[i]); }
+    int steps0 = (int)stat_int(r[0].port, "batch_steps"), toks0 = (int)stat_int(r[0].port, "batched_tokens");
+    run_all(r, N_REQ);
+    int steps = (int)stat_int(r[0].port, "batch_steps") - steps0, toks = (int)stat_int(r[0].port, "batched_tokens") - toks0;
+    int same = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        CHECK(alone[i].status == 200 && r[i].status == 200, "%s req %d: status %d alone, %d together", what, i,
+              alone[i].status, r[i].status);
+        int eq = alone[i].n_tok == r[i].n_tok && r[i].n_tok == r[i].max_tokens &&
+                 !memcmp(alone[i].tok, r[i].tok, sizeof(int32_t) * (size_t)r[i].n_tok);
+        CHECK(eq, "%s req %d (%s): %d tokens together vs %d alone, different ids", what, i,
+              r[i].stream ? "stream" : "full", r[i].n_tok, alone[i].n_tok);
+        same += eq;
+    }
+    /* decode steps carried several sequences: fewer passes than tokens */
+    CHECK(steps > 0 && toks > steps, "%s: %d tokens in %d passes (no batching?)", what, toks, steps);
+    printf("%s: %d/%d requests equal alone; %d tokens in %d passes (%.1f per pass)\n", what, same, N_REQ, toks, steps,
+           steps ? (double)toks / steps : 0.0);
+}
+
+static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
+    char pf[512], log[512];
+    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    unlink(pf);   /* a previous node's port file must not be read as ours */
+    char *argv[32];
+    int k = 0;
+    argv[k++] = (char *)bin();
+    argv[k++] = "serve";
+    for (int i = 0; extra[i]; i++) argv[k++] = extra[i];
+    argv[k++] = "--port-file";
+    argv[k++] = pf;
+    argv[k] = NULL;
+    pid_t pid = spawn(argv, log);
+    *port = wait_port(pf, pid, asan() ? 120000 : 30000);
+    return pid;
+}
+
+static void test_model_local(const char *path, const char *dir, int vocab_hi, uint32_t seed) {
+    int port;
+    char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "512", "--parallel", "4",
+                      "--listen", "127.0.0.1:0", NULL };
+    pid_t pid = start_node(dir, "local", extra, &port);
+    CHECK(port > 0, "%s: local node did not start", path);
+    if (port <= 0) { stop_proc(pid, 5000); return; }
+    req r[N_REQ];
+    make_reqs(r, port, seed, 10, vocab_hi, NULL);
+    check_concurrent_equal(r, path);
+    CHECK(stop_proc(pid, 20000) == 0, "%s: node exit status", path);
+}
+
+/* Slots freed by a leaving client; queue overflow; context exhaustion;
+ * prefix copied from a running slot; fds/RSS back to baseline. */
+static void test_lifecycle(const char *path, const char *dir) {
+    int port;
+    char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "160", "--parallel", "2",
+                      "--queue", "2", "--listen", "127.0.0.1:0", NULL };
+    pid_t pid = start_node(dir, "life", extra, &port);
+    CHECK(port > 0, "lifecycle node did not start");
+    if (port <= 0) { stop_proc(pid, 5000); return; }
+    req warm[N_REQ];
+    make_reqs(warm, port, 99, 10, 5000, NULL);
+    for (int i = 0; i < 2; i++) { warm[i].delay_ms = 0; req_run(&warm[i]); }
+    int fd0 = settled_fds(pid);
+    long rss0 = rss_kb(pid);
+
+    /* a client leaves mid-stream: its slot comes back, the other stream is intact */
+    req keep = warm[2];
+    keep.stream = 1; keep.max_tokens = 40; keep.delay_ms = 0;
+    req keep_alone = keep;
+    req_run(&keep_alone);
+    pthread_t th;
+    pthread_create(&th, NULL, req_thread, &keep);
+    int fd = http_connect(port);
+    json_t *q = gen_req(warm[3].prompt, warm[3].n_prompt, 150, 1, NULL);
+    char *s = json_dumps(q, JSON_COMPACT), buf[256];
+    json_decref(q);
+    http_send(fd, "POST", "/v1/generate", s);
+    free(s);
+    ssize_t got = recv(fd, buf, sizeof buf, 0);
+    close(fd);
+    pthread_join(th, NULL);
+    CHECK(got > 0, "leaving client got nothing before it left");
+    CHECK(keep.status == 200 && keep.n_tok == keep_alone.n_tok &&
+          !memcmp(keep.tok, keep_alone.tok, sizeof(int32_t) * (size_t)keep.n_tok),
+          "stream beside a leaving client changed (%d vs %d tokens)", keep.n_tok, keep_alone.n_tok);
+    CHECK(wait_idle(port, 10000), "slot of a client that left was not freed");
+    CHECK(stat_int(port, "requests_cancelled") >= 1, "leaving client not counted as cancelled");
+
+    /* queue overflow: 2 slots + 2 queued; the rest get 503, the admitted ones are right */
+    req many[N_REQ];
+    make_reqs(many, port, 7, 10, 5000, NULL);
+    req solo[N_REQ];
+    for (int i = 0; i < N_REQ; i++) { many[i].max_tokens = 24; many[i].delay_ms = 0; solo[i] = many[i]; }
+    for (int i = 0; i < N_REQ; i++) req_run(&solo[i]);
+    run_all(many, N_REQ);
+    int busy = 0, ok = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        if (many[i].status == 503) { busy++; continue; }
+        ok += many[i].status == 200 && many[i].n_tok == solo[i].n_tok &&
+              !memcmp(many[i].tok, solo[i].tok, sizeof(int32_t) * (size_t)solo[i].n_tok);
+    }
+    CHECK(busy >= 1 && ok == N_REQ - busy, "overflow: %d got 503, %d of %d admitted correct", busy, ok, N_REQ - busy);
+
+    /* context exhaustion beside a normal request: 150 prompt tokens in a 160 context */
+    req full, normal = warm[4];
+    memset(&full, 0, sizeof full);
+    full.port = port;
+    full.n_prompt = 150;
+    int32_t longp[150];
+    for (int i = 0; i < 150; i++) longp[i] = 100 + i;
+    full.max_tokens = 40;
+    normal.delay_ms = 0;
+    req normal_alone = normal;
+    req_run(&normal_alone);
+    {
+        /* req holds at most 64 prompt ids: send the long one directly */
+        int st;
+        pthread_create(&th, NULL, req_thread, &normal);
+        json_t *o = post_json(port, gen_req(longp, 150, 40, 0, NULL), &st);
+        pthread_join(th, NULL);
+        CHECK(st == 200 && !strcmp(jstr(o, "finish_reason", NULL), "length") &&
+              json_array_size(json_object_get(o, "tokens")) == 11,
+              "context exhaustion: status %d finish %s, %zu tokens (want length, 11)", st, jstr(o, "finish_reason", NULL),
+              json_array_size(json_object_get(o, "tokens")));
+        json_decref(o);
+    }
+    CHECK(normal.n_tok == normal_alone.n_tok && !memcmp(normal.tok, normal_alone.tok, sizeof(int32_t) * (size_t)normal.n_tok),
+          "request beside an exhausted context changed");
+
+    /* prefix sharing: B shares A's first 60 tokens while A is still running */
+    int32_t pa[100], pb[100];
+    for (int i = 0; i < 100; i++) pa[i] = pb[i] = 3000 + i;
+    for (int i = 60; i < 100; i++) pb[i] = 4000 + i;
+    int st;
+    json_t *ref = post_json(port, gen_req(pb, 80, 8, 0, "local"), &st);   /* B alone (fresh slot content) */
+    json_decref(post_json(port, gen_req(pb + 40, 40, 1, 0, NULL), &st));   /* push B's prefix out of the way */
+    json_decref(post_json(port, gen_req(pb + 20, 60, 1, 0, NULL), &st));
+    req a;
+    memset(&a, 0, sizeof a);
+    a.port = port;
+    a.n_prompt = 64;
+    memcpy(a.prompt, pa, sizeof(int32_t) * 64);
+    a.max_tokens = 40;
+    a.stream = 1;
+    pthread_create(&th, NULL, req_thread, &a);
+    sleep_ms(asan() ? 1500 : 300);
+    json_t *b = post_json(port, gen_req(pb, 80, 8, 0, NULL), &st);
+    pthread_join(th, NULL);
+    CHECK(st == 200 && jint(b, "prefill", "start_pos") >= 60, "shared prefix not reused: start_pos %lld",
+          jint(b, "prefill", "start_pos"));
+    CHECK(json_equal(json_object_get(b, "tokens"), json_object_get(ref, "tokens")), "shared-prefix request changed tokens");
+    json_decref(ref);
+    json_decref(b);
+
+    CHECK(wait_idle(port, 10000), "slots not idle at the end");
+    int fd1 = settled_fds(pid);
+    long rss1 = rss_kb(pid);
+    CHECK(fd1 <= fd0, "fds %d -> %d", fd0, fd1);
+    /* two KV caches of 160 positions are a few MB; allow the allocator some slack */
+    CHECK(rss1 - rss0 < 16 * 1024, "RSS %ld -> %ld kB", rss0, rss1);
+    printf("lifecycle: fds %d -> %d, RSS %ld -> %ld kB, %d of %d got 503 on overflow\n", fd0, fd1, rss0, rss1, busy, N_REQ);
+    CHECK(stop_proc(pid, 20000) == 0, "lifecycle node exit status");
+}
+
+static void test_split(const char *path, const char *dir) {
+    char sf[512];
+    snprintf(sf, sizeof sf, "%s/secret", dir);
+    FILE *f = fopen(sf, "w");
+    if (f) { fputs("batch-test-secret\n", f); fclose(f); }
+    int pport, dport;
+    char *pextra[] = { "--role", "prefill", "-m", (char *)path, "-t", "1", "--listen", "127.0.0.1:0",
+                       "--secret-file", sf, NULL };
+    pid_t pp = start_node(dir, "prefill", pextra, &pport);
+    CHECK(pport > 0, "prefill node did not start");
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
+    char *dextra[] = { "--role", "decode", "-m", (char *)path, "-t", "1", "-c", "512", "--parallel", "4",
+                       "--prefill-node", addr, "--secret-file", sf, "--listen", "127.0.0.1:0", NULL };
+    pid_t dp = start_node(dir, "decode", dextra, &dport);
+    CHECK(dport > 0, "decode node did not start");
+    if (pport > 0 && dport > 0) {
+        req r[N_REQ];
+        make_reqs(r, dport, 1234, 10, 5000, "remote");
+        check_concurrent_equal(r, "split");
+        int remote = 0;
+        for (int i = 0; i < N_REQ; i++) remote += !strcmp(r[i].mode, "remote");
+        CHECK(remote == N_REQ, "split: %d of %d requests prefilled remotely", remote, N_REQ);
+    }
+    CHECK(stop_proc(dp, 20000) == 0, "decode node exit status");
+    CHECK(stop_proc(pp, 20000) == 0, "prefill node exit status");
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    char dir[] = "/tmp/tandem-test-batch-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    const char *fx = t_fixtures(), *gm = t_models();
+    char path[1024];
+    struct { const char *dir, *file; int vocab_hi; } models[] = {
+        { gm, "qwen3-mini-F16.gguf", 5000 }, { gm, "qwen2-mini-F16.gguf", 5000 },
+        { gm, "qwen3moe-mini-F16.gguf", 5000 }, { NULL, "stories260K.gguf", 500 }, { NULL, "stories260K-F16.gguf", 500 },
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        if (models[i].dir) snprintf(path, sizeof path, "%s/%s", models[i].dir, models[i].file);
+        else snprintf(path, sizeof path, "%s/models/%s", fx, models[i].file);
+        test_model_local(path, dir, models[i].vocab_hi, 17 + (uint32_t)i);
+        if (asan() && i >= 1) break;   /* sanitizer run: the same paths on fewer models */
+    }
+    snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", gm);
+    test_split(path, dir);
+    test_lifecycle(path, dir);
+    printf("test_serve_batch: logs in %s\n", dir);
+    return t_done("test_serve_batch");
+}
