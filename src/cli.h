@@ -9,6 +9,7 @@ int cli_bench(int argc, char **argv);      /* tandem bench (bench.c) */
 int cli_gen_model(int argc, char **argv);  /* tandem gen-model (genmodel.c) */
 int cli_serve(int argc, char **argv);      /* tandem serve (serve.c) */
 int cli_bench_handoff(int argc, char **argv); /* tandem bench-handoff (bench_handoff.c) */
+int cli_bench_serve(int argc, char **argv);   /* tandem bench-serve (bench_serve.c) */
 
 /* ==== Helpers shared by the subcommands ==== */
 #include <stddef.h>
