@@ -703,18 +703,20 @@ static void dn_emit_line(dn_job *j, json_t *o) {
  * the final line once the job is done. */
 static void dn_stream_fill(dn_job *j) {
     const sched_view *v = dn_job_wait(j, j->sent);
+    /* each token line carries the text that became final with it (text that
+     * may still start a stop string waits; a stop string is never sent) */
     for (; j->sent < v->n_gen; j->sent++) {
-        size_t a = j->sent ? v->piece_end[j->sent - 1] : 0, b = v->piece_end[j->sent];
+        size_t a = j->sent ? v->stable_end[j->sent - 1] : 0, b = v->stable_end[j->sent];
         json_t *o = json_object();
         json_object_set_new(o, "token", json_integer(v->gen[j->sent]));
         json_object_set_new(o, "text", dn_json_text(v->text + a, b - a));
         dn_emit_line(j, o);
     }
     if (v->state != SJ_DONE && !j->n->stopping) return;
-    size_t end = v->n_gen ? v->piece_end[v->n_gen - 1] : 0;
+    size_t end = v->n_gen ? v->stable_end[v->n_gen - 1] : 0;
     json_t *o = json_object();
     json_object_set_new(o, "done", json_true());
-    if (v->text_len > end) json_object_set_new(o, "text", dn_json_text(v->text + end, v->text_len - end));
+    if (v->text_keep > end) json_object_set_new(o, "text", dn_json_text(v->text + end, v->text_keep - end));
     if (v->state != SJ_DONE) {
         static const sched_view stopping = { .state = SJ_DONE, .finish = "error", .error = "the server is shutting down" };
         sched_view cp = *v;

@@ -17,8 +17,10 @@
  * "positions_received", "computed_remote", "computed_local", "kv_bytes",
  * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "error"}; or, not streamed,
  * one object with "tokens", "text" and the same fields. A stop string ends
- * generation; the non-stream "text" is cut before it (streamed lines were
- * already sent). Errors: 400/404/405/413 {"error":{"message","type"}}, 503
+ * generation and is never part of the text: a streamed line's "text" is what
+ * became final with its token (text that could still be the start of a stop
+ * string is held back and sent with a later line or the final one), and the
+ * non-stream "text" is cut before the stop string. Errors: 400/404/405/413 {"error":{"message","type"}}, 503
  * when the queue is full or the node is stopping.
  *
  * Continuous batching (scheduler.h): up to n_sessions requests generate

@@ -902,6 +902,9 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
             if (u.is_token) { rt_on_token(q, &u); rt_text_add(q, u.text); api_upstream_line_free(&u); continue; }
             q->fin = u;
             q->have_fin = 1;
+            /* the final line releases text held back while it could have
+             * started a stop string, and the detokenizer's last bytes */
+            if (strcmp(u.finish_reason, "error")) rt_text_add(q, u.text);
             break;
         }
         if (q->have_fin && strcmp(q->fin.finish_reason, "error")) {
@@ -999,6 +1002,9 @@ static int rt_stream_produce(rt_req *q) {
         q->have_fin = 1;
         rt_learn(q);
         char *s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
+        /* text released by the final line (held back while it could have
+         * started a stop string) goes out before the finish chunk */
+        if (q->fin.text && *q->fin.text) s = rt_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
         if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (q->req.include_usage)
             s = rt_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));

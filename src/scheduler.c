@@ -59,7 +59,7 @@ struct sched_job {
     sampler *smp;
     tok_stream ts;
     int32_t *gen;
-    size_t *piece_end;
+    size_t *piece_end, *stable_end;
     char *text;
     size_t text_cap;
     int cap;                 /* tokens that can be generated */
@@ -99,6 +99,7 @@ static void sched_job_free(sched_job *j) {
     sampler_free(j->smp);
     free(j->gen);
     free(j->piece_end);
+    free(j->stable_end);
     free(j->text);
     free(j);
 }
@@ -117,12 +118,14 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
     j->text_cap = (size_t)j->cap * s->piece_cap + SCHED_FLUSH_BYTES + 1;
     j->gen = malloc(sizeof(int32_t) * (size_t)(j->cap + 1));
     j->piece_end = malloc(sizeof(size_t) * (size_t)(j->cap + 1));
+    j->stable_end = malloc(sizeof(size_t) * (size_t)(j->cap + 1));
     j->text = malloc(j->text_cap);
     j->smp = sampler_new(&j->r.sp, s->n_vocab);
-    if (!j->gen || !j->piece_end || !j->text || !j->smp) { sched_job_free(j); return NULL; }
+    if (!j->gen || !j->piece_end || !j->stable_end || !j->text || !j->smp) { sched_job_free(j); return NULL; }
     j->refs = 2;
     j->v.gen = j->gen;
     j->v.piece_end = j->piece_end;
+    j->v.stable_end = j->stable_end;
     j->v.text = j->text;
     j->v.t_submit = gen_now_ms();
     tok_stream_init_prompt(&j->ts, s->tok, j->r.prompt, j->r.n_prompt);
@@ -262,6 +265,18 @@ static void sched_admit_queued(sched *s) {
 
 /* ==== Output ==== */
 
+/* How much of text[0, len) is final: all of it but the longest suffix that
+ * is a proper prefix of a stop string (it may yet become one). */
+static size_t sched_stable_len(const sched_job *j, size_t len) {
+    size_t hold = 0;
+    for (int i = 0; i < j->r.n_stop; i++) {
+        size_t sl = strlen(j->r.stop[i]);
+        for (size_t k = sl - 1 < len ? sl - 1 : len; k > hold; k--)
+            if (!memcmp(j->text + len - k, j->r.stop[i], k)) { hold = k; break; }
+    }
+    return len - hold;
+}
+
 /* Appends the token's text and checks the stop strings (scheduler thread,
  * then publishes under mu). Returns 1 if a stop string ended generation. */
 static int sched_job_text(sched *s, sched_job *j, int32_t id, size_t *keep) {
@@ -277,6 +292,9 @@ static int sched_job_text(sched *s, sched_job *j, int32_t id, size_t *keep) {
         char *hit = len >= sl ? memmem(j->text + from, len - from, j->r.stop[i], sl) : NULL;
         if (hit && (size_t)(hit - j->text) < *keep) { *keep = (size_t)(hit - j->text); hit_any = 1; }
     }
+    size_t prev = j->v.n_gen > 0 ? j->stable_end[j->v.n_gen - 1] : 0;
+    size_t st = hit_any ? *keep : sched_stable_len(j, len);
+    j->stable_end[j->v.n_gen] = st > prev ? st : prev;
     return hit_any;
 }
 

@@ -64,8 +64,15 @@ typedef struct {
     const int32_t *gen;      /* (lock) [n_gen] */
     const char *text;        /* (lock) generated text (pieces back to back) */
     const size_t *piece_end; /* (lock) [n_gen] end of each token's piece in text */
+    const size_t *stable_end;/* (lock) [n_gen] text that is final after each token: a
+                              * stream sends text[stable_end[k-1], stable_end[k]) with
+                              * token k. Text that could still begin a stop string
+                              * is held back; a stop string and what follows it
+                              * never become stable. */
     size_t text_len;         /* (lock) bytes of text, including a final flush */
-    size_t text_keep;        /* (lock) reported length: cut before a stop string */
+    size_t text_keep;        /* (lock) reported length: cut before a stop string; once
+                              * done, everything in [stable_end[n_gen-1], text_keep)
+                              * is released too */
     const char *finish;      /* (lock) "stop", "length", "error" once done */
     const char *error;       /* (lock) message when finish is "error" */
     /* prefill report, final once state >= SJ_DECODE or done */

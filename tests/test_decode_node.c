@@ -572,7 +572,7 @@ static void test_local_server(ctx *c, const char *dir) {
     snprintf(pf, sizeof pf, "%s/local.port", dir);
     snprintf(log, sizeof log, "%s/local.log", dir);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
-                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", NULL };
+                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1", NULL };
     pid_t pid = spawn(argv, log);
     int port = wait_port(pf, pid, asan() ? 60000 : 20000);
     CHECK(port > 0, "local server started (log %s)", log);

@@ -12,7 +12,9 @@
  *     with their own tokens; queue overflow gives 503 while the admitted
  *     requests stay correct; a sequence that fills its context ends with
  *     finish_reason "length" beside an unaffected one;
- *   - fds and RSS come back to their baseline.
+ *   - fds and RSS come back to their baseline;
+ *   - stop strings are never streamed, on the node's NDJSON and through the
+ *     router's SSE: text that could start a stop string is held back.
  */
 #include "proc.h"
 
@@ -298,6 +300,82 @@ static void test_split(const char *path, const char *dir) {
     CHECK(stop_proc(pp, 20000) == 0, "prefill node exit status");
 }
 
+/* Concatenated "text" of NDJSON lines (or SSE chunks: choices[0].text),
+ * and the finish reason. */
+static void collect_text(char *body, int sse, char *out, size_t cap, char *finish, size_t fcap) {
+    size_t n = 0;
+    out[0] = finish[0] = 0;
+    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (sse) { if (strncmp(l, "data: ", 6)) continue; l += 6; }
+        json_t *o = json_loads(l, 0, NULL);
+        json_t *src = sse ? json_array_get(json_object_get(o, "choices"), 0) : o;
+        const char *t = json_string_value(json_object_get(src, "text"));
+        const char *f = json_string_value(json_object_get(src, "finish_reason"));
+        if (t) { size_t k = strlen(t); if (n + k < cap) { memcpy(out + n, t, k); n += k; out[n] = 0; } }
+        if (f) snprintf(finish, fcap, "%s", f);
+        json_decref(o);
+    }
+}
+
+/* For several stop strings cut from a greedy generation (some crossing token
+ * boundaries), streamed text = the generation up to the stop string. */
+static void test_stop_strings(const char *path, const char *dir) {
+    int port, rport;
+    char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "512", "--parallel", "2",
+                      "--listen", "127.0.0.1:0", NULL };
+    pid_t pid = start_node(dir, "stop", extra, &port);
+    char dec[64];
+    snprintf(dec, sizeof dec, "m=127.0.0.1:%d", port);
+    char *rextra[] = { "--role", "router", "--quiet", "--listen", "127.0.0.1:0", "--decode", dec, NULL };
+    pid_t rpid = start_node(dir, "router", rextra, &rport);
+    CHECK(port > 0 && rport > 0, "stop test: servers did not start");
+    const char *prompt = "Once upon a time, in a quiet town by the river,";
+    json_t *q = json_pack("{s:s, s:i, s:b}", "prompt", prompt, "max_tokens", 24, "ignore_eos", 1);
+    int st;
+    json_t *o = port > 0 ? post_json(port, q, &st) : (json_decref(q), NULL);
+    char full[4096];
+    snprintf(full, sizeof full, "%s", jstr(o, "text", NULL));
+    json_decref(o);
+    size_t fl = strlen(full);
+    CHECK(fl >= 16, "stop test: generation too short (%zu bytes)", fl);
+    int cases = 0, good = 0;
+    for (size_t at = 3; fl >= 16 && at + 6 < fl && cases < 6; at += fl / 6 + 1) {
+        /* a whole-character window of 4..7 bytes (stop strings are UTF-8) */
+        while (at < fl && ((unsigned char)full[at] & 0xC0) == 0x80) at++;
+        size_t e = at + 4;
+        while (e < fl && ((unsigned char)full[e] & 0xC0) == 0x80) e++;
+        if (e > fl || e - at > 7) continue;
+        char stop[8];
+        snprintf(stop, sizeof stop, "%.*s", (int)(e - at), full + at);
+        size_t cut = (size_t)(strstr(full, stop) - full);
+        cases++;
+        for (int via = 0; via < 2; via++) {
+            char *body = NULL, text[4096], fin[32];
+            json_t *r = json_pack("{s:s, s:i, s:b, s:b, s:[s]}", "prompt", prompt, "max_tokens", 24, "stream", 1,
+                                  "ignore_eos", 1, "stop", stop);
+            if (via) {   /* through the router: an OpenAI completion request */
+                json_object_del(r, "ignore_eos");
+                json_object_set_new(r, "model", json_string("m"));
+                json_object_set_new(r, "temperature", json_integer(0));
+            }
+            char *s = json_dumps(r, JSON_COMPACT);
+            json_decref(r);
+            st = http(via ? rport : port, "POST", via ? "/v1/completions" : "/v1/generate", s, &body);
+            free(s);
+            if (body) collect_text(body, via, text, sizeof text, fin, sizeof fin);
+            else text[0] = fin[0] = 0;
+            int ok = st == 200 && strlen(text) == cut && !strncmp(text, full, cut) && !strcmp(fin, "stop");
+            CHECK(ok, "stop '%s' via %s: status %d, text '%s' (want '%.*s'), finish %s", stop, via ? "router" : "node",
+                  st, text, (int)cut, full, fin);
+            good += ok;
+            free(body);
+        }
+    }
+    printf("stop strings: %d of %d streamed cases end right before the stop string\n", good, cases * 2);
+    stop_proc(rpid, 10000);
+    CHECK(stop_proc(pid, 20000) == 0, "stop-test node exit status");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/tandem-test-batch-XXXXXX";
@@ -317,6 +395,7 @@ int main(void) {
     snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", gm);
     test_split(path, dir);
     test_lifecycle(path, dir);
+    test_stop_strings(path, dir);
     printf("test_serve_batch: logs in %s\n", dir);
     return t_done("test_serve_batch");
 }
