@@ -234,21 +234,51 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     return 0;
 }
 
-/* Moves queued jobs into free slots (caller holds mu). */
-static void sched_admit_queued(sched *s) {
-    while (s->q_head) {
-        sched_job *j = s->q_head;
-        if (j->cancelled) {
-            s->q_head = j->next;
-            s->queued--;
-            j->v.state = SJ_DONE;
-            j->v.finish = "cancelled";
-            sched_job_unref(j);
-            continue;
+/* Whether a queued job should wait for a prompt being computed in another
+ * slot: when that prompt shares at least min_reuse more tokens with this one
+ * than any cache holds now, waiting for it and copying its rows saves the
+ * work (a class of requests that all start with the same rubric computes
+ * the rubric once). */
+static int sched_should_wait(sched *s, const sched_job *j) {
+    int have = 0, pending = 0;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        sched_slot *sl = &s->slots[i];
+        if (!sl->s) continue;
+        int l = sched_common_prefix(sl->tokens, sl->n, j->r.prompt, j->r.n_prompt);
+        if (l > have) have = l;
+        const sched_job *o = sl->job;
+        if (o && (o->v.state == SJ_PROMPT || o->v.state == SJ_REMOTE)) {
+            int p = sched_common_prefix(o->r.prompt, o->r.n_prompt, j->r.prompt, j->r.n_prompt);
+            if (p > pending) pending = p;
         }
+    }
+    if (pending > j->r.n_prompt - 1) pending = j->r.n_prompt - 1;
+    return pending >= have + s->o.min_reuse;
+}
+
+/* Drops queued jobs whose owners left (caller holds mu). */
+static void sched_drop_cancelled(sched *s) {
+    for (sched_job **pp = &s->q_head; *pp;) {
+        sched_job *j = *pp;
+        if (!j->cancelled) { pp = &j->next; continue; }
+        *pp = j->next;
+        s->queued--;
+        j->v.state = SJ_DONE;
+        j->v.finish = "cancelled";
+        sched_job_unref(j);
+    }
+}
+
+/* Moves queued jobs into free slots, in arrival order, except those that
+ * wait for a shared prefix being computed (caller holds mu). */
+static void sched_admit_queued(sched *s) {
+    sched_drop_cancelled(s);
+    for (sched_job **pp = &s->q_head; *pp;) {
+        sched_job *j = *pp;
+        if (sched_should_wait(s, j)) { pp = &j->next; continue; }
         sched_slot *sl = sched_slot_pick(s, j->r.prompt, j->r.n_prompt);
         if (!sl) break;
-        s->q_head = j->next;
+        *pp = j->next;
         s->queued--;
         char err[256];
         if (sched_admit(s, j, sl, err, sizeof err)) {
@@ -256,10 +286,10 @@ static void sched_admit_queued(sched *s) {
             j->v.finish = "error";
             j->v.error = "out of memory for a KV cache";
             sched_job_unref(j);
-            pthread_cond_broadcast(&s->cv_out);
         }
     }
-    if (!s->q_head) s->q_tail = NULL;
+    s->q_tail = NULL;
+    for (sched_job *j = s->q_head; j; j = j->next) s->q_tail = j;
     pthread_cond_broadcast(&s->cv_out);
 }
 

@@ -25,7 +25,7 @@
 
 typedef struct {
     int port;
-    int32_t prompt[64];
+    int32_t prompt[256];
     int n_prompt, max_tokens, stream, delay_ms;
     const char *prefill;
     /* results */
@@ -261,6 +261,29 @@ static void test_lifecycle(const char *path, const char *dir) {
     CHECK(json_equal(json_object_get(b, "tokens"), json_object_get(ref, "tokens")), "shared-prefix request changed tokens");
     json_decref(ref);
     json_decref(b);
+
+    /* arriving together with the same 120-token prefix: the second waits for
+     * the first's prompt and copies those rows instead of computing them */
+    req twin[2], twin_alone[2];
+    for (int k = 0; k < 2; k++) {
+        memset(&twin[k], 0, sizeof twin[k]);
+        twin[k].port = port;
+        twin[k].n_prompt = 140;
+        for (int i = 0; i < 140; i++) twin[k].prompt[i] = i < 120 ? 2000 + 7 * i : 900 + 31 * i + k;
+        twin[k].max_tokens = 8;
+        twin_alone[k] = twin[k];
+        twin_alone[k].prefill = "local";
+    }
+    for (int k = 0; k < 2; k++) req_run(&twin_alone[k]);
+    /* evict the prefix from both slots first */
+    json_decref(post_json(port, gen_req(pa, 40, 1, 0, NULL), &st));
+    json_decref(post_json(port, gen_req(pb + 50, 40, 1, 0, NULL), &st));
+    run_all(twin, 2);
+    int reused = twin[0].start_pos >= 119 || twin[1].start_pos >= 119;
+    CHECK(reused, "simultaneous shared prefix computed twice (start_pos %d, %d)", twin[0].start_pos, twin[1].start_pos);
+    for (int k = 0; k < 2; k++)
+        CHECK(twin[k].status == 200 && twin[k].n_tok == 8 && !memcmp(twin[k].tok, twin_alone[k].tok, sizeof(int32_t) * 8),
+              "twin %d tokens changed by sharing", k);
 
     CHECK(wait_idle(port, 10000), "slots not idle at the end");
     int fd1 = settled_fds(pid);
