@@ -264,6 +264,7 @@ const model_hparams *model_get_hparams(const model *m) { return &m->hp; }
 const tokenizer *model_get_tokenizer(const model *m) { return m->tok; }
 const gguf_file *model_get_gguf(const model *m) { return m->gf; }
 backend *model_get_backend(model *m) { return m->be; }
+int model_get_n_batch(const model *m) { return m->n_batch; }
 uint64_t model_file_bytes(const model *m) { return gguf_get_size(m->gf); }
 
 static uint64_t weight_bytes(const be_weight *w) {

@@ -62,6 +62,7 @@ const model_hparams *model_get_hparams(const model *m);
 const tokenizer *model_get_tokenizer(const model *m);
 const gguf_file *model_get_gguf(const model *m);
 backend *model_get_backend(model *m);
+int model_get_n_batch(const model *m);       /* rows per forward pass */
 /* Bytes of weights read per decoded token (all tensors; for MoE only the used experts). */
 uint64_t model_weight_bytes_per_token(const model *m);
 uint64_t model_file_bytes(const model *m);

@@ -61,7 +61,12 @@ struct pnode {
     model *m;
     const prefill_node_opts *o;
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
-    pthread_mutex_t compute_mu;   /* one model_eval at a time */
+    /* Compute turns: one pass (at most n_batch tokens) at a time, handed out
+     * in ticket order, so requests in flight interleave chunk by chunk and a
+     * long prompt does not hold back a short one. */
+    pthread_mutex_t turn_mu;
+    pthread_cond_t turn_cv;
+    unsigned long next_ticket, serving;
     pthread_mutex_t mu;           /* slots, counters */
     pn_slot *slots;
     int n_slots;
@@ -379,6 +384,39 @@ static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_
     return 0;
 }
 
+/* ==== Compute turns ==== */
+
+static void pn_turn_take(pnode *node) {
+    pthread_mutex_lock(&node->turn_mu);
+    unsigned long t = node->next_ticket++;
+    while (node->serving != t) pthread_cond_wait(&node->turn_cv, &node->turn_mu);
+    pthread_mutex_unlock(&node->turn_mu);
+}
+
+static void pn_turn_give(pnode *node) {
+    pthread_mutex_lock(&node->turn_mu);
+    node->serving++;
+    pthread_cond_broadcast(&node->turn_cv);
+    pthread_mutex_unlock(&node->turn_mu);
+}
+
+/* Positions [have, end) one pass per turn; *ms: time spent computing (not
+ * waiting for other requests' turns). */
+static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, double *ms, char *err, size_t errlen) {
+    pnode *node = pc->node;
+    int chunk = model_get_n_batch(node->m), rc = 0;
+    *ms = 0;
+    for (int p = have; p < r->end && !rc; p += chunk) {
+        int n = r->end - p < chunk ? r->end - p : chunk;
+        pn_turn_take(node);
+        double t0 = gen_now_ms();
+        rc = model_eval(node->m, pc->s, tokens + p, n, NULL, pn_hook, r, err, errlen);
+        *ms += gen_now_ms() - t0;
+        pn_turn_give(node);
+    }
+    return rc;
+}
+
 /* Runs the evaluation and the sender; the caller reports. */
 static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, double *ms,
                   char *err, size_t errlen) {
@@ -386,14 +424,8 @@ static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, doubl
     pthread_t th;
     if (pthread_create(&th, NULL, pn_sender_main, r)) { snprintf(err, errlen, "cannot start the sender thread"); return -1; }
     int rc = pn_push_cached(r, have);
-    double t0 = gen_now_ms();
-    if (rc == 0 && have < r->end) {
-        pthread_mutex_lock(&node->compute_mu);
-        t0 = gen_now_ms();
-        rc = model_eval(node->m, pc->s, tokens + have, r->end - have, NULL, pn_hook, r, err, errlen);
-        pthread_mutex_unlock(&node->compute_mu);
-    }
-    *ms = gen_now_ms() - t0;
+    *ms = 0;
+    if (rc == 0 && have < r->end) rc = pn_compute(pc, r, tokens, have, ms, err, errlen);
     /* Let the sender drain, still listening for a CANCEL or a vanished peer. */
     pthread_mutex_lock(&r->mu);
     r->producer_done = 1;
@@ -656,7 +688,8 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     int port = pn_write_port(o->port_file, lfd, err, errlen);
     if (port < 0) { close(lfd); free(node.slots); return -1; }
     pthread_mutex_init(&node.mu, NULL);
-    pthread_mutex_init(&node.compute_mu, NULL);
+    pthread_mutex_init(&node.turn_mu, NULL);
+    pthread_cond_init(&node.turn_cv, NULL);
     pn_log("node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
     while (!pn_stopped(&node)) {
         pn_reap(&node, 0);
@@ -672,7 +705,8 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pn_reap(&node, 1);
     pn_log("shut down after %llu requests", (unsigned long long)node.n_requests);
     pthread_mutex_destroy(&node.mu);
-    pthread_mutex_destroy(&node.compute_mu);
+    pthread_mutex_destroy(&node.turn_mu);
+    pthread_cond_destroy(&node.turn_cv);
     free(node.slots);
     return 0;
 }

@@ -33,6 +33,7 @@ typedef struct {
     int32_t tok[MAX_GEN];
     char finish[32], mode[32];
     int start_pos;
+    double t_done;           /* now_ms() when the reply was complete */
 } req;
 
 static void req_run(req *r) {
@@ -56,6 +57,7 @@ static void req_run(req *r) {
     snprintf(r->finish, sizeof r->finish, "%s", jstr(o, "finish_reason", NULL));
     snprintf(r->mode, sizeof r->mode, "%s", jstr(o, "prefill", "mode"));
     r->start_pos = (int)jint(o, "prefill", "start_pos");
+    r->t_done = now_ms();
     json_decref(o);
 }
 
@@ -399,6 +401,59 @@ static void test_stop_strings(const char *path, const char *dir) {
     CHECK(stop_proc(pid, 20000) == 0, "stop-test node exit status");
 }
 
+/* The prefill node interleaves requests chunk by chunk: a short prompt sent
+ * while a long one is being prefilled gets its first token first. */
+static void test_prefill_interleave(const char *path, const char *dir) {
+    char sf[512];
+    snprintf(sf, sizeof sf, "%s/secret", dir);
+    int pport, dport;
+    char *pextra[] = { "--role", "prefill", "-m", (char *)path, "-t", "1", "-b", "64", "--listen", "127.0.0.1:0",
+                       "--secret-file", sf, NULL };
+    pid_t pp = start_node(dir, "prefill2", pextra, &pport);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
+    char *dextra[] = { "--role", "decode", "-m", (char *)path, "-t", "1", "-c", "2048", "--parallel", "2",
+                       "--prefill-node", addr, "--secret-file", sf, "--listen", "127.0.0.1:0", NULL };
+    pid_t dp = start_node(dir, "decode2", dextra, &dport);
+    CHECK(pport > 0 && dport > 0, "interleave: nodes did not start");
+    if (pport > 0 && dport > 0) {
+        int32_t *longp = malloc(sizeof(int32_t) * 1800);
+        for (int i = 0; i < 1800; i++) longp[i] = 500 + (i * 13) % 4000;
+        json_t *lq = gen_req(longp, 1800, 1, 0, "remote");
+        free(longp);
+        req shortr;
+        memset(&shortr, 0, sizeof shortr);
+        shortr.port = dport;
+        shortr.n_prompt = 40;
+        for (int i = 0; i < 40; i++) shortr.prompt[i] = 700 + i;
+        shortr.max_tokens = 1;
+        shortr.prefill = "remote";
+        shortr.delay_ms = asan() ? 1500 : 300;
+        pthread_t th;
+        double t0 = now_ms();
+        pthread_create(&th, NULL, req_thread, &shortr);
+        int st;
+        json_t *lo = post_json(dport, lq, &st);
+        double t_long = now_ms() - t0;
+        pthread_join(th, NULL);
+        double t_short = now_ms() - t0;   /* upper bound: joined after the long one */
+        (void)t_short;
+        CHECK(st == 200 && !strcmp(jstr(lo, "prefill", "mode"), "remote"), "interleave: long request %d %s", st,
+              jstr(lo, "prefill", "mode"));
+        CHECK(shortr.status == 200 && !strcmp(shortr.mode, "remote"), "interleave: short request %d %s", shortr.status,
+              shortr.mode);
+        double long_ttft = json_number_value(json_object_get(json_object_get(lo, "prefill"), "ttft_ms"));
+        CHECK(shortr.t_done > 0 && shortr.t_done - t0 < long_ttft, "short prompt waited for the long one: done at %.0f ms, "
+              "long first token at %.0f ms", shortr.t_done - t0, long_ttft);
+        printf("prefill interleave: long (1800 tokens) first token at %.0f ms, short (40) done at %.0f ms\n", long_ttft,
+               shortr.t_done - t0);
+        json_decref(lo);
+        (void)t_long;
+    }
+    CHECK(stop_proc(dp, 20000) == 0, "interleave decode node exit status");
+    CHECK(stop_proc(pp, 20000) == 0, "interleave prefill node exit status");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/tandem-test-batch-XXXXXX";
@@ -417,6 +472,7 @@ int main(void) {
     }
     snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", gm);
     test_split(path, dir);
+    test_prefill_interleave(path, dir);
     test_lifecycle(path, dir);
     test_stop_strings(path, dir);
     printf("test_serve_batch: logs in %s\n", dir);
