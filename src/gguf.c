@@ -8,7 +8,10 @@
  *    than a small multiple of the file size.
  *  - keys: 1..GGUF_MAX_KEY_LEN bytes, unique. Value types 0..12 only; arrays
  *    of arrays are refused. String values may hold any bytes.
- *  - general.alignment, when present, must be a U32 power of two (default 32).
+ *  - general.alignment, when present, must be a U32 power of two of at least 8
+ *    (default 32): the GGUF spec asks for a multiple of 8, llama.cpp for a
+ *    power of two; anything else would leave tensor data (read as float,
+ *    uint16 or block structs) misaligned.
  *  - tensors: unique names of 1..GGUF_MAX_TENSOR_NAME bytes, n_dims 1..4,
  *    every ne >= 1 (zero-sized tensors are refused: no model needs them and
  *    consumers may divide by a dimension), element count <= INT64_MAX, a known
@@ -67,6 +70,8 @@ static uint64_t gguf_load_u64(const uint8_t *p)
 }
 
 static int gguf_is_pow2(uint64_t x) { return x != 0 && (x & (x - 1)) == 0; }
+/* A valid general.alignment: a power of two and a multiple of 8 (see the top). */
+static int gguf_alignment_ok(uint64_t x) { return gguf_is_pow2(x) && x >= 8; }
 
 /* Printable, bounded copy of a name from the file, for error messages. */
 static const char *gguf_show(char *buf, size_t cap, const char *s, uint64_t len)
@@ -519,8 +524,8 @@ static int gguf_read_alignment(gguf_file *f, char *err, size_t errlen)
         return -1;
     }
     uint32_t a = gguf_load_u32(e->val);
-    if (!gguf_is_pow2(a)) {
-        gguf_set_err(err, errlen, "general.alignment %u is not a non-zero power of two", a);
+    if (!gguf_alignment_ok(a)) {
+        gguf_set_err(err, errlen, "general.alignment = %u is not a power of two >= 8 (GGUF requires a multiple of 8)", a);
         return -1;
     }
     f->alignment = a;
@@ -974,7 +979,7 @@ gguf_writer *gguf_writer_new(uint32_t alignment)
 {
     if (alignment == 0)
         alignment = GGUF_DEFAULT_ALIGN;
-    if (!gguf_is_pow2(alignment))
+    if (!gguf_alignment_ok(alignment))
         return NULL;
     gguf_writer *w = calloc(1, sizeof *w);
     if (w)
@@ -1014,7 +1019,7 @@ static int gguf_writer_push(gguf_writer *w, const char *key, uint32_t type, gguf
     if (strcmp(key, "general.alignment") == 0) {
         /* The file's alignment follows this key: it must be a valid U32. */
         uint32_t a = type == GGUF_VT_U32 && val->n == 4 ? gguf_load_u32(val->p) : 0;
-        if (!gguf_is_pow2(a))
+        if (!gguf_alignment_ok(a))
             goto fail;
         w->alignment = a;
         w->has_align_kv = 1;

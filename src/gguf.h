@@ -114,7 +114,8 @@ const gguf_tensor *gguf_find_tensor(const gguf_file *f, const char *name); /* NU
  * (supplied by the caller as pointers that must stay valid until save).
  * Keys and tensor names must be unique (adds return -1 otherwise). Tensors are
  * laid out in the order added, each padded to the alignment. alignment 0 means
- * 32; a `general.alignment` kv (U32 power of two, via add_u32 or copy_kv) sets
+ * 32, any other must be a power of two >= 8 (new() returns NULL otherwise);
+ * a `general.alignment` kv (U32 power of two >= 8, via add_u32 or copy_kv) sets
  * the alignment; if none was added and the alignment is not 32, save() writes
  * one itself. Array data is taken as little-endian (the host order here). */
 typedef struct gguf_writer gguf_writer;

@@ -538,6 +538,12 @@ static void test_corrupt_headers(void)
     expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 64, &s), NULL, "alignment 64");
     expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 0, &s), "power of two", "alignment 0");
     expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 48, &s), "power of two", "alignment 48");
+    /* GGUF asks for a multiple of 8: 1, 2 and 4 would misalign F32 and block data */
+    expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 1, &s), "general.alignment = 1 is not a power of two >= 8",
+           "alignment 1");
+    expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 4, &s), "general.alignment = 4", "alignment 4");
+    expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 12, &s), "general.alignment = 12", "alignment 12");
+    expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 8, &s), NULL, "alignment 8");
     expect((s = base_spec(), s.align_type = GGUF_VT_U64, s.align = 32, &s), "expected U32", "alignment type");
     expect((s = base_spec(), s.align_type = GGUF_VT_U32, s.align = 64, s.offset = 32, &s), "not a multiple",
            "offset aligned to 32 but not 64");
@@ -646,6 +652,8 @@ static void test_writer_roundtrip(void)
           "bad array element type refused");
     CHECK(gguf_writer_add_u32(w, "general.alignment", 48) == -1, "bad general.alignment refused");
     CHECK(gguf_writer_new(48) == NULL, "writer_new(48) refused");
+    CHECK(gguf_writer_new(4) == NULL && gguf_writer_add_u32(w, "general.alignment", 4) == -1,
+          "alignment 4 (not a multiple of 8) refused by the writer");
 
     /* Copy every kv of a real file, string arrays included. */
     char spath[2048];

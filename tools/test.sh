@@ -19,11 +19,18 @@ make -j"$JOBS" asan | tee build/asan.log
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 make -j"$JOBS" fuzz >/dev/null
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
-# Seeds: the start of real files for the parsers, real prompts for the tokenizer.
+# Seeds: the start of real files for the parsers, tiny generated models for model
+# loading, real prompts for the tokenizer.
 fuzz_seed() {
     case "$1" in
     gguf) head -c 16384 "$FIX/models/stories260K.gguf" >"$2/stories-head.gguf"
           head -c 60000 "$FIX/vocab/ggml-vocab-llama-spm.gguf" >"$2/spm-head.gguf" ;;
+    model) # tiny generated models (about 40-58 KB each, under -max_len), one per architecture
+          for a in llama qwen2 qwen3 qwen3moe; do
+              moe=(); [ "$a" = qwen3moe ] && moe=(--n-expert 4 --n-expert-used 2 --n-ff-exp 32)
+              build/tandem gen-model --arch "$a" --vocab-from "$FIX/models/stories260K.gguf" --n-embd 32 \
+                  --n-layer 1 --n-head 2 --n-head-kv 1 --head-dim 32 --n-ff 32 --ctx 64 "${moe[@]}" -q -o "$2/$a.gguf"
+          done ;;
     tokenizer) python3 -c "
 import json,sys
 for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
