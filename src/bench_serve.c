@@ -57,7 +57,7 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
     memcpy(o->levels, def, sizeof def);
     o->n_levels = 5;
     o->requests = 3; o->words = 32; o->max_tokens = 64;
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) {   /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = !v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bs_usage(); return 1; }
@@ -81,7 +81,6 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
             }
         } else { fprintf(stderr, "tandem bench-serve: unknown option %s\n", a); bs_usage(); return -1; }
         if (bad) { fprintf(stderr, "tandem bench-serve: option %s needs a valid value\n", a); return -1; }
-        i++;
     }
     if (!o->url || !o->model) { bs_usage(); return -1; }
     return 0;
