@@ -199,6 +199,7 @@ typedef struct {
     int32_t *prompt;
     int n_prompt;
     int max_tokens, ignore_eos, stream, mode;
+    int logprobs;                /* 0: off; 1 + k: logprob and k alternatives per token */
     sampler_params sp;
     char *stop[DN_MAX_STOP];
     int n_stop;
@@ -387,6 +388,11 @@ static int dn_parse_sampling(json_t *o, dn_req *r, char *err, size_t errlen) {
     v = 0;
     if (dn_get_int(o, "seed", 0, INT64_MAX, &v, err, errlen)) return -1;
     r->sp.seed = (uint64_t)v;
+    if (json_object_get(o, "logprobs")) {
+        v = 0;
+        if (dn_get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, err, errlen)) return -1;
+        r->logprobs = 1 + (int)v;
+    }
     if (dn_get_bool(o, "ignore_eos", &r->ignore_eos, err, errlen)) return -1;
     if (dn_get_bool(o, "stream", &r->stream, err, errlen)) return -1;
     return 0;
@@ -699,6 +705,28 @@ static void dn_emit_line(dn_job *j, json_t *o) {
     free(s);
 }
 
+/* A token's text for a logprob entry (raw token bytes, invalid UTF-8 replaced). */
+static json_t *dn_token_text(dnode *n, int32_t id) {
+    char buf[512];
+    int w = tokenizer_token_bytes(n->tok, id, 1, buf, sizeof buf);
+    return dn_json_text(buf, w > 0 ? (size_t)w : 0);
+}
+
+/* {"logprob", "top_logprobs": [{"id","text","logprob"}...]} members of token k. */
+static void dn_logprob_fields(dnode *n, const sched_view *v, int k, json_t *o) {
+    const sched_logprob *lp = &v->lp[k];
+    json_object_set_new(o, "logprob", json_real(lp->logprob));
+    json_t *a = json_array();
+    for (int t = 0; t < lp->n_top; t++) {
+        json_t *e = json_object();
+        json_object_set_new(e, "id", json_integer(lp->top_id[t]));
+        json_object_set_new(e, "text", dn_token_text(n, lp->top_id[t]));
+        json_object_set_new(e, "logprob", json_real(lp->top_logprob[t]));
+        json_array_append_new(a, e);
+    }
+    json_object_set_new(o, "top_logprobs", a);
+}
+
 /* Lines for the tokens the scheduler published since the last call, then
  * the final line once the job is done. */
 static void dn_stream_fill(dn_job *j) {
@@ -710,6 +738,7 @@ static void dn_stream_fill(dn_job *j) {
         json_t *o = json_object();
         json_object_set_new(o, "token", json_integer(v->gen[j->sent]));
         json_object_set_new(o, "text", dn_json_text(v->text + a, b - a));
+        if (v->lp) dn_logprob_fields(j->n, v, j->sent, o);
         dn_emit_line(j, o);
     }
     if (v->state != SJ_DONE && !j->n->stopping) return;
@@ -758,6 +787,16 @@ static enum MHD_Result dn_generate_full(dn_job *j, struct MHD_Connection *c) {
     for (int i = 0; i < v->n_gen; i++) json_array_append_new(toks, json_integer(v->gen[i]));
     json_object_set_new(o, "tokens", toks);
     json_object_set_new(o, "text", dn_json_text(v->text ? v->text : "", v->text_keep));
+    if (v->lp) {
+        json_t *lps = json_array();
+        for (int i = 0; i < v->n_gen; i++) {
+            json_t *e = json_object();
+            json_object_set_new(e, "token", json_integer(v->gen[i]));
+            dn_logprob_fields(j->n, v, i, e);
+            json_array_append_new(lps, e);
+        }
+        json_object_set_new(o, "logprobs", lps);
+    }
     dn_result_fields(j, o);
     unsigned status = v->finish && !strcmp(v->finish, "error") ? 500 : 200;
     dn_job_free(j);
@@ -781,7 +820,8 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
     const char *addr = dn_pick_node(n, &r);
     if (addr) snprintf(j->addr, sizeof j->addr, "%s", addr);
     sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
-                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL };
+                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL,
+                     .logprobs = r.logprobs };
     for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
     memset(&r, 0, sizeof r);          /* the scheduler owns the prompt and stop strings now */
     int a = sched_submit(n->sc, &sr, &j->sj);

@@ -10,7 +10,10 @@
  * wraps it as one user message), "messages" ([{"role","content"}], rendered
  * with the model's chat template) or "tokens" (ids); "max_tokens" (128),
  * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy),
- * "ignore_eos", "stop" (string or up to 8 strings), "prefill": "auto" |
+ * "ignore_eos", "stop" (string or up to 8 strings), "logprobs" (0..20: each
+ * token's log-probability under the model and that many top alternatives,
+ * as "logprob" and "top_logprobs": [{"id","text","logprob"}] on each token
+ * line, or a "logprobs" array in the non-stream object), "prefill": "auto" |
  * "remote" | "local", "prefill_node": "host:port", "stream". Answer: NDJSON
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
  * "prefill": {"mode", "node", "fallback_reason", "start_pos",

@@ -13,6 +13,7 @@
 #include "scheduler.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,7 @@ struct sched_job {
     tok_stream ts;
     int32_t *gen;
     size_t *piece_end, *stable_end;
+    sched_logprob *lp;       /* [cap] when logprobs were asked for */
     char *text;
     size_t text_cap;
     int cap;                 /* tokens that can be generated */
@@ -100,6 +102,7 @@ static void sched_job_free(sched_job *j) {
     free(j->gen);
     free(j->piece_end);
     free(j->stable_end);
+    free(j->lp);
     free(j->text);
     free(j);
 }
@@ -121,7 +124,13 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
     j->stable_end = malloc(sizeof(size_t) * (size_t)(j->cap + 1));
     j->text = malloc(j->text_cap);
     j->smp = sampler_new(&j->r.sp, s->n_vocab);
-    if (!j->gen || !j->piece_end || !j->stable_end || !j->text || !j->smp) { sched_job_free(j); return NULL; }
+    if (j->r.logprobs > 1 + SCHED_MAX_TOP_LOGPROBS) j->r.logprobs = 1 + SCHED_MAX_TOP_LOGPROBS;
+    if (j->r.logprobs > 0) j->lp = malloc(sizeof(sched_logprob) * (size_t)(j->cap + 1));
+    if (!j->gen || !j->piece_end || !j->stable_end || !j->text || !j->smp || (j->r.logprobs > 0 && !j->lp)) {
+        sched_job_free(j);
+        return NULL;
+    }
+    j->v.lp = j->lp;
     j->refs = 2;
     j->v.gen = j->gen;
     j->v.piece_end = j->piece_end;
@@ -338,6 +347,31 @@ static void sched_job_flush(sched *s, sched_job *j) {
     }
 }
 
+/* Log-softmax of the raw logits at `id`, and the k most likely tokens
+ * (insertion into a k-long sorted list: k is at most 20). */
+static void sched_logprob_fill(const float *logits, int n_vocab, int32_t id, int k, sched_logprob *out) {
+    float mx = logits[0];
+    for (int i = 1; i < n_vocab; i++) if (logits[i] > mx) mx = logits[i];
+    double sum = 0;
+    for (int i = 0; i < n_vocab; i++) sum += exp((double)(logits[i] - mx));
+    float lse = mx + (float)log(sum);
+    out->logprob = logits[id] - lse;
+    out->n_top = 0;
+    for (int i = 0; i < n_vocab && k > 0; i++) {
+        float v = logits[i];
+        if (out->n_top == k && v <= out->top_logprob[k - 1]) continue;
+        int p = out->n_top < k ? out->n_top++ : k - 1;
+        while (p > 0 && out->top_logprob[p - 1] < v) {
+            out->top_logprob[p] = out->top_logprob[p - 1];
+            out->top_id[p] = out->top_id[p - 1];
+            p--;
+        }
+        out->top_logprob[p] = v;
+        out->top_id[p] = i;
+    }
+    for (int t = 0; t < out->n_top; t++) out->top_logprob[t] -= lse;
+}
+
 /* One sample from the job's fresh logits; mirrors generate_run's order:
  * length check, sample, end-of-generation, text and stop strings. */
 static sched_sample sched_job_sample(sched *s, sched_job *j) {
@@ -345,6 +379,7 @@ static sched_sample sched_job_sample(sched *s, sched_job *j) {
     if (j->v.n_gen >= j->r.max_tokens) { r.finish = "length"; return r; }
     r.id = sampler_sample(j->smp, j->logits);
     if (!j->r.ignore_eos && tokenizer_is_eog(s->tok, r.id)) { r.finish = "stop"; r.id = -1; return r; }
+    if (j->lp) sched_logprob_fill(j->logits, s->n_vocab, r.id, j->r.logprobs - 1, &j->lp[j->v.n_gen]);
     r.stop_hit = sched_job_text(s, j, r.id, &r.keep);
     if (r.stop_hit) r.finish = "stop";
     else if (j->v.n_gen + 1 >= j->r.max_tokens) r.finish = "length";

@@ -54,7 +54,20 @@ typedef struct {
     char *stop[SCHED_MAX_STOP];   /* owned by the job */
     int n_stop;
     int want_remote;         /* fill the prompt from outside (SJ_REMOTE) when admitted */
+    int logprobs;            /* 0: off; 1 + k: each token's log-probability and its k
+                              * most likely alternatives (k <= SCHED_MAX_TOP_LOGPROBS) */
 } sched_req;
+
+#define SCHED_MAX_TOP_LOGPROBS 20
+
+/* A token's log-probability under the model (log-softmax of the raw logits,
+ * before any sampling transform), with its top alternatives. */
+typedef struct {
+    float logprob;
+    int n_top;
+    int32_t top_id[SCHED_MAX_TOP_LOGPROBS];
+    float top_logprob[SCHED_MAX_TOP_LOGPROBS];
+} sched_logprob;
 
 /* What the owner reads; fields marked (lock) only via sched_wait / under
  * sched_lock. */
@@ -64,6 +77,7 @@ typedef struct {
     const int32_t *gen;      /* (lock) [n_gen] */
     const char *text;        /* (lock) generated text (pieces back to back) */
     const size_t *piece_end; /* (lock) [n_gen] end of each token's piece in text */
+    const sched_logprob *lp; /* (lock) [n_gen] when requested, else NULL */
     const size_t *stable_end;/* (lock) [n_gen] text that is final after each token: a
                               * stream sends text[stable_end[k-1], stable_end[k]) with
                               * token k. Text that could still begin a stop string

@@ -18,6 +18,7 @@
  */
 #include "proc.h"
 
+#include <math.h>
 #include <pthread.h>
 
 #define N_REQ 8
@@ -455,6 +456,55 @@ static void test_prefill_interleave(const char *path, const char *dir) {
     CHECK(stop_proc(pp, 20000) == 0, "interleave prefill node exit status");
 }
 
+/* logprobs: greedy tokens are their own top alternative, values are
+ * log-probabilities (<= 0, top ones sum to at most 1), stream == non-stream. */
+static void test_logprobs(const char *path, const char *dir) {
+    int port;
+    char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "256", "--parallel", "2",
+                      "--listen", "127.0.0.1:0", NULL };
+    pid_t pid = start_node(dir, "lp", extra, &port);
+    CHECK(port > 0, "logprobs node did not start");
+    int32_t ids[12] = { 11, 300, 4000, 52, 7, 900, 1234, 77, 15, 2048, 640, 3 };
+    json_t *q = gen_req(ids, 12, 6, 0, NULL);
+    json_object_set_new(q, "logprobs", json_integer(3));
+    int st;
+    json_t *o = port > 0 ? post_json(port, q, &st) : (json_decref(q), NULL);
+    json_t *lps = json_object_get(o, "logprobs"), *toks = json_object_get(o, "tokens");
+    int good = 0;
+    for (size_t i = 0; i < json_array_size(lps); i++) {
+        json_t *e = json_array_get(lps, i), *top = json_object_get(e, "top_logprobs");
+        double lp = json_number_value(json_object_get(e, "logprob")), mass = 0;
+        for (size_t t = 0; t < json_array_size(top); t++) mass += exp(json_number_value(json_object_get(json_array_get(top, t), "logprob")));
+        good += json_array_size(top) == 3 && lp <= 0 && mass <= 1.0 + 1e-5 &&
+                json_integer_value(json_object_get(json_array_get(top, 0), "id")) == json_integer_value(json_array_get(toks, i)) &&
+                fabs(json_number_value(json_object_get(json_array_get(top, 0), "logprob")) - lp) < 1e-6 &&
+                json_is_string(json_object_get(json_array_get(top, 0), "text"));
+    }
+    CHECK(st == 200 && json_array_size(lps) == 6 && good == 6, "logprobs: status %d, %zu entries, %d consistent", st,
+          json_array_size(lps), good);
+    /* streamed: the same values on the token lines */
+    json_t *qs = gen_req(ids, 12, 6, 1, NULL);
+    json_object_set_new(qs, "logprobs", json_integer(3));
+    char *s = json_dumps(qs, JSON_COMPACT), *body = NULL;
+    json_decref(qs);
+    st = http(port, "POST", "/v1/generate", s, &body);
+    free(s);
+    int k = 0, same = 0;
+    for (char *save = NULL, *l = body ? strtok_r(body, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *line = json_loads(l, 0, NULL);
+        if (json_object_get(line, "token") && k < 6) {
+            same += fabs(json_number_value(json_object_get(line, "logprob")) -
+                         json_number_value(json_object_get(json_array_get(lps, (size_t)k), "logprob"))) < 1e-6;
+            k++;
+        }
+        json_decref(line);
+    }
+    free(body);
+    CHECK(k == 6 && same == 6, "streamed logprobs: %d lines, %d equal", k, same);
+    json_decref(o);
+    CHECK(stop_proc(pid, 20000) == 0, "logprobs node exit status");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/tandem-test-batch-XXXXXX";
@@ -476,6 +526,7 @@ int main(void) {
     test_prefill_interleave(path, dir);
     test_lifecycle(path, dir);
     test_stop_strings(path, dir);
+    test_logprobs(path, dir);
     printf("test_serve_batch: logs in %s\n", dir);
     return t_done("test_serve_batch");
 }
