@@ -158,6 +158,7 @@ typedef struct {
     uint64_t params, active_params, tensor_bytes;
     char desc[96];
     uint32_t main_type;       /* type of the first FFN weight */
+    const char *backend;      /* "CPU" or "CUDA" */
 } bench_info;
 
 static const char *bench_ftype_name(uint32_t ft) {
@@ -187,6 +188,7 @@ static void bench_describe(model *m, bench_info *bi) {
     const gguf_file *f = model_get_gguf(m);
     const model_hparams *hp = model_get_hparams(m);
     memset(bi, 0, sizeof *bi);
+    bi->backend = strcmp(model_get_backend(m)->ops->name, "cuda") ? "CPU" : "CUDA";
     uint64_t expert_params = 0;
     for (int64_t i = 0; i < gguf_count_tensors(f); i++) {
         const gguf_tensor *t = gguf_get_tensor(f, i);
@@ -292,7 +294,7 @@ static void bench_print_row(const bench_info *bi, const bench_result *r) {
     bench_fmt_params(bi->params, params, sizeof params);
     snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
-    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, "CPU",
+    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, bi->backend,
            r->threads, test, tps);
     fflush(stdout);
 }
