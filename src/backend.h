@@ -3,8 +3,9 @@
  * The forward pass (forward.c) is written only against these operations. The
  * CPU backend (backend_cpu.c) implements them with the kernels of quant.c and
  * a thread pool; the CUDA backend (backend/cuda/) implements the same table
- * on a GPU, and a Metal backend (decode) would too. Activation buffers come from the backend's own
- * allocator (device memory on a GPU), and the model code never dereferences
+ * on a GPU, and a Metal backend (decode) would too. Activation buffers come
+ * from the backend's own allocator (device memory on a GPU), and the model
+ * code never dereferences
  * them: it reads results back with be_read. Weights are described by
  * be_weight; a backend may keep its own copy in `dev` after upload.
  */
