@@ -5,9 +5,9 @@
  * a thread pool; the CUDA backend (backend/cuda/) implements the same table
  * on a GPU, and a Metal backend (decode) would too. Activation buffers come
  * from the backend's own allocator (device memory on a GPU), and the model
- * code never dereferences
- * them: it reads results back with be_read. Weights are described by
- * be_weight; a backend may keep its own copy in `dev` after upload.
+ * code never dereferences them: it reads results back with be_read. Weights
+ * are described by be_weight; a backend may keep its own copy in `dev` after
+ * upload.
  */
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
