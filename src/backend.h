@@ -2,11 +2,12 @@
  *
  * The forward pass (forward.c) is written only against these operations. The
  * CPU backend (backend_cpu.c) implements them with the kernels of quant.c and
- * a thread pool; a CUDA backend (prefill) or a Metal backend (decode) would
- * implement the same table. Activation buffers come from the backend's own
- * allocator (device memory on a GPU), and the model code never dereferences
- * them: it reads results back with be_read. Weights are described by
- * be_weight; a backend may keep its own copy in `dev` after upload.
+ * a thread pool; the CUDA backend (backend/cuda/) implements the same table
+ * on a GPU, and a Metal backend (decode) would too. Activation buffers come
+ * from the backend's own allocator (device memory on a GPU), and the model
+ * code never dereferences them: it reads results back with be_read. Weights
+ * are described by be_weight; a backend may keep its own copy in `dev` after
+ * upload.
  */
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
@@ -98,6 +99,18 @@ typedef struct {
     void (*add)(backend *be, float *x, const float *y, size_t n);
     /* y[t] = MoE FFN of x[t] */
     int (*moe_ffn)(backend *be, const be_moe *m, const float *x, int n_tok, float *y);
+
+    /* ==== Optional: NULL for a backend that computes on the host caches (CPU) ==== */
+    /* Copies w to the backend once, at load (sets w->dev); 0 or -1 with a message. */
+    int (*load_weight)(backend *be, be_weight *w, char *err, size_t errlen);
+    /* A backend that keeps the caches on a device: after this returns, the
+     * host caches hold layer `layer`'s K/V rows of every sequence of b (the
+     * layer hook streams them from there). Called once per layer and pass. */
+    void (*sync_kv)(backend *be, const be_batch *b, int layer);
+    /* The host rows of kv from position pos on may change behind the
+     * backend's back (truncation, rows received from a prefill node);
+     * pos < 0: kv is about to be freed. */
+    void (*kv_forget)(backend *be, const kvcache *kv, int pos);
 } backend_ops;
 
 struct backend {

@@ -39,7 +39,8 @@ typedef struct {
 } bench_list;
 
 typedef struct {
-    const char *model, *kv_name;
+    const char *model, *kv_name, *backend;
+    int device;
     uint32_t kv_type;
     bench_list threads, pp, tg;
     int reps, n_batch, bounds;
@@ -56,7 +57,8 @@ static void bench_usage(void) {
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
-        "  --no-bounds    skip the bandwidth / compute bounds table\n");
+        "  --no-bounds    skip the bandwidth / compute bounds table (always skipped with cuda)\n");
+    cli_usage_backend(14);
 }
 
 static int bench_int(const char *s, int *out) {
@@ -108,6 +110,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-b")) bad = bench_int(v, &o->n_batch) || o->n_batch < 1;
         else if (!strcmp(a, "--kv-type")) { o->kv_name = v; bad = !v || bench_kv_type(v) == UINT32_MAX; }
         else if (!strcmp(a, "--bw-mib")) bad = bench_int(v, &o->bw_mib) || o->bw_mib < 16;
+        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
+        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
         else {
             takes = 0;
             if (!strcmp(a, "--no-bounds")) o->bounds = 0;
@@ -120,6 +124,8 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         if (o->threads.v[i] < 1 || o->threads.v[i] > 256) { fprintf(stderr, "tandem bench: bad thread count\n"); return -1; }
     if (!o->model) { bench_usage(); return -1; }
     o->kv_type = bench_kv_type(o->kv_name);
+    /* the bounds are the CPU's (memory bandwidth, SIMD peak) */
+    if (o->backend && strcmp(o->backend, "cpu")) o->bounds = 0;
     return 0;
 }
 
@@ -152,6 +158,7 @@ typedef struct {
     uint64_t params, active_params, tensor_bytes;
     char desc[96];
     uint32_t main_type;       /* type of the first FFN weight */
+    const char *backend;      /* "CPU" or "CUDA" */
 } bench_info;
 
 static const char *bench_ftype_name(uint32_t ft) {
@@ -181,6 +188,7 @@ static void bench_describe(model *m, bench_info *bi) {
     const gguf_file *f = model_get_gguf(m);
     const model_hparams *hp = model_get_hparams(m);
     memset(bi, 0, sizeof *bi);
+    bi->backend = strcmp(model_get_backend(m)->ops->name, "cuda") ? "CPU" : "CUDA";
     uint64_t expert_params = 0;
     for (int64_t i = 0; i < gguf_count_tensors(f); i++) {
         const gguf_tensor *t = gguf_get_tensor(f, i);
@@ -286,7 +294,7 @@ static void bench_print_row(const bench_info *bi, const bench_result *r) {
     bench_fmt_params(bi->params, params, sizeof params);
     snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
-    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, "CPU",
+    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, bi->backend,
            r->threads, test, tps);
     fflush(stdout);
 }
@@ -546,7 +554,7 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
 
 static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, bench_result *res, int *n_res,
                          char *err, size_t errlen) {
-    model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch };
+    model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch, .backend = o->backend, .device = o->device };
     model *m = NULL;
     session *s = NULL;
     int rc = -1, n_ctx = 1;

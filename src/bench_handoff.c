@@ -35,7 +35,8 @@
 #define BH_MAX_LIST 16
 
 typedef struct {
-    const char *model, *node, *secret_file, *label, *kv_name;
+    const char *model, *node, *secret_file, *label, *kv_name, *backend;
+    int device;                                   /* the in-process prefill node's backend */
     int lengths[BH_MAX_LIST], n_lengths;
     uint32_t dtypes[BH_MAX_LIST];
     int n_dtypes;
@@ -57,7 +58,9 @@ static void bh_usage(void) {
         "  --link-label TEXT         the link column (default \"loopback\" / the node's address)\n"
         "  --zstd                    zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 60000)\n"
-        "  --seed N                  token seed (default 1)\n");
+        "  --seed N                  token seed (default 1)\n"
+        "The in-process prefill node (the decode side always runs on the CPU):\n");
+    cli_usage_backend(25);
 }
 
 static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
@@ -113,6 +116,8 @@ static int bh_parse(int argc, char **argv, bh_opts *o) {
         else if (!strcmp(a, "-b")) bad = bh_int(v, 1, 1 << 16, &o->batch);
         else if (!strcmp(a, "--timeout-ms")) bad = bh_int(v, 1, 3600000, &o->timeout_ms);
         else if (!strcmp(a, "--seed")) { bad = bh_int(v, 0, 1 << 30, &x); o->seed = (uint64_t)x; }
+        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
+        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
         else if (!strcmp(a, "--zstd")) { o->zstd = 1; takes = 0; }
         else { fprintf(stderr, "tandem bench-handoff: unknown option %s\n", a); bh_usage(); return -1; }
         if (takes && (!v || bad)) { fprintf(stderr, "tandem bench-handoff: option %s needs a valid value\n", a); return -1; }
@@ -142,7 +147,7 @@ static void *bh_node_main(void *arg) {
 /* Starts a prefill node thread with its own model; fills addr. */
 static int bh_local_start(bh_local_node *ln, const bh_opts *o, const void *secret, size_t secret_len, int n_ctx,
                           char *addr, size_t addrlen, char *err, size_t errlen) {
-    model_opts mo = { .n_threads = o->threads, .n_batch = o->batch };
+    model_opts mo = { .n_threads = o->threads, .n_batch = o->batch, .backend = o->backend, .device = o->device };
     if (model_load(&ln->m, o->model, &mo, err, errlen)) return -1;
     snprintf(ln->port_file, sizeof ln->port_file, "/tmp/tandem-bh-%d.port", (int)getpid());
     unlink(ln->port_file);

@@ -18,7 +18,8 @@
 typedef struct {
     const char *model, *prompt, *prompt_file, *kv_type;
     const char *prefill_node, *secret_file, *wire_dtype;   /* remote prefill */
-    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms;
+    const char *backend;
+    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms, device;
     sampler_params sp;
 } run_opts;
 
@@ -34,7 +35,9 @@ static void cli_usage_run(void) {
         "  --ignore-eos    keep generating past end-of-generation tokens\n"
         "  --temp T        temperature (default 0 = greedy)\n"
         "  --top-k K --top-p P --min-p P --seed S   sampling (defaults 40, 0.95, 0.05, 0)\n"
-        "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n"
+        "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n");
+    cli_usage_backend(15);
+    fprintf(stderr,
         "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
         "  --prefill-node HOST:PORT   prefill node to use\n"
         "  --secret-file FILE         shared node secret (or env TANDEM_SECRET)\n"
@@ -83,6 +86,8 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--min-p")) bad = !v || cli_float(v, &o->sp.min_p);
         else if (!strcmp(a, "--seed")) { int sd = 0; bad = !v || cli_int(v, &sd); o->sp.seed = (uint64_t)(unsigned)sd; }
         else if (!strcmp(a, "--kv-type")) o->kv_type = v;
+        else if (!strcmp(a, "--backend")) bad = !v || cli_backend_ok(o->backend = v);
+        else if (!strcmp(a, "--device")) bad = !v || cli_device_ok(v, &o->device);
         else if (!strcmp(a, "--prefill-node")) o->prefill_node = v;
         else if (!strcmp(a, "--secret-file")) o->secret_file = v;
         else if (!strcmp(a, "--wire-dtype")) o->wire_dtype = v;
@@ -101,6 +106,22 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
     }
     if (!o->model || (!o->prompt && !o->prompt_file)) { cli_usage_run(); return -1; }
     return 0;
+}
+
+int cli_backend_ok(const char *name) { return name && (!strcmp(name, "cpu") || !strcmp(name, "cuda")) ? 0 : -1; }
+
+int cli_device_ok(const char *s, int *out) {
+    char *end;
+    errno = 0;
+    long v = s ? strtol(s, &end, 10) : -1;
+    if (!s || errno || *end || end == s || v < 0 || v > 63) return -1;
+    *out = (int)v;
+    return 0;
+}
+
+void cli_usage_backend(int width) {
+    fprintf(stderr, "  %-*s compute on cpu (default) or cuda (a build with make CUDA=1)\n", width, "--backend B");
+    fprintf(stderr, "  %-*s CUDA device (default 0)\n", width, "--device N");
 }
 
 uint32_t cli_kv_type(const char *s) {
@@ -220,7 +241,7 @@ int cli_run(int argc, char **argv) {
         fprintf(stderr, "tandem run: cannot read %s\n", o.prompt_file);
         return 1;
     }
-    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch };
+    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
     model *m = NULL;
     session *s = NULL;
     sampler *smp = NULL;

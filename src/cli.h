@@ -15,6 +15,11 @@ int cli_bench_serve(int argc, char **argv);   /* tandem bench-serve (bench_serve
 #include <stddef.h>
 #include <stdint.h>
 uint32_t cli_kv_type(const char *s);                  /* "f16"/"bf16"/"q8_0" -> ggml type, UINT32_MAX if unknown */
+/* --backend NAME / --device N: 0 if valid ("cpu" or "cuda"; a device 0..63). */
+int cli_backend_ok(const char *name);
+int cli_device_ok(const char *s, int *out);
+/* Usage lines for --backend and --device (option column `width` wide). */
+void cli_usage_backend(int width);
 char *cli_read_file(const char *path, size_t *len);   /* whole file, NUL-terminated; NULL on failure */
 /* The shared node secret from FILE (or env TANDEM_SECRET when file is NULL),
  * trailing newline stripped; refuses an empty one. Caller frees *out. */

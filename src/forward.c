@@ -95,6 +95,19 @@ typedef struct {
 
 /* ==== One layer ==== */
 
+/* Layer il's K/V rows are in the host caches: each item's hook may stream them. */
+static int forward_hooks(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
+    if (m->be->ops->sync_kv) m->be->ops->sync_kv(m->be, &p->bt, il);
+    for (int s = 0; s < p->bt.n_seq; s++) {
+        const model_batch_item *it = &p->items[p->item_of[s]];
+        if (it->hook && it->hook(it->hook_ud, il, p->bt.seq[s].pos0, p->bt.seq[s].n)) {
+            snprintf(err, errlen, "evaluation cancelled at layer %d", il);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 static int forward_attention(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
     const model_hparams *hp = &m->hp;
     const model_layer *L = &m->layers[il];
@@ -115,14 +128,7 @@ static int forward_attention(model *m, const fwd_pass *p, int il, char *err, siz
     op->rope(be, b->q, n, hp->n_head, hd, p->bt.pos, &hp->rope);
     op->rope(be, b->k, n, hp->n_head_kv, hd, p->bt.pos, &hp->rope);
     op->kv_store(be, &p->bt, il, b->k, b->v);
-    for (int s = 0; s < p->bt.n_seq; s++) {
-        const model_batch_item *it = &p->items[p->item_of[s]];
-        if (it->hook && it->hook(it->hook_ud, il, p->bt.seq[s].pos0, p->bt.seq[s].n)) {
-            snprintf(err, errlen, "evaluation cancelled at layer %d", il);
-            return -1;
-        }
-    }
-    return 0;
+    return op->sync_kv ? 0 : forward_hooks(m, p, il, err, errlen);
 }
 
 static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
@@ -194,12 +200,17 @@ static int forward_pass(model *m, const fwd_pass *p, const int32_t *ids, char *e
         snprintf(err, errlen, "token id out of range");
         return -1;
     }
+    /* A backend with device caches (sync_kv) copies each layer's new K/V
+     * rows to the host while it computes: its hooks run once the rest of
+     * the layer has been queued, so the copy overlaps that work. */
+    int late = be->ops->sync_kv != NULL;
     for (int il = 0; il < hp->n_layer; il++) {
         if (forward_attention(m, p, il, err, errlen)) return -1;
         /* A pass whose logits nobody reads needs the last layer's K/V
          * only: the rest of that layer cannot change any cache. */
-        if (il == hp->n_layer - 1 && !p->n_out) break;
+        if (il == hp->n_layer - 1 && !p->n_out) return late ? forward_hooks(m, p, il, err, errlen) : 0;
         if (forward_mix(m, p, il, err, errlen)) return -1;
+        if (late && forward_hooks(m, p, il, err, errlen)) return -1;
     }
     return p->n_out ? forward_logits(m, p, err, errlen) : 0;
 }

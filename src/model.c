@@ -10,6 +10,9 @@
 
 #include "model_internal.h"
 #include "quant.h"
+#ifdef TANDEM_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 /* ==== Architectures ==== */
 
@@ -348,6 +351,45 @@ static int model_bind_weights(model *m, char *err, size_t errlen) {
     return 0;
 }
 
+/* ==== Backend ==== */
+
+static backend *model_create_backend(const model_opts *o, int nth, char *err, size_t errlen) {
+    const char *name = o && o->backend ? o->backend : "cpu";
+    if (!strcmp(name, "cpu")) {
+        backend *be = backend_cpu_create(nth);
+        if (!be) snprintf(err, errlen, "cannot create CPU backend with %d threads", nth);
+        return be;
+    }
+    if (strcmp(name, "cuda")) {
+        snprintf(err, errlen, "unknown backend '%.32s' (cpu or cuda)", name);
+        return NULL;
+    }
+#ifdef TANDEM_CUDA
+    return backend_cuda_create(o->device, nth, err, errlen);
+#else
+    snprintf(err, errlen, "this build has no CUDA backend (rebuild with make CUDA=1)");
+    return NULL;
+#endif
+}
+
+/* Hands every bound weight to a backend that keeps its own copies. */
+static int model_load_weights(model *m, char *err, size_t errlen) {
+    backend *be = m->be;
+    if (!be->ops->load_weight) return 0;
+    be_weight *top[] = { &m->tok_embd, &m->output_norm, &m->output };
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]->data && be->ops->load_weight(be, top[i], err, errlen)) return -1;
+    for (int il = 0; il < m->hp.n_layer; il++) {
+        model_layer *L = &m->layers[il];
+        be_weight *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
+                            &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
+                            &L->gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps };
+        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+            if (ws[i]->data && be->ops->load_weight(be, ws[i], err, errlen)) return -1;
+    }
+    return 0;
+}
+
 /* ==== Load / free ==== */
 
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen) {
@@ -362,8 +404,8 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (tokenizer_load(&m->tok, m->gf, err, errlen)) goto fail;
     if (model_check_vocab(m, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
-    m->be = backend_cpu_create(nth);
-    if (!m->be) { snprintf(err, errlen, "cannot create CPU backend with %d threads", nth); goto fail; }
+    if (!(m->be = model_create_backend(o, nth, err, errlen))) goto fail;
+    if (model_load_weights(m, err, errlen)) goto fail;
     *out = m;
     return 0;
 fail:
@@ -448,10 +490,17 @@ int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err
 
 void session_free(session *s) {
     if (!s) return;
+    backend *be = s->m->be;
+    if (be->ops->kv_forget) be->ops->kv_forget(be, s->kv, -1);
     kv_free(s->kv);
     free(s);
 }
 
 kvcache *session_kv(session *s) { return s->kv; }
 int session_pos(const session *s) { return kv_used(s->kv); }
-void session_reset(session *s, int pos) { if (pos < kv_used(s->kv)) kv_set_used(s->kv, pos); }
+void session_reset(session *s, int pos) {
+    if (pos >= kv_used(s->kv)) return;
+    kv_set_used(s->kv, pos);
+    backend *be = s->m->be;
+    if (be->ops->kv_forget) be->ops->kv_forget(be, s->kv, pos < 0 ? 0 : pos);
+}

@@ -54,6 +54,8 @@ typedef struct session session;
 typedef struct {
     int n_threads;           /* CPU threads (default 1) */
     int n_batch;             /* prefill chunk (default 512) */
+    const char *backend;     /* "cpu" (default when NULL) or "cuda" (a build with CUDA=1) */
+    int device;              /* CUDA device ordinal (default 0) */
 } model_opts;
 
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
@@ -68,7 +70,7 @@ uint64_t model_weight_bytes_per_token(const model *m);
 uint64_t model_file_bytes(const model *m);
 const char *model_type_summary(const model *m);   /* e.g. "Q8_0" / "Q4_K_M"-ish: most common weight type */
 
-/* ==== Sessions ==== */
+/* ==== Sessions ==== (freed before their model) */
 int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err, size_t errlen);
 void session_free(session *s);
 kvcache *session_kv(session *s);

@@ -27,8 +27,8 @@ enum serve_role { SERVE_PREFILL = 1, SERVE_DECODE, SERVE_LOCAL };
 
 typedef struct {
     enum serve_role role;
-    const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file;
-    int n_threads, n_ctx, n_batch, timeout_ms, max_conns;
+    const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file, *backend;
+    int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int debug_frame_delay_ms, debug_corrupt_frame;   /* fault injection (tests) */
     uint32_t kv_dtype;
     char *secret;
@@ -48,7 +48,10 @@ static void serve_usage(void) {
         "  --node-id NAME       this node's name in handshakes and logs\n"
         "  --timeout-ms N       per-frame I/O deadline (default 10000)\n"
         "  --port-file FILE     write the bound port there once listening\n"
-        "  --max-conns N        concurrent connections (default 16)\n"
+        "  --max-conns N        concurrent connections (default 16)\n");
+    fprintf(stderr, "Prefill role:\n");
+    cli_usage_backend(20);
+    fprintf(stderr,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
         "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n");
@@ -91,6 +94,8 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "-b")) bad = serve_int(v, 1, 1 << 16, &o->n_batch);
         else if (!strcmp(a, "--timeout-ms")) bad = serve_int(v, 1, 3600000, &o->timeout_ms);
         else if (!strcmp(a, "--max-conns")) bad = serve_int(v, 1, 256, &o->max_conns);
+        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
+        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
         else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(v, 0, 60000, &o->debug_frame_delay_ms);
         else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_corrupt_frame);
         else { fprintf(stderr, "tandem serve: unknown option %s\n", a); serve_usage(); return -1; }
@@ -187,7 +192,7 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     serve_signals();
-    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch };
+    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
     model *m = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {

@@ -10,7 +10,7 @@ for b in "${bins[@]}"; do
     [ -f "$b" ] && [ -x "$b" ] || continue
     # A hung test must fail, not stall CI: each binary gets TEST_TIMEOUT seconds.
     out=$(timeout "${TEST_TIMEOUT:-900}" "$b" 2>&1); rc=$?
-    printf '%s\n' "$out" | grep -E '^(FAIL|[a-z0-9_]+: [0-9]+ passed)' | tail -n 40
+    printf '%s\n' "$out" | grep -E '^(FAIL|skipped:|[a-z0-9_]+: [0-9]+ passed)' | tail -n 40
     line=$(printf '%s\n' "$out" | grep -E '^[a-z0-9_]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then
         echo "CRASH $b (exit $rc)"; printf '%s\n' "$out" | tail -n 20; crashed=$((crashed+1)); continue

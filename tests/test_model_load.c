@@ -129,7 +129,7 @@ static int rewrite(const char *src, const char *dst, const mutation *mu) {
 /* Loads path, evaluates one token, checks the logits are finite. */
 static void check_runs(const char *path, const char *what) {
     char err[256];
-    model_opts o = { 1, 8 };
+    model_opts o = { .n_threads = 1, .n_batch = 8 };
     model *m = NULL;
     int rc = model_load(&m, path, &o, err, sizeof err);
     CHECK(rc == 0, "%s: model_load: %s", what, err);
@@ -161,7 +161,7 @@ static void expect_refused(const char *src, const char *arch, const mutation *mu
     int rc = rewrite(src, dst, mu);
     CHECK(rc == 0, "%s %s: rewrite failed", arch, what);
     if (rc) return;
-    model_opts o = { 1, 8 };
+    model_opts o = { .n_threads = 1, .n_batch = 8 };
     model *m = NULL;
     rc = model_load(&m, dst, &o, err, sizeof err);
     CHECK(rc != 0 && strstr(err, sub), "%s %s: want refusal naming '%s', got rc %d: %s", arch, what, sub, rc, err);
@@ -352,7 +352,7 @@ static void test_experts(const char *src) {
  * refused (attention addresses it per head), an F16 one works. */
 static void test_kv_head_dim(const char *path) {
     char err[256];
-    model_opts o = { 1, 8 };
+    model_opts o = { .n_threads = 1, .n_batch = 8 };
     model *m = NULL;
     int rc = model_load(&m, path, &o, err, sizeof err);
     CHECK(rc == 0, "head dim 48 model loads: %s", err);

@@ -4,6 +4,8 @@
 #   2. build and run the tests (make test)
 #   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan)
 #   4. every libFuzzer target for a short bounded time
+#   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
+#      and link only: CI has no GPU) and its test's host-side checks
 # The last line printed is the total "N passed, M failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,16 @@ echo "== tests"
 make test | tee build/test.log
 echo "== tests under ASan+UBSan"
 make -j"$JOBS" asan | tee build/asan.log
+# The CUDA build: all of its targets compile and link; test_backend_ops
+# checks the device code's host versions and says "skipped: no CUDA device"
+# for the rest. About 35 s on 2 cores (all five -gencode targets).
+NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+: >build/cuda.log
+if [ -x "$NVCC" ]; then
+    echo "== CUDA build ($NVCC)"
+    make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" all
+    TANDEM_MODELS=build/models tests/run.sh build-cuda/test_backend_ops | tee build/cuda.log
+fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 make -j"$JOBS" fuzz >/dev/null
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
@@ -65,8 +77,10 @@ p1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\
 f1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\2/p')
 p2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
 f2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+p3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
+f3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
 nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
-pass=$(( ${p1:-0} + ${p2:-0} + nf - fuzz_fail ))
-fail=$(( ${f1:-1} + ${f2:-1} + fuzz_fail ))
+pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + nf - fuzz_fail ))
+fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + fuzz_fail ))
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

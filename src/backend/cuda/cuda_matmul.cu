@@ -1,0 +1,205 @@
+/* cuda_matmul.cu - matrix products of the CUDA backend.
+ *
+ * Two paths, chosen by the number of activation rows:
+ *
+ *   <= CU_MMV_MAX_TOK rows (decode): a matrix-vector kernel, one warp per
+ *   weight row, that reads each weight once for all rows, decodes it from
+ *   its stored form (F32, F16, BF16, or GGUF blocks) and accumulates in f32
+ *   against the f32 activations. Bandwidth-bound, as decode is.
+ *
+ *   more rows (prefill): cublasGemmEx on tensor cores with f32 accumulation.
+ *   F16 and BF16 weights (and quantized weights dequantized to F16 at load)
+ *   meet activations converted to the same half type; with gemm_split (the
+ *   default) the activations go in as hi + lo halves, two products summed,
+ *   which keeps about 22 bits of each activation (the CPU backend multiplies
+ *   half weights by unrounded f32 activations, and rounding them to 11 bits
+ *   flips near-tied MoE routing). TANDEM_CUDA_GEMM_SPLIT=0 trades that for
+ *   one product. F32 weights use an f32 GEMM. Quantized weights that stayed
+ *   quantized (no room for F16) are dequantized into a scratch buffer per
+ *   product.
+ *
+ * Shapes: W row-major [ne1][ne0] is, to cuBLAS (column-major), ne0 x ne1
+ * with lda = ne0; X [n][ne0] is ne0 x n; Y [n][ne1] is ne1 x n. So
+ * Y = W^T-as-stored * X: gemm(T, N, m = ne1, n = n_tok, k = ne0).
+ */
+#include <stdlib.h>
+
+#include "cuda_internal.h"
+
+/* Rows up to which the matrix-vector kernel beats cuBLAS: it reads the
+ * weights once however many rows, and 8 accumulators per lane fit in
+ * registers. Not measured yet on a GPU (see docs/architecture.md). */
+#define CU_MMV_MAX_TOK 8
+/* Weight rows per block of the matrix-vector kernel (one warp each). */
+#define CU_MMV_WARPS 4
+
+/* ==== Matrix-vector ==== */
+
+template <uint32_t T>
+__global__ void k_mmv(const uint8_t *w, size_t rb, int64_t ncols, int64_t nrows, const float *x, int n_tok, float *y) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int64_t r = (int64_t)blockIdx.x * CU_MMV_WARPS + warp;
+    if (r >= nrows) return;
+    const uint8_t *row = w + (size_t)r * rb;
+    float acc[CU_MMV_MAX_TOK];
+#pragma unroll
+    for (int t = 0; t < CU_MMV_MAX_TOK; t++) acc[t] = 0.0f;
+    for (int64_t c = lane; c < ncols; c += 32) {
+        float wv = cu_dq<T>(row, c);
+#pragma unroll
+        for (int t = 0; t < CU_MMV_MAX_TOK; t++)
+            if (t < n_tok) acc[t] += wv * x[(size_t)t * ncols + c];
+    }
+#pragma unroll
+    for (int t = 0; t < CU_MMV_MAX_TOK; t++) {
+        float v = acc[t];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && t < n_tok) y[(size_t)t * nrows + r] = v;
+    }
+}
+
+static void cu_mmv(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
+    unsigned blocks = (unsigned)((w->ne1 + CU_MMV_WARPS - 1) / CU_MMV_WARPS);
+    if (w->half) {
+        const uint8_t *base = (const uint8_t *)(w->half + (size_t)expert * w->ne1 * w->ne0);
+        k_mmv<GGML_TYPE_F16><<<blocks, 32 * CU_MMV_WARPS, 0, c->cs>>>(base, (size_t)w->ne0 * 2, w->ne0, w->ne1, x,
+                                                                     n_tok, y);
+    } else {
+        const uint8_t *base = (const uint8_t *)w->raw + (size_t)expert * w->ne1 * w->row_bytes;
+        CU_TYPE_SWITCH(w->type, k_mmv<TT><<<blocks, 32 * CU_MMV_WARPS, 0, c->cs>>>(base, w->row_bytes, w->ne0, w->ne1,
+                                                                                 x, n_tok, y));
+    }
+    cu_check(c, cudaGetLastError(), "mul_mat (matrix-vector)");
+}
+
+/* ==== cuBLAS ==== */
+
+/* Expert e of w as a cuBLAS operand: its address and type (dequantizing a
+ * quantized weight into the scratch buffer if it has no F16 copy). */
+static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert, cudaDataType_t *at) {
+    size_t n = (size_t)w->ne1 * (size_t)w->ne0;
+    if (w->half) { *at = CUDA_R_16F; return w->half + (size_t)expert * n; }
+    const uint8_t *raw = (const uint8_t *)w->raw + (size_t)expert * w->ne1 * w->row_bytes;
+    switch (w->type) {
+    case GGML_TYPE_F32: *at = CUDA_R_32F; return raw;
+    case GGML_TYPE_F16: *at = CUDA_R_16F; return raw;
+    case GGML_TYPE_BF16: *at = CUDA_R_16BF; return raw;
+    default: break;
+    }
+    if (cu_buf_need(c, &c->wtmp, n * 2) || cu_launch_dequant(c, w->type, raw, (uint16_t *)c->wtmp.p, (int64_t)n))
+        return NULL;
+    *at = CUDA_R_16F;
+    return c->wtmp.p;
+}
+
+/* The activations as cuBLAS wants them for weights of type at: f32 as
+ * they are, else hi (and lo, when splitting) in the half type. */
+static int cu_gemm_act(cu_impl *c, cudaDataType_t at, const float *x, size_t n, const void **hi, const void **lo) {
+    *lo = NULL;
+    if (at == CUDA_R_32F) { *hi = x; return 0; }
+    int split = c->gemm_split != 0;
+    if (cu_buf_need(c, &c->act, n * 2 * (split ? 2 : 1))) return -1;
+    uint16_t *h = (uint16_t *)c->act.p;
+    cu_launch_to_half(c, at == CUDA_R_16BF, x, h, split ? h + n : NULL, n);
+    *hi = h;
+    if (split) *lo = h + n;
+    return 0;
+}
+
+static void cu_gemm(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
+    cudaDataType_t at;
+    const void *a = cu_gemm_weight(c, w, expert, &at), *bh, *bl;
+    if (!a || cu_gemm_act(c, at, x, (size_t)n_tok * w->ne0, &bh, &bl)) return;
+    const float one = 1.0f, zero = 0.0f;
+    int m = (int)w->ne1, k = (int)w->ne0;
+    cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, a, at, k, bh, at, k, &zero,
+                                  y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "cublasGemmEx");
+    if (bl)
+        cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, a, at, k, bl, at, k, &one,
+                                      y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "cublasGemmEx (lo)");
+}
+
+void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
+    if (n_tok <= 0 || c->failed) return;
+    if (n_tok <= CU_MMV_MAX_TOK) cu_mmv(c, w, expert, x, n_tok, y);
+    else cu_gemm(c, w, expert, x, n_tok, y);
+}
+
+/* ==== Several experts ==== */
+
+/* One cublasGemmGroupedBatchedEx call for all groups (each a group of one
+ * problem): weights with a resident half or f32 form only. Returns 0 if it
+ * ran, 1 if the caller must loop instead. */
+static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off, const int *cnt,
+                      const float *x, float *y) {
+    cudaDataType_t at;
+    if (w->half) at = CUDA_R_16F;
+    else if (w->type == GGML_TYPE_F16) at = CUDA_R_16F;
+    else if (w->type == GGML_TYPE_BF16) at = CUDA_R_16BF;
+    else if (w->type == GGML_TYPE_F32) at = CUDA_R_32F;
+    else return 1;
+    size_t rows = (size_t)off[n_group - 1] + (size_t)cnt[n_group - 1];
+    const void *bh, *bl;
+    if (cu_gemm_act(c, at, x, rows * (size_t)w->ne0, &bh, &bl)) return 0;
+    size_t esz = at == CUDA_R_32F ? 4 : 2;
+    const uint8_t *wbase = w->half ? (const uint8_t *)w->half : (const uint8_t *)w->raw;
+    size_t wexp = (size_t)w->ne1 * (size_t)w->ne0 * esz;
+    /* host arrays: per group shapes; device arrays: A, B(hi), B(lo), C pointers */
+    int *hi = (int *)malloc(sizeof(int) * 7 * (size_t)n_group);
+    float *ab = (float *)malloc(sizeof(float) * 2 * (size_t)n_group);
+    cublasOperation_t *ops = (cublasOperation_t *)malloc(sizeof *ops * 2 * (size_t)n_group);
+    const void **ptr = (const void **)malloc(sizeof(void *) * 4 * (size_t)n_group);
+    int rc = 0;
+    if (!hi || !ab || !ops || !ptr) { cu_check(c, cudaErrorMemoryAllocation, "grouped GEMM tables"); goto out; }
+    {
+        int *mm = hi, *nn = hi + n_group, *kk = hi + 2 * n_group, *lda = hi + 3 * n_group, *ldb = hi + 4 * n_group,
+            *ldc = hi + 5 * n_group, *gs = hi + 6 * n_group;
+        for (int g = 0; g < n_group; g++) {
+            mm[g] = (int)w->ne1; nn[g] = cnt[g]; kk[g] = (int)w->ne0;
+            lda[g] = (int)w->ne0; ldb[g] = (int)w->ne0; ldc[g] = (int)w->ne1; gs[g] = 1;
+            ab[g] = 1.0f; ab[n_group + g] = 0.0f;
+            ops[g] = CUBLAS_OP_T; ops[n_group + g] = CUBLAS_OP_N;
+            ptr[g] = wbase + (size_t)e[g] * wexp;
+            ptr[n_group + g] = (const uint8_t *)bh + (size_t)off[g] * w->ne0 * esz;
+            ptr[2 * n_group + g] = bl ? (const uint8_t *)bl + (size_t)off[g] * w->ne0 * esz : NULL;
+            ptr[3 * n_group + g] = y + (size_t)off[g] * w->ne1;
+        }
+        if (cu_buf_need(c, &c->ptrs, sizeof(void *) * 4 * (size_t)n_group)) goto out;
+        const void **dp = (const void **)c->ptrs.p;
+        if (cu_check(c, cudaMemcpyAsync(dp, ptr, sizeof(void *) * 4 * (size_t)n_group, cudaMemcpyHostToDevice, c->cs),
+                     "grouped GEMM pointers"))
+            goto out;
+        cublasStatus_t s = cublasGemmGroupedBatchedEx(c->blas, ops, ops + n_group, mm, nn, kk, ab, dp, at, lda,
+                                                      dp + n_group, at, ldb, ab + n_group, (void *const *)(dp + 3 * n_group),
+                                                      CUDA_R_32F, ldc, n_group, gs, CUBLAS_COMPUTE_32F);
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED) { c->moe_grouped = 0; rc = 1; goto out; }
+        if (cu_check_blas(c, s, "cublasGemmGroupedBatchedEx")) goto out;
+        if (bl) {
+            for (int g = 0; g < n_group; g++) ab[n_group + g] = 1.0f;   /* beta: add the lo product */
+            cu_check_blas(c, cublasGemmGroupedBatchedEx(c->blas, ops, ops + n_group, mm, nn, kk, ab, dp, at, lda,
+                                                        dp + 2 * n_group, at, ldb, ab + n_group,
+                                                        (void *const *)(dp + 3 * n_group), CUDA_R_32F, ldc, n_group,
+                                                        gs, CUBLAS_COMPUTE_32F),
+                          "cublasGemmGroupedBatchedEx (lo)");
+        }
+    }
+out:
+    /* the host arrays are read when the call is made, not when it runs */
+    free(hi);
+    free(ab);
+    free(ops);
+    free(ptr);
+    return rc;
+}
+
+void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off, const int *cnt,
+                       const float *x, float *y) {
+    if (n_group <= 0 || c->failed) return;
+    int total = off[n_group - 1] + cnt[n_group - 1];
+    /* decode-sized groups read each expert once in the matrix-vector kernel */
+    if (c->moe_grouped && total > CU_MMV_MAX_TOK * n_group &&
+        cu_grouped(c, w, n_group, e, off, cnt, x, y) == 0)
+        return;
+    for (int g = 0; g < n_group; g++)
+        cu_matmul(c, w, e[g], x + (size_t)off[g] * w->ne0, cnt[g], y + (size_t)off[g] * w->ne1);
+}

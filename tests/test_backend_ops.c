@@ -1,0 +1,510 @@
+/* test_backend_ops.c - every op of backend.h on a backend under test against
+ * the CPU backend, by normalised mean squared error (NMSE = sum (a - b)^2 /
+ * sum b^2), in the manner of ggml's test-backend-ops: every weight type
+ * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), odd sizes, several
+ * sequences per batch, every KV cache type. The KV rows a backend leaves in
+ * the host caches must equal the CPU backend's byte for byte (the handoff
+ * streams them).
+ *
+ * Under test:
+ *   - built with CUDA=1 and a CUDA device present: the CUDA backend (device
+ *     `TANDEM_CUDA_DEVICE`, default 0). Without a device the line
+ *     "skipped: no CUDA device" is printed and the device part is skipped;
+ *     the host versions of the CUDA block decoders and KV encoders are
+ *     still checked bit for bit against quant.c.
+ *   - built without CUDA: "skipped: built without CUDA" is printed, and the
+ *     same cases compare the CPU backend's vector kernels against its plain
+ *     C reference kernels (which keeps this harness itself tested).
+ * Also: selecting an unavailable backend gives a clear error.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "gguf.h"
+#include "kvcache.h"
+#include "model.h"
+#include "quant.h"
+#include "t.h"
+#ifdef TANDEM_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
+
+/* ==== Sides ==== */
+
+static backend *ref_be, *test_be;   /* reference (CPU) and under test */
+static int cpu_vs_ref;              /* no CUDA: CPU vector kernels vs CPU reference kernels */
+
+/* Makes `be` ready to run: in CPU-vs-reference mode the reference side runs
+ * the plain C kernels. */
+static void side(backend *be) {
+    if (cpu_vs_ref) quant_force_reference(be == ref_be);
+}
+
+/* ==== Data ==== */
+
+static uint32_t rng = 12345;
+static float frand(void) { rng = rng * 1664525u + 1013904223u; return (float)(rng >> 8) / 16777216.0f * 2.0f - 1.0f; }
+static void fill(float *x, size_t n, float scale) { for (size_t i = 0; i < n; i++) x[i] = frand() * scale; }
+
+static float *upload(backend *be, const float *host, size_t n) {
+    float *d = be->ops->alloc(be, n);
+    if (d && host) be->ops->write(be, d, host, n);
+    return d;
+}
+
+static float *download(backend *be, const float *dev, size_t n) {
+    float *h = malloc(sizeof(float) * (n ? n : 1));
+    be->ops->read(be, dev, h, n);
+    return h;
+}
+
+static double nmse(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - b[i];
+        if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+/* Worst NMSE seen per op family, printed at the end. */
+typedef struct { const char *name; double worst; int cases; } op_stat;
+static op_stat stats[64];
+static int n_stats;
+
+static void record(const char *name, double e, double tol, const char *what) {
+    op_stat *s = NULL;
+    for (int i = 0; i < n_stats; i++) if (!strcmp(stats[i].name, name)) s = &stats[i];
+    if (!s && n_stats < 64) { s = &stats[n_stats++]; s->name = name; }
+    if (s) { if (e > s->worst) s->worst = e; s->cases++; }
+    CHECK(e <= tol, "%s: %s: nmse %.3g > %.3g", name, what, e, tol);
+}
+
+/* ==== Weights ==== */
+
+typedef struct {
+    be_weight w;
+    void *bytes;
+} test_weight;
+
+static const uint32_t TYPES[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+                                  GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
+#define N_TYPES (sizeof TYPES / sizeof TYPES[0])
+
+static int is_k(uint32_t t) { return t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q5_K || t == GGML_TYPE_Q6_K; }
+static int is_q(uint32_t t) { return t != GGML_TYPE_F32 && t != GGML_TYPE_F16 && t != GGML_TYPE_BF16; }
+/* An odd row length the type allows: 3 blocks (K-quants: 2 super-blocks), 67 for float types. */
+static int64_t odd_cols(uint32_t t) { return is_k(t) ? 512 : is_q(t) ? 96 : 67; }
+
+static int make_weight(test_weight *tw, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2, float scale) {
+    memset(tw, 0, sizeof *tw);
+    size_t rows = (size_t)ne1 * (size_t)ne2, rb = gguf_row_bytes(type, (uint64_t)ne0);
+    float *f = malloc(sizeof(float) * (size_t)ne0 * rows);
+    tw->bytes = malloc(rb * rows);
+    if (!f || !tw->bytes) { free(f); return -1; }
+    fill(f, (size_t)ne0 * rows, scale);
+    int rc = quant_quantize_weight_rows(type, f, tw->bytes, (int64_t)rows, ne0);
+    free(f);
+    tw->w = (be_weight){ .name = gguf_type_name(type), .type = type, .ne = { ne0, ne1, ne2, 1 }, .row_bytes = rb,
+                         .data = tw->bytes };
+    return rc;
+}
+
+/* A fresh be_weight per backend: `dev` belongs to the backend that set it. */
+static be_weight wcopy(const test_weight *tw) { be_weight w = tw->w; w.dev = NULL; return w; }
+
+/* ==== Ops ==== */
+
+static void case_get_rows(uint32_t type) {
+    test_weight tw;
+    int64_t ne0 = odd_cols(type), ne1 = 37;
+    if (make_weight(&tw, type, ne0, ne1, 1, 1.0f)) { CHECK(0, "make weight %s", gguf_type_name(type)); return; }
+    int32_t ids[] = { 0, 36, 5, 5, 17, 2, 36 };
+    int n = (int)(sizeof ids / sizeof ids[0]);
+    float *out[2];
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        be_weight w = wcopy(&tw);
+        float *d = upload(bes[s], NULL, (size_t)n * ne0);
+        CHECK(bes[s]->ops->get_rows(bes[s], &w, ids, n, d) == 0, "get_rows %s", gguf_type_name(type));
+        int32_t bad = (int32_t)ne1;
+        CHECK(bes[s]->ops->get_rows(bes[s], &w, &bad, 1, d) != 0, "get_rows takes an id past the end");
+        out[s] = download(bes[s], d, (size_t)n * ne0);
+        bes[s]->ops->release(bes[s], d);
+    }
+    /* F16 rows of a dequantized weight round each value once */
+    record("get_rows", nmse(out[1], out[0], (size_t)n * ne0), is_q(type) ? 1e-6 : 0, gguf_type_name(type));
+    free(out[0]); free(out[1]); free(tw.bytes);
+}
+
+static void case_mul_mat(uint32_t type, int n_tok, int expert) {
+    test_weight tw;
+    int64_t ne0 = odd_cols(type), ne1 = 67, ne2 = expert ? 3 : 1;
+    if (make_weight(&tw, type, ne0, ne1, ne2, 0.5f)) { CHECK(0, "make weight"); return; }
+    float *x = malloc(sizeof(float) * (size_t)n_tok * ne0), *out[2];
+    fill(x, (size_t)n_tok * ne0, 1.0f);
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        be_weight w = wcopy(&tw);
+        if (bes[s]->ops->load_weight) {
+            char err[256];
+            CHECK(bes[s]->ops->load_weight(bes[s], &w, err, sizeof err) == 0, "load_weight: %s", err);
+        }
+        float *dx = upload(bes[s], x, (size_t)n_tok * ne0), *dy = upload(bes[s], NULL, (size_t)n_tok * ne1);
+        bes[s]->ops->mul_mat(bes[s], &w, expert, dx, n_tok, dy);
+        out[s] = download(bes[s], dy, (size_t)n_tok * ne1);
+        bes[s]->ops->release(bes[s], dx);
+        bes[s]->ops->release(bes[s], dy);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s, %d rows, expert %d", gguf_type_name(type), n_tok, expert);
+    /* the CPU backend quantizes activations to 8 bits for quantized weights */
+    record("mul_mat", nmse(out[1], out[0], (size_t)n_tok * ne1), is_q(type) ? 5e-4 : 1e-6, what);
+    free(out[0]); free(out[1]); free(x); free(tw.bytes);
+}
+
+/* Element-wise and row-wise ops on one input set. */
+static void case_rows(int n_rows, int dim) {
+    size_t n = (size_t)n_rows * dim;
+    float *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * n), *out[2][5];
+    fill(x, n, 3.0f);
+    fill(y, n, 2.0f);
+    test_weight nw, bw;
+    make_weight(&nw, GGML_TYPE_F32, dim, 1, 1, 1.0f);
+    make_weight(&bw, GGML_TYPE_F32, dim, 1, 1, 1.0f);
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        backend *be = bes[s];
+        side(be);
+        be_weight wn = wcopy(&nw), wb = wcopy(&bw);
+        float *dx = upload(be, x, n), *dy = upload(be, y, n), *d0 = upload(be, NULL, n);
+        be->ops->rms_norm(be, dx, &wn, d0, n_rows, dim, 1e-6f);
+        out[s][0] = download(be, d0, n);
+        be->ops->rms_norm(be, dx, NULL, d0, n_rows, dim, 1e-5f);
+        out[s][1] = download(be, d0, n);
+        be->ops->write(be, d0, x, n);
+        be->ops->rms_norm(be, d0, &wn, d0, n_rows, dim, 1e-6f);   /* in place, as q/k norm */
+        be->ops->add_bias(be, d0, &wb, n_rows);
+        out[s][2] = download(be, d0, n);
+        be->ops->swiglu(be, dx, dy, d0, n);
+        out[s][3] = download(be, d0, n);
+        be->ops->add(be, dx, dy, n);
+        out[s][4] = download(be, dx, n);
+        be->ops->release(be, dx); be->ops->release(be, dy); be->ops->release(be, d0);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%d x %d", n_rows, dim);
+    record("rms_norm", nmse(out[1][0], out[0][0], n), 1e-12, what);
+    record("rms_norm", nmse(out[1][1], out[0][1], n), 1e-12, what);
+    record("add_bias", nmse(out[1][2], out[0][2], n), 1e-12, what);
+    record("swiglu", nmse(out[1][3], out[0][3], n), 1e-12, what);
+    record("add", nmse(out[1][4], out[0][4], n), 0, what);
+    for (int s = 0; s < 2; s++) for (int i = 0; i < 5; i++) free(out[s][i]);
+    free(x); free(y); free(nw.bytes); free(bw.bytes);
+}
+
+static void case_rope(int mode, int n_rot, int head_dim, int factors, float freq_scale) {
+    int n_tok = 7, n_head = 3;
+    size_t n = (size_t)n_tok * n_head * head_dim;
+    int32_t pos[7] = { 0, 1, 2, 100, 4095, 30000, 7 };
+    float ff[256], *x = malloc(sizeof(float) * n), *out[2];
+    for (int i = 0; i < n_rot / 2; i++) ff[i] = 1.0f + (float)i * 0.25f;
+    fill(x, n, 1.0f);
+    rope_cfg rc = { mode, n_rot, 10000.0f, freq_scale, factors ? ff : NULL };
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        float *d = upload(bes[s], x, n);
+        bes[s]->ops->rope(bes[s], d, n_tok, n_head, head_dim, pos, &rc);
+        out[s] = download(bes[s], d, n);
+        bes[s]->ops->release(bes[s], d);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s, n_rot %d of %d%s", mode == ROPE_NEOX ? "NEOX" : "NORM", n_rot, head_dim,
+             factors ? ", freq factors" : "");
+    record("rope", nmse(out[1], out[0], n), 1e-10, what);
+    free(out[0]); free(out[1]); free(x);
+}
+
+/* ==== KV store and attention ==== */
+
+#define KV_LAYERS 2
+#define KV_CTX 96
+
+typedef struct { int pos0, n; } seq_shape;
+
+/* Runs on one backend: the prefix rows of every sequence are stored in a
+ * first pass (or, with host_prefix, written straight into the host cache as
+ * a decode node receives them), then one batched pass stores the new rows
+ * and attends. Returns the attention output; caches stay for comparison. */
+static float *kv_run(backend *be, kvcache **kv, const seq_shape *sh, int n_seq, int n_head, int n_head_kv, int hd,
+                     const float *q, const float *k, const float *v, const float *kp, const float *vp, int host_prefix) {
+    int kvd = n_head_kv * hd, n_tok = 0, n_pre = 0;
+    be_seq seq[8], pseq[8];
+    int32_t pos[256], ppos[256];
+    for (int s = 0; s < n_seq; s++) {
+        seq[s] = (be_seq){ kv[s], n_tok, sh[s].n, sh[s].pos0 };
+        pseq[s] = (be_seq){ kv[s], n_pre, sh[s].pos0, 0 };
+        for (int i = 0; i < sh[s].n; i++) pos[n_tok + i] = sh[s].pos0 + i;
+        for (int i = 0; i < sh[s].pos0; i++) ppos[n_pre + i] = i;
+        n_tok += sh[s].n;
+        n_pre += sh[s].pos0;
+    }
+    for (int l = 0; l < KV_LAYERS; l++) {
+        if (host_prefix) {
+            char err[128];
+            for (int s = 0; s < n_seq; s++) {
+                int off = pseq[s].t0;
+                uint8_t *kb = malloc(kv_row_bytes(kv[s]) * (size_t)(sh[s].pos0 + 1));
+                uint8_t *vb = malloc(kv_row_bytes(kv[s]) * (size_t)(sh[s].pos0 + 1));
+                for (int i = 0; i < sh[s].pos0; i++) {
+                    quant_quantize_act_row(kv_dtype(kv[s]), kp + (size_t)(off + i) * kvd, kb + i * kv_row_bytes(kv[s]), kvd);
+                    quant_quantize_act_row(kv_dtype(kv[s]), vp + (size_t)(off + i) * kvd, vb + i * kv_row_bytes(kv[s]), kvd);
+                }
+                CHECK(kv_write_span(kv[s], l, 0, sh[s].pos0, kb, vb, err, sizeof err) == 0, "%s", err);
+                free(kb); free(vb);
+            }
+        } else if (n_pre) {
+            int ns = 0;
+            be_seq ps[8];
+            for (int s = 0; s < n_seq; s++) if (pseq[s].n) ps[ns++] = pseq[s];
+            be_batch pb = { n_pre, ppos, ns, ps };
+            float *dk = upload(be, kp, (size_t)n_pre * kvd), *dv = upload(be, vp, (size_t)n_pre * kvd);
+            be->ops->kv_store(be, &pb, l, dk, dv);
+            if (be->ops->sync_kv) be->ops->sync_kv(be, &pb, l);
+            be->ops->release(be, dk); be->ops->release(be, dv);
+        }
+    }
+    if (host_prefix && be->ops->kv_forget)
+        for (int s = 0; s < n_seq; s++) be->ops->kv_forget(be, kv[s], 0);
+    be_batch b = { n_tok, pos, n_seq, seq };
+    size_t qn = (size_t)n_tok * n_head * hd;
+    float *dq = upload(be, q, qn), *dk = upload(be, k, (size_t)n_tok * kvd), *dv = upload(be, v, (size_t)n_tok * kvd);
+    float *dout = upload(be, NULL, qn), *res = calloc(qn * KV_LAYERS, sizeof(float));
+    for (int l = 0; l < KV_LAYERS; l++) {
+        be->ops->kv_store(be, &b, l, dk, dv);
+        CHECK(be->ops->attention(be, dq, &b, l, n_head, n_head_kv, hd, 1.0f / sqrtf((float)hd), dout) == 0, "attention");
+        if (be->ops->sync_kv) be->ops->sync_kv(be, &b, l);
+        be->ops->read(be, dout, res + qn * l, qn);
+    }
+    be->ops->release(be, dq); be->ops->release(be, dk); be->ops->release(be, dv); be->ops->release(be, dout);
+    return res;
+}
+
+static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const seq_shape *sh, int n_seq,
+                           int host_prefix) {
+    int kvd = n_head_kv * hd, n_tok = 0, n_pre = 0;
+    for (int s = 0; s < n_seq; s++) { n_tok += sh[s].n; n_pre += sh[s].pos0; }
+    size_t qn = (size_t)n_tok * n_head * hd;
+    float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * (size_t)n_tok * kvd);
+    float *v = malloc(sizeof(float) * (size_t)n_tok * kvd), *kp = malloc(sizeof(float) * ((size_t)n_pre * kvd + 1));
+    float *vp = malloc(sizeof(float) * ((size_t)n_pre * kvd + 1)), *out[2];
+    fill(q, qn, 1.0f); fill(k, (size_t)n_tok * kvd, 1.0f); fill(v, (size_t)n_tok * kvd, 1.0f);
+    fill(kp, (size_t)n_pre * kvd, 1.0f); fill(vp, (size_t)n_pre * kvd, 1.0f);
+    kvcache *kv[2][8];
+    char err[256];
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        for (int i = 0; i < n_seq; i++)
+            CHECK(kv_create(&kv[s][i], KV_LAYERS, KV_CTX, kvd, dt, err, sizeof err) == 0, "%s", err);
+        out[s] = kv_run(bes[s], kv[s], sh, n_seq, n_head, n_head_kv, hd, q, k, v, kp, vp, host_prefix && s == 1);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s cache, %d/%d heads of %d, %d sequences%s", gguf_type_name(dt), n_head, n_head_kv,
+             hd, n_seq, host_prefix ? ", prefix from the host" : "");
+    /* a Q8_0 cache: the CPU backend meets it with q quantized to Q8_0 */
+    record("attention", nmse(out[1], out[0], qn * KV_LAYERS), dt == GGML_TYPE_Q8_0 ? 5e-4 : 1e-6, what);
+    int same = 1;
+    for (int i = 0; i < n_seq; i++)
+        for (int l = 0; l < KV_LAYERS; l++) {
+            size_t bytes = kv_row_bytes(kv[0][i]) * (size_t)(sh[i].pos0 + sh[i].n);
+            same &= !memcmp(kv_k_row_c(kv[0][i], l, 0), kv_k_row_c(kv[1][i], l, 0), bytes);
+            same &= !memcmp(kv_v_row_c(kv[0][i], l, 0), kv_v_row_c(kv[1][i], l, 0), bytes);
+        }
+    CHECK(same, "kv_store: %s: host cache bytes differ from the CPU backend's", what);
+    for (int s = 0; s < 2; s++)
+        for (int i = 0; i < n_seq; i++) {
+            if (bes[s]->ops->kv_forget) bes[s]->ops->kv_forget(bes[s], kv[s][i], -1);
+            kv_free(kv[s][i]);
+        }
+    free(out[0]); free(out[1]); free(q); free(k); free(v); free(kp); free(vp);
+}
+
+/* ==== MoE ==== */
+
+static void case_moe(uint32_t type, int n_tok) {
+    int dim = is_k(type) ? 256 : 96, nff = is_k(type) ? 256 : 64, ne = 8, k = 2;
+    test_weight gi, g, u, d;
+    make_weight(&gi, GGML_TYPE_F32, dim, ne, 1, 1.0f);
+    make_weight(&g, type, dim, nff, ne, 0.5f);
+    make_weight(&u, type, dim, nff, ne, 0.5f);
+    make_weight(&d, type, nff, dim, ne, 0.5f);
+    float *x = malloc(sizeof(float) * (size_t)n_tok * dim), *out[2];
+    fill(x, (size_t)n_tok * dim, 1.0f);
+    backend *bes[2] = { ref_be, test_be };
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        be_weight wgi = wcopy(&gi), wg = wcopy(&g), wu = wcopy(&u), wd = wcopy(&d);
+        be_moe m = { &wgi, &wg, &wu, &wd, ne, k, 1 };
+        float *dx = upload(bes[s], x, (size_t)n_tok * dim), *dy = upload(bes[s], NULL, (size_t)n_tok * dim);
+        CHECK(bes[s]->ops->moe_ffn(bes[s], &m, dx, n_tok, dy) == 0, "moe_ffn");
+        out[s] = download(bes[s], dy, (size_t)n_tok * dim);
+        bes[s]->ops->release(bes[s], dx); bes[s]->ops->release(bes[s], dy);
+    }
+    char what[64];
+    snprintf(what, sizeof what, "%s experts, %d rows", gguf_type_name(type), n_tok);
+    record("moe_ffn", nmse(out[1], out[0], (size_t)n_tok * dim), is_q(type) ? 5e-4 : 1e-6, what);
+    free(out[0]); free(out[1]); free(x);
+    free(gi.bytes); free(g.bytes); free(u.bytes); free(d.bytes);
+}
+
+/* ==== Everything ==== */
+
+static void run_cases(void) {
+    for (size_t i = 0; i < N_TYPES; i++) {
+        case_get_rows(TYPES[i]);
+        int toks[] = { 1, 3, 8, 9, 67 };
+        for (size_t j = 0; j < sizeof toks / sizeof toks[0]; j++) case_mul_mat(TYPES[i], toks[j], 0);
+        case_mul_mat(TYPES[i], 2, 2);
+        case_mul_mat(TYPES[i], 33, 1);
+    }
+    int rows[][2] = { { 1, 1 }, { 5, 67 }, { 33, 4099 }, { 2, 128 } };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) case_rows(rows[i][0], rows[i][1]);
+    case_rope(ROPE_NORM, 64, 64, 0, 1.0f);
+    case_rope(ROPE_NEOX, 64, 64, 0, 1.0f);
+    case_rope(ROPE_NEOX, 32, 80, 0, 0.25f);
+    case_rope(ROPE_NORM, 128, 128, 1, 1.0f);
+    case_rope(ROPE_NEOX, 128, 128, 1, 0.5f);
+    const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    const seq_shape one[] = { { 0, 37 } };
+    const seq_shape mix[] = { { 0, 5 }, { 40, 1 }, { 11, 23 }, { 70, 1 } };
+    const seq_shape dec[] = { { 50, 1 }, { 3, 1 }, { 90, 1 } };
+    for (size_t i = 0; i < 3; i++) {
+        case_attention(dts[i], 4, 4, 64, one, 1, 0);
+        case_attention(dts[i], 8, 2, 64, mix, 4, 0);
+        case_attention(dts[i], 6, 1, 128, dec, 3, 0);
+        case_attention(dts[i], 32, 2, 32, mix, 4, 0);    /* 16 query heads per KV head */
+        case_attention(dts[i], 4, 2, 256, mix, 4, 1);
+    }
+    case_attention(GGML_TYPE_F16, 3, 3, 40, mix, 4, 0);  /* a head size that is no multiple of 32 */
+    const uint32_t mt[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
+    for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) {
+        case_moe(mt[i], 1);
+        case_moe(mt[i], 5);
+        case_moe(mt[i], 40);
+    }
+}
+
+static void print_stats(void) {
+    for (int i = 0; i < n_stats; i++)
+        printf("  %-10s %3d cases, worst nmse %.3g\n", stats[i].name, stats[i].cases, stats[i].worst);
+}
+
+/* ==== Backend selection ==== */
+
+static void check_selection(void) {
+    char path[512], err[512];
+    snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", t_models());
+    FILE *f = fopen(path, "rb");
+    if (!f) { printf("selection checks need %s (make models)\n", path); return; }
+    fclose(f);
+    model *m = NULL;
+    model_opts o = { .n_threads = 1, .backend = "tpu" };
+    CHECK(model_load(&m, path, &o, err, sizeof err) != 0 && strstr(err, "unknown backend"), "bad backend: %s", err);
+    o.backend = "cuda";
+    int rc = model_load(&m, path, &o, err, sizeof err);
+#ifdef TANDEM_CUDA
+    if (rc) CHECK(strstr(err, "CUDA backend: ") != NULL, "cuda backend error names CUDA: %s", err);
+    else model_free(m);
+    o.device = 99;
+    m = NULL;
+    CHECK(model_load(&m, path, &o, err, sizeof err) != 0 && strstr(err, "CUDA backend: "), "device 99: %s", err);
+#else
+    CHECK(rc != 0 && strstr(err, "rebuild with make CUDA=1"), "no CUDA in this build: %s", err);
+#endif
+}
+
+#ifdef TANDEM_CUDA
+/* The CUDA block decoders and KV encoders, run on the host, against quant.c. */
+static void check_cuda_host_code(void) {
+    for (size_t i = 0; i < N_TYPES; i++) {
+        test_weight tw;
+        int64_t n = odd_cols(TYPES[i]) * 2;
+        make_weight(&tw, TYPES[i], n, 3, 1, 2.0f);
+        float *a = malloc(sizeof(float) * (size_t)n), *b = malloc(sizeof(float) * (size_t)n);
+        int same = 1;
+        for (int r = 0; r < 3; r++) {
+            const uint8_t *row = (const uint8_t *)tw.bytes + (size_t)r * tw.w.row_bytes;
+            quant_dequantize_row(TYPES[i], row, a, n);
+            backend_cuda_host_dequantize_row(TYPES[i], row, b, n);
+            /* K-quants: d * sc * q - dmin * m may contract differently; 1 ulp-ish */
+            for (int64_t j = 0; j < n; j++) same &= fabsf(a[j] - b[j]) <= 1e-6f * (1.0f + fabsf(a[j]));
+        }
+        CHECK(same, "CUDA block decoder for %s differs from quant.c", gguf_type_name(TYPES[i]));
+        free(a); free(b); free(tw.bytes);
+    }
+    const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    float x[256];
+    fill(x, 256, 40.0f);
+    x[3] = 70000.0f; x[9] = -1e-7f; x[100] = 0.0f;   /* overflow to inf, a subnormal, zero */
+    for (int i = 0; i < 3; i++) {
+        uint8_t a[600], b[600];
+        quant_ref_quantize_act_row(dts[i], x, a, 256);
+        backend_cuda_host_kv_row(dts[i], x, b, 256);
+        CHECK(!memcmp(a, b, gguf_row_bytes(dts[i], 256)), "CUDA KV encoder for %s differs", gguf_type_name(dts[i]));
+    }
+    float ff[64], cs[64], sn[64];
+    for (int i = 0; i < 64; i++) ff[i] = 1.0f + i;
+    rope_cfg rc = { ROPE_NEOX, 128, 1000000.0f, 0.5f, ff };
+    int worst_ok = 1;
+    for (int p = 0; p < 40000; p += 997) {
+        backend_cuda_host_rope_angles(p, &rc, cs, sn);
+        float theta_scale = powf(rc.freq_base, -2.0f / (float)rc.n_rot), theta = (float)p;
+        for (int i = 0; i < 64; i++) {
+            float th = theta / ff[i] * rc.freq_scale;
+            worst_ok &= fabsf(cosf(th) - cs[i]) <= 1e-6f && fabsf(sinf(th) - sn[i]) <= 1e-6f;
+            theta *= theta_scale;
+        }
+    }
+    CHECK(worst_ok, "CUDA rope angles differ from the CPU backend's");
+}
+#endif
+
+int main(void) {
+    check_selection();
+    ref_be = backend_cpu_create(2);
+    CHECK(ref_be != NULL, "CPU backend");
+    if (!ref_be) return t_done("backend_ops");
+#ifdef TANDEM_CUDA
+    check_cuda_host_code();
+    char err[512];
+    const char *dv = getenv("TANDEM_CUDA_DEVICE");
+    test_be = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
+    if (!test_be) {
+        printf("skipped: no CUDA device\n");
+        printf("(%s)\n", err);
+        ref_be->ops->destroy(ref_be);
+        return t_done("backend_ops");
+    }
+#else
+    printf("skipped: built without CUDA\n");
+    printf("(comparing the CPU backend's vector kernels with its reference kernels instead)\n");
+    cpu_vs_ref = 1;
+    test_be = backend_cpu_create(2);
+    CHECK(test_be != NULL, "second CPU backend");
+    if (!test_be) return t_done("backend_ops");
+#endif
+    run_cases();
+    quant_force_reference(0);
+    print_stats();
+    test_be->ops->destroy(test_be);
+    ref_be->ops->destroy(ref_be);
+    return t_done("backend_ops");
+}
