@@ -112,6 +112,7 @@ typedef struct {
     uint32_t wire_dtype, send_flags;
     int cur_layer, cur_pos;
     int cancelled, peer_gone, stopping, expired;
+    int computing;                /* got the model (or had nothing to compute): not merely queued */
     int too_big;                  /* positions of a chunk too big for one frame */
 
     /* sender's */
@@ -297,6 +298,14 @@ static int pn_check_peer(pn_req *r) {
     }
     if (h.type == WIRE_PONG || h.type == WIRE_CANCEL) return 0;   /* a stale CANCEL is ignored */
     r->peer_gone = 1;
+    if (h.type == WIRE_ERROR) {   /* the decode node gave up (e.g. a frame failed its checks) */
+        wire_error we = { 0 };
+        if (wire_decode_error(r->conn->rx.data, r->conn->rx.len, &we, err, sizeof err) == 0)
+            pn_log("decode node reported error %u during request %llu: %s", we.code, (unsigned long long)r->seq,
+                   we.message);
+        snprintf(r->fail_msg, sizeof r->fail_msg, "the decode node sent ERROR %u", we.code);
+        return 1;
+    }
     snprintf(r->fail_msg, sizeof r->fail_msg, "unexpected %s frame during a request", wire_type_name(h.type));
     pn_send_error(r->conn, 0, WERR_PROTOCOL, "%s", r->fail_msg);
     return 1;
@@ -439,9 +448,11 @@ static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, doubl
     if (pthread_create(&th, NULL, pn_sender_main, r)) { snprintf(err, errlen, "cannot start the sender thread"); return -1; }
     int rc = pn_push_cached(r, have);
     double t0 = gen_now_ms();
+    r->computing = have >= r->end;
     if (rc == 0 && have < r->end) {
         rc = pn_compute_lock(r);
         if (rc == 0) {
+            r->computing = 1;
             t0 = gen_now_ms();
             rc = model_eval(node->m, pc->s, tokens + have, r->end - have, NULL, pn_hook, r, err, errlen);
             pthread_mutex_unlock(&node->compute_mu);
@@ -545,8 +556,12 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     } else if (r->cancelled) {
         /* the ERROR ends the request's stream: a decode node may keep the connection */
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
-        pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
-               (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+        if (!r->computing)
+            pn_log("request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
+                   (unsigned long long)seq, pc->id);
+        else
+            pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
+                   (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
         keep = 1;
     } else if (r->too_big) {
         pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
@@ -561,6 +576,9 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     } else if (r->stopping) {
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
         pn_log("request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
+    } else if (r->peer_gone && !r->computing) {
+        pn_log("decode node went away while queued for the model, dropping request %llu (never computed): %s",
+               (unsigned long long)seq, r->fail_msg);
     } else if (r->failed || r->peer_gone) {
         pn_log("decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
                (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
@@ -580,15 +598,17 @@ static int pn_request(pn_conn *pc, uint64_t req) {
  * (nothing but PINGs since `since` for idle_ms counts as idle). */
 static int pn_wait_frame(pn_conn *pc, double since) {
     while (!pn_stopped(pc->node)) {
-        struct pollfd p = { .fd = pc->conn.fd, .events = POLLIN };
-        int r = poll(&p, 1, PN_TICK_MS);
-        if (r > 0) return 0;
-        if (r < 0 && errno != EINTR) return -1;
+        /* checked before every frame: a peer sending PINGs faster than the
+         * poll tick must still reach the limit */
         if (gen_now_ms() - since >= pc->node->o->idle_ms) {
             pn_log("conn %u (%s) sent no request for %d ms, closing", pc->id, pc->peer, pc->node->o->idle_ms);
             pn_send_error(&pc->conn, 0, WERR_TIMEOUT, "no request for %d ms", pc->node->o->idle_ms);
             return -1;
         }
+        struct pollfd p = { .fd = pc->conn.fd, .events = POLLIN };
+        int r = poll(&p, 1, PN_TICK_MS);
+        if (r > 0) return 0;
+        if (r < 0 && errno != EINTR) return -1;
     }
     return -1;
 }
