@@ -462,7 +462,6 @@ static void test_refusals(const char *model, const char *other_model, const char
     CHECK(o[0] == 0, "nothing on stdout after a tampered frame: %s", o);
     printf("handoff: tampered: %.*s\n", (int)strcspn(e, "\n"), e);
     free(o); free(e);
-    CHECK(log_has(&n, "reported error 2"), "the decode side told the node (ERROR AUTH)");
     CHECK(node_stop(&n) == 0, "tampering node stops cleanly");
 
     if (node_start(&n, other_model, secret, NULL)) { CHECK(0, "other-model node"); return; }
