@@ -301,8 +301,8 @@ static void put_le32(uint8_t *p, uint32_t v) {
  * the receiver (decode side) checks every frame, decodes it and copies K and
  * V into a cache-sized buffer, as handoff.c does. One run: the receiver asks
  * with a PING carrying (dtype, frames, zstd); the source answers with the
- * frames and a DONE. --wire-source serves runs to others (two hosts or two
- * network namespaces, tools/netbed.sh --wire-only). */
+ * frames and a DONE. --wire-source serves runs to a receiver elsewhere
+ * (`--wire-only --prefill-node HOST:PORT` on another host or namespace). */
 
 /* Bytes streamed per run: enough for a steady rate on a 10 Gbit/s link
  * (about a second), few enough that three reps stay quick. */
