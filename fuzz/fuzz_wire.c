@@ -1,15 +1,21 @@
 /* fuzz_wire.c - libFuzzer target for everything that parses bytes from a peer:
- * wire_header_decode, every wire_decode_* payload decoder, and wire_recv's
- * frame path (header checks, CRC32C, zstd decompression) over a socketpair.
+ * wire_header_decode (both modes), every wire_decode_* payload decoder, and
+ * wire_recv's frame path (header checks, CRC32C, the AES-256-GCM seal, zstd
+ * decompression) over a socketpair.
  *
  * Input layout: byte 0 selects what to do with the rest.
- *   mode 0: the rest goes to every payload decoder and to wire_header_decode.
- *   mode 1: the rest is a frame; its CRC is patched to be right (so the
- *           fuzzer gets past the checksum) and it is fed to wire_recv.
- *   mode 2: like 1, but the payload is first zstd-compressed and the header
- *           marked compressed (raw_len kept from the input, so sometimes a
- *           lie), to reach the decompression checks with real zstd frames.
- *   mode 3: the rest is a frame fed to wire_recv verbatim.
+ *   mode 0: the rest goes to every payload decoder and to wire_header_decode
+ *           (before and after the handshake).
+ *   mode 1: the rest is a header and a body; the sending end of a sealed
+ *           pair frames and seals them with wire_send_raw (type, flags,
+ *           raw_len and req_id from the input; CRC and tag made right, so the
+ *           fuzzer gets past both) and the other end's wire_recv reads it.
+ *   mode 2: like 1, but the body is first zstd-compressed (raw_len kept from
+ *           the input, so sometimes a lie), to reach the decompression checks
+ *           with real zstd frames behind a valid tag.
+ *   mode 3: the rest is fed verbatim to wire_recv of a conn still in its
+ *           handshake (what an unauthenticated peer can reach), then of a
+ *           sealed one (its tags never verify).
  * Build: make fuzz (or see the Makefile's fuzz rule); run:
  *   build/fuzz_wire -max_total_time=60 -max_len=4096
  */
@@ -55,8 +61,23 @@ static void decode_all(const uint8_t *p, size_t n) {
         abort();
 }
 
-/* Feed one frame to wire_recv through a socketpair, then decode its payload. */
-static void recv_frame(const uint8_t *frame, size_t n) {
+static const uint8_t key_ab[WIRE_KEY_BYTES] = "fuzz-key-a-to-b-0123456789abcdef";
+static const uint8_t key_ba[WIRE_KEY_BYTES] = "fuzz-key-b-to-a-0123456789abcdef";
+
+/* Reads up to 4 frames from c and decodes what arrives. */
+static void drain(wire_conn *c) {
+    wire_header h;
+    char err[512];
+    for (int i = 0; i < 4 && wire_recv(c, &h, err, sizeof err) == 0; i++) {
+        if (c->rx.len != h.raw_len) abort();
+        if (!c->sealed && (h.type != WIRE_HELLO && h.type != WIRE_AUTH && h.type != WIRE_ERROR)) abort();
+        if (!c->sealed && h.len > WIRE_HELLO_BYTES + 200) abort();   /* pre-auth frames stay small */
+        decode_all(c->rx.data, c->rx.len);
+    }
+}
+
+/* Feed bytes verbatim to wire_recv through a socketpair. */
+static void recv_verbatim(const uint8_t *frame, size_t n, int sealed) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return;
     size_t off = 0;
@@ -67,15 +88,36 @@ static void recv_frame(const uint8_t *frame, size_t n) {
     }
     shutdown(sv[0], SHUT_WR);   /* a short frame ends in EOF, not a wait */
     wire_conn c;
+    char err[256];
     wire_conn_init(&c, sv[1], 1000);
-    wire_header h;
-    char err[512];
-    for (int i = 0; i < 4 && wire_recv(&c, &h, err, sizeof err) == 0; i++) {
-        if (c.rx.len != h.raw_len) abort();
-        decode_all(c.rx.data, c.rx.len);
-    }
+    if (sealed) wire_conn_seal(&c, key_ba, key_ab, err, sizeof err);
+    drain(&c);
     wire_conn_close(&c);
     close(sv[0]);
+}
+
+/* Frame and seal (type, flags, raw_len, req_id from hdr; body as given) on
+ * one end of a sealed pair, read on the other. */
+static void recv_sealed(const uint8_t *hdr, const uint8_t *body, size_t blen) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) return;
+    wire_conn a, b;
+    char err[256];
+    wire_conn_init(&a, sv[0], 1000);
+    wire_conn_init(&b, sv[1], 1000);
+    wire_conn_seal(&a, key_ab, key_ba, err, sizeof err);
+    wire_conn_seal(&b, key_ba, key_ab, err, sizeof err);
+    uint16_t type = (uint16_t)(hdr[6] | hdr[7] << 8);
+    uint32_t flags = (uint32_t)hdr[8] | (uint32_t)hdr[9] << 8 | (uint32_t)hdr[10] << 16 | (uint32_t)hdr[11] << 24;
+    uint32_t raw_len = (uint32_t)hdr[16] | (uint32_t)hdr[17] << 8 | (uint32_t)hdr[18] << 16 | (uint32_t)hdr[19] << 24;
+    uint64_t req_id = 0;
+    for (int i = 0; i < 8; i++) req_id |= (uint64_t)hdr[24 + i] << (8 * i);
+    if (wire_send_raw(&a, type, req_id, flags, raw_len, body, blen, NULL, NULL, err, sizeof err) == 0) {
+        shutdown(sv[0], SHUT_WR);
+        drain(&b);
+    }
+    wire_conn_close(&a);
+    wire_conn_close(&b);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -87,13 +129,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         uint8_t *copy = malloc(n ? n : 1);   /* exact-size block: ASan sees overreads */
         memcpy(copy, p, n);
         decode_all(copy, n);
-        if (n >= WIRE_HEADER_BYTES) {
+        for (int sealed = 0; sealed < 2 && n >= WIRE_HEADER_BYTES; sealed++) {
             wire_header h;
             char err[256];
-            if (wire_header_decode(copy, &h, err, sizeof err) == 0) {
+            if (wire_header_decode(copy, sealed, &h, err, sizeof err) == 0) {
                 uint8_t back[WIRE_HEADER_BYTES];
                 wire_header_encode(&h, back);
                 if (memcmp(back, copy, WIRE_HEADER_BYTES)) abort();   /* decode is exact */
+                if (!sealed && (h.flags || h.len > WIRE_HELLO_BYTES + 200)) abort();
             }
         }
         free(copy);
@@ -101,31 +144,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (n < WIRE_HEADER_BYTES) return 0;
     if (mode == 3) {
-        recv_frame(p, n);
+        recv_verbatim(p, n, 0);
+        recv_verbatim(p, n, 1);
         return 0;
     }
     size_t body = n - WIRE_HEADER_BYTES;
-    uint8_t *frame = malloc(WIRE_HEADER_BYTES + ZSTD_compressBound(body) + 1);
-    memcpy(frame, p, WIRE_HEADER_BYTES);
-    size_t flen = body;
-    if (mode == 2) {
-        size_t z = ZSTD_compress(frame + WIRE_HEADER_BYTES, ZSTD_compressBound(body), p + WIRE_HEADER_BYTES, body, 1);
-        if (ZSTD_isError(z)) { free(frame); return 0; }
-        flen = z;
-        frame[8] |= WIRE_FLAG_ZSTD;
-        frame[12] = (uint8_t)flen; frame[13] = (uint8_t)(flen >> 8);
-        frame[14] = (uint8_t)(flen >> 16); frame[15] = (uint8_t)(flen >> 24);
-        if (p[16] & 1) {   /* half the time, tell the truth about raw_len */
-            frame[16] = (uint8_t)body; frame[17] = (uint8_t)(body >> 8);
-            frame[18] = (uint8_t)(body >> 16); frame[19] = (uint8_t)(body >> 24);
-        }
-    } else {
-        memcpy(frame + WIRE_HEADER_BYTES, p + WIRE_HEADER_BYTES, body);
+    if (mode == 1) {
+        recv_sealed(p, p + WIRE_HEADER_BYTES, body);
+        return 0;
     }
-    uint32_t crc = wire_crc32c(0, frame + WIRE_HEADER_BYTES, flen);
-    frame[20] = (uint8_t)crc; frame[21] = (uint8_t)(crc >> 8);
-    frame[22] = (uint8_t)(crc >> 16); frame[23] = (uint8_t)(crc >> 24);
-    recv_frame(frame, WIRE_HEADER_BYTES + flen);
-    free(frame);
+    uint8_t hdr[WIRE_HEADER_BYTES];
+    memcpy(hdr, p, sizeof hdr);
+    hdr[8] |= WIRE_FLAG_ZSTD;
+    if (p[16] & 1) {   /* half the time, tell the truth about raw_len */
+        hdr[16] = (uint8_t)body; hdr[17] = (uint8_t)(body >> 8);
+        hdr[18] = (uint8_t)(body >> 16); hdr[19] = (uint8_t)(body >> 24);
+    }
+    uint8_t *z = malloc(ZSTD_compressBound(body) + 1);
+    size_t zl = ZSTD_compress(z, ZSTD_compressBound(body), p + WIRE_HEADER_BYTES, body, 1);
+    if (!ZSTD_isError(zl)) recv_sealed(hdr, z, zl);
+    free(z);
     return 0;
 }

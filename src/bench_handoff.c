@@ -15,6 +15,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include "gguf.h"
 #include "handoff.h"
 #include "model.h"
+#include "quant.h"
 #include "sampler.h"
 #include "wire.h"
 
@@ -41,6 +43,8 @@ typedef struct {
     uint32_t dtypes[BH_MAX_LIST];
     int n_dtypes;
     int reps, threads, batch, zstd, timeout_ms;
+    int wire_only;               /* --wire-only: the KV path without compute */
+    const char *wire_source;     /* --wire-source ADDR: serve wire-only runs */
     uint64_t seed;
 } bh_opts;
 
@@ -59,6 +63,9 @@ static void bh_usage(void) {
         "  --zstd                    zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 60000)\n"
         "  --seed N                  token seed (default 1)\n"
+        "  --wire-only               measure only the wire: stream chunk-sized KV frames (no compute)\n"
+        "                            and report GB/s; with --prefill-node, from a --wire-source there\n"
+        "  --wire-source HOST:PORT   serve --wire-only runs on this address until killed\n"
         "The in-process prefill node (the decode side always runs on the CPU):\n");
     cli_usage_backend(25);
 }
@@ -119,6 +126,8 @@ static int bh_parse(int argc, char **argv, bh_opts *o) {
         else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
         else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
         else if (!strcmp(a, "--zstd")) { o->zstd = 1; takes = 0; }
+        else if (!strcmp(a, "--wire-only")) { o->wire_only = 1; takes = 0; }
+        else if (!strcmp(a, "--wire-source")) bad = !(o->wire_source = v);
         else { fprintf(stderr, "tandem bench-handoff: unknown option %s\n", a); bh_usage(); return -1; }
         if (takes && (!v || bad)) { fprintf(stderr, "tandem bench-handoff: option %s needs a valid value\n", a); return -1; }
         i += takes;
@@ -282,6 +291,237 @@ out:
     return rc;
 }
 
+
+static uint32_t get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static void put_le32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* ==== Wire only ====
+ * --wire-only measures the KV path without any model compute: a source
+ * (the prefill side, listening) streams KV frames of one prefill chunk each
+ * (-b positions x the model's K+V row bytes) as fast as the link takes them;
+ * the receiver (decode side) checks every frame, decodes it and copies K and
+ * V into a cache-sized buffer, as handoff.c does. One run: the receiver asks
+ * with a PING carrying (dtype, frames, zstd); the source answers with the
+ * frames and a DONE. --wire-source serves runs to a receiver elsewhere
+ * (`--wire-only --prefill-node HOST:PORT` on another host or namespace). */
+
+/* Bytes streamed per run: enough for a steady rate on a 10 Gbit/s link
+ * (about a second), few enough that three reps stay quick. */
+#define BW_RUN_BYTES (1024ull << 20)
+
+typedef struct {
+    uint32_t dtype, frames, zstd;
+} bw_ask;
+
+/* A chunk's rows of plausible KV values (|x| < 4, so f16 exponents vary like
+ * real activations and zstd finds what it would find in a real cache). */
+static uint8_t *bw_rows(uint32_t dtype, int kv_dim, int n, uint64_t seed) {
+    size_t rb = (size_t)gguf_row_bytes(dtype, (uint64_t)kv_dim);
+    uint8_t *rows = malloc(rb * (size_t)n);
+    float *f = malloc(sizeof(float) * (size_t)kv_dim);
+    if (!rows || !f) { free(rows); free(f); return NULL; }
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (int r = 0; r < n; r++) {
+        for (int i = 0; i < kv_dim; i++) {
+            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
+            f[i] = (float)((double)(s >> 11) / (double)(1ull << 53) * 8.0 - 4.0);
+        }
+        quant_quantize_act_row(dtype, f, rows + rb * (size_t)r, kv_dim);
+    }
+    free(f);
+    return rows;
+}
+
+static void bw_hello(wire_hello *h, uint32_t role, const char *id) {
+    memset(h, 0, sizeof *h);
+    h->role = role;
+    h->caps = WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16;
+    h->kv_dtype = GGML_TYPE_F16;
+    memset(h->fingerprint, 0x42, sizeof h->fingerprint);   /* both ends: the same "model" */
+    snprintf(h->node_id, sizeof h->node_id, "%s", id);
+    snprintf(h->model_desc, sizeof h->model_desc, "bench-handoff --wire-only");
+}
+
+/* Source side of one connection: answers asks until the peer hangs up. */
+static void bw_serve_conn(wire_conn *c, int kv_dim, int batch) {
+    char err[256];
+    wire_header h;
+    wire_buf fb = { 0 };
+    while (wire_recv(c, &h, err, sizeof err) == 0) {
+        if (h.type != WIRE_PING || c->rx.len != 12) break;
+        bw_ask q = { get_le32(c->rx.data), get_le32(c->rx.data + 4), get_le32(c->rx.data + 8) };
+        uint8_t *rows = bw_rows(q.dtype, kv_dim, batch, q.dtype);
+        if (!rows) break;
+        uint32_t rb = (uint32_t)gguf_row_bytes(q.dtype, (uint64_t)kv_dim);
+        int ok = 1;
+        for (uint32_t i = 0; i < q.frames && ok; i++) {
+            wire_kv kv = { .layer = i, .pos0 = 0, .n = (uint32_t)batch, .dtype = q.dtype, .row_bytes = rb,
+                           .k = rows, .v = rows };
+            fb.len = 0;
+            ok = wire_encode_kv(&fb, &kv) == 0 &&
+                 wire_send(c, WIRE_KV, 1, q.zstd ? WIRE_FLAG_ZSTD : 0, fb.data, fb.len, err, sizeof err) == 0;
+        }
+        free(rows);
+        wire_done d = { .n_positions = 0 };
+        fb.len = 0;
+        if (!ok || wire_encode_done(&fb, &d) || wire_send(c, WIRE_DONE, 1, 0, fb.data, fb.len, err, sizeof err)) break;
+    }
+    wire_buf_free(&fb);
+}
+
+typedef struct {
+    int lfd, kv_dim, batch, one;
+    volatile int stop;
+    const void *secret;
+    size_t secret_len;
+    pthread_t th;
+} bw_source;
+
+static void *bw_source_main(void *arg) {
+    bw_source *s = arg;
+    while (!s->stop) {
+        char err[512];
+        int fd = wire_accept(s->lfd, 200, err, sizeof err);
+        if (fd < 0) continue;
+        wire_conn c;
+        wire_conn_init(&c, fd, 60000);
+        wire_hello mine, peer;
+        bw_hello(&mine, WIRE_ROLE_PREFILL, "wire-source");
+        if (wire_handshake(&c, &mine, s->secret, s->secret_len, &peer, err, sizeof err) == 0)
+            bw_serve_conn(&c, s->kv_dim, s->batch);
+        else
+            fprintf(stderr, "bench-handoff: wire source: %s\n", err);
+        wire_conn_close(&c);
+        if (s->one) break;
+    }
+    return NULL;
+}
+
+/* Receiver: one run of q; bytes and seconds from the ask to the DONE. */
+static int bw_run(wire_conn *c, const bw_ask *q, int kv_dim, uint8_t *cache, double *sec, uint64_t *payload,
+                  uint64_t *wire, char *err, size_t errlen) {
+    uint8_t ask[12];
+    put_le32(ask, q->dtype); put_le32(ask + 4, q->frames); put_le32(ask + 8, q->zstd);
+    uint64_t in0 = c->bytes_in;
+    double t0 = gen_now_ms();
+    if (wire_send(c, WIRE_PING, 0, 0, ask, sizeof ask, err, errlen)) return -1;
+    uint32_t got = 0;
+    *payload = 0;
+    for (;;) {
+        wire_header h;
+        if (wire_recv(c, &h, err, errlen)) return -1;
+        if (h.type == WIRE_DONE) break;
+        wire_kv kv;
+        if (h.type != WIRE_KV || wire_decode_kv(c->rx.data, c->rx.len, &kv, err, errlen)) {
+            if (h.type != WIRE_KV) snprintf(err, errlen, "unexpected %s frame", wire_type_name(h.type));
+            return -1;
+        }
+        size_t span = (size_t)kv.n * kv.row_bytes;
+        memcpy(cache, kv.k, span);            /* the cache write handoff.c does */
+        memcpy(cache + span, kv.v, span);
+        *payload += c->rx.len;
+        got++;
+    }
+    *sec = (gen_now_ms() - t0) / 1e3;
+    *wire = c->bytes_in - in0;
+    if (got != q->frames) { snprintf(err, errlen, "got %u of %u frames", got, q->frames); return -1; }
+    (void)kv_dim;
+    return 0;
+}
+
+static int bw_receiver(const bh_opts *o, const char *addr, const char *link, int kv_dim, const void *secret,
+                       size_t secret_len, char *err, size_t errlen) {
+    int fd = wire_connect(addr, 10000, err, errlen);
+    if (fd < 0) return -1;
+    wire_conn c;
+    wire_conn_init(&c, fd, 60000);
+    wire_hello mine, peer;
+    bw_hello(&mine, WIRE_ROLE_DECODE, "wire-sink");
+    int rc = -1;
+    uint8_t *cache = NULL;
+    char e2[400];
+    if (wire_handshake(&c, &mine, secret, secret_len, &peer, e2, sizeof e2)) {
+        snprintf(err, errlen, "handshake: %.400s", e2);
+        goto out;
+    }
+    printf("| link | wire dtype | zstd | frame payload bytes | frames | payload GB/s | wire GB/s |\n");
+    printf("|---|---|---|---:|---:|---:|---:|\n");
+    for (int d = 0; d < o->n_dtypes; d++) {
+        uint32_t dt = o->dtypes[d];
+        size_t rb = (size_t)gguf_row_bytes(dt, (uint64_t)kv_dim);
+        size_t fbytes = 20 + 2 * rb * (size_t)o->batch;
+        free(cache);
+        if (!(cache = malloc(2 * rb * (size_t)o->batch))) { snprintf(err, errlen, "out of memory"); goto out; }
+        bw_ask q = { dt, (uint32_t)(BW_RUN_BYTES / fbytes) + 1, (uint32_t)o->zstd };
+        double s, gp[64], gw[64];
+        uint64_t pb, wb;
+        if (bw_run(&c, &q, kv_dim, cache, &s, &pb, &wb, err, errlen)) goto out;   /* warm-up */
+        int reps = o->reps < 64 ? o->reps : 64;
+        for (int r = 0; r < reps; r++) {
+            if (bw_run(&c, &q, kv_dim, cache, &s, &pb, &wb, err, errlen)) goto out;
+            gp[r] = pb / s / 1e9;
+            gw[r] = wb / s / 1e9;
+        }
+        double mp = 0, mw = 0, vp = 0, vw = 0;
+        for (int r = 0; r < reps; r++) { mp += gp[r] / reps; mw += gw[r] / reps; }
+        for (int r = 0; r < reps; r++) { vp += (gp[r] - mp) * (gp[r] - mp); vw += (gw[r] - mw) * (gw[r] - mw); }
+        vp = reps > 1 ? sqrt(vp / (reps - 1)) : 0;
+        vw = reps > 1 ? sqrt(vw / (reps - 1)) : 0;
+        printf("| %s | %s | %s | %zu | %u | %.3f ± %.3f | %.3f ± %.3f |\n", link, bh_dtype_name(dt),
+               o->zstd ? "yes" : "no", fbytes, q.frames, mp, vp, mw, vw);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    free(cache);
+    wire_conn_close(&c);
+    return rc;
+}
+
+/* --wire-only / --wire-source: the model only gives the row size. */
+static int bw_main(const bh_opts *o, const void *secret, size_t secret_len) {
+    char err[512], addr[300];
+    model_opts mo = { .n_threads = 1, .n_batch = o->batch };
+    model *m = NULL;
+    if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o->model, err); return 1; }
+    const model_hparams *hp = model_get_hparams(m);
+    int kv_dim = hp->n_head_kv * hp->head_dim_k;
+    model_free(m);
+    bw_source src = { .kv_dim = kv_dim, .batch = o->batch, .secret = secret, .secret_len = secret_len };
+    src.lfd = wire_listen(o->wire_source ? o->wire_source : "127.0.0.1:0", err, sizeof err);
+    if (src.lfd < 0 && (o->wire_source || !o->node)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); return 1; }
+    if (o->wire_source) {
+        fprintf(stderr, "bench-handoff: wire source on %s (port %d), kv_dim %d, chunk %d\n", o->wire_source,
+                wire_local_port(src.lfd), kv_dim, o->batch);
+        bw_source_main(&src);
+        close(src.lfd);
+        return 0;
+    }
+    int local = !o->node;
+    if (local) {
+        snprintf(addr, sizeof addr, "127.0.0.1:%d", wire_local_port(src.lfd));
+        src.one = 1;
+        if (pthread_create(&src.th, NULL, bw_source_main, &src)) { fprintf(stderr, "tandem: no thread\n"); return 1; }
+    } else {
+        snprintf(addr, sizeof addr, "%s", o->node);
+    }
+    char link[128];
+    snprintf(link, sizeof link, "%s", o->label ? o->label : local ? "loopback" : o->node);
+    printf("bench-handoff --wire-only: kv_dim %d (%s), chunk %d positions per frame, %d rep(s) after a warm-up, "
+           "source %s\n\n", kv_dim, o->model, o->batch, o->reps, local ? "in this process (127.0.0.1)" : addr);
+    int rc = bw_receiver(o, addr, link, kv_dim, secret, secret_len, err, sizeof err);
+    if (rc) fprintf(stderr, "tandem bench-handoff: %s\n", err);
+    if (local) { src.stop = 1; pthread_join(src.th, NULL); }
+    if (src.lfd >= 0) close(src.lfd);
+    printf("\npayload GB/s = decoded KV frame payload bytes / time from the ask to the DONE; wire GB/s = bytes "
+           "read from the socket (headers, tags, compressed payloads) / the same time.\n");
+    return rc ? 1 : 0;
+}
+
 /* ==== Command ==== */
 
 int cli_bench_handoff(int argc, char **argv) {
@@ -295,7 +535,7 @@ int cli_bench_handoff(int argc, char **argv) {
     size_t secret_len = 0;
     uint8_t rnd[32];
     char rnd_hex[65];
-    if (o.node || o.secret_file) {
+    if (o.node || o.secret_file || o.wire_source) {
         if (cli_load_secret(o.secret_file, &secret, &secret_len, err, sizeof err)) {
             fprintf(stderr, "tandem bench-handoff: %s\n", err);
             return 2;
@@ -313,6 +553,12 @@ int cli_bench_handoff(int argc, char **argv) {
     int32_t *toks = NULL;
     int rc = 1;
     if (!secret) { fprintf(stderr, "tandem bench-handoff: out of memory\n"); return 1; }
+    if (o.wire_only || o.wire_source) {
+        rc = bw_main(&o, secret, secret_len);
+        memset(secret, 0, secret_len);
+        free(secret);
+        return rc;
+    }
     if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o.model, err); goto out; }
     const model_hparams *hp = model_get_hparams(x.m);
     x.n_vocab = hp->n_vocab;

@@ -29,6 +29,10 @@ struct handoff_client {
     uint32_t kv_dtype;
     uint32_t caps;              /* capabilities both ends have */
     int timeout_ms;
+    int deadline_ms;
+    int (*abandoned)(void *ud);
+    void *abandoned_ud;
+    uint32_t fail_code;         /* enum wire_err to tell the peer after a failed transfer, 0 = CANCEL */
     int zstd;
     uint32_t wire_dtype;
     int broken;                 /* a failed transfer left the stream in an unknown state */
@@ -41,6 +45,11 @@ struct handoff_client {
 /* Default wait for the next frame (ms): a prefill node computes a layer of a
  * chunk in far less, so 10 s of silence means it is gone or stuck. */
 #define HANDOFF_DEFAULT_TIMEOUT_MS 10000
+/* Default limit on a whole transfer: a 4096-token prompt of a 0.6B model
+ * takes about 50 s to prefill on 2 cores; a peer that keeps the connection
+ * busy (PINGs, one frame just inside the per-frame timeout) is given up
+ * after this, so a decode slot is never held forever. */
+#define HANDOFF_DEFAULT_DEADLINE_MS 300000
 
 /* ==== HELLO ==== */
 
@@ -86,6 +95,9 @@ int handoff_connect(handoff_client **out, const char *hostport, model *m, uint32
     c->m = m;
     c->kv_dtype = kv_dtype;
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : HANDOFF_DEFAULT_TIMEOUT_MS;
+    c->deadline_ms = o->deadline_ms > 0 ? o->deadline_ms : HANDOFF_DEFAULT_DEADLINE_MS;
+    c->abandoned = o->abandoned;
+    c->abandoned_ud = o->abandoned_ud;
     c->zstd = o->zstd;
     c->wire_dtype = o->wire_dtype ? o->wire_dtype : kv_dtype;
     snprintf(c->peer, sizeof c->peer, "%s", hostport);
@@ -148,6 +160,7 @@ typedef struct {
     int chunk_p0, chunk_n, layer;
     int n_layer;
     uint64_t kv_bytes;
+    double deadline;            /* gen_now_ms() by which the transfer must be done */
 } xfer_state;
 
 static void xfer_where(const xfer_state *x, char *buf, size_t len) {
@@ -231,7 +244,14 @@ static int xfer_store(handoff_client *c, xfer_state *x, const wire_kv *kv, kvcac
 static void xfer_recv_error(handoff_client *c, const xfer_state *x, const char *why, char *err, size_t errlen) {
     char where[160];
     xfer_where(x, where, sizeof where);
-    if (strstr(why, "checksum") || strstr(why, "CRC") || strstr(why, "crc"))
+    c->fail_code = c->conn.rx_err;
+    if (c->conn.rx_err == WERR_TIMEOUT && gen_now_ms() >= x->deadline)
+        snprintf(err, errlen, "prefill node %s did not finish within the handoff deadline of %d ms (%s)", c->peer,
+                 c->deadline_ms, where);
+    else if (c->conn.rx_err == WERR_AUTH)
+        snprintf(err, errlen, "frame from prefill node %s failed authentication, nothing of it was used: %s (%s)",
+                 c->peer, why, where);
+    else if (strstr(why, "checksum") || strstr(why, "CRC") || strstr(why, "crc"))
         snprintf(err, errlen, "prefill node %s sent a corrupted frame: %s (%s)", c->peer, why, where);
     else if (strstr(why, "timed out") || strstr(why, "timeout"))
         snprintf(err, errlen, "prefill node %s timed out: no frame for %d ms (%s)", c->peer, c->timeout_ms, where);
@@ -258,18 +278,48 @@ static int xfer_send_request(handoff_client *c, uint64_t req, const int32_t *tok
 }
 
 /* One frame of the transfer: 1 = DONE received, 0 = keep going, -1 = failed. */
+/* The per-frame timeout, cut short by the transfer's deadline; 0 = passed. */
+static int xfer_frame_timeout(handoff_client *c, const xfer_state *x) {
+    double left = x->deadline - gen_now_ms();
+    if (left <= 0) return 0;
+    return left < c->timeout_ms ? (int)left + 1 : c->timeout_ms;
+}
+
 static int xfer_step(handoff_client *c, uint64_t req, xfer_state *x, kvcache *cache, wire_done *done,
                      char *err, size_t errlen) {
     wire_header h;
     char e2[512];
-    if (wire_recv(&c->conn, &h, e2, sizeof e2)) { xfer_recv_error(c, x, e2, err, errlen); return -1; }
+    if (c->abandoned && c->abandoned(c->abandoned_ud)) {
+        snprintf(err, errlen, "handoff from prefill node %s cancelled: the request was abandoned", c->peer);
+        return -1;
+    }
+    c->conn.timeout_ms = xfer_frame_timeout(c, x);
+    if (!c->conn.timeout_ms) {
+        char where[160];
+        xfer_where(x, where, sizeof where);
+        snprintf(err, errlen, "prefill node %s did not finish within the handoff deadline of %d ms (%s)", c->peer,
+                 c->deadline_ms, where);
+        return -1;
+    }
+    int rr = wire_recv(&c->conn, &h, e2, sizeof e2);
+    c->conn.timeout_ms = c->timeout_ms;
+    if (rr) { xfer_recv_error(c, x, e2, err, errlen); return -1; }
     const uint8_t *p = c->conn.rx.data;
     size_t n = c->conn.rx.len;
-    if (h.type == WIRE_PING || h.type == WIRE_PONG) return 0;
+    if (h.type == WIRE_PING) {   /* answered, but it moves no deadline */
+        if (wire_send(&c->conn, WIRE_PONG, h.req_id, 0, p, n, e2, sizeof e2)) {
+            snprintf(err, errlen, "answering a PING from prefill node %s failed: %s", c->peer, e2);
+            return -1;
+        }
+        return 0;
+    }
+    if (h.type == WIRE_PONG) return 0;
+    c->fail_code = WERR_PROTOCOL;   /* from here on, a failure is the peer's malformed stream */
     if (h.type == WIRE_ERROR) {
         wire_error we = { 0 };
         if (wire_decode_error(p, n, &we, e2, sizeof e2)) snprintf(we.message, sizeof we.message, "(undecodable: %.400s)", e2);
         snprintf(err, errlen, "prefill node %s reported an error (code %u): %s", c->peer, we.code, we.message);
+        c->fail_code = 0;
         return -1;
     }
     if (h.req_id != req) {
@@ -283,7 +333,9 @@ static int xfer_step(handoff_client *c, uint64_t req, xfer_state *x, kvcache *ca
             snprintf(err, errlen, "prefill node %s sent a malformed KV frame: %s", c->peer, e2);
             return -1;
         }
-        return xfer_store(c, x, &kv, cache, err, errlen);
+        int r = xfer_store(c, x, &kv, cache, err, errlen);
+        if (r == 0) c->fail_code = 0;
+        return r;
     }
     if (h.type == WIRE_DONE) {
         if (wire_decode_done(p, n, done, e2, sizeof e2)) {
@@ -297,17 +349,20 @@ static int xfer_step(handoff_client *c, uint64_t req, xfer_state *x, kvcache *ca
                      c->peer, done->n_positions, where);
             return -1;
         }
+        c->fail_code = 0;
         return 1;
     }
     snprintf(err, errlen, "prefill node %s sent an unexpected frame of type %u", c->peer, h.type);
     return -1;
 }
 
-/* Tells the prefill node to stop (best effort) and gives the connection up. */
-static void xfer_abort(handoff_client *c, uint64_t req) {
+/* Tells the prefill node why (an ERROR for a bad frame, else a CANCEL; best
+ * effort) and gives the connection up. */
+static void xfer_abort(handoff_client *c, uint64_t req, const char *why) {
     char e2[128];
     c->conn.timeout_ms = 200;   /* a dead peer must not hold us up */
-    wire_send(&c->conn, WIRE_CANCEL, req, 0, NULL, 0, e2, sizeof e2);
+    if (c->fail_code) wire_send_error(&c->conn, 0, c->fail_code, why);
+    else wire_send(&c->conn, WIRE_CANCEL, req, 0, NULL, 0, e2, sizeof e2);
     wire_conn_shutdown(&c->conn);
     c->broken = 1;
 }
@@ -330,12 +385,14 @@ int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n,
     double t0 = gen_now_ms();
     uint64_t in0 = c->conn.bytes_in;
     if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, err, errlen)) { c->broken = 1; return -1; }
-    xfer_state x = { .start = start_pos, .end = end_pos, .next = start_pos, .n_layer = kv_n_layer(cache) };
+    xfer_state x = { .start = start_pos, .end = end_pos, .next = start_pos, .n_layer = kv_n_layer(cache),
+                     .deadline = t0 + c->deadline_ms };
     wire_done done;
     int rc;
+    c->fail_code = 0;
     while ((rc = xfer_step(c, req, &x, cache, &done, err, errlen)) == 0) {}
     if (rc < 0) {
-        xfer_abort(c, req);
+        xfer_abort(c, req, err);
         session_reset(s, start_pos);
         return -1;
     }

@@ -23,9 +23,16 @@ typedef struct {
     uint32_t wire_dtype;        /* GGML_TYPE_F16 (default: the cache type), BF16 or Q8_0 */
     int zstd;                   /* compress frames with zstd if the peer can */
     int timeout_ms;             /* no frame for this long -> the transfer fails (default 10000) */
-    const void *secret;         /* shared secret for the HMAC handshake */
+    int deadline_ms;            /* one handoff_prefill may take this long in all, whatever the peer
+                                 * sends (PINGs do not extend it); default 300000 */
+    const void *secret;         /* shared secret for the handshake (high entropy: see docs/wire-protocol.md) */
     size_t secret_len;
     const char *node_id;        /* our name in HELLO */
+    /* Optional: polled between frames; non-zero = the caller abandoned the
+     * request (its client went away): the transfer is cancelled (CANCEL to
+     * the prefill node) and handoff_prefill fails with "cancelled". */
+    int (*abandoned)(void *ud);
+    void *abandoned_ud;
 } handoff_opts;
 
 typedef struct {
@@ -72,15 +79,24 @@ typedef struct {
     const char *node_id;
     int n_ctx;                  /* per-request context (default 4096) */
     uint32_t kv_dtype;          /* cache type (default F16) */
-    int timeout_ms;             /* a peer that sends nothing for this long is dropped */
+    int timeout_ms;             /* per-frame I/O deadline (default 10000) */
     volatile int *stop;         /* set non-zero (e.g. from a signal handler) to shut down */
     const char *port_file;      /* if set, the bound port is written there once listening */
-    int max_conns;              /* concurrent connections (default 16) */
+    int max_conns;              /* authenticated connections (default 16) */
+    int max_preauth;            /* connections still in their handshake (default 16); when full,
+                                 * the oldest is dropped for a new one */
+    int handshake_ms;           /* a handshake must complete within this (default 2000) */
+    int idle_ms;                /* an authenticated connection with no REQUEST for this long is
+                                 * closed; PINGs do not count (default 300000) */
+    int request_ms;             /* one request (queue wait, compute and send) may take this long
+                                 * in all (default 300000) */
     /* Fault injection for tests only: sleep this long before each KV frame;
-     * corrupt one payload byte of the Nth KV frame of every request (after
-     * its CRC was computed). 0 = off. */
+     * corrupt one payload byte of the Nth KV frame of every request after
+     * its CRC was computed (a checksum error); flip one sealed byte of the
+     * Nth KV frame and fix its CRC (an authentication tag error). 0 = off. */
     int debug_frame_delay_ms;
     int debug_corrupt_frame;
+    int debug_tamper_frame;
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

@@ -2,7 +2,11 @@
  * and streams it to them layer by layer (see handoff.h, docs/wire-protocol.md).
  *
  * Threads: the accept loop; one thread per connection (handshake, then
- * REQUEST frames one after another); per request one sender thread. The
+ * REQUEST frames one after another); per request one sender thread.
+ * Connections still in their handshake have slots of their own (a small
+ * cap; the oldest is dropped when a new one needs the room, and each has a
+ * short deadline), so strangers cannot take the slots of authenticated
+ * decode nodes. The
  * connection thread runs model_eval (one evaluation at a time per model),
  * whose layer hook queues (layer, pos0, n) descriptors; the sender reads
  * those rows straight out of the session's cache - rows never change once
@@ -29,17 +33,30 @@
 #include "gguf.h"
 #include "wire.h"
 
-/* Default concurrent connections: each holds a session (KV cache pages are
- * only touched as used) and a thread; more wait in the listen backlog. */
+/* Default concurrent authenticated connections: each holds a session (KV
+ * cache pages are only touched as used) and a thread; more get BUSY. */
 #define PN_DEFAULT_CONNS 16
 #define PN_MAX_CONNS 256
+/* Connections still in their handshake: a thread and a few hundred bytes
+ * each. Past the cap the oldest is dropped, so idle strangers can delay a
+ * real decode node's handshake by at most PN_DEFAULT_HANDSHAKE_MS, never
+ * lock it out. */
+#define PN_DEFAULT_PREAUTH 16
+/* A handshake is two round trips and two HMACs: on any LAN far below this. */
+#define PN_DEFAULT_HANDSHAKE_MS 2000
+/* How long the accept loop waits for a dropped handshake's thread to exit
+ * when every slot is taken (it only has to notice its socket was shut). */
+#define PN_EVICT_WAIT_MS 1000
+/* Default limit on one request, from its REQUEST frame to its DONE. */
+#define PN_DEFAULT_REQUEST_MS 300000
 /* Descriptors a request may have computed but not yet sent: one chunk's
  * layers keeps the sender busy while the next chunk computes, and stops the
  * compute soon when the link is slow or dead (backpressure). */
 #define PN_QUEUE_MIN 4
 #define PN_QUEUE_MAX 64
-/* A connection that sends nothing for this long between requests is dropped
- * (decode nodes keep connections open between prompts). */
+/* A connection that sends no REQUEST for this long between requests is
+ * dropped (decode nodes keep connections open between prompts; PINGs do not
+ * count, so a peer cannot hold a slot with them forever). */
 #define PN_IDLE_MS 300000
 /* How often blocked loops look at the stop flag. */
 #define PN_TICK_MS 200
@@ -48,13 +65,18 @@
 #define PN_CACHED_SPAN 512
 
 typedef struct pnode pnode;
+typedef struct pn_waiter { struct pn_waiter *next; } pn_waiter;
+
+enum pn_state { PN_FREE, PN_PREAUTH, PN_AUTHED };
 
 typedef struct {
     pthread_t th;
     int used, done;
     int fd;
     pnode *node;
-    unsigned id;
+    unsigned id;                  /* accept order: the smallest pre-auth id is the oldest */
+    enum pn_state state;
+    int evicted;                  /* dropped while in its handshake (its socket was shut down) */
 } pn_slot;
 
 struct pnode {
@@ -62,14 +84,16 @@ struct pnode {
     const prefill_node_opts *o;
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
     /* Compute turns: one pass (at most n_batch tokens) at a time, handed out
-     * in ticket order, so requests in flight interleave chunk by chunk and a
-     * long prompt does not hold back a short one. */
+     * in arrival order (a FIFO of waiters), so requests in flight interleave
+     * chunk by chunk and a long prompt does not hold back a short one. */
     pthread_mutex_t turn_mu;
     pthread_cond_t turn_cv;
-    unsigned long next_ticket, serving;
+    struct pn_waiter *turn_head, *turn_tail;
     pthread_mutex_t mu;           /* slots, counters */
     pn_slot *slots;
     int n_slots;
+    int max_authed, max_preauth;
+    int n_authed, n_preauth;      /* slots in each state (evicted ones not counted as pre-auth) */
     unsigned next_conn;
     uint64_t n_requests;
 };
@@ -89,10 +113,12 @@ typedef struct {
     wire_conn *conn;
     kvcache *kv;
     uint64_t req_id, seq;
+    double deadline;              /* gen_now_ms() by which the request must be done */
     int start, end;
     uint32_t wire_dtype, send_flags;
     int cur_layer, cur_pos;
-    int cancelled, peer_gone, stopping;
+    int cancelled, peer_gone, stopping, expired;
+    int computing;                /* got the model (or had nothing to compute): not merely queued */
     int too_big;                  /* positions of a chunk too big for one frame */
 
     /* sender's */
@@ -114,6 +140,7 @@ typedef struct {
     session *s;
     int32_t *prev;                /* tokens whose KV the session holds ([0, session_pos)) */
     int prev_cap;
+    uint64_t last_req;            /* request ids must increase: the last one served */
 } pn_conn;
 
 static void pn_log(const char *fmt, ...) {
@@ -146,33 +173,24 @@ static void pn_send_error(wire_conn *c, uint64_t req, uint32_t code, const char 
 
 /* ==== Sender ==== */
 
-static int pn_write_raw(int fd, const uint8_t *p, size_t n, char *err, size_t errlen) {
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = send(fd, p + off, n - off, MSG_NOSIGNAL);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { snprintf(err, errlen, "send: %s", strerror(errno)); return -1; }
-        off += (size_t)w;
-    }
-    return 0;
+/* --debug-corrupt-frame: one byte of the finished frame flipped after its
+ * CRC was computed (the receiver sees a checksum error). */
+static void pn_mangle_corrupt(uint8_t *frame, size_t n, void *ud) {
+    (void)ud;
+    frame[WIRE_HEADER_BYTES + (n - WIRE_HEADER_BYTES) / 2] ^= 0x5A;
 }
 
-/* Writes a frame whose CRC is right for the payload but then flips one
- * payload byte: the --debug-corrupt-frame fault injection. */
-static int pn_send_corrupt(pn_req *r, char *err, size_t errlen) {
-    wire_header h = { .version = WIRE_VERSION, .type = WIRE_KV, .flags = 0,
-                      .len = (uint32_t)r->fb.len, .raw_len = (uint32_t)r->fb.len,
-                      .crc = wire_crc32c(0, r->fb.data, r->fb.len), .req_id = r->req_id };
-    uint8_t hb[WIRE_HEADER_BYTES];
-    wire_header_encode(&h, hb);
-    r->fb.data[r->fb.len / 2] ^= 0x5A;
-    pthread_mutex_lock(&r->conn->send_lock);
-    int rc = pn_write_raw(r->conn->fd, hb, sizeof hb, err, errlen);
-    if (rc == 0) rc = pn_write_raw(r->conn->fd, r->fb.data, r->fb.len, err, errlen);
-    pthread_mutex_unlock(&r->conn->send_lock);
-    if (rc == 0) r->conn->bytes_out += sizeof hb + r->fb.len;
-    return rc;
+/* --debug-tamper-frame: one sealed byte flipped and the CRC made right
+ * again, as an attacker on the path would (the receiver sees a tag error). */
+static void pn_mangle_tamper(uint8_t *frame, size_t n, void *ud) {
+    (void)ud;
+    uint8_t *pl = frame + WIRE_HEADER_BYTES;
+    size_t len = n - WIRE_HEADER_BYTES;
+    pl[len / 2] ^= 0x5A;
+    uint32_t crc = wire_crc32c(0, pl, len);
+    for (int i = 0; i < 4; i++) frame[20 + i] = (uint8_t)(crc >> (8 * i));
 }
+
 /* Points k/v at the rows to send, converting to the wire dtype if needed. */
 static int pn_job_rows(pn_req *r, const pn_job *j, const uint8_t **k, const uint8_t **v, size_t *rb) {
     uint32_t cdt = kv_dtype(r->kv);
@@ -210,8 +228,14 @@ static int pn_send_job(pn_req *r, const pn_job *j, char *err, size_t errlen) {
     if (o->debug_frame_delay_ms > 0) pn_sleep_ms(o->debug_frame_delay_ms);
     r->frames++;
     int rc;
-    if (o->debug_corrupt_frame > 0 && r->frames == o->debug_corrupt_frame) rc = pn_send_corrupt(r, err, errlen);
-    else rc = wire_send(r->conn, WIRE_KV, r->req_id, r->send_flags, r->fb.data, r->fb.len, err, errlen);
+    void (*mangle)(uint8_t *, size_t, void *) = NULL;
+    if (o->debug_corrupt_frame > 0 && r->frames == o->debug_corrupt_frame) mangle = pn_mangle_corrupt;
+    if (o->debug_tamper_frame > 0 && r->frames == o->debug_tamper_frame) mangle = pn_mangle_tamper;
+    if (mangle)   /* uncompressed, so the flipped byte is in the KV rows */
+        rc = wire_send_raw(r->conn, WIRE_KV, r->req_id, 0, (uint32_t)r->fb.len, r->fb.data, r->fb.len, mangle, NULL,
+                           err, errlen);
+    else
+        rc = wire_send(r->conn, WIRE_KV, r->req_id, r->send_flags, r->fb.data, r->fb.len, err, errlen);
     if (rc == 0) r->kv_bytes += 2ull * rb * (uint64_t)j->n;
     return rc;
 }
@@ -225,6 +249,12 @@ static void *pn_sender_main(void *arg) {
         if (pn_stopped(r->node)) {
             r->failed = r->stopping = 1;   /* the DONE must not go out for a partial stream */
             snprintf(r->fail_msg, sizeof r->fail_msg, "shutting down");
+            pthread_mutex_unlock(&r->mu);
+            break;
+        }
+        if (gen_now_ms() > r->deadline) {
+            r->failed = r->expired = 1;
+            snprintf(r->fail_msg, sizeof r->fail_msg, "request deadline passed");
             pthread_mutex_unlock(&r->mu);
             break;
         }
@@ -256,6 +286,7 @@ static void *pn_sender_main(void *arg) {
 /* Reads a frame the decode node sent during the computation, if any.
  * Returns non-zero when the computation must stop. */
 static int pn_check_peer(pn_req *r) {
+    if (gen_now_ms() > r->deadline) { r->expired = 1; return 1; }
     struct pollfd p = { .fd = r->conn->fd, .events = POLLIN };
     if (poll(&p, 1, 0) <= 0) return 0;
     wire_header h;
@@ -263,12 +294,26 @@ static int pn_check_peer(pn_req *r) {
     if (wire_recv(r->conn, &h, err, sizeof err)) {
         r->peer_gone = 1;
         snprintf(r->fail_msg, sizeof r->fail_msg, "%s", err);
+        if (r->conn->rx_err) wire_send_error(r->conn, 0, r->conn->rx_err, err);   /* a bad frame: say why */
         return 1;
     }
-    if (h.type == WIRE_CANCEL) { r->cancelled = 1; return 1; }
-    if (h.type == WIRE_PING || h.type == WIRE_PONG) return 0;
+    if (h.type == WIRE_CANCEL && h.req_id == r->req_id) { r->cancelled = 1; return 1; }
+    if (h.type == WIRE_PING) {
+        wire_send(r->conn, WIRE_PONG, h.req_id, 0, r->conn->rx.data, r->conn->rx.len, err, sizeof err);
+        return 0;
+    }
+    if (h.type == WIRE_PONG || h.type == WIRE_CANCEL) return 0;   /* a stale CANCEL is ignored */
     r->peer_gone = 1;
-    snprintf(r->fail_msg, sizeof r->fail_msg, "unexpected frame type %u during a request", h.type);
+    if (h.type == WIRE_ERROR) {   /* the decode node gave up (e.g. a frame failed its checks) */
+        wire_error we = { 0 };
+        if (wire_decode_error(r->conn->rx.data, r->conn->rx.len, &we, err, sizeof err) == 0)
+            pn_log("decode node reported error %u during request %llu: %s", we.code, (unsigned long long)r->seq,
+                   we.message);
+        snprintf(r->fail_msg, sizeof r->fail_msg, "the decode node sent ERROR %u", we.code);
+        return 1;
+    }
+    snprintf(r->fail_msg, sizeof r->fail_msg, "unexpected %s frame during a request", wire_type_name(h.type));
+    pn_send_error(r->conn, 0, WERR_PROTOCOL, "%s", r->fail_msg);
     return 1;
 }
 
@@ -386,16 +431,48 @@ static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_
 
 /* ==== Compute turns ==== */
 
-static void pn_turn_take(pnode *node) {
-    pthread_mutex_lock(&node->turn_mu);
-    unsigned long t = node->next_ticket++;
-    while (node->serving != t) pthread_cond_wait(&node->turn_cv, &node->turn_mu);
-    pthread_mutex_unlock(&node->turn_mu);
+static void pn_turn_unlink(pnode *node, pn_waiter *w) {
+    pn_waiter **pp = &node->turn_head, *prev = NULL;
+    while (*pp && *pp != w) { prev = *pp; pp = &(*pp)->next; }
+    if (!*pp) return;
+    *pp = w->next;
+    if (node->turn_tail == w) node->turn_tail = prev;
 }
 
-static void pn_turn_give(pnode *node) {
+/* Waits for the request's turn at the model, watching the peer and the stop
+ * flag while queued: a request cancelled or abandoned before its turn never
+ * computes. 0 = our turn (give it back with pn_turn_give), non-zero = gave up. */
+static int pn_turn_take(pn_req *r, pn_waiter *w) {
+    pnode *node = r->node;
+    w->next = NULL;
     pthread_mutex_lock(&node->turn_mu);
-    node->serving++;
+    if (node->turn_tail) node->turn_tail->next = w; else node->turn_head = w;
+    node->turn_tail = w;
+    while (node->turn_head != w) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100L * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+        if (pthread_cond_timedwait(&node->turn_cv, &node->turn_mu, &ts) != ETIMEDOUT) continue;
+        pthread_mutex_unlock(&node->turn_mu);
+        int give_up = 0;
+        if (pn_stopped(node)) give_up = r->stopping = 1;
+        else give_up = pn_check_peer(r);
+        pthread_mutex_lock(&node->turn_mu);
+        if (give_up && node->turn_head != w) {
+            pn_turn_unlink(node, w);
+            pthread_cond_broadcast(&node->turn_cv);
+            pthread_mutex_unlock(&node->turn_mu);
+            return 1;
+        }
+    }
+    pthread_mutex_unlock(&node->turn_mu);
+    return 0;
+}
+
+static void pn_turn_give(pnode *node, pn_waiter *w) {
+    pthread_mutex_lock(&node->turn_mu);
+    pn_turn_unlink(node, w);
     pthread_cond_broadcast(&node->turn_cv);
     pthread_mutex_unlock(&node->turn_mu);
 }
@@ -405,14 +482,19 @@ static void pn_turn_give(pnode *node) {
 static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, double *ms, char *err, size_t errlen) {
     pnode *node = pc->node;
     int chunk = model_get_n_batch(node->m), rc = 0;
+    pn_waiter w;
     *ms = 0;
     for (int p = have; p < r->end && !rc; p += chunk) {
         int n = r->end - p < chunk ? r->end - p : chunk;
-        pn_turn_take(node);
+        if (pn_turn_take(r, &w)) {
+            snprintf(err, errlen, "gave up waiting for the model");
+            return -1;
+        }
+        r->computing = 1;
         double t0 = gen_now_ms();
         rc = model_eval(node->m, pc->s, tokens + p, n, NULL, pn_hook, r, err, errlen);
         *ms += gen_now_ms() - t0;
-        pn_turn_give(node);
+        pn_turn_give(node, &w);
     }
     return rc;
 }
@@ -425,6 +507,7 @@ static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, doubl
     if (pthread_create(&th, NULL, pn_sender_main, r)) { snprintf(err, errlen, "cannot start the sender thread"); return -1; }
     int rc = pn_push_cached(r, have);
     *ms = 0;
+    r->computing = have >= r->end;
     if (rc == 0 && have < r->end) rc = pn_compute(pc, r, tokens, have, ms, err, errlen);
     /* Let the sender drain, still listening for a CANCEL or a vanished peer. */
     pthread_mutex_lock(&r->mu);
@@ -459,6 +542,18 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     pnode *node = pc->node;
     wire_request q;
     char err[512];
+    double t_req = gen_now_ms();
+    /* Ids are non-zero and increase along a connection (one request at a
+     * time): a replayed or confused REQUEST is refused, and the connection
+     * with it. */
+    if (req == 0 || req <= pc->last_req) {
+        pn_send_error(&pc->conn, req, WERR_PROTOCOL, "request id %llu refused: ids must be non-zero and increase "
+                      "(last was %llu)", (unsigned long long)req, (unsigned long long)pc->last_req);
+        pn_log("conn %u (%s): request id %llu refused (last %llu), closing", pc->id, pc->peer,
+               (unsigned long long)req, (unsigned long long)pc->last_req);
+        return -1;
+    }
+    pc->last_req = req;
     if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, &q, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_PROTOCOL, "malformed request: %s", err);
         return -1;
@@ -486,6 +581,7 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     r->cap = n_layer < PN_QUEUE_MIN ? PN_QUEUE_MIN : n_layer > PN_QUEUE_MAX ? PN_QUEUE_MAX : n_layer;
     r->node = node; r->conn = &pc->conn; r->kv = session_kv(pc->s);
     r->req_id = req; r->seq = seq; r->start = (int)q.start_pos; r->end = (int)q.end_pos;
+    r->deadline = t_req + node->o->request_ms;
     r->wire_dtype = q.wire_dtype; r->send_flags = send_flags;
 
     double t0 = gen_now_ms(), ms = 0;
@@ -508,17 +604,29 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     } else if (r->cancelled) {
         /* the ERROR ends the request's stream: a decode node may keep the connection */
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
-        pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
-               (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+        if (!r->computing)
+            pn_log("request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
+                   (unsigned long long)seq, pc->id);
+        else
+            pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
+                   (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
         keep = 1;
     } else if (r->too_big) {
         pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
                       "run the prefill node with a smaller -b", r->too_big);
         pn_log("request %llu (conn %u): chunk too big for a frame (lower -b)", (unsigned long long)seq, pc->id);
         keep = 1;
+    } else if (r->expired) {
+        pn_send_error(&pc->conn, req, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
+                      node->o->request_ms);
+        pn_log("request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", (unsigned long long)seq,
+               pc->id, node->o->request_ms, r->frames);
     } else if (r->stopping) {
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
         pn_log("request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
+    } else if (r->peer_gone && !r->computing) {
+        pn_log("decode node went away while queued for the model, dropping request %llu (never computed): %s",
+               (unsigned long long)seq, r->fail_msg);
     } else if (r->failed || r->peer_gone) {
         pn_log("decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
                (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
@@ -534,16 +642,21 @@ static int pn_request(pn_conn *pc, uint64_t req) {
 
 /* ==== Connections ==== */
 
-/* Waits until a frame starts arriving. 0 = readable, -1 = stop or idle. */
-static int pn_wait_frame(pn_conn *pc) {
-    int waited = 0;
+/* Waits until a frame starts arriving. 0 = readable, -1 = stop or idle
+ * (nothing but PINGs since `since` for idle_ms counts as idle). */
+static int pn_wait_frame(pn_conn *pc, double since) {
     while (!pn_stopped(pc->node)) {
+        /* checked before every frame: a peer sending PINGs faster than the
+         * poll tick must still reach the limit */
+        if (gen_now_ms() - since >= pc->node->o->idle_ms) {
+            pn_log("conn %u (%s) sent no request for %d ms, closing", pc->id, pc->peer, pc->node->o->idle_ms);
+            pn_send_error(&pc->conn, 0, WERR_TIMEOUT, "no request for %d ms", pc->node->o->idle_ms);
+            return -1;
+        }
         struct pollfd p = { .fd = pc->conn.fd, .events = POLLIN };
         int r = poll(&p, 1, PN_TICK_MS);
         if (r > 0) return 0;
         if (r < 0 && errno != EINTR) return -1;
-        waited += PN_TICK_MS;
-        if (waited >= PN_IDLE_MS) { pn_log("conn %u (%s) idle for %d s, closing", pc->id, pc->peer, PN_IDLE_MS / 1000); return -1; }
     }
     return -1;
 }
@@ -572,14 +685,18 @@ static int pn_handshake(pn_conn *pc) {
 
 static void pn_conn_loop(pn_conn *pc) {
     char err[512];
-    while (pn_wait_frame(pc) == 0) {
+    double since = gen_now_ms();
+    while (pn_wait_frame(pc, since) == 0) {
         wire_header h;
         if (wire_recv(&pc->conn, &h, err, sizeof err)) {
             if (!strstr(err, "closed")) pn_log("conn %u (%s): %s", pc->id, pc->peer, err);
+            /* a bad CRC, tag or header is answered before we hang up */
+            if (pc->conn.rx_err) wire_send_error(&pc->conn, 0, pc->conn.rx_err, err);
             return;
         }
         if (h.type == WIRE_REQUEST) {
             if (pn_request(pc, h.req_id)) return;
+            since = gen_now_ms();
         } else if (h.type == WIRE_PING) {
             wire_send(&pc->conn, WIRE_PONG, h.req_id, 0, pc->conn.rx.data, pc->conn.rx.len, err, sizeof err);
         } else if (h.type == WIRE_CANCEL || h.type == WIRE_PONG) {
@@ -597,20 +714,46 @@ static void pn_conn_loop(pn_conn *pc) {
     }
 }
 
+/* After a successful handshake: take an authenticated slot, or BUSY. */
+static int pn_promote(pn_slot *slot, pn_conn *pc) {
+    pnode *node = slot->node;
+    pthread_mutex_lock(&node->mu);
+    int ok = !slot->evicted && node->n_authed < node->max_authed;
+    if (ok) {
+        node->n_preauth--;
+        node->n_authed++;
+        slot->state = PN_AUTHED;
+    }
+    int evicted = slot->evicted;
+    pthread_mutex_unlock(&node->mu);
+    if (!ok && !evicted) {
+        pn_send_error(&pc->conn, 0, WERR_BUSY, "prefill node busy: %d connections", node->max_authed);
+        pn_log("refused %s after its handshake: all %d slots busy", pc->peer, node->max_authed);
+    }
+    return ok ? 0 : -1;
+}
+
 static void *pn_conn_main(void *arg) {
     pn_slot *slot = arg;
-    pn_conn pc = { .node = slot->node, .id = slot->id };
+    pnode *node = slot->node;
+    pn_conn pc = { .node = node, .id = slot->id };
     snprintf(pc.peer, sizeof pc.peer, "?");
-    int timeout = slot->node->o->timeout_ms > 0 ? slot->node->o->timeout_ms : 10000;
-    wire_conn_init(&pc.conn, slot->fd, timeout);
-    if (pn_handshake(&pc) == 0) pn_conn_loop(&pc);
+    /* the handshake's whole deadline is the conn's timeout while it runs */
+    wire_conn_init(&pc.conn, slot->fd, node->o->handshake_ms);
+    if (pn_handshake(&pc) == 0 && pn_promote(slot, &pc) == 0) {
+        pc.conn.timeout_ms = node->o->timeout_ms;
+        pn_conn_loop(&pc);
+    }
     session_free(pc.s);
     free(pc.prev);
     /* done before close: the shutdown path only touches fds of slots not
      * done, under the same lock, so it never sees a closed (reused) fd */
-    pthread_mutex_lock(&slot->node->mu);
+    pthread_mutex_lock(&node->mu);
     slot->done = 1;
-    pthread_mutex_unlock(&slot->node->mu);
+    if (slot->state == PN_AUTHED) node->n_authed--;
+    else if (!slot->evicted) node->n_preauth--;
+    slot->state = PN_FREE;
+    pthread_mutex_unlock(&node->mu);
     wire_conn_close(&pc.conn);
     return NULL;
 }
@@ -631,31 +774,76 @@ static void pn_reap(pnode *node, int all) {
     }
 }
 
+/* Drops the oldest connection still in its handshake (its thread notices
+ * the shut socket and exits). Locked. */
+static void pn_evict_oldest(pnode *node) {
+    pn_slot *old = NULL;
+    for (int i = 0; i < node->n_slots; i++) {
+        pn_slot *s = &node->slots[i];
+        if (s->used && !s->done && s->state == PN_PREAUTH && !s->evicted && (!old || s->id < old->id)) old = s;
+    }
+    if (!old) return;
+    old->evicted = 1;
+    node->n_preauth--;
+    shutdown(old->fd, SHUT_RDWR);
+}
+
+/* A free slot, waiting a little for dropped handshakes to exit; NULL if none. */
+static pn_slot *pn_free_slot(pnode *node) {
+    for (int waited = 0; waited <= PN_EVICT_WAIT_MS; waited += 10) {
+        pn_reap(node, 0);
+        for (int i = 0; i < node->n_slots; i++)
+            if (!node->slots[i].used) return &node->slots[i];
+        pn_sleep_ms(10);
+    }
+    return NULL;
+}
+
+static void pn_refuse(int fd, const char *fmt, int n) {
+    wire_conn c;
+    wire_conn_init(&c, fd, 500);
+    pn_send_error(&c, 0, WERR_BUSY, fmt, n);
+    wire_conn_close(&c);
+}
+
 static void pn_accept_one(pnode *node, int lfd) {
     char err[256];
     int fd = wire_accept(lfd, PN_TICK_MS, err, sizeof err);
     if (fd == -1) { pn_log("%s", err); pn_sleep_ms(PN_TICK_MS); }   /* e.g. out of fds: do not spin */
     if (fd < 0) return;
-    pn_slot *slot = NULL;
-    for (int i = 0; i < node->n_slots && !slot; i++)
-        if (!node->slots[i].used) slot = &node->slots[i];
-    if (!slot) {
-        wire_conn c;
-        wire_conn_init(&c, fd, 500);
-        pn_send_error(&c, 0, WERR_BUSY, "prefill node busy: %d connections", node->n_slots);
-        wire_conn_close(&c);
-        pn_log("refused a connection: all %d slots busy", node->n_slots);
+    pthread_mutex_lock(&node->mu);
+    int full = node->n_authed >= node->max_authed;
+    if (!full && node->n_preauth >= node->max_preauth) pn_evict_oldest(node);
+    pthread_mutex_unlock(&node->mu);
+    if (full) {
+        pn_refuse(fd, "prefill node busy: %d connections", node->max_authed);
+        pn_log("refused a connection: all %d slots busy", node->max_authed);
         return;
     }
+    pn_slot *slot = pn_free_slot(node);
+    if (!slot) {
+        pn_refuse(fd, "prefill node busy: %d handshakes in progress", node->max_preauth);
+        pn_log("refused a connection: no free slot");
+        return;
+    }
+    pthread_mutex_lock(&node->mu);
     slot->used = 1;
     slot->done = 0;
     slot->fd = fd;
     slot->node = node;
     slot->id = ++node->next_conn;
+    slot->state = PN_PREAUTH;
+    slot->evicted = 0;
+    node->n_preauth++;
+    pthread_mutex_unlock(&node->mu);
     if (pthread_create(&slot->th, NULL, pn_conn_main, slot)) {
         pn_log("cannot start a connection thread");
         close(fd);
+        pthread_mutex_lock(&node->mu);
         slot->used = 0;
+        slot->state = PN_FREE;
+        node->n_preauth--;
+        pthread_mutex_unlock(&node->mu);
     }
 }
 
@@ -677,10 +865,19 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     prefill_node_opts oo = *o;
     if (oo.n_ctx <= 0) oo.n_ctx = 4096;
     if (!oo.kv_dtype) oo.kv_dtype = GGML_TYPE_F16;
+    if (oo.timeout_ms <= 0) oo.timeout_ms = 10000;
+    if (oo.handshake_ms <= 0) oo.handshake_ms = PN_DEFAULT_HANDSHAKE_MS;
+    if (oo.idle_ms <= 0) oo.idle_ms = PN_IDLE_MS;
+    if (oo.request_ms <= 0) oo.request_ms = PN_DEFAULT_REQUEST_MS;
     node.o = &oo;
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
-    node.n_slots = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
+    node.max_authed = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
+    node.max_preauth = o->max_preauth > 0 ? (o->max_preauth < PN_MAX_CONNS ? o->max_preauth : PN_MAX_CONNS)
+                                          : PN_DEFAULT_PREAUTH;
+    /* room for every authenticated and pre-auth connection, plus as many
+     * dropped handshakes still on their way out */
+    node.n_slots = node.max_authed + 2 * node.max_preauth;
     node.slots = calloc((size_t)node.n_slots, sizeof *node.slots);
     if (!node.slots) { snprintf(err, errlen, "out of memory"); return -1; }
     int lfd = wire_listen(o->listen ? o->listen : "127.0.0.1:0", err, errlen);

@@ -29,7 +29,8 @@ typedef struct {
     enum serve_role role;
     const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file, *backend;
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
-    int debug_frame_delay_ms, debug_corrupt_frame;   /* fault injection (tests) */
+    int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
+    int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     uint32_t kv_dtype;
     char *secret;
     size_t secret_len;
@@ -48,13 +49,19 @@ static void serve_usage(void) {
         "  --node-id NAME       this node's name in handshakes and logs\n"
         "  --timeout-ms N       per-frame I/O deadline (default 10000)\n"
         "  --port-file FILE     write the bound port there once listening\n"
-        "  --max-conns N        concurrent connections (default 16)\n");
-    fprintf(stderr, "Prefill role:\n");
+        "  --max-conns N        concurrent connections (default 16)\n"
+        "Prefill role:\n"
+        "  --max-preauth N      connections still in their handshake (default 16; the oldest\n"
+        "                       is dropped for a new one)\n"
+        "  --handshake-ms N     handshake deadline (default 2000)\n"
+        "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
+        "  --request-ms N       limit on one request, queue wait included (default 300000)\n");
     cli_usage_backend(20);
     fprintf(stderr,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
-        "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n");
+        "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n"
+        "  --debug-tamper-frame N     flip a sealed byte of the Nth KV frame and fix its CRC\n");
 }
 
 static int serve_int(const char *s, int lo, int hi, int *out) {
@@ -98,6 +105,11 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
         else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(v, 0, 60000, &o->debug_frame_delay_ms);
         else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_corrupt_frame);
+        else if (!strcmp(a, "--debug-tamper-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_tamper_frame);
+        else if (!strcmp(a, "--max-preauth")) bad = serve_int(v, 1, 256, &o->max_preauth);
+        else if (!strcmp(a, "--handshake-ms")) bad = serve_int(v, 1, 600000, &o->handshake_ms);
+        else if (!strcmp(a, "--idle-ms")) bad = serve_int(v, 1, 86400000, &o->idle_ms);
+        else if (!strcmp(a, "--request-ms")) bad = serve_int(v, 1, 86400000, &o->request_ms);
         else { fprintf(stderr, "tandem serve: unknown option %s\n", a); serve_usage(); return -1; }
         if (bad) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
         i++;
@@ -162,7 +174,9 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
         .timeout_ms = o->timeout_ms, .stop = &serve_stop, .port_file = o->port_file,
         .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
-        .debug_corrupt_frame = o->debug_corrupt_frame,
+        .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
+        .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
+        .request_ms = o->request_ms,
     };
     char err[512];
     if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 1; }

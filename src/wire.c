@@ -1,5 +1,6 @@
 /* wire.c - tandem's node-to-node protocol: framing, checksums, payload
- * codecs, socket I/O with deadlines, and the authenticated handshake.
+ * codecs, socket I/O with deadlines, the authenticated handshake, and the
+ * AES-256-GCM seal on every frame after it.
  * docs/wire-protocol.md is the specification this file implements.
  */
 #include "wire.h"
@@ -201,18 +202,6 @@ fail:
     OPENSSL_cleanse(hk, sizeof hk);
 }
 
-void wire_hmac(const void *secret, size_t secret_len, const char *label,
-               const uint8_t a[32], const uint8_t b[32], uint8_t out[32]) {
-    size_t ll = label ? strlen(label) : 0;
-    uint8_t msg[256 + 64];
-    if (ll > 256) ll = 256;   /* labels are short constants; bound the stack copy */
-    if (ll) memcpy(msg, label, ll);
-    memcpy(msg + ll, a, 32);
-    memcpy(msg + ll + 32, b, 32);
-    wire_hmac_sha256(secret, secret_len, msg, ll + 64, out);
-    OPENSSL_cleanse(msg, sizeof msg);
-}
-
 int wire_random(uint8_t *out, size_t n) {
     while (n) {
         ssize_t r = getrandom(out, n, 0);
@@ -223,6 +212,32 @@ int wire_random(uint8_t *out, size_t n) {
         out += r;
         n -= (size_t)r;
     }
+    return 0;
+}
+
+/* HKDF (RFC 5869) over HMAC-SHA256: PRK = HMAC(salt, IKM), then
+ * T(i) = HMAC(PRK, T(i-1) || info || i) until out_len bytes. */
+int wire_hkdf_sha256(const void *salt, size_t salt_len, const void *ikm, size_t ikm_len, const void *info,
+                     size_t info_len, uint8_t *out, size_t out_len) {
+    if (out_len > 255 * 32 || info_len > 1024) return -1;
+    uint8_t prk[32], t[32], msg[32 + 1024 + 1];
+    static const uint8_t zeros[32];
+    if (!salt || !salt_len) { salt = zeros; salt_len = sizeof zeros; }   /* RFC 5869: HashLen zeros */
+    wire_hmac_sha256(salt, salt_len, ikm, ikm_len, prk);
+    size_t done = 0, tl = 0;
+    for (uint8_t i = 1; done < out_len; i++) {
+        memcpy(msg, t, tl);
+        if (info_len) memcpy(msg + tl, info, info_len);
+        msg[tl + info_len] = i;
+        wire_hmac_sha256(prk, sizeof prk, msg, tl + info_len + 1, t);
+        tl = sizeof t;
+        size_t n = out_len - done < sizeof t ? out_len - done : sizeof t;
+        memcpy(out + done, t, n);
+        done += n;
+    }
+    OPENSSL_cleanse(prk, sizeof prk);
+    OPENSSL_cleanse(t, sizeof t);
+    OPENSSL_cleanse(msg, sizeof msg);
     return 0;
 }
 
@@ -239,7 +254,59 @@ void wire_header_encode(const wire_header *h, uint8_t out[WIRE_HEADER_BYTES]) {
     put_u64(out + 24, h->req_id);
 }
 
-int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], wire_header *h, char *err, size_t errlen) {
+/* Before the handshake completes: only the handshake's own frames, small,
+ * uncompressed and connection-level, so an unauthenticated peer can make us
+ * neither allocate more than a HELLO nor decompress anything. */
+static int wire_header_check_plain(const wire_header *x, const char *tn, char *err, size_t errlen) {
+    if (x->type != WIRE_HELLO && x->type != WIRE_AUTH && x->type != WIRE_ERROR) {
+        wire_errf(err, errlen, "%s frame before the handshake completed (only HELLO, AUTH and ERROR)", tn);
+        return -1;
+    }
+    if (x->flags) {
+        wire_errf(err, errlen, "%s frame: compression is not allowed before the handshake completed", tn);
+        return -1;
+    }
+    if (x->req_id) {
+        wire_errf(err, errlen, "%s frame: req_id must be 0 during the handshake", tn);
+        return -1;
+    }
+    uint32_t max = wire_type_max_payload(x->type);
+    if (x->len > max || x->raw_len != x->len) {
+        wire_errf(err, errlen, "%s frame too large or inconsistent during the handshake: len %u, raw_len %u, limit %u",
+                  tn, x->len, x->raw_len, max);
+        return -1;
+    }
+    return 0;
+}
+
+/* After it: every payload is sealed (len includes the tag); HELLO and AUTH
+ * belong to the handshake only. */
+static int wire_header_check_sealed(const wire_header *x, const char *tn, char *err, size_t errlen) {
+    if (x->type == WIRE_HELLO || x->type == WIRE_AUTH) {
+        wire_errf(err, errlen, "%s frame after the handshake", tn);
+        return -1;
+    }
+    uint32_t max = wire_type_max_payload(x->type);
+    if (x->len < WIRE_TAG_BYTES || x->len - WIRE_TAG_BYTES > max || x->raw_len > max) {
+        wire_errf(err, errlen, "%s frame too large: %u bytes (%u raw), limit %u + %u-byte tag", tn, x->len,
+                  x->raw_len, max, WIRE_TAG_BYTES);
+        return -1;
+    }
+    uint32_t body = x->len - WIRE_TAG_BYTES;
+    if (x->flags & WIRE_FLAG_ZSTD) {
+        if (body == 0 || x->raw_len == 0) {
+            wire_errf(err, errlen, "%s frame: compressed payload cannot be empty", tn);
+            return -1;
+        }
+    } else if (x->raw_len != body) {
+        wire_errf(err, errlen, "%s frame: raw_len %u != len %u - %u in an uncompressed frame", tn, x->raw_len,
+                  x->len, WIRE_TAG_BYTES);
+        return -1;
+    }
+    return 0;
+}
+
+int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], int sealed, wire_header *h, char *err, size_t errlen) {
     uint32_t magic = get_u32(in);
     if (magic != WIRE_MAGIC) {
         wire_errf(err, errlen, "bad frame magic 0x%08x (not a tandem peer?)", magic);
@@ -267,20 +334,8 @@ int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], wire_header *h, char
         wire_errf(err, errlen, "%s frame has unknown flags 0x%x", tn, x.flags);
         return -1;
     }
-    uint32_t max = wire_type_max_payload(x.type);
-    if (x.len > max || x.raw_len > max) {
-        wire_errf(err, errlen, "%s frame too large: %u bytes (%u raw), limit %u", tn, x.len, x.raw_len, max);
+    if (sealed ? wire_header_check_sealed(&x, tn, err, errlen) : wire_header_check_plain(&x, tn, err, errlen))
         return -1;
-    }
-    if (x.flags & WIRE_FLAG_ZSTD) {
-        if (x.len == 0 || x.raw_len == 0) {
-            wire_errf(err, errlen, "%s frame: compressed payload cannot be empty", tn);
-            return -1;
-        }
-    } else if (x.raw_len != x.len) {
-        wire_errf(err, errlen, "%s frame: raw_len %u != len %u in an uncompressed frame", tn, x.raw_len, x.len);
-        return -1;
-    }
     *h = x;
     return 0;
 }
@@ -682,6 +737,10 @@ void wire_conn_close(wire_conn *c) {
     if (!c->live) return;
     if (c->fd >= 0) close(c->fd);
     c->fd = -1;
+    EVP_CIPHER_CTX_free(c->tx_aead);   /* frees (and wipes) the key schedules */
+    EVP_CIPHER_CTX_free(c->rx_aead);
+    c->tx_aead = c->rx_aead = NULL;
+    c->sealed = 0;
     wire_buf_free(&c->rx);
     wire_buf_free(&c->tx);
     wire_buf_free(&c->ztx);
@@ -695,6 +754,91 @@ void wire_conn_close(wire_conn *c) {
 
 void wire_conn_shutdown(wire_conn *c) {
     if (c->fd >= 0) shutdown(c->fd, SHUT_RDWR);
+}
+
+/* ==== Seal ====
+ * AES-256-GCM per frame: key = the direction's session key, nonce = 4 zero
+ * bytes || the frame's u64 sequence number (little-endian), associated data =
+ * the 32-byte header with its crc field zeroed, tag appended to the payload.
+ * The sequence numbers are implicit (both ends count), so a replayed,
+ * reordered, dropped or forged frame fails the tag. */
+
+static EVP_CIPHER_CTX *wire_aead_new(const uint8_t key[WIRE_KEY_BYTES], int enc) {
+    EVP_CIPHER_CTX *x = EVP_CIPHER_CTX_new();
+    if (!x) return NULL;
+    if (EVP_CipherInit_ex(x, EVP_aes_256_gcm(), NULL, key, NULL, enc) != 1) {
+        EVP_CIPHER_CTX_free(x);
+        return NULL;
+    }
+    return x;
+}
+
+int wire_conn_seal(wire_conn *c, const uint8_t tx_key[WIRE_KEY_BYTES], const uint8_t rx_key[WIRE_KEY_BYTES],
+                   char *err, size_t errlen) {
+    EVP_CIPHER_CTX *t = wire_aead_new(tx_key, 1), *r = wire_aead_new(rx_key, 0);
+    if (!t || !r) {
+        EVP_CIPHER_CTX_free(t);
+        EVP_CIPHER_CTX_free(r);
+        wire_errf(err, errlen, "cannot set up AES-256-GCM (OpenSSL)");
+        return -1;
+    }
+    pthread_mutex_lock(&c->send_lock);
+    EVP_CIPHER_CTX_free(c->tx_aead);
+    EVP_CIPHER_CTX_free(c->rx_aead);
+    c->tx_aead = t;
+    c->rx_aead = r;
+    c->tx_seq = c->rx_seq = 0;
+    c->sealed = 1;
+    pthread_mutex_unlock(&c->send_lock);
+    return 0;
+}
+
+static void wire_nonce(uint64_t seq, uint8_t iv[12]) {
+    memset(iv, 0, 4);
+    put_u64(iv + 4, seq);
+}
+
+/* Header bytes as associated data: the crc field (which covers the sealed
+ * bytes, so it cannot be inside the seal) is zeroed. */
+static void wire_aad(const uint8_t hb[WIRE_HEADER_BYTES], uint8_t aad[WIRE_HEADER_BYTES]) {
+    memcpy(aad, hb, WIRE_HEADER_BYTES);
+    memset(aad + 20, 0, 4);
+}
+
+/* Encrypts n bytes of in into out (may be the same) and writes the tag after them. */
+static int wire_seal(wire_conn *c, const uint8_t hb[WIRE_HEADER_BYTES], const uint8_t *in, size_t n, uint8_t *out) {
+    EVP_CIPHER_CTX *x = c->tx_aead;
+    uint8_t iv[12], aad[WIRE_HEADER_BYTES];
+    int ol = 0, fl = 0;
+    if (c->tx_seq == UINT64_MAX || n > INT_MAX) return -1;   /* never reached: 2^64 frames, 64 MiB cap */
+    wire_nonce(c->tx_seq, iv);
+    wire_aad(hb, aad);
+    if (EVP_EncryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
+        EVP_EncryptUpdate(x, NULL, &ol, aad, sizeof aad) != 1 ||
+        (n && EVP_EncryptUpdate(x, out, &ol, in, (int)n) != 1) ||
+        EVP_EncryptFinal_ex(x, out + (n ? ol : 0), &fl) != 1 ||
+        EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_GET_TAG, WIRE_TAG_BYTES, out + n) != 1)
+        return -1;
+    c->tx_seq++;
+    return 0;
+}
+
+/* Decrypts the n-byte body of p in place and checks the tag that follows it. */
+static int wire_open(wire_conn *c, const uint8_t hb[WIRE_HEADER_BYTES], uint8_t *p, size_t n) {
+    EVP_CIPHER_CTX *x = c->rx_aead;
+    uint8_t iv[12], aad[WIRE_HEADER_BYTES];
+    int ol = 0, fl = 0;
+    if (c->rx_seq == UINT64_MAX || n > INT_MAX) return -1;
+    wire_nonce(c->rx_seq, iv);
+    wire_aad(hb, aad);
+    if (EVP_DecryptInit_ex(x, NULL, NULL, NULL, iv) != 1 ||
+        EVP_DecryptUpdate(x, NULL, &ol, aad, sizeof aad) != 1 ||
+        (n && EVP_DecryptUpdate(x, p, &ol, p, (int)n) != 1) ||
+        EVP_CIPHER_CTX_ctrl(x, EVP_CTRL_GCM_SET_TAG, WIRE_TAG_BYTES, p + n) != 1 ||
+        EVP_DecryptFinal_ex(x, p + (n ? ol : 0), &fl) != 1)
+        return -1;
+    c->rx_seq++;
+    return 0;
 }
 
 /* Write all iovecs (modified in place) before the deadline. */
@@ -750,26 +894,59 @@ static size_t wire_compress(wire_conn *c, const void *payload, size_t len) {
     return z;
 }
 
-static int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
-                            const void *payload, size_t len, int64_t deadline, char *err, size_t errlen) {
+/* Builds the frame (header, body, tag if sealed) in c->tx. Locked. */
+static int wire_frame_build(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags, uint32_t raw_len,
+                            const void *body, size_t blen, char *err, size_t errlen) {
+    size_t tag = c->sealed ? WIRE_TAG_BYTES : 0;
+    if (blen > WIRE_MAX_PAYLOAD || wire_buf_size(&c->tx, WIRE_HEADER_BYTES + blen + tag)) {
+        wire_errf(err, errlen, "out of memory for a %zu-byte %s frame", blen, wire_type_name(type));
+        return -1;
+    }
+    uint8_t *hb = c->tx.data, *pl = hb + WIRE_HEADER_BYTES;
+    wire_header h = { .version = WIRE_VERSION, .type = type, .flags = flags, .len = (uint32_t)(blen + tag),
+                      .raw_len = raw_len, .crc = 0, .req_id = req_id };
+    wire_header_encode(&h, hb);
+    if (!c->sealed) {
+        if (blen) memcpy(pl, body, blen);
+    } else if (wire_seal(c, hb, body, blen, pl)) {
+        wire_errf(err, errlen, "sealing a %s frame failed (OpenSSL)", wire_type_name(type));
+        return -1;
+    }
+    put_u32(hb + 20, wire_crc32c(0, pl, blen + tag));
+    return 0;
+}
+
+static int wire_write_frame(wire_conn *c, int64_t deadline, const char *tn, char *err, size_t errlen) {
+    struct iovec iov = { c->tx.data, c->tx.len };
+    return wire_write_all(c, &iov, 1, deadline, tn, err, errlen);
+}
+
+/* Checks what any frame we send must satisfy. */
+static int wire_send_check(wire_conn *c, uint16_t type, size_t len, char *err, size_t errlen) {
     const char *tn = wire_type_name(type);
     if (!wire_type_known(type)) {
         wire_errf(err, errlen, "refusing to send unknown frame type %u", type);
         return -1;
     }
     if (len > wire_type_max_payload(type)) {
-        wire_errf(err, errlen, "%s payload of %zu bytes exceeds the limit %u", tn, len,
-                  wire_type_max_payload(type));
+        wire_errf(err, errlen, "%s payload of %zu bytes exceeds the limit %u", tn, len, wire_type_max_payload(type));
         return -1;
     }
     if (c->fd < 0) {
         wire_errf(err, errlen, "connection is closed");
         return -1;
     }
+    return 0;
+}
+
+static int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
+                            const void *payload, size_t len, int64_t deadline, char *err, size_t errlen) {
+    if (wire_send_check(c, type, len, err, errlen)) return -1;
     const void *body = payload;
     size_t blen = len;
     uint32_t fl = 0;
-    if ((flags & WIRE_FLAG_ZSTD) && len) {
+    /* Compression only inside the seal: never before the handshake. */
+    if ((flags & WIRE_FLAG_ZSTD) && len && c->sealed) {
         size_t z = wire_compress(c, payload, len);
         if (z) {
             body = c->ztx.data;
@@ -777,12 +954,20 @@ static int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32
             fl = WIRE_FLAG_ZSTD;
         }
     }
-    wire_header h = { .version = WIRE_VERSION, .type = type, .flags = fl, .len = (uint32_t)blen,
-                      .raw_len = (uint32_t)len, .crc = wire_crc32c(0, body, blen), .req_id = req_id };
-    uint8_t hb[WIRE_HEADER_BYTES];
-    wire_header_encode(&h, hb);
-    struct iovec iov[2] = { { hb, sizeof hb }, { (void *)body, blen } };
-    return wire_write_all(c, iov, blen ? 2 : 1, deadline, tn, err, errlen);
+    if (wire_frame_build(c, type, req_id, fl, (uint32_t)len, body, blen, err, errlen)) return -1;
+    return wire_write_frame(c, deadline, wire_type_name(type), err, errlen);
+}
+
+int wire_send_raw(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags, uint32_t raw_len,
+                  const void *body, size_t blen, void (*mangle)(uint8_t *frame, size_t n, void *ud), void *ud,
+                  char *err, size_t errlen) {
+    pthread_mutex_lock(&c->send_lock);
+    int r = wire_send_check(c, type, blen, err, errlen);
+    if (!r) r = wire_frame_build(c, type, req_id, flags, raw_len, body, blen, err, errlen);
+    if (!r && mangle) mangle(c->tx.data, c->tx.len, ud);
+    if (!r) r = wire_write_frame(c, wire_deadline(c->timeout_ms), wire_type_name(type), err, errlen);
+    pthread_mutex_unlock(&c->send_lock);
+    return r;
 }
 
 int wire_send(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
@@ -874,16 +1059,17 @@ static int wire_read_payload(wire_conn *c, wire_buf *dst, uint32_t n, int64_t de
     return 0;
 }
 
-/* Decompress c->zrx (h->len bytes) into c->rx (exactly h->raw_len bytes). */
-static int wire_decompress(wire_conn *c, const wire_header *h, char *err, size_t errlen) {
+/* Decompress the n bytes of c->zrx into c->rx (exactly h->raw_len bytes,
+ * which the header check bounded by the type's limit before we got here). */
+static int wire_decompress(wire_conn *c, const wire_header *h, size_t n, char *err, size_t errlen) {
     const char *tn = wire_type_name(h->type);
-    unsigned long long fcs = ZSTD_getFrameContentSize(c->zrx.data, h->len);
+    unsigned long long fcs = ZSTD_getFrameContentSize(c->zrx.data, n);
     if (fcs == ZSTD_CONTENTSIZE_ERROR || fcs == ZSTD_CONTENTSIZE_UNKNOWN || fcs != h->raw_len) {
         wire_errf(err, errlen, "%s frame: zstd frame content size does not match raw_len %u", tn, h->raw_len);
         return -1;
     }
-    size_t fsz = ZSTD_findFrameCompressedSize(c->zrx.data, h->len);
-    if (ZSTD_isError(fsz) || fsz != h->len) {
+    size_t fsz = ZSTD_findFrameCompressedSize(c->zrx.data, n);
+    if (ZSTD_isError(fsz) || fsz != n) {
         wire_errf(err, errlen, "%s frame: payload is not exactly one zstd frame", tn);
         return -1;
     }
@@ -895,7 +1081,7 @@ static int wire_decompress(wire_conn *c, const wire_header *h, char *err, size_t
         wire_errf(err, errlen, "out of memory for a %u-byte %s payload", h->raw_len, tn);
         return -1;
     }
-    size_t r = ZSTD_decompressDCtx(c->zd, c->rx.data, h->raw_len, c->zrx.data, h->len);
+    size_t r = ZSTD_decompressDCtx(c->zd, c->rx.data, h->raw_len, c->zrx.data, n);
     if (ZSTD_isError(r) || r != h->raw_len) {
         wire_errf(err, errlen, "%s frame: zstd decompression failed: %s", tn,
                   ZSTD_isError(r) ? ZSTD_getErrorName(r) : "short output");
@@ -905,7 +1091,36 @@ static int wire_decompress(wire_conn *c, const wire_header *h, char *err, size_t
     return 0;
 }
 
+/* CRC, then the seal, then decompression: the payload is in dst (len bytes). */
+static int wire_check_payload(wire_conn *c, const uint8_t hb[WIRE_HEADER_BYTES], const wire_header *x,
+                              wire_buf *dst, char *err, size_t errlen) {
+    const char *tn = wire_type_name(x->type);
+    uint32_t crc = wire_crc32c(0, dst->data, x->len);
+    if (crc != x->crc) {
+        wire_errf(err, errlen, "checksum mismatch in %s frame: got 0x%08x, expected 0x%08x", tn, crc, x->crc);
+        c->rx_err = WERR_CHECKSUM;
+        return -1;
+    }
+    size_t body = x->len;
+    if (c->sealed) {
+        body -= WIRE_TAG_BYTES;
+        if (wire_open(c, hb, dst->data, body)) {
+            wire_errf(err, errlen, "authentication tag mismatch in %s frame %llu (forged, replayed, reordered or "
+                      "dropped frame)", tn, (unsigned long long)c->rx_seq);
+            c->rx_err = WERR_AUTH;
+            return -1;
+        }
+        dst->len = body;
+    }
+    if ((x->flags & WIRE_FLAG_ZSTD) && wire_decompress(c, x, body, err, errlen)) {
+        c->rx_err = WERR_PROTOCOL;
+        return -1;
+    }
+    return 0;
+}
+
 int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen) {
+    c->rx_err = 0;
     if (c->fd < 0) {
         wire_errf(err, errlen, "connection is closed");
         return -1;
@@ -913,23 +1128,26 @@ int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen) {
     int64_t deadline = wire_deadline(c->timeout_ms);
     uint8_t hb[WIRE_HEADER_BYTES];
     c->rx.len = 0;
-    if (wire_read_all(c, hb, sizeof hb, deadline, 0, err, errlen)) return -1;
+    if (wire_read_all(c, hb, sizeof hb, deadline, 0, err, errlen)) {
+        if (strstr(err, "timed out")) c->rx_err = WERR_TIMEOUT;
+        return -1;
+    }
     wire_header x;
-    if (wire_header_decode(hb, &x, err, errlen)) return -1;
-    const char *tn = wire_type_name(x.type);
+    if (wire_header_decode(hb, c->sealed, &x, err, errlen)) {
+        c->rx_err = WERR_PROTOCOL;
+        return -1;
+    }
     int z = (x.flags & WIRE_FLAG_ZSTD) != 0;
     wire_buf *dst = z ? &c->zrx : &c->rx;
-    if (wire_read_payload(c, dst, x.len, deadline, tn, err, errlen)) {
+    if (wire_read_payload(c, dst, x.len, deadline, wire_type_name(x.type), err, errlen)) {
+        if (strstr(err, "timed out")) c->rx_err = WERR_TIMEOUT;
         c->rx.len = 0;
         return -1;
     }
-    uint32_t crc = wire_crc32c(0, dst->data, x.len);
-    if (crc != x.crc) {
-        wire_errf(err, errlen, "checksum mismatch in %s frame: got 0x%08x, expected 0x%08x", tn, crc, x.crc);
+    if (wire_check_payload(c, hb, &x, dst, err, errlen)) {
         c->rx.len = 0;
         return -1;
     }
-    if (z && wire_decompress(c, &x, err, errlen)) return -1;
     *h = x;
     return 0;
 }
@@ -1111,8 +1329,6 @@ int wire_connect(const char *hostport, int timeout_ms, char *err, size_t errlen)
 
 /* ==== Handshake ==== */
 
-#define WIRE_AUTH_LABEL "tandem-auth-v1 "
-
 static void wire_hex(const uint8_t *p, size_t n, char *out) {
     static const char hx[] = "0123456789abcdef";
     for (size_t i = 0; i < n; i++) {
@@ -1122,17 +1338,47 @@ static void wire_hex(const uint8_t *p, size_t n, char *out) {
     out[2 * n] = 0;
 }
 
-static void wire_auth_mac(const void *secret, size_t secret_len, uint32_t role, const uint8_t own[32],
-                          const uint8_t peer[32], uint8_t out[32]) {
-    char label[64];
-    snprintf(label, sizeof label, "%s%s", WIRE_AUTH_LABEL, wire_role_name(role));
-    wire_hmac(secret, secret_len, label, own, peer, out);
+/* Handshake labels (docs/wire-protocol.md section 5); a change to any of
+ * them is a protocol version change. */
+#define WIRE_HS_TRANSCRIPT "tandem-v2 transcript"
+#define WIRE_HS_AUTH_I "tandem-v2 auth initiator"
+#define WIRE_HS_AUTH_R "tandem-v2 auth responder"
+#define WIRE_HS_KEY_I2R "tandem-v2 key initiator to responder"
+#define WIRE_HS_KEY_R2I "tandem-v2 key responder to initiator"
+
+/* What both ends derive from the secret and the two HELLO payloads. */
+typedef struct {
+    uint8_t auth_i[32], auth_r[32];   /* the initiator's and the responder's AUTH */
+    uint8_t k_i2r[32], k_r2i[32];     /* session keys, one per direction */
+} wire_hs_keys;
+
+/* th = SHA-256(label || HELLO_initiator || HELLO_responder) (payload bytes
+ * exactly as sent); PRK = HKDF-Extract(salt = th, IKM = secret); each output
+ * is HKDF-Expand(PRK, its label, 32). */
+static int wire_hs_derive(const void *secret, size_t secret_len, const uint8_t *hello_i, const uint8_t *hello_r,
+                          wire_hs_keys *k) {
+    uint8_t th[32], msg[sizeof WIRE_HS_TRANSCRIPT - 1 + 2 * WIRE_HELLO_BYTES];
+    size_t ll = sizeof WIRE_HS_TRANSCRIPT - 1;
+    unsigned int thl = sizeof th;
+    memcpy(msg, WIRE_HS_TRANSCRIPT, ll);
+    memcpy(msg + ll, hello_i, WIRE_HELLO_BYTES);
+    memcpy(msg + ll + WIRE_HELLO_BYTES, hello_r, WIRE_HELLO_BYTES);
+    if (EVP_Digest(msg, sizeof msg, th, &thl, EVP_sha256(), NULL) != 1) return -1;
+    struct { const char *label; uint8_t *out; } outs[] = {
+        { WIRE_HS_AUTH_I, k->auth_i }, { WIRE_HS_AUTH_R, k->auth_r },
+        { WIRE_HS_KEY_I2R, k->k_i2r }, { WIRE_HS_KEY_R2I, k->k_r2i },
+    };
+    int rc = 0;
+    for (int i = 0; i < 4 && !rc; i++)
+        rc = wire_hkdf_sha256(th, sizeof th, secret, secret_len, outs[i].label, strlen(outs[i].label), outs[i].out, 32);
+    return rc;
 }
 
 /* Receive one frame of the expected type before the deadline; a peer's
  * ERROR frame becomes "peer <id> refused the handshake: <msg>". */
 static int wire_hs_recv(wire_conn *c, uint16_t want, int64_t deadline, const char *peer_id,
-                        char *err, size_t errlen) {
+                        uint32_t *peer_code, char *err, size_t errlen) {
+    *peer_code = 0;
     int saved = c->timeout_ms;
     int64_t left = deadline - wire_now_ms();
     if (left <= 0) {
@@ -1158,6 +1404,7 @@ static int wire_hs_recv(wire_conn *c, uint16_t want, int64_t deadline, const cha
             return -1;
         }
         wire_errf(err, errlen, "peer %s refused the handshake: %s", peer_id, we.message);
+        *peer_code = we.code;
         return -1;
     }
     if (h.type != want) {
@@ -1206,56 +1453,105 @@ static int wire_hs_compare(wire_conn *c, const wire_hello *me, const wire_hello 
     return 0;
 }
 
+/* The responder's half of the proofs: verify the initiator's AUTH first,
+ * only then send ours. The initiator's: send ours, then verify theirs. */
+static int wire_hs_auth(wire_conn *c, int initiator, const wire_hello *me, const wire_hello *them,
+                        const wire_hs_keys *k, int64_t deadline, char *err, size_t errlen) {
+    wire_auth mine, theirs;
+    wire_buf b = { 0 };
+    uint32_t code;
+    char e2[384];
+    int rc = -1;
+    memcpy(mine.mac, initiator ? k->auth_i : k->auth_r, 32);
+    if (initiator && (wire_encode_auth(&b, &mine) || wire_hs_send(c, WIRE_AUTH, &b, deadline, err, errlen))) goto out;
+    if (wire_hs_recv(c, WIRE_AUTH, deadline, them->node_id, &code, err, errlen)) {
+        if (code == WERR_AUTH && initiator)
+            wire_errf(err, errlen, "authentication failed: peer %s rejected this node's proof (different shared secret)",
+                      them->node_id);
+        goto out;
+    }
+    if (wire_decode_auth(c->rx.data, c->rx.len, &theirs, e2, sizeof e2)) {
+        wire_errf(err, errlen, "handshake with %s failed: %s", them->node_id, e2);
+        goto out;
+    }
+    if (CRYPTO_memcmp(initiator ? k->auth_r : k->auth_i, theirs.mac, 32) != 0) {
+        wire_errf(err, errlen, "authentication failed: peer %s does not know the shared secret", them->node_id);
+        char msg[256];
+        snprintf(msg, sizeof msg, "authentication failed: %s rejected this node's AUTH (different shared secret)",
+                 me->node_id);
+        wire_send_error(c, 0, WERR_AUTH, msg);
+        goto out;
+    }
+    if (!initiator && (wire_encode_auth(&b, &mine) || wire_hs_send(c, WIRE_AUTH, &b, deadline, err, errlen))) goto out;
+    rc = 0;
+out:
+    OPENSSL_cleanse(&mine, sizeof mine);
+    wire_buf_free(&b);
+    return rc;
+}
+
+/* Sends our HELLO, receives and checks the peer's; both payloads as sent
+ * are kept for the transcript. */
+static int wire_hs_hellos(wire_conn *c, wire_hello *me, wire_hello *them, uint8_t raw_me[WIRE_HELLO_BYTES],
+                          uint8_t raw_them[WIRE_HELLO_BYTES], wire_hello *peer, int64_t deadline,
+                          char *err, size_t errlen) {
+    wire_buf b = { raw_me, 0, WIRE_HELLO_BYTES };   /* fits: encode never reallocates */
+    uint32_t code;
+    char e2[384];
+    if (wire_encode_hello(&b, me) || wire_hs_send(c, WIRE_HELLO, &b, deadline, err, errlen)) return -1;
+    /* HELLO and AUTH have no req_id: a peer that says nothing is named by address-less "peer". */
+    if (wire_hs_recv(c, WIRE_HELLO, deadline, "peer", &code, err, errlen)) return -1;
+    memcpy(raw_them, c->rx.data, WIRE_HELLO_BYTES);   /* wire_hs_recv: exactly a HELLO's size */
+    if (wire_decode_hello(raw_them, WIRE_HELLO_BYTES, them, e2, sizeof e2)) {
+        wire_errf(err, errlen, "handshake failed: bad HELLO from peer: %s", e2);
+        wire_send_error(c, 0, WERR_PROTOCOL, err);
+        return -1;
+    }
+    if (peer) *peer = *them;   /* for the caller's logs, even if we refuse it below */
+    if (them->role == me->role || !memcmp(them->nonce, me->nonce, 32)) {
+        wire_errf(err, errlen, "handshake with %s failed: peer claims this node's own role (%s) or nonce",
+                  them->node_id, wire_role_name(me->role));
+        wire_send_error(c, 0, WERR_PROTOCOL, err);
+        return -1;
+    }
+    return wire_hs_compare(c, me, them, err, errlen);
+}
+
 int wire_handshake(wire_conn *c, const wire_hello *mine, const void *secret, size_t secret_len,
                    wire_hello *peer, char *err, size_t errlen) {
     int timeout = c->timeout_ms > 0 ? c->timeout_ms : WIRE_HANDSHAKE_DEFAULT_MS;
     int64_t deadline = wire_now_ms() + timeout;
     wire_hello me = *mine, them;
-    wire_auth a, pa;
-    uint8_t want[32];
-    char e2[384];
-    memset(&a, 0, sizeof a);
+    uint8_t raw_me[WIRE_HELLO_BYTES], raw_them[WIRE_HELLO_BYTES];
+    wire_hs_keys k;
+    memset(&k, 0, sizeof k);
     me.node_id[sizeof me.node_id - 1] = 0;
     me.model_desc[sizeof me.model_desc - 1] = 0;
+    if (c->sealed) {
+        wire_errf(err, errlen, "handshake on a connection that already has session keys");
+        return -1;
+    }
     if (wire_random(me.nonce, sizeof me.nonce)) {
         wire_errf(err, errlen, "handshake failed: no randomness for the nonce: %s", strerror(errno));
         return -1;
     }
-    wire_buf b = { 0 };
+    if (wire_hs_hellos(c, &me, &them, raw_me, raw_them, peer, deadline, err, errlen)) return -1;
     int rc = -1;
-    if (wire_encode_hello(&b, &me) || wire_hs_send(c, WIRE_HELLO, &b, deadline, err, errlen)) goto out;
-    /* HELLO and AUTH have no req_id: a peer that says nothing is named by address-less "peer". */
-    if (wire_hs_recv(c, WIRE_HELLO, deadline, "peer", err, errlen)) goto out;
-    if (wire_decode_hello(c->rx.data, c->rx.len, &them, e2, sizeof e2)) {
-        wire_errf(err, errlen, "handshake failed: bad HELLO from peer: %s", e2);
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
+    if (!secret || !secret_len) {
+        wire_errf(err, errlen, "authentication failed: this node (%s) has no shared secret", me.node_id);
+        wire_send_error(c, 0, WERR_AUTH, err);
         goto out;
     }
-    if (peer) *peer = them;   /* for the caller's logs, even if we refuse it below */
-    if (them.role == me.role || !memcmp(them.nonce, me.nonce, 32)) {
-        wire_errf(err, errlen, "handshake with %s failed: peer claims this node's own role (%s)",
-                  them.node_id, wire_role_name(me.role));
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
+    /* The end with the higher role number initiates (proves first): a
+     * prefill node, which accepts strangers' connections, never does. */
+    int initiator = me.role > them.role;
+    if (wire_hs_derive(secret, secret_len, initiator ? raw_me : raw_them, initiator ? raw_them : raw_me, &k)) {
+        wire_errf(err, errlen, "handshake failed: key derivation failed (OpenSSL)");
         goto out;
     }
-    if (wire_hs_compare(c, &me, &them, err, errlen)) goto out;
-    wire_auth_mac(secret, secret_len, me.role, me.nonce, them.nonce, a.mac);
-    wire_buf_reset(&b);
-    if (wire_encode_auth(&b, &a) || wire_hs_send(c, WIRE_AUTH, &b, deadline, err, errlen)) goto out;
-    if (wire_hs_recv(c, WIRE_AUTH, deadline, them.node_id, err, errlen)) goto out;
-    if (wire_decode_auth(c->rx.data, c->rx.len, &pa, err, errlen)) goto out;
-    wire_auth_mac(secret, secret_len, them.role, them.nonce, me.nonce, want);
-    if (CRYPTO_memcmp(want, pa.mac, 32) != 0) {
-        wire_errf(err, errlen, "authentication failed: peer %s does not know the shared secret", them.node_id);
-        char msg[256];
-        snprintf(msg, sizeof msg, "authentication failed: %s rejected this node's AUTH (different shared secret)",
-                 me.node_id);
-        wire_send_error(c, 0, WERR_AUTH, msg);
-        goto out;
-    }
-    rc = 0;
+    if (wire_hs_auth(c, initiator, &me, &them, &k, deadline, err, errlen)) goto out;
+    rc = wire_conn_seal(c, initiator ? k.k_i2r : k.k_r2i, initiator ? k.k_r2i : k.k_i2r, err, errlen);
 out:
-    OPENSSL_cleanse(&a, sizeof a);
-    wire_buf_free(&b);
+    OPENSSL_cleanse(&k, sizeof k);
     return rc;
 }

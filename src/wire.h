@@ -3,16 +3,19 @@
  *
  * Every message is a frame: a fixed 32-byte header followed by a payload.
  * All integers are little-endian. The payload is checked with CRC32C and may
- * be zstd-compressed (flag bit 0) when both ends advertised it.
+ * be zstd-compressed (flag bit 0) when both ends advertised it. After the
+ * handshake every payload is sealed with AES-256-GCM (per-direction session
+ * keys, the frame's sequence number as nonce, the header as associated data)
+ * and ends in a 16-byte tag; before it only HELLO, AUTH and ERROR may pass.
  *
  *   off size field
  *     0    4 magic     "TNDM"
  *     4    2 version   WIRE_VERSION
  *     6    2 type      enum wire_type
  *     8    4 flags     bit 0: payload is zstd-compressed
- *    12    4 len       payload bytes on the wire (<= WIRE_MAX_PAYLOAD)
- *    16    4 raw_len   payload bytes after decompression (= len if not compressed)
- *    20    4 crc       CRC32C of the payload bytes as sent
+ *    12    4 len       payload bytes on the wire (tag included once sealed)
+ *    16    4 raw_len   payload bytes after opening and decompression
+ *    20    4 crc       CRC32C of the payload bytes as sent (ciphertext and tag)
  *    24    8 req_id    request the frame belongs to (0 for connection-level frames)
  */
 #ifndef TANDEM_WIRE_H
@@ -23,17 +26,20 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x4D444E54u      /* "TNDM" read as a little-endian u32 */
-#define WIRE_VERSION 1
+#define WIRE_VERSION 2
 #define WIRE_HEADER_BYTES 32
 /* Largest payload: one layer of one 512-token chunk of a big model is
  * 512 tokens x 2 (K,V) x 8 KV heads x 128 x 2 bytes = 2 MiB; 64 MiB leaves
  * room for wide models and bigger chunks while bounding what a hostile peer
  * can make us allocate. */
 #define WIRE_MAX_PAYLOAD (64u << 20)
+/* AES-256-GCM tag closing every sealed payload. */
+#define WIRE_TAG_BYTES 16u
+#define WIRE_KEY_BYTES 32u
 
 enum wire_type {
     WIRE_HELLO = 1,      /* both ends, first frame: who I am, my nonce, my model */
-    WIRE_AUTH = 2,       /* both ends: HMAC proving the shared secret */
+    WIRE_AUTH = 2,       /* initiator first, then responder: proof of the shared secret over the HELLOs */
     WIRE_REQUEST = 3,    /* decode -> prefill: tokens to prefill, span to send */
     WIRE_KV = 4,         /* prefill -> decode: one layer's K and V for a token range */
     WIRE_DONE = 5,       /* prefill -> decode: request finished, with figures */
@@ -81,24 +87,29 @@ const char *wire_type_name(uint32_t type);
 const char *wire_err_name(uint32_t code);
 /* "prefill", "decode", "router" ("unknown"). */
 const char *wire_role_name(uint32_t role);
-/* Largest payload (raw and on the wire) a frame of this type may carry; 0 for unknown types. */
+/* Largest payload a frame of this type may carry (raw, and on the wire before
+ * the tag); 0 for unknown types. */
 uint32_t wire_type_max_payload(uint32_t type);
 
 /* ==== Checksums and authentication ==== */
 uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n);   /* start with crc = 0 */
 /* Table-driven (slicing-by-8) reference; wire_crc32c uses SSE4.2 when built for it. */
 uint32_t wire_crc32c_sw(uint32_t crc, const void *data, size_t n);
-/* Plain HMAC-SHA256(key, msg) (RFC 2104); wire_hmac is built on it. */
+/* Plain HMAC-SHA256(key, msg) (RFC 2104); wire_hkdf_sha256 is built on it. */
 void wire_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len, uint8_t out[32]);
-/* HMAC-SHA256(secret, label || a || b) into out[32]; label without its NUL. */
-void wire_hmac(const void *secret, size_t secret_len, const char *label,
-               const uint8_t a[32], const uint8_t b[32], uint8_t out[32]);
 int wire_random(uint8_t *out, size_t n);   /* 0 on success */
+/* HKDF-SHA256 (RFC 5869): extract with salt, expand with info to out_len
+ * bytes (<= 255 * 32). 0, or -1 if out_len is too large. */
+int wire_hkdf_sha256(const void *salt, size_t salt_len, const void *ikm, size_t ikm_len, const void *info,
+                     size_t info_len, uint8_t *out, size_t out_len);
 
 /* ==== Header ==== */
 void wire_header_encode(const wire_header *h, uint8_t out[WIRE_HEADER_BYTES]);
-/* Checks magic, version, type range, flags and sizes. 0 or -1 with message. */
-int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], wire_header *h, char *err, size_t errlen);
+/* Checks magic, version, type range, flags and sizes. sealed = 0: the rules
+ * before the handshake completes (only HELLO, AUTH and ERROR, uncompressed,
+ * req_id 0, at most their own size); sealed = 1: after it (any type but
+ * HELLO/AUTH, len = sealed bytes + WIRE_TAG_BYTES). 0 or -1 with message. */
+int wire_header_decode(const uint8_t in[WIRE_HEADER_BYTES], int sealed, wire_header *h, char *err, size_t errlen);
 
 /* ==== Payloads ====
  * Each payload type has a C struct, an encoder (appends to a wire_buf) and a
@@ -125,7 +136,7 @@ typedef struct {
 } wire_hello;
 
 typedef struct {
-    uint8_t mac[32];             /* HMAC(secret, "tandem-auth-v1 " + role, own nonce, peer nonce) */
+    uint8_t mac[32];             /* HKDF-Expand(PRK, "tandem-v2 auth initiator|responder") (docs, section 5) */
 } wire_auth;
 
 typedef struct {
@@ -176,9 +187,11 @@ int wire_decode_error(const uint8_t *p, size_t n, wire_error *e, char *err, size
 /* ==== Connection ====
  * A blocking socket with deadlines. wire_send() frames a payload (compressing
  * it with zstd when flags has WIRE_FLAG_ZSTD and that makes it smaller),
- * wire_recv() reads one frame, verifies header and CRC32C, decompresses, and
- * leaves the payload in conn->rx (valid until the next wire_recv). Both are
- * safe to call from one sender and one receiver thread at the same time. */
+ * wire_recv() reads one frame, verifies header and CRC32C, opens the seal,
+ * decompresses, and leaves the payload in conn->rx (valid until the next
+ * wire_recv). Both are safe to call from one sender and one receiver thread
+ * at the same time. A fresh conn is unsealed (handshake rules);
+ * wire_handshake seals it. */
 typedef struct {
     int fd;
     int timeout_ms;              /* per-frame read/write deadline; 0 = none */
@@ -188,6 +201,11 @@ typedef struct {
     pthread_mutex_t send_lock;   /* wire_send may be called from several threads */
     void *zc, *zd;               /* zstd contexts (sender's, receiver's), lazily made */
     int live;                    /* set by wire_conn_init, cleared by wire_conn_close */
+    int sealed;                  /* session keys installed (wire_conn_seal) */
+    void *tx_aead, *rx_aead;     /* EVP_CIPHER_CTX of each direction's key */
+    uint64_t tx_seq, rx_seq;     /* sequence number of the next frame each way (the GCM nonce) */
+    uint32_t rx_err;             /* after a failed wire_recv: the enum wire_err to answer with, 0 = none
+                                  * (peer closed, or our own I/O failed) */
 } wire_conn;
 
 void wire_conn_init(wire_conn *c, int fd, int timeout_ms);   /* also sets TCP_NODELAY */
@@ -197,6 +215,18 @@ void wire_conn_close(wire_conn *c);      /* closes fd, frees buffers; safe to ca
 void wire_conn_shutdown(wire_conn *c);
 int wire_send(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
               const void *payload, size_t len, char *err, size_t errlen);
+/* Installs session keys: from now on every frame is sealed (AES-256-GCM) and
+ * checked; sequence numbers start at 0. Done by wire_handshake; tests call it
+ * directly on socket pairs. 0 or -1 with a message. */
+int wire_conn_seal(wire_conn *c, const uint8_t tx_key[WIRE_KEY_BYTES], const uint8_t rx_key[WIRE_KEY_BYTES],
+                   char *err, size_t errlen);
+/* Lower level, for tests and fault injection: frames `body` as given (never
+ * compressed here: with WIRE_FLAG_ZSTD, body must already be a zstd frame
+ * and raw_len its content size), seals it on a sealed conn, lets mangle (if
+ * not NULL) change the finished frame's bytes, and writes it. */
+int wire_send_raw(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags, uint32_t raw_len,
+                  const void *body, size_t blen, void (*mangle)(uint8_t *frame, size_t n, void *ud), void *ud,
+                  char *err, size_t errlen);
 /* Returns 0 with *h filled, or -1 (error, peer closed, or timeout: message says which). */
 int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen);
 /* Best-effort WIRE_ERROR frame (message truncated to WIRE_ERROR_MAX_MSG). */
@@ -215,15 +245,20 @@ int wire_local_port(int fd);
 int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen);
 
 /* Handshake (both sides): send HELLO, receive the peer's, check fingerprint,
- * exchange AUTH, verify. On a mismatch it sends an ERROR naming both models
- * and fails. peer receives the peer's hello (filled as soon as it is
- * decoded, so also on a model/auth failure).
+ * then the initiator (the end with the higher role number: the decode node
+ * towards a prefill node) sends its AUTH and the responder answers with its
+ * own only after verifying it. Both proofs and the session keys come from
+ * HKDF over the shared secret and a hash of both HELLOs; on success the conn
+ * is sealed. On a mismatch it sends an ERROR naming both models and fails.
+ * peer receives the peer's hello (filled as soon as it is decoded, so also
+ * on a model/auth failure).
  * mine->nonce is ignored: a fresh nonce is drawn for every handshake.
  * Peers must have different roles (prefill<->decode, router<->decode).
  * The whole handshake has one deadline: c->timeout_ms, or 10 s if that is 0.
  * Error messages (err): "model mismatch: this node serves ..., peer serves ...",
  * "KV cache type mismatch: ...", "authentication failed: peer <id> does not
- * know the shared secret", "peer <id> refused the handshake: <its message>",
+ * know the shared secret", "authentication failed: peer <id> rejected this
+ * node's proof (different shared secret)", "peer <id> refused the handshake: <its message>",
  * "protocol version mismatch: ...", or the I/O error ("timed out", "closed"). */
 int wire_handshake(wire_conn *c, const wire_hello *mine, const void *secret, size_t secret_len,
                    wire_hello *peer, char *err, size_t errlen);

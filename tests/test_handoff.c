@@ -9,7 +9,8 @@
  *   2. q8_0 wire: top-1 agreement measured and printed (sanity floor only);
  *   3. kill -9 of the prefill node mid-stream -> clear error, no hang;
  *   4. prefill node stalls (SIGSTOP) -> timeout error within --timeout-ms;
- *   5. corrupted frame (fault injection) -> checksum error;
+ *   5. corrupted frame (fault injection) -> checksum error; a sealed byte
+ *      flipped with the CRC fixed -> authentication tag error;
  *   6. wrong model, 7. wrong secret -> refused with a clear message;
  *   8. decode node killed mid-stream -> prefill node stops and stays healthy;
  *   9. many requests in a row -> prefill node's VmRSS and fd count flat;
@@ -447,6 +448,21 @@ static void test_refusals(const char *model, const char *other_model, const char
     free(o); free(e);
     CHECK(node_alive(&n), "node alive after the rejected frame");
     CHECK(node_stop(&n) == 0, "corrupting node stops cleanly");
+
+    /* 5b: a sealed byte flipped and the CRC fixed (what an attacker on the
+     * path would do): the tag refuses it. */
+    const char *tamper[] = { "--debug-tamper-frame", "2", NULL };
+    if (node_start(&n, model, secret, tamper)) { CHECK(0, "tampering prefill node"); return; }
+    r.port = n.port;
+    args t = { 0 };
+    run_args(&t, &r);
+    rc = run(&t, 60000 * g_slow, &o, &e);
+    CHECK(rc == 1 && strstr(e, "failed authentication") && strstr(e, "authentication tag mismatch in KV frame"),
+          "tampered frame: rc %d: %s", rc, e);
+    CHECK(o[0] == 0, "nothing on stdout after a tampered frame: %s", o);
+    printf("handoff: tampered: %.*s\n", (int)strcspn(e, "\n"), e);
+    free(o); free(e);
+    CHECK(node_stop(&n) == 0, "tampering node stops cleanly");
 
     if (node_start(&n, other_model, secret, NULL)) { CHECK(0, "other-model node"); return; }
     r.port = n.port;

@@ -16,6 +16,8 @@
 #include "model.h"
 #include "wire.h"
 
+#include <zstd.h>
+
 static double now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -75,19 +77,18 @@ static void test_hmac(void) {
     const char *msg = "what do ya want for nothing?";
     wire_hmac_sha256("Jefe", 4, msg, strlen(msg), got);
     CHECK(memcmp(want, got, 32) == 0, "HMAC-SHA256 RFC 4231 case 2");
-    /* wire_hmac = HMAC(secret, label || a || b). */
-    uint8_t a[32], bb[32], cat[100], h1[32], h2[32];
-    for (int i = 0; i < 32; i++) { a[i] = (uint8_t)i; bb[i] = (uint8_t)(200 - i); }
-    memcpy(cat, "tandem-auth-v1 decode", 21);
-    memcpy(cat + 21, a, 32);
-    memcpy(cat + 53, bb, 32);
-    wire_hmac("s3cret", 6, "tandem-auth-v1 decode", a, bb, h1);
-    wire_hmac_sha256("s3cret", 6, cat, 85, h2);
-    CHECK(memcmp(h1, h2, 32) == 0, "wire_hmac is HMAC over label||a||b");
-    wire_hmac("s3cret", 6, "tandem-auth-v1 decode", bb, a, h2);
-    CHECK(memcmp(h1, h2, 32) != 0, "nonce order matters");
-    wire_hmac("s3creu", 6, "tandem-auth-v1 decode", a, bb, h2);
-    CHECK(memcmp(h1, h2, 32) != 0, "secret matters");
+    /* HKDF-SHA256, RFC 5869 test cases 1 and 3 (42 output bytes: two blocks). */
+    uint8_t ikm[22], salt[13], info[10], okm[42], want42[42];
+    memset(ikm, 0x0b, sizeof ikm);
+    for (int i = 0; i < 13; i++) salt[i] = (uint8_t)i;
+    for (int i = 0; i < 10; i++) info[i] = (uint8_t)(0xf0 + i);
+    const char *tc1 = "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865";
+    for (int i = 0; i < 42; i++) sscanf(tc1 + 2 * i, "%2hhx", &want42[i]);
+    CHECK(wire_hkdf_sha256(salt, 13, ikm, 22, info, 10, okm, 42) == 0 && !memcmp(okm, want42, 42), "HKDF RFC 5869 case 1");
+    const char *tc3 = "8da4e775a563c18f715f802a063c5a31b8a11f5c5ee1879ec3454e5f3c738d2d9d201395faa4b61a96c8";
+    for (int i = 0; i < 42; i++) sscanf(tc3 + 2 * i, "%2hhx", &want42[i]);
+    CHECK(wire_hkdf_sha256(NULL, 0, ikm, 22, NULL, 0, okm, 42) == 0 && !memcmp(okm, want42, 42), "HKDF RFC 5869 case 3");
+    CHECK(wire_hkdf_sha256(salt, 13, ikm, 22, info, 10, okm, 255 * 32 + 1) < 0, "HKDF output limit");
     uint8_t r1[32], r2[32];
     CHECK(wire_random(r1, 32) == 0 && wire_random(r2, 32) == 0 && memcmp(r1, r2, 32) != 0, "random");
 }
@@ -307,45 +308,99 @@ static void test_header(void) {
     uint8_t b[WIRE_HEADER_BYTES], m[WIRE_HEADER_BYTES];
     char err[256];
     wire_header_encode(&h, b);
-    CHECK(!memcmp(b, "TNDM", 4) && b[24] == 8 && b[31] == 1, "header layout");
-    CHECK(wire_header_decode(b, &d, err, sizeof err) == 0 && d.type == WIRE_KV && d.flags == 1 && d.len == 100 &&
+    CHECK(!memcmp(b, "TNDM", 4) && b[4] == 2 && b[24] == 8 && b[31] == 1, "header layout");
+    CHECK(wire_header_decode(b, 1, &d, err, sizeof err) == 0 && d.type == WIRE_KV && d.flags == 1 && d.len == 100 &&
           d.raw_len == 1000 && d.crc == 0xDEADBEEF && d.req_id == h.req_id, "header round trip: %s", err);
     memcpy(m, b, sizeof m); m[0] = 'X';
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "magic"), "bad magic");
-    memcpy(m, b, sizeof m); m[4] = 2;
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "version"), "version 2: %s", err);
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "magic"), "bad magic");
+    memcpy(m, b, sizeof m); m[4] = 1;
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 &&
+          strstr(err, "protocol version mismatch: peer speaks version 1, this node speaks 2"), "version 1: %s", err);
     memcpy(m, b, sizeof m); m[6] = 0;
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "unknown frame type"), "type 0");
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "unknown frame type"), "type 0");
     memcpy(m, b, sizeof m); m[6] = 10;
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0, "type 10");
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "type 10");
     memcpy(m, b, sizeof m); m[8] = 3;
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "flags"), "unknown flag");
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "flags"), "unknown flag");
+    /* Sealed: len counts the tag; uncompressed means raw_len = len - 16. */
     h.flags = 0;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "raw_len"), "raw_len != len uncompressed");
-    h.raw_len = h.len = WIRE_MAX_PAYLOAD + 1;
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "raw_len"), "raw_len != len - tag");
+    h.len = 116; h.raw_len = 100;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0 && strstr(err, "too large"), "oversized");
-    h.raw_len = h.len = WIRE_MAX_PAYLOAD;
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) == 0, "uncompressed sealed frame: %s", err);
+    h.len = 15; h.raw_len = 0;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) == 0, "largest KV ok");
-    h.type = WIRE_HELLO;
-    h.raw_len = h.len = WIRE_HELLO_BYTES + 1;
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "shorter than a tag");
+    h.raw_len = WIRE_MAX_PAYLOAD + 1; h.len = h.raw_len + WIRE_TAG_BYTES;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0, "HELLO over its size");
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "too large"), "oversized");
+    h.raw_len = WIRE_MAX_PAYLOAD; h.len = h.raw_len + WIRE_TAG_BYTES;
+    wire_header_encode(&h, m);
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) == 0, "largest KV ok");
     h.type = WIRE_CANCEL;
-    h.raw_len = h.len = 1;
+    h.raw_len = 1; h.len = 17;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0, "CANCEL with payload");
-    h.type = WIRE_KV; h.flags = WIRE_FLAG_ZSTD; h.len = 0; h.raw_len = 10;
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "CANCEL with payload");
+    h.raw_len = 0; h.len = 16;
     wire_header_encode(&h, m);
-    CHECK(wire_header_decode(m, &d, err, sizeof err) < 0, "empty compressed payload");
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) == 0, "sealed CANCEL is just a tag");
+    h.type = WIRE_KV; h.flags = WIRE_FLAG_ZSTD; h.len = 16; h.raw_len = 10;
+    wire_header_encode(&h, m);
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "empty compressed payload");
+    h.type = WIRE_HELLO; h.flags = 0; h.len = WIRE_HELLO_BYTES + 16; h.raw_len = WIRE_HELLO_BYTES; h.req_id = 0;
+    wire_header_encode(&h, m);
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "after the handshake"), "HELLO once sealed");
+
+    /* Before the handshake: HELLO, AUTH and ERROR only, small, plain, req_id 0. */
+    h.len = h.raw_len = WIRE_HELLO_BYTES;
+    wire_header_encode(&h, m);
+    CHECK(wire_header_decode(m, 0, &d, err, sizeof err) == 0, "plain HELLO: %s", err);
+    h.len = h.raw_len = WIRE_HELLO_BYTES + 1;
+    wire_header_encode(&h, m);
+    CHECK(wire_header_decode(m, 0, &d, err, sizeof err) < 0, "HELLO over its size");
+    const uint16_t banned[] = { WIRE_REQUEST, WIRE_KV, WIRE_DONE, WIRE_CANCEL, WIRE_PING, WIRE_PONG };
+    int refused = 0;
+    for (int i = 0; i < 6; i++) {
+        wire_header x = { .version = WIRE_VERSION, .type = banned[i], .len = 0, .raw_len = 0 };
+        wire_header_encode(&x, m);
+        refused += wire_header_decode(m, 0, &d, err, sizeof err) < 0 && strstr(err, "before the handshake") != NULL;
+    }
+    CHECK(refused == 6, "request/data frames refused before the handshake (%d of 6)", refused);
+    wire_header z = { .version = WIRE_VERSION, .type = WIRE_ERROR, .flags = WIRE_FLAG_ZSTD, .len = 100, .raw_len = 500 };
+    wire_header_encode(&z, m);
+    CHECK(wire_header_decode(m, 0, &d, err, sizeof err) < 0 && strstr(err, "compression"), "no zstd before auth: %s", err);
+    z.flags = 0; z.len = z.raw_len = 20; z.req_id = 5;
+    wire_header_encode(&z, m);
+    CHECK(wire_header_decode(m, 0, &d, err, sizeof err) < 0 && strstr(err, "req_id"), "req_id 0 before auth");
     CHECK(!strcmp(wire_type_name(WIRE_KV), "KV") && !strcmp(wire_type_name(77), "unknown"), "type names");
 }
 
 /* ==== Framed I/O ==== */
 
+/* Session keys for connections that skip the handshake. */
+static const uint8_t key_ab[32] = "0123456789abcdef0123456789abcdef";
+static const uint8_t key_ba[32] = "fedcba9876543210fedcba9876543210";
+
+static void seal_pair(wire_conn *a, wire_conn *b) {
+    char err[256];
+    if (wire_conn_seal(a, key_ab, key_ba, err, sizeof err) || wire_conn_seal(b, key_ba, key_ab, err, sizeof err)) {
+        fprintf(stderr, "seal: %s\n", err);
+        exit(1);
+    }
+}
+
+/* A connected, sealed pair (as after a handshake). */
 static void pair(wire_conn *a, wire_conn *b, int timeout_ms) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) { perror("socketpair"); exit(1); }
+    wire_conn_init(a, sv[0], timeout_ms);
+    wire_conn_init(b, sv[1], timeout_ms);
+    seal_pair(a, b);
+}
+
+/* A connected pair still in handshake mode. */
+static void plain_pair(wire_conn *a, wire_conn *b, int timeout_ms) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) { perror("socketpair"); exit(1); }
     wire_conn_init(a, sv[0], timeout_ms);
@@ -388,11 +443,11 @@ static void test_send_recv(void) {
     CHECK(wire_send(&a, WIRE_PING, 5, 0, "hello", 5, err, sizeof err) == 0, "send ping: %s", err);
     CHECK(wire_recv(&b, &h, err, sizeof err) == 0 && h.type == WIRE_PING && h.req_id == 5 && b.rx.len == 5 &&
           !memcmp(b.rx.data, "hello", 5), "recv ping: %s", err);
-    CHECK(a.bytes_out == 37 && b.bytes_in == 37, "byte counters %llu %llu", (unsigned long long)a.bytes_out,
+    CHECK(a.bytes_out == 53 && b.bytes_in == 53, "byte counters (32 + 5 + 16-byte tag) %llu %llu", (unsigned long long)a.bytes_out,
           (unsigned long long)b.bytes_in);
     CHECK(wire_send(&a, WIRE_CANCEL, 9, 0, NULL, 0, err, sizeof err) == 0 &&
-          wire_recv(&b, &h, err, sizeof err) == 0 && h.type == WIRE_CANCEL && h.len == 0 && h.req_id == 9,
-          "empty frame");
+          wire_recv(&b, &h, err, sizeof err) == 0 && h.type == WIRE_CANCEL && h.len == WIRE_TAG_BYTES &&
+          b.rx.len == 0 && h.req_id == 9, "empty frame (a tag only)");
 
     /* Compressible KV frame with zstd: sent compressed, received identical. */
     size_t n = 300000;
@@ -408,42 +463,36 @@ static void test_send_recv(void) {
     n = 60000;
     for (size_t i = 0; i < n; i++) big[i] = (uint8_t)rnd();
     CHECK(wire_send(&a, WIRE_KV, 2, WIRE_FLAG_ZSTD, big, n, err, sizeof err) == 0 &&
-          wire_recv(&b, &h, err, sizeof err) == 0 && !(h.flags & WIRE_FLAG_ZSTD) && h.len == n &&
+          wire_recv(&b, &h, err, sizeof err) == 0 && !(h.flags & WIRE_FLAG_ZSTD) && h.len == n + WIRE_TAG_BYTES &&
           !memcmp(b.rx.data, big, n), "incompressible sent raw");
     CHECK(wire_send(&a, WIRE_HELLO, 0, 0, big, WIRE_HELLO_BYTES + 1, err, sizeof err) < 0, "oversized send refused");
 
     /* A corrupted payload: valid header, wrong CRC. */
-    wire_header bh = { .version = WIRE_VERSION, .type = WIRE_KV, .len = 100, .raw_len = 100,
+    wire_header bh = { .version = WIRE_VERSION, .type = WIRE_KV, .len = 100, .raw_len = 100 - WIRE_TAG_BYTES,
                        .crc = wire_crc32c(0, big, 100) ^ 0x10, .req_id = 3 };
     uint8_t hb[WIRE_HEADER_BYTES];
     wire_header_encode(&bh, hb);
     CHECK(write(a.fd, hb, sizeof hb) == sizeof hb && write(a.fd, big, 100) == 100, "raw write");
-    CHECK(wire_recv(&b, &h, err, sizeof err) < 0 && strstr(err, "checksum mismatch in KV frame"), "bad crc: %s", err);
+    CHECK(wire_recv(&b, &h, err, sizeof err) < 0 && strstr(err, "checksum mismatch in KV frame") &&
+          b.rx_err == WERR_CHECKSUM, "bad crc: %s", err);
 
-    /* zstd payload with a valid CRC but garbage inside. */
+    /* zstd payload, properly sealed, but garbage inside. */
     memset(big, 0x55, 100);
-    bh.flags = WIRE_FLAG_ZSTD; bh.len = 100; bh.raw_len = 1000; bh.crc = wire_crc32c(0, big, 100);
-    wire_header_encode(&bh, hb);
-    CHECK(write(a.fd, hb, sizeof hb) == sizeof hb && write(a.fd, big, 100) == 100, "raw write");
-    CHECK(wire_recv(&b, &h, err, sizeof err) < 0 && strstr(err, "zstd"), "garbage zstd: %s", err);
+    CHECK(wire_send_raw(&a, WIRE_KV, 3, WIRE_FLAG_ZSTD, 1000, big, 100, NULL, NULL, err, sizeof err) == 0, "raw send");
+    CHECK(wire_recv(&b, &h, err, sizeof err) < 0 && strstr(err, "zstd") && b.rx_err == WERR_PROTOCOL,
+          "garbage zstd: %s", err);
 
-    /* A real zstd frame whose raw_len lies. */
+    /* A real zstd frame whose raw_len lies (sealed, so only the sender can lie). */
     for (size_t i = 0; i < 5000; i++) big[i] = (uint8_t)(i % 3);
-    wire_conn x, y;
-    pair(&x, &y, 2000);
-    CHECK(wire_send(&x, WIRE_KV, 4, WIRE_FLAG_ZSTD, big, 5000, err, sizeof err) == 0, "zstd send");
-    uint8_t *frame = malloc(100000);
-    ssize_t got = read(y.fd, frame, 100000);
-    CHECK(got > 32, "read raw frame");
-    wire_header fh;
-    wire_header_decode(frame, &fh, err, sizeof err);
-    fh.raw_len = 4999;
-    wire_header_encode(&fh, frame);
-    CHECK(write(a.fd, frame, (size_t)got) == got, "replay with wrong raw_len");
+    uint8_t *zf = malloc(ZSTD_compressBound(5000));
+    size_t zl = ZSTD_compress(zf, ZSTD_compressBound(5000), big, 5000, 1);
+    CHECK(!ZSTD_isError(zl) && wire_send_raw(&a, WIRE_KV, 4, WIRE_FLAG_ZSTD, 4999, zf, zl, NULL, NULL, err, sizeof err) == 0,
+          "raw zstd send");
     CHECK(wire_recv(&b, &h, err, sizeof err) < 0 && strstr(err, "content size"), "raw_len lie: %s", err);
-    free(frame);
-    wire_conn_close(&x);
-    wire_conn_close(&y);
+    CHECK(wire_send_raw(&a, WIRE_KV, 5, WIRE_FLAG_ZSTD, 5000, zf, zl, NULL, NULL, err, sizeof err) == 0 &&
+          wire_recv(&b, &h, err, sizeof err) == 0 && b.rx.len == 5000 && !memcmp(b.rx.data, big, 5000),
+          "the same frame with the true raw_len: %s", err);
+    free(zf);
 
     /* Garbage header. */
     CHECK(write(a.fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n.....", 32) == 32, "raw write");
@@ -501,7 +550,7 @@ static void test_send_recv(void) {
     double dt = now_ms() - t0;
     CHECK(dt >= 250 && dt < 1500, "timeout took %.0f ms", dt);
     uint8_t half[48];
-    wire_header ph = { .version = WIRE_VERSION, .type = WIRE_KV, .len = 1000, .raw_len = 1000 };
+    wire_header ph = { .version = WIRE_VERSION, .type = WIRE_KV, .len = 1000 + WIRE_TAG_BYTES, .raw_len = 1000 };
     wire_header_encode(&ph, half);
     memset(half + 32, 0, 16);
     CHECK(write(a.fd, half, sizeof half) == sizeof half, "half frame written");
@@ -529,6 +578,102 @@ static void test_send_recv(void) {
     wire_conn_close(&b);
 }
 
+/* ==== Seal: forged, replayed, reordered, dropped frames ==== */
+
+static void flip_and_fix_crc(uint8_t *frame, size_t n, void *ud) {
+    size_t at = *(size_t *)ud;
+    frame[at] ^= 0x01;
+    uint32_t crc = wire_crc32c(0, frame + WIRE_HEADER_BYTES, n - WIRE_HEADER_BYTES);
+    for (int i = 0; i < 4; i++) frame[20 + i] = (uint8_t)(crc >> (8 * i));
+}
+
+/* Reads exactly the frames' bytes sent so far from the far end, raw. */
+static size_t read_raw(int fd, uint8_t *buf, size_t want) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t r = read(fd, buf + got, want - got);
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    return got;
+}
+
+static void test_seal(void) {
+    wire_conn a, b;
+    wire_header h;
+    char err[512];
+    uint8_t kv[4000];
+    for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)rnd();
+    /* Flip one bit anywhere (payload, tag, or authenticated header field)
+     * and make the CRC right again: the tag catches it. */
+    size_t spots[] = { WIRE_HEADER_BYTES + 10, WIRE_HEADER_BYTES + sizeof kv + 3, 24 /* req_id */, 6 /* type */ };
+    const char *names[] = { "payload byte", "tag byte", "req_id in the header", "type in the header" };
+    for (int i = 0; i < 4; i++) {
+        pair(&a, &b, 1000);
+        CHECK(wire_send_raw(&a, WIRE_KV, 7, 0, sizeof kv, kv, sizeof kv, flip_and_fix_crc, &spots[i], err, sizeof err) == 0,
+              "send tampered");
+        int r = wire_recv(&b, &h, err, sizeof err);
+        CHECK(r < 0 && (strstr(err, "authentication tag mismatch") || i == 3) && b.rx_err != 0 &&
+              (i == 3 || b.rx_err == WERR_AUTH), "%s flipped, CRC fixed: refused (%s)", names[i], err);
+        wire_conn_close(&a);
+        wire_conn_close(&b);
+    }
+    /* Replay, reorder, drop: capture sealed frames off the socket and feed
+     * them back in another order. */
+    uint8_t f[2][WIRE_HEADER_BYTES + 64 + WIRE_TAG_BYTES];
+    size_t fl = WIRE_HEADER_BYTES + 5 + WIRE_TAG_BYTES;
+    const char *how[] = { "replayed", "reordered", "dropped" };
+    for (int t = 0; t < 3; t++) {
+        pair(&a, &b, 500);
+        int ok = wire_send(&a, WIRE_PING, 1, 0, "first", 5, err, sizeof err) == 0 &&
+                 wire_send(&a, WIRE_PING, 2, 0, "other", 5, err, sizeof err) == 0 &&
+                 read_raw(b.fd, f[0], fl) == fl && read_raw(b.fd, f[1], fl) == fl;
+        CHECK(ok, "capture two sealed frames");
+        /* the far end of b's socket is a's fd: what we write there, b reads */
+        if (t == 0) ok = write(a.fd, f[0], fl) == (ssize_t)fl && write(a.fd, f[0], fl) == (ssize_t)fl;
+        if (t == 1) ok = write(a.fd, f[1], fl) == (ssize_t)fl && write(a.fd, f[0], fl) == (ssize_t)fl;
+        if (t == 2) ok = write(a.fd, f[1], fl) == (ssize_t)fl;
+        int r1 = wire_recv(&b, &h, err, sizeof err);
+        int r2 = t == 0 && r1 == 0 ? wire_recv(&b, &h, err, sizeof err) : r1;
+        CHECK(ok && r2 < 0 && strstr(err, "authentication tag mismatch") && (t != 0 || r1 == 0),
+              "%s frame refused: %s", how[t], err);
+        wire_conn_close(&a);
+        wire_conn_close(&b);
+    }
+    /* Different keys (an attacker's guess) open nothing. */
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv);
+    wire_conn_init(&a, sv[0], 500);
+    wire_conn_init(&b, sv[1], 500);
+    wire_conn_seal(&a, key_ab, key_ba, err, sizeof err);
+    wire_conn_seal(&b, key_ab, key_ba, err, sizeof err);   /* b expects a's frames under the wrong key */
+    CHECK(wire_send(&a, WIRE_PING, 1, 0, "x", 1, err, sizeof err) == 0 && wire_recv(&b, &h, err, sizeof err) < 0 &&
+          strstr(err, "authentication tag"), "wrong key: %s", err);
+    wire_conn_close(&a);
+    wire_conn_close(&b);
+    /* The plaintext is not on the wire. */
+    pair(&a, &b, 500);
+    const char *secret_text = "the prompt's tokens are private";
+    uint8_t raw[128];
+    size_t rl = WIRE_HEADER_BYTES + strlen(secret_text) + WIRE_TAG_BYTES;
+    CHECK(wire_send(&a, WIRE_PING, 1, 0, secret_text, strlen(secret_text), err, sizeof err) == 0 &&
+          read_raw(b.fd, raw, rl) == rl && !memmem(raw, rl, "prompt", 6), "payload is encrypted");
+    wire_conn_close(&a);
+    wire_conn_close(&b);
+    /* Before the handshake nothing but handshake frames gets through, and
+     * nothing is decompressed. */
+    plain_pair(&a, &b, 500);
+    CHECK(wire_send(&a, WIRE_PING, 0, 0, "x", 1, err, sizeof err) == 0 && wire_recv(&b, &h, err, sizeof err) < 0 &&
+          strstr(err, "before the handshake"), "PING before the handshake: %s", err);
+    wire_conn_close(&a);
+    wire_conn_close(&b);
+    plain_pair(&a, &b, 500);
+    CHECK(wire_send(&a, WIRE_ERROR, 0, WIRE_FLAG_ZSTD, kv, 200, err, sizeof err) == 0 &&
+          wire_recv(&b, &h, err, sizeof err) == 0 && !(h.flags & WIRE_FLAG_ZSTD), "no compression before the handshake");
+    wire_conn_close(&a);
+    wire_conn_close(&b);
+}
+
 /* ==== TCP ==== */
 
 typedef struct {
@@ -543,6 +688,7 @@ static void *acceptor_main(void *p) {
     if (fd < 0) return NULL;
     wire_conn c;
     wire_conn_init(&c, fd, 3000);
+    wire_conn_seal(&c, key_ba, key_ab, a->err, sizeof a->err);
     wire_header h;
     if (wire_recv(&c, &h, a->err, sizeof a->err) == 0 &&
         wire_send(&c, WIRE_PONG, h.req_id, 0, c.rx.data, c.rx.len, a->err, sizeof a->err) == 0)
@@ -573,6 +719,7 @@ static void test_tcp(void) {
             wire_conn c;
             wire_header h;
             wire_conn_init(&c, fd, 3000);
+            wire_conn_seal(&c, key_ab, key_ba, err, sizeof err);
             CHECK(wire_send(&c, WIRE_PING, 77, 0, "abc", 3, err, sizeof err) == 0 &&
                   wire_recv(&c, &h, err, sizeof err) == 0 && h.type == WIRE_PONG && h.req_id == 77 &&
                   c.rx.len == 3 && !memcmp(c.rx.data, "abc", 3), "tcp ping-pong: %s", err);
@@ -599,6 +746,7 @@ typedef struct {
     wire_hello mine, peer;
     const char *secret;
     int rc;
+    int talked;                  /* after a good handshake: a sealed PING each way arrived */
     char err[512];
 } hs_arg;
 
@@ -606,6 +754,14 @@ static void *hs_main(void *p) {
     hs_arg *a = p;
     a->rc = wire_handshake(a->c, &a->mine, a->secret, a->secret ? strlen(a->secret) : 0, &a->peer, a->err,
                            sizeof a->err);
+    a->talked = 0;
+    if (a->rc == 0 && a->c->sealed) {
+        wire_header h;
+        char e[256];
+        a->talked = wire_send(a->c, WIRE_PING, 1, 0, a->mine.node_id, strlen(a->mine.node_id), e, sizeof e) == 0 &&
+                    wire_recv(a->c, &h, e, sizeof e) == 0 && h.type == WIRE_PING &&
+                    a->c->rx.len == strlen(a->peer.node_id) && !memcmp(a->c->rx.data, a->peer.node_id, a->c->rx.len);
+    }
     return NULL;
 }
 
@@ -621,7 +777,7 @@ static void hello_init(wire_hello *h, uint32_t role, const char *id, uint8_t fpb
 
 static void run_hs(hs_arg *x, hs_arg *y) {
     wire_conn a, b;
-    pair(&a, &b, 3000);
+    plain_pair(&a, &b, 3000);
     x->c = &a;
     y->c = &b;
     pthread_t t1, t2;
@@ -633,6 +789,52 @@ static void run_hs(hs_arg *x, hs_arg *y) {
     wire_conn_close(&b);
 }
 
+/* A stranger without the secret talks to a responder (the prefill role):
+ * whatever it sends, the responder never sends an AUTH. */
+static void stranger_run(hs_arg *p, int variant, int *saw_auth, char *perr, size_t perrlen) {
+    wire_conn a, b;
+    plain_pair(&a, &b, 400);
+    p->c = &a;
+    pthread_t t;
+    pthread_create(&t, NULL, hs_main, p);
+    wire_header h;
+    char err[512];
+    *saw_auth = 0;
+    if (wire_recv(&b, &h, err, sizeof err) == 0 && h.type == WIRE_HELLO) {
+        wire_hello ph;
+        wire_decode_hello(b.rx.data, b.rx.len, &ph, err, sizeof err);
+        wire_hello me = ph;   /* reflect the responder's own HELLO ... */
+        if (variant >= 1) me.role = WIRE_ROLE_DECODE;          /* ... as a decode node with its nonce */
+        if (variant >= 2) wire_random(me.nonce, 32);            /* ... or a nonce of our choosing */
+        wire_buf bb = { 0 };
+        wire_encode_hello(&bb, &me);
+        wire_send(&b, WIRE_HELLO, 0, 0, bb.data, bb.len, err, sizeof err);
+        if (variant == 3) {   /* a guessed AUTH */
+            uint8_t mac[32] = { 0 };
+            wire_send(&b, WIRE_AUTH, 0, 0, mac, 32, err, sizeof err);
+        }
+        wire_buf_free(&bb);
+        for (int i = 0; i < 4 && wire_recv(&b, &h, err, sizeof err) == 0; i++) *saw_auth |= h.type == WIRE_AUTH;
+    }
+    pthread_join(t, NULL);
+    snprintf(perr, perrlen, "%s", p->err);
+    wire_conn_close(&a);
+    wire_conn_close(&b);
+}
+
+static void test_handshake_stranger(hs_arg *p) {
+    const char *what[] = { "its own HELLO reflected", "its nonce reflected as a decode node",
+                           "a stranger's nonce, then silence", "a stranger's nonce and a guessed AUTH" };
+    const char *want[] = { "role", "nonce", "timed out", "authentication failed" };
+    for (int v = 0; v < 4; v++) {
+        int saw_auth;
+        char perr[512];
+        stranger_run(p, v, &saw_auth, perr, sizeof perr);
+        CHECK(p->rc < 0 && !saw_auth && strstr(perr, want[v]),
+              "responder given %s: no AUTH sent (%d), fails with '%s': %s", what[v], saw_auth, want[v], perr);
+    }
+}
+
 static void test_handshake(void) {
     hs_arg p = { .secret = "correct horse" }, d = { .secret = "correct horse" };
     hello_init(&p.mine, WIRE_ROLE_PREFILL, "pf-1", 0xAB, "m.gguf (qwen3, 4 layers)");
@@ -642,6 +844,7 @@ static void test_handshake(void) {
     CHECK(!strcmp(p.peer.node_id, "dec-1") && !strcmp(d.peer.node_id, "pf-1") &&
           p.peer.role == WIRE_ROLE_DECODE && d.peer.caps == WIRE_CAP_ZSTD, "peer hello");
     CHECK(memcmp(p.peer.nonce, d.peer.nonce, 32) != 0, "fresh nonces");
+    CHECK(p.talked && d.talked, "sealed frames flow both ways after the handshake");
 
     /* Wrong secret on one side: both fail, naming authentication. */
     d.secret = "battery staple";
@@ -678,28 +881,28 @@ static void test_handshake(void) {
 
     /* A silent peer: the handshake deadline fires. */
     wire_conn a, b;
-    pair(&a, &b, 300);
+    plain_pair(&a, &b, 300);
     p.c = &a;
     double t0 = now_ms();
     hs_main(&p);
     CHECK(p.rc < 0 && strstr(p.err, "timed out") && now_ms() - t0 < 2000, "silent peer: %s", p.err);
     wire_conn_close(&a);
     /* A peer that hangs up. */
-    pair(&a, &b, 1000);
+    plain_pair(&a, &b, 1000);
     wire_conn_close(&b);
     p.c = &a;
     hs_main(&p);
     CHECK(p.rc < 0 && strstr(p.err, "closed"), "closed peer: %s", p.err);
     wire_conn_close(&a);
     /* A peer speaking a future protocol version. */
-    pair(&a, &b, 1000);
+    plain_pair(&a, &b, 1000);
     wire_header vh = { .version = WIRE_VERSION + 1, .type = WIRE_HELLO, .len = 0, .raw_len = 0 };
     uint8_t vb[WIRE_HEADER_BYTES];
     wire_header_encode(&vh, vb);
     CHECK(write(b.fd, vb, sizeof vb) == sizeof vb, "raw write");
     p.c = &a;
     hs_main(&p);
-    CHECK(p.rc < 0 && strstr(p.err, "protocol version mismatch: peer speaks version 2, this node speaks 1"),
+    CHECK(p.rc < 0 && strstr(p.err, "protocol version mismatch: peer speaks version 3, this node speaks 2"),
           "version: %s", p.err);
     wire_header eh;
     char e3[512];
@@ -710,13 +913,14 @@ static void test_handshake(void) {
     wire_conn_close(&a);
     wire_conn_close(&b);
     /* A peer that speaks first with an ERROR. */
-    pair(&a, &b, 1000);
+    plain_pair(&a, &b, 1000);
     wire_send_error(&b, 0, WERR_BUSY, "too many connections");
     p.c = &a;
     hs_main(&p);
     CHECK(p.rc < 0 && strstr(p.err, "refused the handshake: too many connections"), "busy: %s", p.err);
     wire_conn_close(&a);
     wire_conn_close(&b);
+    test_handshake_stranger(&p);
 }
 
 /* ==== Fingerprint ==== */
@@ -785,6 +989,7 @@ int main(void) {
     test_done_error();
     test_header();
     test_send_recv();
+    test_seal();
     test_tcp();
     test_handshake();
     test_fingerprint();
