@@ -76,6 +76,7 @@ typedef struct {
     volatile int *stop;         /* set non-zero (e.g. from a signal handler) to shut down */
     const char *port_file;      /* if set, the bound port is written there once listening */
     int max_conns;              /* concurrent connections (default 16) */
+    volatile int *port_out;     /* if set, receives the bound port once listening */
     /* Fault injection for tests only: sleep this long before each KV frame;
      * corrupt one payload byte of the Nth KV frame of every request (after
      * its CRC was computed). 0 = off. */

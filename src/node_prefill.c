@@ -655,6 +655,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     if (lfd < 0) { free(node.slots); return -1; }
     int port = pn_write_port(o->port_file, lfd, err, errlen);
     if (port < 0) { close(lfd); free(node.slots); return -1; }
+    if (o->port_out) *o->port_out = port;
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.compute_mu, NULL);
     pn_log("node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);

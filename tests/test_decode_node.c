@@ -36,6 +36,8 @@
 
 #include <jansson.h>
 
+#include "node_auth.h"
+
 /* ==== Processes ==== */
 
 static const char *bin(void) {
@@ -207,12 +209,20 @@ static int http_connect(int port) {
     return fd;
 }
 
+/* A node with a shared secret serves only signed requests (node_auth.h):
+ * set while talking to one, requests are signed as the router signs them. */
+static const node_auth_key *sign_key;
+
 static int http_send(int fd, const char *method, const char *path, const char *body) {
-    char head[512];
+    char head[768], sh[300] = "";
     size_t bl = body ? strlen(body) : 0;
+    node_auth_sig sig;
+    if (sign_key && !node_auth_sign(sign_key, method, path, body ? body : "", bl, node_auth_now_ms(), &sig))
+        snprintf(sh, sizeof sh, "%s: %s\r\n%s: %s\r\n%s: %s\r\n", NODE_AUTH_HDR_TIME, sig.time, NODE_AUTH_HDR_NONCE,
+                 sig.nonce, NODE_AUTH_HDR_SIG, sig.sig);
     int hl = snprintf(head, sizeof head,
                       "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method, path, bl);
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n", method, path, bl, sh);
     if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
     if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
     return 0;
@@ -624,6 +634,14 @@ static void test_split(ctx *c, const char *dir) {
     int port = wait_port(dpf, dpid, asan() ? 60000 : 20000);
     CHECK(port > 0, "decode node started (log %s)", dlog);
     if (port <= 0) { stop_proc(dpid, 1000); stop_proc(ppid, 1000); return; }
+    /* the node has a secret: anonymous requests are refused, signed ones served */
+    int st0;
+    json_t *a = post_json(port, gen_req(c->g[0].ids, c->g[0].n, 2, 0, "local"), &st0);
+    CHECK(st0 == 401, "anonymous request to a node with a secret: %d", st0);
+    json_decref(a);
+    static node_auth_key key;
+    node_auth_derive(&key, "test-secret-0123456789", 22, NODE_AUTH_LABEL_DECODE_API);
+    sign_key = &key;
 
     /* split generations equal tandem run, the decode node computing one position */
     int which[] = { 1, 5, 7 };
@@ -710,6 +728,7 @@ static void test_split(ctx *c, const char *dir) {
     json_decref(o);
     free(body);
     CHECK(stop_proc(dpid, 20000) == 0, "decode node exits cleanly on SIGTERM (log %s)", dlog);
+    sign_key = NULL;
 }
 
 int main(void) {
