@@ -90,6 +90,7 @@ typedef struct {
                                  * closed; PINGs do not count (default 300000) */
     int request_ms;             /* one request (queue wait, compute and send) may take this long
                                  * in all (default 300000) */
+    volatile int *port_out;     /* if set, receives the bound port once listening */
     /* Fault injection for tests only: sleep this long before each KV frame;
      * corrupt one payload byte of the Nth KV frame of every request after
      * its CRC was computed (a checksum error); flip one sealed byte of the

@@ -34,6 +34,10 @@
 #include "gguf.h"
 #include "handoff.h"
 #include "scheduler.h"
+#include "httpd.h"
+#include "logsafe.h"
+#include "node_auth.h"
+#include "node_register.h"
 #include "sampler.h"
 #include "tokenizer.h"
 
@@ -70,13 +74,16 @@ static int dn_str_add(dn_str *s, const void *d, size_t n) {
     return 0;
 }
 
+/* Log lines carry addresses and errors that came from the network:
+ * escaped into one inert line (logsafe.h). */
 static void dn_log(const char *fmt, ...) {
-    char buf[1024];
+    char buf[1024], esc[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "tandem decode: %s\n", buf);
+    logsafe_escape(esc, sizeof esc, buf, strlen(buf));
+    fprintf(stderr, "tandem decode: %s\n", esc);
 }
 
 /* Length of a valid UTF-8 sequence at s (n bytes left), or 0 if invalid. */
@@ -151,6 +158,10 @@ typedef struct {
     /* counters (smu) */
     pthread_mutex_t smu;
     dn_stats st;
+    /* request authentication (node_auth.h): on when the node has a secret */
+    int auth;
+    node_auth_key key;
+    node_auth_replay *replay;
 } dnode;
 
 static void dn_ema(double *avg, double x) {
@@ -260,6 +271,17 @@ static int dn_parse_stop(json_t *o, dn_req *r, char *err, size_t errlen) {
     return 0;
 }
 
+/* A token covers at most max_token_bytes bytes of text (normalisation
+ * only adds bytes), so text longer than n_ctx of them cannot fit: refused
+ * before it is tokenized whole. */
+static int dn_prompt_bytes_fit(dnode *n, size_t bytes, char *err, size_t errlen) {
+    size_t per = tokenizer_max_token_bytes(n->tok), cap = (size_t)n->n_ctx * (per ? per : 1);
+    if (bytes <= cap) return 1;
+    snprintf(err, errlen, "the prompt has %zu bytes: more than the context of %d tokens can hold (at most %zu bytes)",
+             bytes, n->n_ctx, cap);
+    return 0;
+}
+
 /* "messages": [{"role", "content"}...] rendered with the model's chat
  * template (generation prompt appended), then tokenized like a prompt. */
 static int dn_parse_messages(dnode *n, json_t *a, dn_req *r, char *err, size_t errlen) {
@@ -287,8 +309,11 @@ static int dn_parse_messages(dnode *n, json_t *a, dn_req *r, char *err, size_t e
     if (!text) { snprintf(err, errlen, "chat template rendering failed"); goto out; }
     size_t len = strlen(text);
     const tokenizer *tok = n->tok;
-    int64_t need = tokenizer_encode(tok, text, len, 1, 1, NULL, 0);
-    if (need <= 0 || need > n->n_ctx) {
+    int fits = dn_prompt_bytes_fit(n, len, err, errlen);
+    int64_t need = fits ? tokenizer_encode(tok, text, len, 1, 1, NULL, 0) : 0;
+    if (!fits) {
+        /* err says why */
+    } else if (need <= 0 || need > n->n_ctx) {
         snprintf(err, errlen, need <= 0 ? "the messages render to an empty prompt"
                  : "the prompt has %lld tokens but the context holds %d", (long long)need, n->n_ctx);
     } else if (!(r->prompt = malloc(sizeof(int32_t) * (size_t)need)) ||
@@ -316,6 +341,7 @@ static int dn_parse_prompt(dnode *n, json_t *o, dn_req *r, char *err, size_t err
         const char *text = json_string_value(p);
         if (strlen(text) != json_string_length(p)) { snprintf(err, errlen, "'prompt' contains a NUL character"); return -1; }
         if (!*text) { snprintf(err, errlen, "'prompt' is empty"); return -1; }
+        if (!dn_prompt_bytes_fit(n, json_string_length(p), err, errlen)) return -1;
         if (!(r->prompt = cli_tokenize_prompt(n->m, text, chat, &r->n_prompt, err, errlen))) return -1;
     } else {
         size_t cnt = json_is_array(t) ? json_array_size(t) : 0;
@@ -357,6 +383,13 @@ static int dn_parse_prefill(dnode *n, json_t *o, dn_req *r, char *err, size_t er
         size_t len = json_is_string(nd) ? json_string_length(nd) : 0;
         if (!json_is_string(nd) || len == 0 || len >= sizeof r->node || !strchr(json_string_value(nd), ':')) {
             snprintf(err, errlen, "'prefill_node' must be a \"host:port\" string");
+            return -1;
+        }
+        /* Naming the peer the node connects to is the router's privilege:
+         * only a node that authenticates its requests accepts it. */
+        if (!n->auth) {
+            snprintf(err, errlen, "'prefill_node' is accepted only from an authenticated router: this node has no "
+                     "shared secret (configure its prefill nodes with --prefill-node)");
             return -1;
         }
         snprintf(r->node, sizeof r->node, "%s", json_string_value(nd));
@@ -875,9 +908,14 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
                                      const char *version, const char *upload, size_t *upload_size, void **con_cls) {
     dnode *n = cls;
     dn_conn *cc = *con_cls;
+    char aerr[256];
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
+        /* headers in: refuse an unsigned request before reading its body */
+        if (n->auth && !strcmp(url, "/v1/generate") && !strcmp(method, "POST") &&
+            node_auth_check_request(c, &n->key, n->replay, method, url, NULL, 0, aerr, sizeof aerr))
+            return dn_send_error(n, c, 401, "authentication_error", aerr);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -892,6 +930,9 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     if (!strcmp(url, "/v1/generate")) {
         if (!post) return dn_send_error(n, c, 405, "invalid_request_error", "use POST");
         if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
+        if (n->auth && node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "",
+                                               cc->body.len, aerr, sizeof aerr))
+            return dn_send_error(n, c, 401, "authentication_error", aerr);
         return dn_handle_generate(n, c, cc->body.p, cc->body.len);
     }
     return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats)");
@@ -983,6 +1024,19 @@ static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
     return fit < 1 ? 1 : fit > DN_MAX_DEFAULT_SLOTS ? DN_MAX_DEFAULT_SLOTS : (int)fit;
 }
 
+/* HTTP limits (httpd.h): the router keeps at most the slots' and the
+ * queue's worth of requests plus probes on one node, so that is what one
+ * address gets;
+ * four such clients and spare room for /health make the total. */
+static httpd_limits dn_http_limits(const dnode *n) {
+    const decode_node_opts *o = n->o;
+    httpd_limits l = { .name = "tandem decode", .idle_timeout_s = 300 };
+    l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? o->max_conns_per_ip : n->queue_max + n->n_slots + 32);
+    l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)l.max_conns_per_ip + 64);
+    l.request_deadline_ms = o->request_deadline_ms > 0 ? o->request_deadline_ms : 10000;
+    return l;
+}
+
 static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     n->m = m;
@@ -1003,6 +1057,11 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
              hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, model_type_summary(m));
     pthread_mutex_init(&n->pmu, NULL);
     pthread_mutex_init(&n->smu, NULL);
+    n->auth = o->secret && o->secret_len;
+    if (n->auth) {
+        node_auth_derive(&n->key, o->secret, o->secret_len, NODE_AUTH_LABEL_DECODE_API);
+        if (!(n->replay = node_auth_replay_new(0))) { snprintf(err, errlen, "out of memory"); return -1; }
+    }
     return 0;
 }
 
@@ -1020,6 +1079,8 @@ static void dn_cleanup(dnode *n) {
     dn_peers_close(n);
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
+    node_auth_replay_free(n->replay);
+    node_auth_wipe(&n->key);
 }
 
 int decode_node_check_request(model *m, const decode_node_opts *o, const char *body, size_t len,
@@ -1045,23 +1106,22 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     if (dn_init(&n, m, &def, err, errlen) || dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
     int fd = dn_listen(o->listen ? o->listen : "127.0.0.1:8080", &port, &family, err, errlen);
     if (fd < 0) { dn_cleanup(&n); return -1; }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
-    if (family == AF_INET6) flags |= MHD_USE_IPv6;
-    struct MHD_Daemon *d = MHD_start_daemon(flags, 0, NULL, NULL, dn_on_request, &n,
-        MHD_OPTION_LISTEN_SOCKET, fd,
-        MHD_OPTION_NOTIFY_COMPLETED, dn_on_completed, &n,
-        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(n.queue_max + n.n_slots + 32),   /* queued + running + probes */
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)300,                  /* idle keep-alive connections */
-        MHD_OPTION_END);
-    if (!d) {
-        snprintf(err, errlen, "cannot start the HTTP server on %s", o->listen);
-        close(fd);
+    (void)family;
+    httpd *d = NULL;
+    httpd_limits lim = dn_http_limits(&n);
+    if (httpd_start(&d, &lim, fd, dn_on_request, &n, dn_on_completed, &n, err, errlen)) {
         dn_cleanup(&n);
         return -1;
     }
-    dn_log("listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s)",
-           o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes);
+    dn_log("listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
+           "HTTP: %u connections, %u per address, %d ms to send a request",
+           o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
+           lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
+    if (!n.auth)
+        dn_log("warning: no shared secret: POST /v1/generate is open to anyone who can connect "
+               "(give --secret-file so that only the router is served)");
     if (o->port_file && dn_write_port_file(o->port_file, port, err, errlen)) goto stop;
+    if (o->port_out) *o->port_out = port;
     while (!*stop) {
         struct timespec ts = { 0, 50 * 1000000L };
         nanosleep(&ts, NULL);
@@ -1071,7 +1131,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
 stop:
     n.stopping = 1;
     sched_stop(n.sc);     /* ends running jobs: their streams finish with an error line */
-    MHD_stop_daemon(d);   /* joins every connection thread; closes the listening socket */
+    httpd_stop(d);        /* joins every connection thread; closes the listening socket */
     dn_cleanup(&n);
     return rc;
 }
@@ -1088,7 +1148,8 @@ static void dn_usage(void) {
         "  --listen HOST:PORT        HTTP address (default 127.0.0.1:8080; port 0 = any free port)\n"
         "  --port-file F             write the bound port to F once listening\n"
         "  --prefill-node HOST:PORT  a prefill node (repeatable; decode role only)\n"
-        "  --secret-file F           shared secret for the prefill nodes (or env TANDEM_SECRET)\n"
+        "  --secret-file F           shared secret (or env TANDEM_SECRET): authenticates the prefill nodes,\n"
+        "                            the router's requests to this node and our registration\n"
         "  -t N                      threads (default 2)\n"
         "  -c N                      context per session (default: the model's, at most 4096)\n"
         "  -b N                      prefill chunk (default 512)\n"
@@ -1101,7 +1162,13 @@ static void dn_usage(void) {
         "  --wire-dtype T            handoff dtype: the cache type (default) or q8_0\n"
         "  --zstd                    ask for zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
-        "  --node-id NAME            our name towards prefill nodes\n");
+        "  --node-id NAME            our name towards prefill nodes\n"
+        "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
+        "  --model-name NAME         the model name to register (default: the file name without .gguf)\n"
+        "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
+        "  --max-conns N             HTTP connections in all (default 4 x per-address + 64)\n"
+        "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
+        "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n");
 }
 
 static int dn_cli_int(const char *s, int lo, int hi, int *out) {
@@ -1116,6 +1183,7 @@ static int dn_cli_int(const char *s, int lo, int hi, int *out) {
 typedef struct {
     decode_node_opts o;
     const char *model, *kv, *wire, *secret_file;
+    const char *router, *model_name, *advertise;
     int threads, batch;
 } dn_cli;
 
@@ -1144,6 +1212,12 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.min_split_tokens);
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(v, 1, 3600000, &c->o.timeout_ms);
         else if (!strcmp(a, "--zstd")) { c->o.zstd = 1; takes = 0; }
+        else if (!strcmp(a, "--router")) c->router = v;
+        else if (!strcmp(a, "--model-name")) c->model_name = v;
+        else if (!strcmp(a, "--advertise")) c->advertise = v;
+        else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(v, 1, 100000, &c->o.max_conns);
+        else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(v, 1, 100000, &c->o.max_conns_per_ip);
+        else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(v, 100, 3600000, &c->o.request_deadline_ms);
         else { fprintf(stderr, "tandem serve: unknown option %s\n", a); dn_usage(); return -1; }
         if (takes && (!v || bad)) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
         i += takes;
@@ -1154,6 +1228,16 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         return -1;
     }
     return 0;
+}
+
+/* --router: announce this node (as "decode"; a local node is one too). */
+static int dn_cli_register(dn_cli *c, node_register **reg, char *err, size_t errlen) {
+    char name[128];
+    node_register_default_model(c->model, name, sizeof name);
+    node_register_opts ro = { .router_url = c->router, .role = "decode", .model = c->model_name ? c->model_name : name,
+                              .advertise = c->advertise, .listen = c->o.listen ? c->o.listen : "127.0.0.1:8080",
+                              .port = c->o.port_out, .secret = c->o.secret, .secret_len = c->o.secret_len };
+    return node_register_start(reg, &ro, err, errlen);
 }
 
 int decode_node_cli(int argc, char **argv, int local_only) {
@@ -1169,9 +1253,10 @@ int decode_node_cli(int argc, char **argv, int local_only) {
         fprintf(stderr, "tandem serve: unknown KV or wire type (use f16, bf16, q8_0)\n");
         return 2;
     }
-    /* the secret authenticates us to prefill nodes: needed as soon as one can be used */
+    /* the secret authenticates us to prefill nodes (needed as soon as one
+     * can be used), the router to us, and our registration */
     char *secret = NULL;
-    if (!local_only && (c.secret_file || getenv("TANDEM_SECRET") || c.o.n_prefill_nodes) &&
+    if ((c.secret_file || getenv("TANDEM_SECRET") || c.o.n_prefill_nodes || c.router) &&
         cli_load_secret(c.secret_file, &secret, &c.o.secret_len, err, sizeof err)) {
         fprintf(stderr, "tandem serve: %s\n", err);
         return 2;
@@ -1189,9 +1274,14 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     model_opts mo = { .n_threads = c.threads, .n_batch = c.batch };
     model *m = NULL;
     int rc = 1;
+    static volatile int port;
+    c.o.port_out = &port;
+    node_register *reg = NULL;
     if (model_load(&m, c.model, &mo, err, sizeof err)) fprintf(stderr, "tandem: %s: %s\n", c.model, err);
+    else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
     else if (decode_node_run(m, &c.o, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
     else rc = 0;
+    node_register_stop(reg);
     model_free(m);
     if (secret) { memset(secret, 0, c.o.secret_len); free(secret); }
     return rc;

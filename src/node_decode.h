@@ -6,6 +6,12 @@
  *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
  *   GET  /v1/stats      counters and moving-average speeds (router cost model)
  *
+ * Authentication: a node with a shared secret takes POST /v1/generate
+ * only when signed by a router (node_auth.h, key label "tandem decode-api
+ * v1"): anything else gets 401. "prefill_node" (the peer the node will
+ * connect to) is refused outright by a node without a secret. GET /health
+ * and GET /v1/stats stay open (they act on nothing).
+ *
  * POST /v1/generate body: exactly one of "prompt" (string; "chat": true
  * wraps it as one user message), "messages" ([{"role","content"}], rendered
  * with the model's chat template) or "tokens" (ids); "max_tokens" (128),
@@ -67,6 +73,10 @@ typedef struct {
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */
+    int max_conns;               /* HTTP connections in all (default 4 x max_conns_per_ip + 64) */
+    int max_conns_per_ip;        /* HTTP connections per client address (default queue_max + 32) */
+    int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
+    volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
 } decode_node_opts;
 

@@ -884,6 +884,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     if (lfd < 0) { free(node.slots); return -1; }
     int port = pn_write_port(o->port_file, lfd, err, errlen);
     if (port < 0) { close(lfd); free(node.slots); return -1; }
+    if (o->port_out) *o->port_out = port;
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.turn_mu, NULL);
     pthread_cond_init(&node.turn_cv, NULL);

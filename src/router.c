@@ -30,6 +30,9 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "httpd.h"
+#include "logsafe.h"
+#include "node_auth.h"
 #include "wire.h"
 
 /* ==== Small helpers ==== */
@@ -50,13 +53,16 @@ static void rt_errf(char *err, size_t errlen, const char *fmt, ...) {
 }
 
 static void rt_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Log lines carry model names, addresses and node errors that came from
+ * the network: escaped into one inert line (logsafe.h). */
 static void rt_log(const char *fmt, ...) {
-    char buf[1024];
+    char buf[1024], esc[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "router: %s\n", buf);
+    logsafe_escape(esc, sizeof esc, buf, strlen(buf));
+    fprintf(stderr, "router: %s\n", esc);
 }
 
 /* Exponentially weighted moving average; the first sample is taken as is. */
@@ -84,6 +90,12 @@ void router_config_default(router_config *c) {
     c->health_interval_ms = 1000;
     c->down_after = 2;                 /* one lost probe is noise; two is a node in trouble */
     c->heartbeat_ttl_ms = 5000;
+    /* HTTP server (httpd.h): room for many slow or idle clients beside the
+     * real work; one address gets a quarter of it; 30 s to send a request
+     * (a 1 MiB body at ~35 KB/s). */
+    c->max_conns = 1024;
+    c->max_conns_per_ip = 256;
+    c->request_deadline_ms = 30000;
 }
 
 void router_config_free(router_config *c) {
@@ -145,7 +157,10 @@ static int rt_cfg_limits(router_config *c, json_t *l, char *err, size_t errlen) 
         rt_cfg_int(l, "default_max_tokens", 1, 1 << 24, &c->lim.default_max_tokens, err, errlen) ||
         rt_cfg_int(l, "max_concurrent", 1, 100000, &c->max_concurrent, err, errlen) ||
         rt_cfg_int(l, "request_timeout_ms", 100, 86400000, &c->request_timeout_ms, err, errlen) ||
-        rt_cfg_int(l, "idle_timeout_ms", 100, 86400000, &c->idle_timeout_ms, err, errlen))
+        rt_cfg_int(l, "idle_timeout_ms", 100, 86400000, &c->idle_timeout_ms, err, errlen) ||
+        rt_cfg_int(l, "max_connections", 16, 100000, &c->max_conns, err, errlen) ||
+        rt_cfg_int(l, "max_connections_per_ip", 1, 100000, &c->max_conns_per_ip, err, errlen) ||
+        rt_cfg_int(l, "request_deadline_ms", 100, 3600000, &c->request_deadline_ms, err, errlen))
         return -1;
     c->max_body_bytes = (size_t)body;
     c->lim.max_prompt_bytes = (size_t)prompt;
@@ -321,7 +336,7 @@ static void rt_hist_add(rt_hist *h, const double *bounds, double x) {
 
 enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_N };
 static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other"};
-static const int rt_status_codes[] = {200, 400, 401, 404, 405, 413, 429, 500, 502, 503, 504};
+static const int rt_status_codes[] = {200, 400, 401, 404, 405, 409, 413, 429, 500, 502, 503, 504};
 #define RT_NSTATUS ((int)(sizeof rt_status_codes / sizeof rt_status_codes[0]))
 static const char *const rt_reason_keys[] = {"policy", "no_prefill_node", "short_prompt", "cost"};
 #define RT_NREASON 4
@@ -338,7 +353,12 @@ typedef struct {
 
 struct router {
     router_config cfg;
-    struct MHD_Daemon *mhd;
+    httpd *http;
+    /* keys derived from the shared secret (node_auth.h) */
+    int have_secret;
+    node_auth_key api_key;       /* signs our requests to decode nodes */
+    node_auth_key reg_key;       /* verifies node registrations */
+    node_auth_replay *reg_replay;
     int port;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -439,7 +459,8 @@ static void rt_up_close(rt_up *u) {
     memset(u, 0, sizeof *u);
 }
 
-static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms) {
+/* key: signs the request for a decode node that authenticates (NULL: unsigned). */
+static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key) {
     memset(u, 0, sizeof *u);
     u->body = body;
     char url[192];
@@ -448,6 +469,10 @@ static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms) {
     u->multi = curl_multi_init();
     u->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     if (!u->easy || !u->multi || !u->hdrs) return -1;
+    node_auth_sig sig;
+    if (key && (node_auth_sign(key, "POST", "/v1/generate", body, strlen(body), node_auth_now_ms(), &sig) ||
+                !(u->hdrs = node_auth_curl_headers(u->hdrs, &sig))))
+        return -1;
     curl_easy_setopt(u->easy, CURLOPT_URL, url);
     curl_easy_setopt(u->easy, CURLOPT_POSTFIELDS, u->body);
     curl_easy_setopt(u->easy, CURLOPT_POSTFIELDSIZE, (long)strlen(u->body));
@@ -470,10 +495,14 @@ static long rt_up_status(rt_up *u) {
 
 enum { RT_LINE = 1, RT_EOF = 0, RT_FAIL = -1, RT_TIMEOUT = -2, RT_GONE = -3 };
 
+/* A client that shut down only its sending side (it has sent the whole
+ * request and waits for the answer) looks like POLLRDHUP, exactly as one
+ * that closed: only a reset or a fully shut socket counts as gone. A closed
+ * streaming client is noticed by the failed write instead. */
 static int rt_client_gone(int fd) {
     if (fd < 0) return 0;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR));
 }
 
 static void rt_up_pump(rt_up *u, int wait_ms) {
@@ -659,7 +688,7 @@ static int rt_attempt(rt_req *q, api_error *e) {
     router *r = q->r;
     const char *mode = q->dec.split ? "remote" : "local";
     char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
-    if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms)) {
+    if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL)) {
         if (!q->up.body) free(body);
         rt_up_close(&q->up);
         api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -673,7 +702,9 @@ static int rt_attempt(rt_req *q, api_error *e) {
     int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
     long status = rt_up_status(&q->up);
     if (rc == RT_GONE) { snprintf(q->error, sizeof q->error, "client disconnected"); return -1; }
-    if (status >= 400 && status < 500 && status != 429 && status != 408) {
+    /* 401: the node does not accept our signature (no or another secret):
+     * the node's fault towards the client, not the request's */
+    if (status >= 400 && status < 500 && status != 429 && status != 408 && status != 401) {
         rt_client_error_from_node(q, status, e);
         return -1;
     }
@@ -688,6 +719,11 @@ static int rt_attempt(rt_req *q, api_error *e) {
         api_upstream_line_free(&q->pending);
     } else if (rc == RT_TIMEOUT) {
         snprintf(q->error, sizeof q->error, "decode node %s sent nothing for %d ms", q->decode_addr, r->cfg.idle_timeout_ms);
+    } else if (status == 401) {
+        char msg[300];
+        api_upstream_error_message(q->up.buf ? q->up.buf + q->up.off : "", q->up.len - q->up.off, msg, sizeof msg);
+        snprintf(q->error, sizeof q->error, "decode node %s refused the router's request (HTTP 401: %s); check that "
+                 "router and node share the secret", q->decode_addr, msg);
     } else if (status == 503 || status == 429) {
         snprintf(q->error, sizeof q->error, "decode node %s is busy (HTTP %ld)", q->decode_addr, status);
     } else {
@@ -1269,14 +1305,6 @@ static enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
 
 /* ==== Node registration ==== */
 
-void router_sign(const void *secret, size_t secret_len, const char *body, size_t len, char out[65]) {
-    unsigned char mac[32];
-    unsigned int ml = 0;
-    HMAC(EVP_sha256(), secret, (int)secret_len, (const unsigned char *)body, len, mac, &ml);
-    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", mac[i]);
-    out[64] = 0;
-}
-
 /* Adds or refreshes a node; returns its index or -1. Caller holds mu. */
 static int rt_node_upsert_locked(router *r, const router_node_cfg *cfg, int registered) {
     for (int i = 0; i < r->n_nodes; i++) {
@@ -1296,45 +1324,78 @@ static int rt_node_upsert_locked(router *r, const router_node_cfg *cfg, int regi
     return r->n_nodes++;
 }
 
+/* A registered name or address ends up in URLs, metrics labels and logs:
+ * printable, no spaces, no quotes or backslashes. */
+static int rt_reg_token_ok(const char *s, size_t len, size_t max) {
+    if (len == 0 || len >= max || strlen(s) != len) return 0;
+    for (; *s; s++)
+        if ((unsigned char)*s <= ' ' || *s == 0x7f || *s == '"' || *s == '\\') return 0;
+    return 1;
+}
+
+/* {"role", "model", "addr"} into *nc; 0, or -1 with a message. */
+static int rt_reg_parse(const char *body, size_t len, router_node_cfg *nc, char *err, size_t errlen) {
+    json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *role = json_object_get(o, "role"), *model = json_object_get(o, "model"), *addr = json_object_get(o, "addr");
+    const char *rs = json_string_value(role), *a = json_string_value(addr);
+    const char *colon = a ? strrchr(a, ':') : NULL;
+    int rc = -1;
+    memset(nc, 0, sizeof *nc);
+    nc->role = rs && !strcmp(rs, "decode") ? ROUTER_NODE_DECODE : rs && !strcmp(rs, "prefill") ? ROUTER_NODE_PREFILL : 0;
+    if (!json_is_object(o)) rt_errf(err, errlen, "the body must be a JSON object");
+    else if (!nc->role) rt_errf(err, errlen, "\"role\" must be \"decode\" or \"prefill\"");
+    else if (!json_is_string(model) || !rt_reg_token_ok(json_string_value(model), json_string_length(model), sizeof nc->model))
+        rt_errf(err, errlen, "\"model\" must be a non-empty printable name without spaces, under %zu bytes", sizeof nc->model);
+    else if (!json_is_string(addr) || !rt_reg_token_ok(a, json_string_length(addr), sizeof nc->addr) || !colon ||
+             colon == a || strspn(colon + 1, "0123456789") != strlen(colon + 1) || !colon[1] || strlen(colon + 1) > 5)
+        rt_errf(err, errlen, "\"addr\" must be HOST:PORT");
+    else {
+        snprintf(nc->model, sizeof nc->model, "%s", json_string_value(model));
+        snprintf(nc->addr, sizeof nc->addr, "%s", a);
+        rc = 0;
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* POST /v1/nodes/register: signed (node_auth.h, registration key), never
+ * replayed (nonce cache), never touching a statically configured node. */
 static enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
     api_error e;
-    if (!r->cfg.secret) {
+    char err[256];
+    if (!r->have_secret) {
         api_error_set(&e, 404, "invalid_request_error", NULL, NULL, "Node registration is off (the router has no shared secret).");
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    const char *sig = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Tandem-Signature");
-    char want[65];
-    router_sign(r->cfg.secret, r->cfg.secret_len, cc->body ? cc->body : "", cc->len, want);
-    if (!sig || strlen(sig) != 64 || CRYPTO_memcmp(sig, want, 64)) {
-        api_error_set(&e, 401, "invalid_request_error", "invalid_signature", NULL, "Bad or missing X-Tandem-Signature.");
+    if (node_auth_check_request(c, &r->reg_key, r->reg_replay, "POST", "/v1/nodes/register", cc->body ? cc->body : "",
+                                cc->len, err, sizeof err)) {
+        api_error_set(&e, 401, "invalid_request_error", "invalid_signature", NULL, "Registration refused: %s.", err);
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    json_t *o = json_loadb(cc->body ? cc->body : "", cc->len, 0, NULL);
-    const char *role = json_string_value(json_object_get(o, "role"));
-    const char *model = json_string_value(json_object_get(o, "model"));
-    const char *addr = json_string_value(json_object_get(o, "addr"));
-    json_t *ts = json_object_get(o, "ts");
-    router_config tmp;
-    tmp.n_nodes = 0;
-    char err[256] = "missing \"role\", \"model\", \"addr\" or \"ts\"";
-    /* The signed timestamp bounds how long a captured heartbeat can be replayed. */
-    long long age = json_is_integer(ts) ? (long long)time(NULL) - json_integer_value(ts) : 1 << 30;
-    if (!role || !model || !addr || age > 60 || age < -60 || router_config_add_node(&tmp, role, model, addr, err, sizeof err)) {
-        json_decref(o);
-        if (age > 60 || age < -60) snprintf(err, sizeof err, "stale or missing \"ts\" (unix seconds)");
-        api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s", err);
+    router_node_cfg nc;
+    if (rt_reg_parse(cc->body, cc->len, &nc, err, sizeof err)) {
+        api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s.", err);
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    json_decref(o);
+    const char *role = nc.role == ROUTER_NODE_DECODE ? "decode" : "prefill";
     pthread_mutex_lock(&r->mu);
-    int i = rt_node_upsert_locked(r, &tmp.nodes[0], 1);
-    int was_new = i >= 0 && r->nodes[i].requests == 0 && !r->nodes[i].up;
+    int i = -1, is_static = 0;
+    for (int k = 0; k < r->n_nodes; k++)
+        if (r->nodes[k].cfg.role == nc.role && !strcmp(r->nodes[k].cfg.addr, nc.addr)) i = k;
+    is_static = i >= 0 && !r->nodes[i].registered;
+    int was_new = i < 0;
+    if (!is_static) i = rt_node_upsert_locked(r, &nc, 1);
     pthread_mutex_unlock(&r->mu);
+    if (is_static) {
+        api_error_set(&e, 409, "invalid_request_error", "static_node", NULL,
+                      "The %s node %s is in the router's configuration; a registration cannot change it.", role, nc.addr);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
     if (i < 0) {
         api_error_set(&e, 503, "server_error", NULL, NULL, "Node table full.");
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    if (was_new) rt_log("node %s (%s, model %s) registered", tmp.nodes[0].addr, role, model);
+    if (was_new) rt_log("node %s (%s, model %s) registered", nc.addr, role, nc.model);
     pthread_cond_broadcast(&r->cv);   /* probe it now */
     rt_count_request(r, RT_EP_OTHER, 200);
     return rt_send(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
@@ -1613,29 +1674,38 @@ int router_start(router **out, const router_config *cfg, char *err, size_t errle
     r->cfg.secret = NULL;
     if (cfg->secret && !(r->cfg.secret = malloc(cfg->secret_len + 1))) { free(r); rt_errf(err, errlen, "out of memory"); return -1; }
     if (cfg->secret) { memcpy(r->cfg.secret, cfg->secret, cfg->secret_len); r->cfg.secret[cfg->secret_len] = 0; }
+    r->have_secret = cfg->secret && cfg->secret_len;
+    if (r->have_secret) {
+        node_auth_derive(&r->api_key, cfg->secret, cfg->secret_len, NODE_AUTH_LABEL_DECODE_API);
+        node_auth_derive(&r->reg_key, cfg->secret, cfg->secret_len, NODE_AUTH_LABEL_REGISTER);
+    }
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     r->started_unix = (long long)time(NULL);
+    if (r->have_secret && !(r->reg_replay = node_auth_replay_new(0))) { rt_errf(err, errlen, "out of memory"); router_stop(r); return -1; }
     for (int i = 0; i < cfg->n_nodes; i++) rt_node_upsert_locked(r, &cfg->nodes[i], 0);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     struct sockaddr_storage ss;
     socklen_t sl;
     int v6 = 0;
     if (rt_bind_addr(cfg->listen, &ss, &sl, &v6, err, errlen)) { router_stop(r); return -1; }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
-                     (v6 ? MHD_USE_IPv6 : 0);
+    (void)v6;
+    char herr[200];
+    int fd = httpd_listen((struct sockaddr *)&ss, sl, herr, sizeof herr);
+    if (fd < 0) { rt_errf(err, errlen, "%s: %s", cfg->listen, herr); router_stop(r); return -1; }
     /* Connections beyond the concurrent-request limit still get a 429 answer
-     * (and GET /health, /metrics keep working), so allow some headroom. */
-    unsigned conn_limit = (unsigned)cfg->max_concurrent * 2 + 16;
-    r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, rt_handler, r,
-                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-                              MHD_OPTION_CONNECTION_LIMIT, conn_limit,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-                              MHD_OPTION_NOTIFY_COMPLETED, rt_completed, r,
-                              MHD_OPTION_END);
-    if (!r->mhd) { rt_errf(err, errlen, "cannot listen on %s: %s", cfg->listen, strerror(errno)); router_stop(r); return -1; }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(r->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    r->port = di ? di->port : -1;
+     * and GET /health, /metrics keep working: the connection limit is far
+     * above max_concurrent (httpd.h has the slow-client defences). */
+    unsigned conn_limit = (unsigned)cfg->max_conns;
+    if (conn_limit < (unsigned)cfg->max_concurrent * 2 + 16) conn_limit = (unsigned)cfg->max_concurrent * 2 + 16;
+    httpd_limits lim = { .max_conns = conn_limit, .max_conns_per_ip = (unsigned)cfg->max_conns_per_ip,
+                         .request_deadline_ms = cfg->request_deadline_ms, .idle_timeout_s = 60, .name = "router" };
+    if (httpd_start(&r->http, &lim, fd, rt_handler, r, rt_completed, r, herr, sizeof herr)) {
+        rt_errf(err, errlen, "%s: %s", cfg->listen, herr);
+        router_stop(r);
+        return -1;
+    }
+    r->port = httpd_port(r->http);
     rt_health_round(r);   /* know who is up before the first request */
     if (pthread_create(&r->health, NULL, rt_health_main, r)) { rt_errf(err, errlen, "cannot start the health thread"); router_stop(r); return -1; }
     r->health_started = 1;
@@ -1652,8 +1722,11 @@ void router_stop(router *r) {
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (r->health_started) pthread_join(r->health, NULL);
-    if (r->mhd) MHD_stop_daemon(r->mhd);
+    httpd_stop(r->http);
     router_config_free(&r->cfg);
+    node_auth_replay_free(r->reg_replay);
+    node_auth_wipe(&r->api_key);
+    node_auth_wipe(&r->reg_key);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);
     free(r);

@@ -33,7 +33,7 @@ typedef struct {
 typedef struct {
     char listen[128];            /* default 127.0.0.1:8000; port 0 = any free port */
     char api_key[256];           /* "" = no authentication */
-    char *secret;                /* shared secret (node registration HMAC); may be NULL */
+    char *secret;                /* shared secret: signs requests to decode nodes, verifies registrations; may be NULL */
     size_t secret_len;
     int split;                   /* enum router_split */
     int min_split_tokens;        /* auto: prompts shorter than this stay local */
@@ -50,6 +50,9 @@ typedef struct {
     int down_after;              /* consecutive failed checks that mark a node down */
     int heartbeat_ttl_ms;        /* registered node with no heartbeat for this long is down */
     int quiet;                   /* no per-request log lines */
+    int max_conns;               /* HTTP connections in all (httpd.h) */
+    int max_conns_per_ip;        /* HTTP connections per client address */
+    int request_deadline_ms;     /* a request's headers + body must arrive within this */
     router_node_cfg nodes[ROUTER_MAX_NODES];
     int n_nodes;
 } router_config;
@@ -98,9 +101,5 @@ void router_stop(router *r);
 
 /* `tandem serve --role router [options]` (argv as given to serve). */
 int router_cli(int argc, char **argv);
-
-/* HMAC-SHA256(secret, body) as 64 hex chars + NUL: the X-Tandem-Signature of
- * a node registration (POST /v1/nodes/register). */
-void router_sign(const void *secret, size_t secret_len, const char *body, size_t len, char out[65]);
 
 #endif

@@ -18,6 +18,7 @@
 #include "handoff.h"
 #include "model.h"
 #include "node_decode.h"
+#include "node_register.h"
 #include "router.h"
 #include "quant.h"
 
@@ -28,6 +29,7 @@ enum serve_role { SERVE_PREFILL = 1, SERVE_DECODE, SERVE_LOCAL };
 typedef struct {
     enum serve_role role;
     const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file, *backend;
+    const char *router, *model_name, *advertise;   /* registration with a router */
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
@@ -50,6 +52,9 @@ static void serve_usage(void) {
         "  --timeout-ms N       per-frame I/O deadline (default 10000)\n"
         "  --port-file FILE     write the bound port there once listening\n"
         "  --max-conns N        concurrent connections (default 16)\n"
+        "  --router URL         register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
+        "  --model-name NAME    the model name to register (default: the file name without .gguf)\n"
+        "  --advertise HOST[:PORT]  the address the router should use (default: the listen address)\n"
         "Prefill role:\n"
         "  --max-preauth N      connections still in their handshake (default 16; the oldest\n"
         "                       is dropped for a new one)\n"
@@ -96,6 +101,9 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--kv-type")) bad = !(o->kv_type = v);
         else if (!strcmp(a, "--node-id")) bad = !(o->node_id = v);
         else if (!strcmp(a, "--port-file")) bad = !(o->port_file = v);
+        else if (!strcmp(a, "--router")) bad = !(o->router = v);
+        else if (!strcmp(a, "--model-name")) bad = !(o->model_name = v);
+        else if (!strcmp(a, "--advertise")) bad = !(o->advertise = v);
         else if (!strcmp(a, "-t")) bad = serve_int(v, 1, 256, &o->n_threads);
         else if (!strcmp(a, "-c")) bad = serve_int(v, 1, 1 << 24, &o->n_ctx);
         else if (!strcmp(a, "-b")) bad = serve_int(v, 1, 1 << 16, &o->n_batch);
@@ -169,6 +177,16 @@ static void serve_signals(void) {
 /* ==== Roles ==== */
 
 static int serve_prefill(model *m, const serve_opts *o) {
+    static volatile int port;
+    node_register *reg = NULL;
+    char err[512], name[128];
+    if (o->router) {
+        node_register_default_model(o->model, name, sizeof name);
+        node_register_opts ro = { .router_url = o->router, .role = "prefill", .model = o->model_name ? o->model_name : name,
+                                  .advertise = o->advertise, .listen = o->listen, .port = &port,
+                                  .secret = o->secret, .secret_len = o->secret_len };
+        if (node_register_start(&reg, &ro, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 2; }
+    }
     prefill_node_opts po = {
         .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
         .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
@@ -176,11 +194,12 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
         .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
-        .request_ms = o->request_ms,
+        .request_ms = o->request_ms, .port_out = &port,
     };
-    char err[512];
-    if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 1; }
-    return 0;
+    int rc = 0;
+    if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); rc = 1; }
+    node_register_stop(reg);
+    return rc;
 }
 
 int cli_serve(int argc, char **argv) {

@@ -25,6 +25,8 @@
 
 #include <jansson.h>
 
+#include "node_auth.h"
+
 #define PROC_FN static __attribute__((unused))
 
 /* ==== Processes ==== */
@@ -198,12 +200,20 @@ PROC_FN int http_connect(int port) {
     return fd;
 }
 
+/* A node with a shared secret serves only signed requests (node_auth.h):
+ * set while talking to one, requests are signed as the router signs them. */
+static const node_auth_key *sign_key __attribute__((unused));
+
 PROC_FN int http_send(int fd, const char *method, const char *path, const char *body) {
-    char head[512];
+    char head[768], sh[300] = "";
     size_t bl = body ? strlen(body) : 0;
+    node_auth_sig sig;
+    if (sign_key && !node_auth_sign(sign_key, method, path, body ? body : "", bl, node_auth_now_ms(), &sig))
+        snprintf(sh, sizeof sh, "%s: %s\r\n%s: %s\r\n%s: %s\r\n", NODE_AUTH_HDR_TIME, sig.time, NODE_AUTH_HDR_NONCE,
+                 sig.nonce, NODE_AUTH_HDR_SIG, sig.sig);
     int hl = snprintf(head, sizeof head,
                       "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method, path, bl);
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n", method, path, bl, sh);
     if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
     if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
     return 0;

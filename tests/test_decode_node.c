@@ -16,7 +16,7 @@
  *   - SIGTERM -> exit status 0 (under ASan that includes no leaks).
  * Uses the generated qwen3-mini-F16 model and its golden prompts.
  */
-#include "t.h"
+#include "proc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,301 +36,7 @@
 
 #include <jansson.h>
 
-/* ==== Processes ==== */
-
-static const char *bin(void) {
-    const char *b = getenv("TANDEM_BIN");
-    return b && *b ? b : "build/tandem";
-}
-
-static int asan(void) {
-    const char *a = getenv("TANDEM_ASAN");
-    return a && *a && strcmp(a, "0");
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-/* Starts argv with stdout/stderr appended to log. */
-static pid_t spawn(char *const argv[], const char *log) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* The port from a port file, waiting for the process to write it. */
-static int wait_port(const char *file, pid_t pid, int timeout_ms) {
-    double t0 = now_ms();
-    while (now_ms() - t0 < timeout_ms) {
-        FILE *f = fopen(file, "r");
-        int port = 0;
-        if (f) {
-            int ok = fscanf(f, "%d", &port) == 1;
-            fclose(f);
-            if (ok && port > 0) return port;
-        }
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return -1;
-        sleep_ms(50);
-    }
-    return -1;
-}
-
-/* SIGTERM, then the exit status (or -1 if it had to be killed). */
-static int stop_proc(pid_t pid, int timeout_ms) {
-    kill(pid, SIGTERM);
-    double t0 = now_ms();
-    int st;
-    while (now_ms() - t0 < timeout_ms) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(50);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
-}
-
-/* Runs argv, returns its stdout (malloc'd) or NULL. */
-static char *run_capture(char *const argv[]) {
-    int p[2];
-    if (pipe(p)) return NULL;
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(p[1], 1);
-        close(p[0]); close(p[1]);
-        int dn = open("/dev/null", O_WRONLY);
-        if (dn >= 0) dup2(dn, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    close(p[1]);
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (buf && (r = read(p[0], buf + n, cap - n - 1)) > 0) {
-        n += (size_t)r;
-        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
-    }
-    close(p[0]);
-    int st;
-    waitpid(pid, &st, 0);
-    if (buf) buf[n] = 0;
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) { free(buf); return NULL; }
-    return buf;
-}
-
-/* `tandem run --ids --ignore-eos` on a prompt given as a file. */
-static int run_ids(const char *model, const char *prompt, int chat, int n_predict, int32_t *out, int cap) {
-    char pf[] = "/tmp/tandem-test-prompt-XXXXXX";
-    int fd = mkstemp(pf);
-    if (fd < 0) return -1;
-    size_t len = strlen(prompt);
-    int ok = write(fd, prompt, len) == (ssize_t)len;
-    close(fd);
-    char np[16];
-    snprintf(np, sizeof np, "%d", n_predict);
-    char *argv[] = { (char *)bin(), "run", "-m", (char *)model, "-f", pf, "-n", np, "--ids", "--ignore-eos", "-t", "1",
-                     chat ? "--chat" : NULL, NULL };
-    char *o = ok ? run_capture(argv) : NULL;
-    unlink(pf);
-    if (!o) return -1;
-    int n = 0;
-    char *p = o, *end;
-    while (n < cap) {
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        out[n++] = (int32_t)v;
-        p = end;
-    }
-    free(o);
-    return n;
-}
-
-static int count_fds(pid_t pid) {
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) if (e->d_name[0] != '.') n++;
-    closedir(d);
-    return n;
-}
-
-/* The fewest open files over half a second: connections just answered may
- * still be closing on the server's threads. */
-static int settled_fds(pid_t pid) {
-    int best = -1;
-    for (int i = 0; i < 10; i++) {
-        int n = count_fds(pid);
-        if (n >= 0 && (best < 0 || n < best)) best = n;
-        sleep_ms(50);
-    }
-    return best;
-}
-
-static long rss_kb(pid_t pid) {
-    char path[64], line[256];
-    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f)) if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
-    if (f) fclose(f);
-    return kb;
-}
-
-/* ==== HTTP ==== */
-
-static int http_connect(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = { asan() ? 120 : 60, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
-    return fd;
-}
-
-static int http_send(int fd, const char *method, const char *path, const char *body) {
-    char head[512];
-    size_t bl = body ? strlen(body) : 0;
-    int hl = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", method, path, bl);
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
-    if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
-    return 0;
-}
-
-/* Decodes a chunked body in place; returns its length. */
-static size_t dechunk(char *b, size_t n) {
-    size_t in = 0, out = 0;
-    while (in < n) {
-        char *end;
-        unsigned long sz = strtoul(b + in, &end, 16);
-        char *crlf = strstr(b + in, "\r\n");
-        if (!crlf || end == b + in) break;
-        in = (size_t)(crlf - b) + 2;
-        if (sz == 0 || in + sz > n) break;
-        memmove(b + out, b + in, sz);
-        out += sz;
-        in += sz + 2;
-    }
-    b[out] = 0;
-    return out;
-}
-
-/* Reads the whole response (the server closes). Returns the status; *body malloc'd. */
-static int http_read(int fd, char **body) {
-    size_t cap = 8192, n = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (buf && (r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
-        n += (size_t)r;
-        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
-    }
-    *body = NULL;
-    if (!buf) return -1;
-    buf[n] = 0;
-    int status = -1;
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) { free(buf); return -1; }
-    *sep = 0;
-    int chunked = strcasestr(buf, "transfer-encoding: chunked") != NULL;
-    size_t off = (size_t)(sep + 4 - buf), bl = n - off;
-    memmove(buf, buf + off, bl);
-    buf[bl] = 0;
-    if (chunked) dechunk(buf, bl);
-    *body = buf;
-    return status;
-}
-
-static int http(int port, const char *method, const char *path, const char *req, char **body) {
-    int fd = http_connect(port);
-    *body = NULL;
-    if (fd < 0) return -1;
-    int st = http_send(fd, method, path, req) ? -1 : http_read(fd, body);
-    close(fd);
-    return st;
-}
-
-/* ==== JSON helpers ==== */
-
-static json_t *post_json(int port, json_t *req, int *status) {
-    char *s = json_dumps(req, JSON_COMPACT), *body = NULL;
-    json_decref(req);
-    *status = http(port, "POST", "/v1/generate", s, &body);
-    free(s);
-    json_t *o = body ? json_loads(body, 0, NULL) : NULL;
-    free(body);
-    return o;
-}
-
-static json_t *ids_json(const int32_t *ids, int n) {
-    json_t *a = json_array();
-    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
-    return a;
-}
-
-static int same_ids(json_t *arr, const int32_t *ids, int n) {
-    if (!json_is_array(arr) || (int)json_array_size(arr) != n) return 0;
-    for (int i = 0; i < n; i++)
-        if (json_integer_value(json_array_get(arr, (size_t)i)) != ids[i]) return 0;
-    return 1;
-}
-
-static long long jint(json_t *o, const char *path1, const char *path2) {
-    json_t *v = json_object_get(o, path1);
-    if (path2) v = json_object_get(v, path2);
-    return json_integer_value(v);
-}
-
-static const char *jstr(json_t *o, const char *path1, const char *path2) {
-    json_t *v = json_object_get(o, path1);
-    if (path2) v = json_object_get(v, path2);
-    return json_is_string(v) ? json_string_value(v) : "";
-}
-
-/* A generation request on ids (greedy, ignore_eos). */
-static json_t *gen_req(const int32_t *ids, int n, int max_tokens, int stream, const char *prefill) {
-    json_t *r = json_object();
-    json_object_set_new(r, "tokens", ids_json(ids, n));
-    json_object_set_new(r, "max_tokens", json_integer(max_tokens));
-    json_object_set_new(r, "ignore_eos", json_true());
-    if (stream) json_object_set_new(r, "stream", json_true());
-    if (prefill) json_object_set_new(r, "prefill", json_string(prefill));
-    return r;
-}
-
-/* Parses NDJSON lines: tokens into ids, returns the final object (or NULL). */
-static json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
-    json_t *done = NULL;
-    *n = 0;
-    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
-        json_t *o = json_loads(l, 0, NULL);
-        if (!o) continue;
-        if (json_is_integer(json_object_get(o, "token")) && *n < cap) ids[(*n)++] = (int32_t)jint(o, "token", NULL);
-        if (json_is_true(json_object_get(o, "done"))) { json_decref(done); done = o; continue; }
-        json_decref(o);
-    }
-    return done;
-}
+#include "node_auth.h"
 
 /* ==== Fixtures ==== */
 
@@ -624,6 +330,14 @@ static void test_split(ctx *c, const char *dir) {
     int port = wait_port(dpf, dpid, asan() ? 60000 : 20000);
     CHECK(port > 0, "decode node started (log %s)", dlog);
     if (port <= 0) { stop_proc(dpid, 1000); stop_proc(ppid, 1000); return; }
+    /* the node has a secret: anonymous requests are refused, signed ones served */
+    int st0;
+    json_t *a = post_json(port, gen_req(c->g[0].ids, c->g[0].n, 2, 0, "local"), &st0);
+    CHECK(st0 == 401, "anonymous request to a node with a secret: %d", st0);
+    json_decref(a);
+    static node_auth_key key;
+    node_auth_derive(&key, "test-secret-0123456789", 22, NODE_AUTH_LABEL_DECODE_API);
+    sign_key = &key;
 
     /* split generations equal tandem run, the decode node computing one position */
     int which[] = { 1, 5, 7 };
@@ -710,6 +424,7 @@ static void test_split(ctx *c, const char *dir) {
     json_decref(o);
     free(body);
     CHECK(stop_proc(dpid, 20000) == 0, "decode node exits cleanly on SIGTERM (log %s)", dlog);
+    sign_key = NULL;
 }
 
 int main(void) {

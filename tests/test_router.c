@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "http_api.h"
+#include "node_auth.h"
 #include "router.h"
 
 #define TR_DIR "build/test_router.d"
@@ -246,6 +247,10 @@ static size_t tr_sink(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
+/* The decode nodes here have the shared secret: a request the test sends
+ * to one directly is signed as the router signs it (node_auth.h). */
+static node_auth_key tr_node_key;
+
 /* HTTP request; returns the status (or -1), body in *out (free it). */
 static long tr_http(const char *method, int port, const char *path, const char *body, const char *auth, char **out) {
     char url[256], hdr[300];
@@ -254,6 +259,10 @@ static long tr_http(const char *method, int port, const char *path, const char *
     tr_buf b = {0};
     struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
     if (auth) { snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", auth); hl = curl_slist_append(hl, hdr); }
+    node_auth_sig sig;
+    if (!strcmp(path, "/v1/generate") && body &&
+        !node_auth_sign(&tr_node_key, method, path, body, strlen(body), node_auth_now_ms(), &sig))
+        hl = node_auth_curl_headers(hl, &sig);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
@@ -362,6 +371,7 @@ static int tr_setup(tr_env *e) {
     FILE *f = fopen(TR_DIR "/secret", "w");
     fputs("router-test-secret\n", f);
     fclose(f);
+    node_auth_derive(&tr_node_key, "router-test-secret", 18, NODE_AUTH_LABEL_DECODE_API);
     char pp[32], dp[32];
     char *pf[] = {b, "serve", "--role", "prefill", "-m", e->stories, "-t", "1", "--secret-file", TR_DIR "/secret",
                   "--port-file", TR_DIR "/pf.port", "--debug-frame-delay-ms", "30", NULL};
@@ -377,7 +387,7 @@ static int tr_setup(tr_env *e) {
     if (tr_start_node(&e->dq, &e->pdq, dq, "dq")) return -1;
     /* r1: auto split, slow health checks (a killed node is found by a failed request). */
     f = fopen(TR_DIR "/r1.json", "w");
-    fprintf(f, "{\"listen\":\"127.0.0.1:0\",\"health_interval_ms\":60000,\"limits\":{\"max_prompt_bytes\":4096,"
+    fprintf(f, "{\"listen\":\"127.0.0.1:0\",\"secret_file\":\"" TR_DIR "/secret\",\"health_interval_ms\":60000,\"limits\":{\"max_prompt_bytes\":4096,"
                "\"max_body_bytes\":65536,\"max_tokens\":64},\"nodes\":["
                "{\"role\":\"decode\",\"model\":\"stories\",\"addr\":\"127.0.0.1:%d\"},"
                "{\"role\":\"decode\",\"model\":\"stories\",\"addr\":\"127.0.0.1:%d\"},"
@@ -389,13 +399,13 @@ static int tr_setup(tr_env *e) {
     if (tr_start_node(&e->r1, &e->pr1, r1, "r1")) return -1;
     snprintf(dp, sizeof dp, "stories=127.0.0.1:%d", e->pd1);
     snprintf(pp, sizeof pp, "stories=127.0.0.1:%d", e->ppf);
-    char *r2[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--decode", dp, "--prefill", pp,
+    char *r2[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", TR_DIR "/secret", "--decode", dp, "--prefill", pp,
                   "--split", "always", "--health-interval-ms", "300", "--port-file", TR_DIR "/r2.port", NULL};
     if (tr_start_node(&e->r2, &e->pr2, r2, "r2")) return -1;
     f = fopen(TR_DIR "/key", "w");
     fputs("sk-test-key\n", f);
     fclose(f);
-    char *r3[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--decode", dp, "--api-key-file",
+    char *r3[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", TR_DIR "/secret", "--decode", dp, "--api-key-file",
                   TR_DIR "/key", "--port-file", TR_DIR "/r3.port", NULL};
     return tr_start_node(&e->r3, &e->pr3, r3, "r3");
 }

@@ -299,11 +299,18 @@ static void test_lifecycle(const char *path, const char *dir) {
     CHECK(stop_proc(pid, 20000) == 0, "lifecycle node exit status");
 }
 
+/* The secret of the split tests' nodes; requests to their decode nodes are
+ * signed with the key derived from it, as a router signs them. */
+#define BATCH_SECRET "batch-test-secret"
+
 static void test_split(const char *path, const char *dir) {
+    static node_auth_key key;
+    node_auth_derive(&key, BATCH_SECRET, strlen(BATCH_SECRET), NODE_AUTH_LABEL_DECODE_API);
+    sign_key = &key;
     char sf[512];
     snprintf(sf, sizeof sf, "%s/secret", dir);
     FILE *f = fopen(sf, "w");
-    if (f) { fputs("batch-test-secret\n", f); fclose(f); }
+    if (f) { fputs(BATCH_SECRET "\n", f); fclose(f); }
     int pport, dport;
     char *pextra[] = { "--role", "prefill", "-m", (char *)path, "-t", "1", "--listen", "127.0.0.1:0",
                        "--secret-file", sf, NULL };
@@ -325,6 +332,7 @@ static void test_split(const char *path, const char *dir) {
     }
     CHECK(stop_proc(dp, 20000) == 0, "decode node exit status");
     CHECK(stop_proc(pp, 20000) == 0, "prefill node exit status");
+    sign_key = NULL;
 }
 
 /* Concatenated "text" of NDJSON lines (or SSE chunks: choices[0].text),
@@ -406,6 +414,9 @@ static void test_stop_strings(const char *path, const char *dir) {
 /* The prefill node interleaves requests chunk by chunk: a short prompt sent
  * while a long one is being prefilled gets its first token first. */
 static void test_prefill_interleave(const char *path, const char *dir) {
+    static node_auth_key key;
+    node_auth_derive(&key, BATCH_SECRET, strlen(BATCH_SECRET), NODE_AUTH_LABEL_DECODE_API);
+    sign_key = &key;
     char sf[512];
     snprintf(sf, sizeof sf, "%s/secret", dir);
     int pport, dport;
@@ -454,6 +465,7 @@ static void test_prefill_interleave(const char *path, const char *dir) {
     }
     CHECK(stop_proc(dp, 20000) == 0, "interleave decode node exit status");
     CHECK(stop_proc(pp, 20000) == 0, "interleave prefill node exit status");
+    sign_key = NULL;
 }
 
 /* logprobs: greedy tokens are their own top alternative, values are

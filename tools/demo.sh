@@ -40,7 +40,7 @@ PP=$(wait_port "$DIR/prefill.port" "${PIDS[-1]}")
 build/tandem serve --role decode -m "$MODEL" -t 1 --secret-file "$DIR/secret" --listen 127.0.0.1:0 \
     --prefill-node "127.0.0.1:$PP" --port-file "$DIR/decode.port" >"$DIR/decode.log" 2>&1 & PIDS+=($!)
 DP=$(wait_port "$DIR/decode.port" "${PIDS[-1]}")
-build/tandem serve --role router --listen 127.0.0.1:0 --decode "$NAME=127.0.0.1:$DP" --prefill "$NAME=127.0.0.1:$PP" \
+build/tandem serve --role router --listen 127.0.0.1:0 --secret-file "$DIR/secret" --decode "$NAME=127.0.0.1:$DP" --prefill "$NAME=127.0.0.1:$PP" \
     --split "$SPLIT" --port-file "$DIR/router.port" >"$DIR/router.log" 2>&1 & PIDS+=($!)
 RP=$(wait_port "$DIR/router.port" "${PIDS[-1]}")
 echo "== prefill node :$PP, decode node :$DP, router :$RP (model \"$NAME\", split policy $SPLIT)"

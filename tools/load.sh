@@ -20,7 +20,7 @@ for d in 1 2; do
     --prefill-node "127.0.0.1:$PP" --port-file "$DIR/d$d.port" >"$DIR/d$d.log" 2>&1 & PIDS+=($!)
 done
 D1=$(wait_port "$DIR/d1.port"); D2=$(wait_port "$DIR/d2.port")
-build/tandem serve --role router --quiet --listen 127.0.0.1:0 --decode "m=127.0.0.1:$D1" --decode "m=127.0.0.1:$D2" \
+build/tandem serve --role router --quiet --listen 127.0.0.1:0 --secret-file "$DIR/secret" --decode "m=127.0.0.1:$D1" --decode "m=127.0.0.1:$D2" \
   --prefill "m=127.0.0.1:$PP" --port-file "$DIR/r.port" >"$DIR/r.log" 2>&1 & PIDS+=($!); RPID=$!
 RP=$(wait_port "$DIR/r.port")
 node tools/loadtest.mjs "http://127.0.0.1:$RP" m "$CLIENTS" "$SECONDS_" "$MAXTOK" "$RPID"; rc=$?
