@@ -9,7 +9,7 @@
  * POST /v1/generate body: exactly one of "prompt" (string; "chat": true
  * wraps it as one user message), "messages" ([{"role","content"}], rendered
  * with the model's chat template) or "tokens" (ids); "max_tokens" (128),
- * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy),
+ * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy; no seed: a fresh one per request),
  * "ignore_eos", "stop" (string or up to 8 strings), "prefill": "auto" |
  * "remote" | "local", "prefill_node": "host:port", "stream". Answer: NDJSON
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
