@@ -13,12 +13,12 @@
 #define SAMPLER_BLOCK 64
 
 /* Top-p without top-k needs the mass of the whole vocabulary. It is first
- * summed with the fast exp (within 8.2e-8 of exp(), checked on every float
+ * summed with the fast exp (within 1.2e-7 of exp(), checked on every float
  * in [-87, 0]); a cut whose neighbouring masses lie within this margin of
  * top_p is redone with libm's exp summed in vocabulary order (off the
  * reference's rank-order sum by rounding only), and one within the second
  * margin of that by the reference itself. */
-#define SAMPLER_TOP_P_MARGIN 2.5e-7
+#define SAMPLER_TOP_P_MARGIN 5e-7
 #define SAMPLER_TOP_P_MARGIN_EXACT 1e-10
 
 typedef struct { float logit; int32_t id; } cand;
@@ -220,37 +220,52 @@ int32_t sampler_ref_sample(sampler *s, const float *logits) {
 
 /* ==== Vectorised softmax passes ==== */
 
+/* a * b + c, fused where the target has FMA (half the polynomial's
+ * instructions; results then differ from a non-FMA build by an ulp, so a
+ * seed replays the same tokens on the same kind of build). */
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+#define SAMPLER_MADD(a, b, c) fmaf(a, b, c)
+#else
+#define SAMPLER_MADD(a, b, c) ((a) * (b) + (c))
+#endif
+
 /* exp(x) for -87 <= x <= 0 in float: x = k ln2 + r with |r| <= ln2/2, then
- * 2^k * p(r) with Cephes' expf polynomial (relative error below 2e-7). */
+ * 2^k * p(r) with Cephes' expf polynomial. Relative error, checked on
+ * every float in [-87, 0]: 8.2e-8 without FMA, 1.2e-7 with. */
 static inline float sampler_exp_poly(float x) {
     int32_t ki = (int32_t)(x * 1.44269504088896341f - 0.5f);   /* round to nearest: x <= 0 */
     float k = (float)ki;
-    float r = x - k * 0.693359375f - k * -2.12194440e-4f;
+    float r = SAMPLER_MADD(k, 2.12194440e-4f, SAMPLER_MADD(k, -0.693359375f, x));
     float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * (r * r) + r + 1.0f;
+    p = SAMPLER_MADD(p, r, 1.3981999507e-3f);
+    p = SAMPLER_MADD(p, r, 8.3334519073e-3f);
+    p = SAMPLER_MADD(p, r, 4.1665795894e-2f);
+    p = SAMPLER_MADD(p, r, 1.6666665459e-1f);
+    p = SAMPLER_MADD(p, r, 5.0000001201e-1f);
+    p = SAMPLER_MADD(p, r * r, r + 1.0f);
     union { int32_t i; float f; } scale = { .i = (ki + 127) << 23 };
     return p * scale.f;
 }
 
-/* w[j] = exp((l[j] - mx) / temp) for one block, with the reference's float
- * arithmetic for the argument; 0 at or below -87 (2^-126, the last normal
- * float; -inf from masked logits). Three branch-free loops: one loop with
- * the clamp and the polynomial gets split by the compiler into branches
- * and is not vectorised. */
-static void sampler_exp_block(const float *l, float mx, float temp, float *w) {
+/* w[j] = exp((l[j] - mx) * inv_temp) for one block; 0 at or below -87
+ * (2^-126, the last normal float; -inf from masked logits). Returns the
+ * block's sum. Three branch-free loops: one loop with the clamp and the
+ * polynomial gets split by the compiler into branches and is not
+ * vectorised. */
+static float sampler_exp_block(const float *l, float mx, float inv_temp, float *w) {
     float x[SAMPLER_BLOCK];
     for (int j = 0; j < SAMPLER_BLOCK; j++) {
-        float v = (l[j] - mx) / temp;
+        float v = (l[j] - mx) * inv_temp;
         v = v > -87.0f ? v : -87.0f;
         x[j] = v < 0.0f ? v : 0.0f;
     }
     for (int j = 0; j < SAMPLER_BLOCK; j++) w[j] = sampler_exp_poly(x[j]);
     for (int j = 0; j < SAMPLER_BLOCK; j++) w[j] = x[j] > -87.0f ? w[j] : 0.0f;
+    /* float lanes: 8 terms of at most 1 each, exact enough for a block */
+    float acc[8] = {0};
+    for (int j = 0; j < SAMPLER_BLOCK; j += 8)
+        for (int q = 0; q < 8; q++) acc[q] += w[j + q];
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
 static float sampler_max(const float *x, int n) {
@@ -265,25 +280,21 @@ static float sampler_max(const float *x, int n) {
     return m;
 }
 
-/* w[i] = exp((l[i] - mx) / temp), bsum[b] = sum of block b; returns the
- * total. The last, partial block is padded with masked logits. */
+/* w[i] = exp((l[i] - mx) / temp) (w may be NULL: the draw recomputes one
+ * block), bsum[b] = sum of block b; returns the total. Multiplying by 1/temp moves the argument by an ulp at most from
+ * the reference's division; the top-p sums (temp 1) are unaffected. The
+ * last, partial block is padded with masked logits. */
 static double sampler_weights(const float *l, int n, float mx, float temp, float *w, double *bsum) {
     double total = 0.0;
-    for (int i = 0, b = 0; i < n; i += SAMPLER_BLOCK, b++) {
-        float wb[SAMPLER_BLOCK];
-        if (i + SAMPLER_BLOCK <= n) {
-            sampler_exp_block(l + i, mx, temp, wb);
-        } else {
-            float pad[SAMPLER_BLOCK];
-            for (int j = 0; j < SAMPLER_BLOCK; j++) pad[j] = i + j < n ? l[i + j] : -INFINITY;
-            sampler_exp_block(pad, mx, temp, wb);
-        }
-        double acc[8] = {0};
-        for (int j = 0; j < SAMPLER_BLOCK; j += 8)
-            for (int q = 0; q < 8; q++) acc[q] += wb[j + q];
-        bsum[b] = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-        total += bsum[b];
-        memcpy(w + i, wb, sizeof(float) * (size_t)(i + SAMPLER_BLOCK <= n ? SAMPLER_BLOCK : n - i));
+    float inv = 1.0f / temp;
+    int i = 0, b = 0;
+    float wb[SAMPLER_BLOCK];
+    for (; i + SAMPLER_BLOCK <= n; i += SAMPLER_BLOCK, b++) total += bsum[b] = sampler_exp_block(l + i, mx, inv, w ? w + i : wb);
+    if (i < n) {
+        float pad[SAMPLER_BLOCK];
+        for (int j = 0; j < SAMPLER_BLOCK; j++) pad[j] = i + j < n ? l[i + j] : -INFINITY;
+        total += bsum[b] = sampler_exp_block(pad, mx, inv, wb);
+        if (w) memcpy(w + i, wb, sizeof(float) * (size_t)(n - i));
     }
     return total;
 }
@@ -298,24 +309,35 @@ int32_t sampler_argmax(const float *logits, int n) {
 
 /* ==== Sampling paths ==== */
 
-/* No filter: draw from the softmax in vocabulary order. */
+/* No filter: draw from the softmax in vocabulary order: find the block by
+ * its sum, then recompute that block's weights (the same arithmetic) and
+ * scan them. */
 static int32_t sampler_pick_softmax(sampler *s, const float *logits, double u) {
     int n = s->n_vocab;
-    float mx = sampler_max(logits, n);
-    double total = sampler_weights(logits, n, mx, s->p.temp, s->w, s->bsum);
+    float mx = sampler_max(logits, n), inv = 1.0f / s->p.temp;
+    double total = sampler_weights(logits, n, mx, s->p.temp, NULL, s->bsum);
     double r = u * total, acc = 0.0;
-    int nb = (n + SAMPLER_BLOCK - 1) / SAMPLER_BLOCK;
+    int nb = (n + SAMPLER_BLOCK - 1) / SAMPLER_BLOCK, last = -1;
     for (int b = 0; b < nb; b++) {
-        if (r >= acc + s->bsum[b]) { acc += s->bsum[b]; continue; }
-        int end = (b + 1) * SAMPLER_BLOCK < n ? (b + 1) * SAMPLER_BLOCK : n;
-        for (int i = b * SAMPLER_BLOCK; i < end; i++) {
-            acc += s->w[i];
-            if (r < acc) return i;
+        if (s->bsum[b] <= 0.0) continue;
+        if (r >= acc + s->bsum[b]) { acc += s->bsum[b]; last = b; continue; }
+        float pad[SAMPLER_BLOCK], w[SAMPLER_BLOCK];
+        int i0 = b * SAMPLER_BLOCK;
+        for (int j = 0; j < SAMPLER_BLOCK; j++) pad[j] = i0 + j < n ? logits[i0 + j] : -INFINITY;
+        sampler_exp_block(pad, mx, inv, w);
+        for (int j = 0; j < SAMPLER_BLOCK; j++) {
+            acc += w[j];
+            if (w[j] > 0.0f && r < acc) return i0 + j;
         }
-        /* rounding left r just past the block's own running sum: go on */
+        last = b;   /* rounding left r just past the block's own running sum: go on */
     }
-    for (int i = n - 1; i > 0; i--) if (s->w[i] > 0.0f) return i;
-    return 0;
+    if (last < 0) return sampler_argmax(logits, n);   /* no weight at all (NaN logits) */
+    float pad[SAMPLER_BLOCK], w[SAMPLER_BLOCK];
+    int i0 = last * SAMPLER_BLOCK;
+    for (int j = 0; j < SAMPLER_BLOCK; j++) pad[j] = i0 + j < n ? logits[i0 + j] : -INFINITY;
+    sampler_exp_block(pad, mx, inv, w);
+    for (int j = SAMPLER_BLOCK - 1; j > 0; j--) if (w[j] > 0.0f) return i0 + j;
+    return i0;
 }
 
 /* Rank buckets for top-p: a quarter of a nat of logit each (weights within
