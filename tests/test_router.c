@@ -660,11 +660,16 @@ static void *tr_stream_main(void *arg) {
     return NULL;
 }
 
+/* The router's idle timeout in the busy test: short, so that a queued
+ * request outlives it, yet far above the gap between two tokens (also on a
+ * loaded machine, and under ASan, where a token takes ~100 ms). */
+static int tr_idle_ms(void) { return getenv("TANDEM_ASAN") ? 3000 : 500; }
+
 /* A node with one slot and a queue of one behind a router whose idle timeout
- * (300 ms) is shorter than a generation: the queued request still streams
- * to the end, and a third request gets 429 with Retry-After, not 502. */
+ * is shorter than a generation: the queued request still streams to the
+ * end, and a third request gets 429 with Retry-After, not 502. */
 static void test_busy(const char *bin, const char *qwen, int rport) {
-    const char *body = "{\"model\":\"qwen3-mini\",\"prompt\":\"Hello\",\"max_tokens\":96,\"stream\":true}";
+    const char *body = "{\"model\":\"qwen3-mini\",\"prompt\":\"Hello\",\"max_tokens\":160,\"stream\":true}";
     tr_stream_job jobs[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
@@ -689,8 +694,8 @@ static void test_busy(const char *bin, const char *qwen, int rport) {
     /* The check above means something only if the second request (sent
      * 100 ms after the first) waited in the queue longer than the idle
      * timeout, with a margin. */
-    CHECK(jobs[0].ms > 100 + 300 + 150, "first generation took %.0f ms: the queued one waited less than the idle "
-          "timeout, the queue test is void", jobs[0].ms);
+    CHECK(jobs[0].ms > 100 + tr_idle_ms() + 150, "first generation took %.0f ms: the queued one waited less than the "
+          "idle timeout, the queue test is void", jobs[0].ms);
     (void)bin; (void)qwen;
 }
 
@@ -736,9 +741,9 @@ static void test_busy_and_seeds(const char *qwen) {
                    "--port-file", TR_DIR "/bs.port", NULL};
     if (!tr_start_node(&dq, &pdq, dqa, "bq") && !tr_start_node(&ds, &pds, dsa, "bs")) {
         FILE *f = fopen(TR_DIR "/r4.json", "w");
-        fprintf(f, "{\"listen\":\"127.0.0.1:0\",\"health_interval_ms\":200,\"limits\":{\"idle_timeout_ms\":300},"
+        fprintf(f, "{\"listen\":\"127.0.0.1:0\",\"health_interval_ms\":200,\"limits\":{\"idle_timeout_ms\":%d},"
                    "\"nodes\":[{\"role\":\"decode\",\"model\":\"qwen3-mini\",\"addr\":\"127.0.0.1:%d\"},"
-                   "{\"role\":\"decode\",\"model\":\"stories\",\"addr\":\"127.0.0.1:%d\"}]}\n", pdq, pds);
+                   "{\"role\":\"decode\",\"model\":\"stories\",\"addr\":\"127.0.0.1:%d\"}]}\n", tr_idle_ms(), pdq, pds);
         fclose(f);
         char *ra[] = {b, "serve", "--role", "router", "--config", TR_DIR "/r4.json", "--port-file", TR_DIR "/r4.port", NULL};
         if (!tr_start_node(&rr, &prr, ra, "r4")) {
