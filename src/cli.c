@@ -20,6 +20,7 @@ typedef struct {
     const char *prefill_node, *secret_file, *wire_dtype;   /* remote prefill */
     const char *backend;
     int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms, device;
+    int seed_given;              /* else a fresh seed per run */
     sampler_params sp;
 } run_opts;
 
@@ -34,7 +35,8 @@ static void cli_usage_run(void) {
         "  --ids           print generated token ids instead of text\n"
         "  --ignore-eos    keep generating past end-of-generation tokens\n"
         "  --temp T        temperature (default 0 = greedy)\n"
-        "  --top-k K --top-p P --min-p P --seed S   sampling (defaults 40, 0.95, 0.05, 0)\n"
+        "  --top-k K --top-p P --min-p P   sampling filters (defaults 40, 0.95, 0.05)\n"
+        "  --seed S        sampling seed, 0 to 2^63-1 (default: a fresh one per run, printed with -v)\n"
         "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n");
     cli_usage_backend(15);
     fprintf(stderr,
@@ -64,6 +66,15 @@ static int cli_float(const char *s, float *out) {
     return 0;
 }
 
+static int cli_seed(const char *s, uint64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end || end == s || v < 0) return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
 /* Parses run options; returns 0, or -1 after printing what is wrong. */
 static int cli_parse_run(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
@@ -84,7 +95,7 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
         else if (!strcmp(a, "--top-k")) bad = !v || cli_int(v, &o->sp.top_k);
         else if (!strcmp(a, "--top-p")) bad = !v || cli_float(v, &o->sp.top_p);
         else if (!strcmp(a, "--min-p")) bad = !v || cli_float(v, &o->sp.min_p);
-        else if (!strcmp(a, "--seed")) { int sd = 0; bad = !v || cli_int(v, &sd); o->sp.seed = (uint64_t)(unsigned)sd; }
+        else if (!strcmp(a, "--seed")) { bad = !v || cli_seed(v, &o->sp.seed); o->seed_given = 1; }
         else if (!strcmp(a, "--kv-type")) o->kv_type = v;
         else if (!strcmp(a, "--backend")) bad = !v || cli_backend_ok(o->backend = v);
         else if (!strcmp(a, "--device")) bad = !v || cli_device_ok(v, &o->device);
@@ -105,6 +116,7 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
         i += takes;
     }
     if (!o->model || (!o->prompt && !o->prompt_file)) { cli_usage_run(); return -1; }
+    if (!o->seed_given) o->sp.seed = sampler_fresh_seed();
     return 0;
 }
 
@@ -291,6 +303,9 @@ int cli_run(int argc, char **argv) {
             st.prompt_ms > 0 ? st.n_prompt * 1e3 / st.prompt_ms : 0.0);
     fprintf(stderr, "generation: %d tokens in %.1f ms (%.2f t/s)\n", st.n_gen, st.gen_ms,
             st.n_gen > 1 && st.gen_ms > 0 ? (st.n_gen - 1) * 1e3 / st.gen_ms : 0.0);
+    if (o.sp.temp > 0)   /* --seed with this value replays the run */
+        fprintf(stderr, "sampling: seed %llu, temp %g, top_k %d, top_p %g, min_p %g\n", (unsigned long long)o.sp.seed,
+                o.sp.temp, o.sp.top_k, o.sp.top_p, o.sp.min_p);
     rc = 0;
 out:
     free(logits);

@@ -420,7 +420,8 @@ static int dn_parse_sampling(json_t *o, dn_req *r, char *err, size_t errlen) {
     if (dn_get_num(o, "min_p", 0, 1, &r->sp.min_p, err, errlen)) return -1;
     v = 0;
     if (dn_get_int(o, "seed", 0, INT64_MAX, &v, err, errlen)) return -1;
-    r->sp.seed = (uint64_t)v;
+    /* No seed: a fresh one per request, so that unseeded calls differ. */
+    r->sp.seed = json_object_get(o, "seed") ? (uint64_t)v : sampler_fresh_seed();
     if (json_object_get(o, "logprobs")) {
         v = 0;
         if (dn_get_int(o, "logprobs", 0, SCHED_MAX_TOP_LOGPROBS, &v, err, errlen)) return -1;

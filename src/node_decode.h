@@ -15,7 +15,8 @@
  * POST /v1/generate body: exactly one of "prompt" (string; "chat": true
  * wraps it as one user message), "messages" ([{"role","content"}], rendered
  * with the model's chat template) or "tokens" (ids); "max_tokens" (128),
- * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy),
+ * "temperature", "top_k", "top_p", "min_p", "seed" (sampler defaults: greedy;
+ * no seed: a fresh one per request),
  * "ignore_eos", "stop" (string or up to 8 strings), "logprobs" (0..20: each
  * token's log-probability under the model and that many top alternatives,
  * as "logprob" and "top_logprobs": [{"id","text","logprob"}] on each token

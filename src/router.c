@@ -311,7 +311,10 @@ typedef struct {
     int fails;                   /* consecutive failed checks */
     double last_heartbeat_ms;
     int inflight;                /* this router's requests on the node now */
-    int queue_depth;             /* as the node reports it (decode: /v1/stats) */
+    int queue_depth;             /* requests running + waiting, as the node reports it (decode: /v1/stats) */
+    int slots;                   /* generation slots (decode: /v1/stats "slots"; 1 when not reported) */
+    int queue_max;               /* requests that may wait beyond the slots ... */
+    int queue_known;             /* ... if the node reported it */
     double prefill_tps, decode_tps;
     double kv_bytes_per_token, link_Bps, overhead_ms;
     double bytes_per_token;      /* prompt bytes per token (decode nodes), to estimate prompt length */
@@ -387,8 +390,23 @@ static int rt_reason_index(const char *key) {
 
 /* ==== Node selection ==== */
 
+/* Requests on a node, running and waiting: this router's own in-flight
+ * count is exact and current; the node's report also covers other clients
+ * but is up to one health interval old. */
 static int rt_node_load(const rt_node *n) {
     return n->inflight > n->queue_depth ? n->inflight : n->queue_depth;
+}
+
+static int rt_node_slots(const rt_node *n) { return n->slots > 0 ? n->slots : 1; }
+
+/* Free slots when positive; otherwise minus the length of its queue. */
+static int rt_node_free(const rt_node *n) { return rt_node_slots(n) - rt_node_load(n); }
+
+/* Every slot busy and the queue full. by_own: judged on this router's own
+ * requests alone (certain) rather than on the node's last report. */
+static int rt_node_full(const rt_node *n, int by_own) {
+    if (!n->queue_known) return 0;
+    return (by_own ? n->inflight : rt_node_load(n)) >= rt_node_slots(n) + n->queue_max;
 }
 
 static int rt_model_known(router *r, const char *model) {
@@ -400,15 +418,25 @@ static int rt_model_known(router *r, const char *model) {
     return found;
 }
 
-/* Least loaded healthy node of a role for a model, skipping tried[]; -1 if none. Caller holds mu. */
+/* Is node a a better pick than node b? Not full first, then the most free
+ * slots (or, with none free, the shortest queue), then fewer requests so far. */
+static int rt_better(const rt_node *a, const rt_node *b) {
+    int fa = rt_node_full(a, 0), fb = rt_node_full(b, 0);
+    if (fa != fb) return fb;
+    if (rt_node_free(a) != rt_node_free(b)) return rt_node_free(a) > rt_node_free(b);
+    return a->requests < b->requests;
+}
+
+/* Best healthy node of a role for a model, skipping tried[]; -1 if none.
+ * A node whose last report says full is still picked when nothing better
+ * is left (the report may be stale; a full node answers 503 at once).
+ * Caller holds mu. */
 static int rt_pick_locked(router *r, int role, const char *model, const int *tried) {
     int best = -1;
     for (int i = 0; i < r->n_nodes; i++) {
         rt_node *n = &r->nodes[i];
         if (n->cfg.role != role || !n->up || strcmp(n->cfg.model, model) || (tried && tried[i])) continue;
-        if (best < 0 || rt_node_load(n) < rt_node_load(&r->nodes[best]) ||
-            (rt_node_load(n) == rt_node_load(&r->nodes[best]) && n->requests < r->nodes[best].requests))
-            best = i;
+        if (best < 0 || rt_better(n, &r->nodes[best])) best = i;
     }
     return best;
 }
@@ -565,6 +593,7 @@ typedef struct {
     router_decision dec;
     int tried[ROUTER_MAX_NODES];
     int attempts;
+    int busy;                    /* attempts a node refused as full (503/429) */
     rt_up up;
     int have_up;
     /* progress */
@@ -626,12 +655,14 @@ static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
     return n;
 }
 
-/* Chooses a decode node and the prefill plan; -1 when no node is left. */
+/* Chooses a decode node and the prefill plan; -1 when no node is left, -2
+ * when the best one left is full with this router's own requests. */
 static int rt_choose(rt_req *q) {
     router *r = q->r;
     pthread_mutex_lock(&r->mu);
     int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
     if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
+    if (rt_node_full(&r->nodes[d], 1)) { pthread_mutex_unlock(&r->mu); return -2; }
     int p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
     rt_node *dn = &r->nodes[d], *pn = p >= 0 ? &r->nodes[p] : NULL;
     router_cost_in in = {
@@ -681,6 +712,36 @@ static void rt_client_error_from_node(rt_req *q, long status, api_error *e) {
     api_error_set(e, status == 413 ? 413 : 400, "invalid_request_error", code, param, "%s", msg);
 }
 
+/* The first line of an attempt. Before it the request may wait in the
+ * node's queue and for its prefill, which the idle timeout must not cut
+ * short (a queue of long generations takes minutes): it waits as long as
+ * the node passes its health checks, up to the request's deadline. */
+static int rt_wait_first(rt_req *q, char **line, size_t *len) {
+    router *r = q->r;
+    double hard = q->t_start + r->cfg.request_timeout_ms;
+    for (;;) {
+        double slice = rt_now_ms() + r->cfg.health_interval_ms;   /* look at the node's health this often */
+        int rc = rt_up_line(&q->up, slice < hard ? slice : hard, q->client_fd, line, len);
+        if (rc != RT_TIMEOUT || rt_now_ms() >= hard) return rc;
+        pthread_mutex_lock(&r->mu);
+        int up = q->decode_idx >= 0 && r->nodes[q->decode_idx].up;
+        pthread_mutex_unlock(&r->mu);
+        if (!up) return RT_TIMEOUT;
+    }
+}
+
+/* A node that refused a request as full counts as full until its next
+ * health report. */
+static void rt_mark_full(router *r, int idx) {
+    if (idx < 0) return;
+    pthread_mutex_lock(&r->mu);
+    rt_node *n = &r->nodes[idx];
+    if (!n->queue_known) { n->queue_max = 0; n->queue_known = 1; }
+    int cap = rt_node_slots(n) + n->queue_max;
+    if (n->queue_depth < cap) n->queue_depth = cap;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* One attempt: open the stream to the chosen node and wait for its first
  * line. 0 = streaming (q->pending holds the first line); 1 = retry on another
  * node; -1 = give up with e filled. */
@@ -695,11 +756,9 @@ static int rt_attempt(rt_req *q, api_error *e) {
         return -1;
     }
     q->have_up = 1;
-    double deadline = rt_now_ms() + r->cfg.idle_timeout_ms;
-    double hard = q->t_start + r->cfg.request_timeout_ms;
     char *line;
     size_t len;
-    int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
+    int rc = rt_wait_first(q, &line, &len);
     long status = rt_up_status(&q->up);
     if (rc == RT_GONE) { snprintf(q->error, sizeof q->error, "client disconnected"); return -1; }
     /* 401: the node does not accept our signature (no or another secret):
@@ -718,7 +777,11 @@ static int rt_attempt(rt_req *q, api_error *e) {
                  q->pending.error[0] ? q->pending.error : "error");
         api_upstream_line_free(&q->pending);
     } else if (rc == RT_TIMEOUT) {
-        snprintf(q->error, sizeof q->error, "decode node %s sent nothing for %d ms", q->decode_addr, r->cfg.idle_timeout_ms);
+        if (rt_now_ms() >= q->t_start + r->cfg.request_timeout_ms)
+            snprintf(q->error, sizeof q->error, "request timed out after %d ms before the first token from decode node %s",
+                     r->cfg.request_timeout_ms, q->decode_addr);
+        else
+            snprintf(q->error, sizeof q->error, "decode node %s failed its health checks before the first token", q->decode_addr);
     } else if (status == 401) {
         char msg[300];
         api_upstream_error_message(q->up.buf ? q->up.buf + q->up.off : "", q->up.len - q->up.off, msg, sizeof msg);
@@ -734,23 +797,31 @@ static int rt_attempt(rt_req *q, api_error *e) {
     return 1;
 }
 
+/* No node could start the request: 429 when the nodes are full (retry
+ * later), 503 when none is healthy, 502 when they failed. */
+static void rt_start_error(rt_req *q, int chose, api_error *e) {
+    if (chose == -2 || (q->attempts > 0 && q->busy == q->attempts))
+        api_error_set(e, 429, "rate_limit_error", "overloaded", NULL,
+                      "All decode nodes for '%s' are busy (every slot taken and every queue full); retry later.",
+                      q->req.model);
+    else if (q->attempts == 0)
+        api_error_set(e, 503, "server_error", "no_healthy_node", NULL,
+                      "No healthy decode node serves model '%s' right now; try again later.", q->req.model);
+    else
+        api_error_set(e, 502, "server_error", "upstream_failed", NULL,
+                      "The request failed on %d decode node(s); last error: %s", q->attempts, q->error);
+}
+
 /* Runs attempts until a node streams; 0, or -1 with e filled. */
 static int rt_start(rt_req *q, api_error *e) {
     router *r = q->r;
     for (;;) {
-        if (q->attempts >= r->cfg.max_attempts || rt_choose(q)) {
-            if (q->attempts == 0)
-                api_error_set(e, 503, "server_error", "no_healthy_node", NULL,
-                              "No healthy decode node serves model '%s' right now; try again later.", q->req.model);
-            else
-                api_error_set(e, 502, "server_error", "upstream_failed", NULL,
-                              "The request failed on %d decode node(s); last error: %s", q->attempts, q->error);
-            return -1;
-        }
+        int chose = q->attempts >= r->cfg.max_attempts ? -1 : rt_choose(q);
+        if (chose) { rt_start_error(q, chose, e); return -1; }
         q->attempts++;
         int rc = rt_attempt(q, e);
         if (rc == 0) return 0;
-        int busy = strstr(q->error, "busy") != NULL;
+        int busy = strstr(q->error, "busy") != NULL, idx = q->decode_idx;
         int conn_fail = q->have_up && q->up.done && q->up.result == CURLE_COULDNT_CONNECT;
         rt_release_node(q, rc > 0 && !busy, conn_fail);
         if (rc < 0) {
@@ -758,7 +829,8 @@ static int rt_start(rt_req *q, api_error *e) {
             return -1;
         }
         if (busy) {
-            api_error_set(e, 429, "rate_limit_error", "overloaded", NULL, "All decode nodes for '%s' are busy.", q->req.model);
+            q->busy++;
+            rt_mark_full(r, idx);
         }
         pthread_mutex_lock(&r->mu);
         r->m.retries++;
@@ -877,6 +949,10 @@ typedef struct {
     int handled;
 } rt_conn;
 
+/* Seconds a client told 429 should wait: about one health interval, after
+ * which the router knows the nodes' queues afresh. */
+#define RT_RETRY_AFTER "1"
+
 static enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body) {
     if (!body) {
         status = 500;
@@ -886,6 +962,7 @@ static enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char 
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
     if (!resp) { free(body); return MHD_NO; }
     MHD_add_response_header(resp, "Content-Type", ctype);
+    if (status == 429) MHD_add_response_header(resp, "Retry-After", RT_RETRY_AFTER);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return rc;
@@ -1536,7 +1613,7 @@ static double rt_json_num(json_t *o, const char *const *keys) {
     return -1;
 }
 
-typedef struct { int ok; char desc[400]; int queue; double prefill_tps, decode_tps; } rt_probe;
+typedef struct { int ok; char desc[400]; int queue, slots, queue_max; double prefill_tps, decode_tps; } rt_probe;
 
 static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     rt_sb b = {0};
@@ -1556,9 +1633,15 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
         static const char *const qk[] = {"queued", "queue_depth", "waiting", NULL};
         static const char *const pk[] = {"prefill_tps_local", "prefill_tps", NULL};
         static const char *const dk[] = {"decode_tps", "decode_tokens_per_s", "decode_tok_s", NULL};
-        double qd = rt_json_num(st, qk);
-        json_t *act = json_object_get(st, "busy");
-        p->queue = qd >= 0 ? (int)qd + (json_is_integer(act) ? (int)json_integer_value(act) : 0) : -1;
+        static const char *const bk[] = {"slots_busy", "busy", NULL};
+        static const char *const sk[] = {"slots", NULL};
+        static const char *const mk[] = {"queue_max", NULL};
+        /* Nodes without "slots" run one generation at a time; bound what a
+         * broken report can make the router believe. */
+        double qd = rt_json_num(st, qk), busy = rt_json_num(st, bk), slots = rt_json_num(st, sk), qmax = rt_json_num(st, mk);
+        p->queue = qd >= 0 && qd < 1e6 ? (int)qd + (busy > 0 && busy < 1e6 ? (int)busy : 0) : -1;
+        p->slots = slots >= 1 && slots < 1e6 ? (int)slots : 1;
+        p->queue_max = qmax >= 0 && qmax < 1e6 ? (int)qmax : -1;
         p->prefill_tps = rt_json_num(st, pk);
         p->decode_tps = rt_json_num(st, dk);
         json_decref(st);
@@ -1610,6 +1693,11 @@ static void rt_health_round(router *r) {
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
             if (p.queue >= 0) nd->queue_depth = p.queue;
+            if (cfgs[i].role == ROUTER_NODE_DECODE) {
+                nd->slots = p.slots;
+                nd->queue_max = p.queue_max;
+                nd->queue_known = p.queue_max >= 0;
+            }
             if (p.prefill_tps > 0) nd->prefill_tps = p.prefill_tps;
             if (p.decode_tps > 0) nd->decode_tps = p.decode_tps;
         } else {

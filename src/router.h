@@ -2,8 +2,9 @@
  *
  * The router loads no model. It keeps a registry of nodes (from a config
  * file, the command line, or nodes that register themselves and send
- * heartbeats), checks their health, and for every request picks the least
- * loaded healthy decode node serving the requested model, decides from a
+ * heartbeats), checks their health, and for every request picks the healthy
+ * decode node serving the requested model with the most free slots (then the
+ * shortest queue; 429 when all are full), decides from a
  * cost model whether the prompt is prefilled on that decode node ("local")
  * or on a prefill node ("split"), and forwards the request to the decode
  * node's POST /v1/generate (libcurl), turning its NDJSON stream into
@@ -43,7 +44,7 @@ typedef struct {
     size_t max_body_bytes;
     int max_concurrent;          /* generation requests in flight; more get 429 */
     int request_timeout_ms;      /* whole request */
-    int idle_timeout_ms;         /* no line from the decode node for this long = node failure */
+    int idle_timeout_ms;         /* no line from the decode node for this long after its first token = node failure */
     int connect_timeout_ms;
     int max_attempts;            /* decode nodes tried per request */
     int health_interval_ms;

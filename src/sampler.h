@@ -1,8 +1,33 @@
 /* sampler.h - choosing the next token from logits.
  *
- * Greedy when temp <= 0 (ties -> lowest id, as the golden files were made).
- * Otherwise, in llama.cpp's order: top-k, top-p, min-p, temperature, then a
- * draw from the softmax with a seeded generator (same seed, same tokens).
+ * One sampler per generated sequence: it owns the sequence's random state
+ * and its scratch buffers, so sequences decoded side by side never share
+ * state. Greedy when temp <= 0 (ties -> lowest id, as the golden files were
+ * made). Otherwise, in llama.cpp's order: top-k, top-p, min-p, temperature,
+ * then a draw from the softmax with a seeded generator (same seed, same
+ * tokens).
+ *
+ * Cost: no path sorts the whole vocabulary.
+ *  - No filter (top_k <= 0 or >= n_vocab, top_p >= 1, min_p <= 0; what the
+ *    router sends for OpenAI's defaults): the draw is made straight from the
+ *    softmax, in vocabulary order (a vectorised pass for the max, one for the
+ *    weights and their sum, a two-level scan for the draw).
+ *  - top-k: the k best are picked with a bounded heap (small k) or a
+ *    quickselect, then only those k are sorted.
+ *  - top-p / min-p without top-k: only a prefix of the ranking is selected
+ *    and sorted, growing 8x at a time until it holds the nucleus (or the
+ *    min-p set).
+ * The filtered paths return exactly the tokens of sampler_ref_sample (the
+ * former full-sort implementation) for the same seed: a top-p cut that falls
+ * within rounding distance of top_p is recomputed by the reference. The
+ * unfiltered path draws from the same distribution, but scans the
+ * vocabulary in id order rather than by rank, so a given seed yields other
+ * tokens than the reference would.
+ *
+ * Extending: fields added to sampler_params mean "off" when zero; extras that
+ * need the sequence's history (repetition penalties) or rewrite logits
+ * (logit bias) belong in this per-sequence object, applied to a private copy
+ * of the logits before the filters.
  */
 #ifndef TANDEM_SAMPLER_H
 #define TANDEM_SAMPLER_H
@@ -24,5 +49,14 @@ sampler *sampler_new(const sampler_params *p, int n_vocab);
 void sampler_free(sampler *s);
 int32_t sampler_sample(sampler *s, const float *logits);
 int32_t sampler_argmax(const float *logits, int n);
+
+/* A fresh seed from the kernel's generator (getrandom), in [0, 2^63) so that
+ * it can be given back as a JSON integer or a --seed to replay the output. */
+uint64_t sampler_fresh_seed(void);
+
+/* The former implementation (sort every candidate), kept as the oracle for
+ * the filtered paths and as their fallback near a rounding boundary. It uses
+ * and advances s's random state exactly as sampler_sample does. */
+int32_t sampler_ref_sample(sampler *s, const float *logits);
 
 #endif
