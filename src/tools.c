@@ -118,7 +118,9 @@ static int tl_check_messages(json_t *messages, char *err, size_t errlen) {
     for (size_t i = 0; i < json_array_size(messages); i++) {
         json_t *m = json_array_get(messages, i), *c = json_object_get(m, "content"), *tc = json_object_get(m, "tool_calls");
         const char *r = json_string_value(json_object_get(m, "role"));
-        if (!json_is_object(m) || !r || (c && !json_is_string(c) && !json_is_null(c)) ||
+        /* only an assistant turn (one with tool calls) may leave its content out */
+        int optional = r && !strcmp(r, "assistant");
+        if (!json_is_object(m) || !r || (!optional && !json_is_string(c)) || (c && !json_is_string(c) && !json_is_null(c)) ||
             (json_is_string(c) && strlen(json_string_value(c)) != json_string_length(c))) {
             snprintf(err, errlen, "'messages'[%zu] needs a string 'role' and a string 'content' (no NUL characters)", i);
             return -1;
