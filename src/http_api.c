@@ -1,6 +1,7 @@
 /* http_api.c - OpenAI request parsing/validation and response rendering
  * (see http_api.h). Pure functions over jansson; no I/O. */
 #include "http_api.h"
+#include "tools.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -13,7 +14,7 @@
 
 void api_limits_default(api_limits *l) {
     l->max_tokens_limit = 4096;       /* generous for the small models tandem serves */
-    l->default_max_tokens = 256;      /* OpenAI's completions default is 16; chat is "until context" */
+    l->default_max_tokens = 0;        /* until the end of the context, as OpenAI's chat API does */
     l->max_prompt_bytes = 256 * 1024; /* ~64k tokens of English: beyond any context we serve */
     l->max_prompt_tokens = 65536;
     l->max_messages = 256;
@@ -228,8 +229,57 @@ static int api_get_content(json_t *c, size_t idx, char **out, api_error *e) {
     return 0;
 }
 
+/* An assistant turn's tool_calls, normalized to [{"id", "type", "function":
+ * {"name", "arguments"}}] JSON text. */
+static int api_get_tool_calls(json_t *tc, size_t idx, api_msg *am, size_t *bytes, api_error *e) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", idx);
+    if (!tc || json_is_null(tc)) return 0;
+    if (!json_is_array(tc)) return api_wrong_type(e, param, "an array", tc);
+    if (json_array_size(tc) == 0) return 0;
+    if (strcmp(am->role, "assistant"))
+        return api_bad(e, param, "invalid_value", "Only assistant messages carry 'tool_calls'.");
+    json_t *out = json_array();
+    for (size_t k = 0; out && k < json_array_size(tc); k++) {
+        json_t *c = json_array_get(tc, k), *fn = json_object_get(c, "function"), *id = json_object_get(c, "id");
+        json_t *ty = json_object_get(c, "type"), *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        if (!json_is_object(c) || !json_is_string(id) || !json_is_object(fn) || !json_is_string(name) ||
+            !json_is_string(args) || (ty && !json_is_null(ty) && strcmp(json_string_value(ty) ? json_string_value(ty) : "", "function"))) {
+            json_decref(out);
+            return api_bad(e, param, "invalid_value",
+                           "Each tool call in %s needs a string 'id', type 'function' and 'function' with string 'name' and 'arguments'.", param);
+        }
+        *bytes += json_string_length(name) + json_string_length(args);
+        json_array_append_new(out, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function",
+                                             "function", "name", name, "arguments", args));
+    }
+    am->tool_calls = out ? json_dumps(out, JSON_COMPACT) : NULL;
+    json_decref(out);
+    return am->tool_calls ? 0 : api_bad(e, param, NULL, "out of memory");
+}
+
+/* The fields of one message beyond role and content. */
+static int api_get_message_extras(json_t *m, size_t i, api_msg *am, size_t *bytes, api_error *e) {
+    char param[64];
+    json_t *name = json_object_get(m, "name");
+    snprintf(param, sizeof param, "messages[%zu].name", i);
+    /* The templates render no participant names: refuse rather than drop one
+     * (a tool result's function name is not rendered by OpenAI either). */
+    if (name && !json_is_null(name) && strcmp(am->role, "tool"))
+        return api_bad(e, param, "unsupported_parameter", "Message 'name' is not supported by this server.");
+    if (api_get_tool_calls(json_object_get(m, "tool_calls"), i, am, bytes, e)) return -1;
+    json_t *id = json_object_get(m, "tool_call_id");
+    snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
+    if (!strcmp(am->role, "tool")) {
+        if (!json_is_string(id)) return api_bad(e, param, "missing_required_parameter",
+                                                "Tool messages need a string 'tool_call_id'.");
+        if (!(am->tool_call_id = strdup(json_string_value(id)))) return api_bad(e, param, NULL, "out of memory");
+    }
+    return 0;
+}
+
 static int api_get_messages(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
-    static const char *const roles[] = {"system", "developer", "user", "assistant"};
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool"};
     json_t *v = json_object_get(root, "messages");
     if (!v || json_is_null(v)) return api_bad(e, "messages", "missing_required_parameter",
                                               "Missing required parameter: 'messages'.");
@@ -252,7 +302,7 @@ static int api_get_messages(json_t *root, const api_limits *lim, api_request *r,
         int ok = 0;
         for (size_t k = 0; k < sizeof roles / sizeof roles[0]; k++) ok |= !strcmp(rs, roles[k]);
         if (!ok) return api_bad(e, param, "invalid_value",
-                                "Invalid value for %s: '%.40s'. Supported: system, developer, user, assistant.", param, rs);
+                                "Invalid value for %s: '%.40s'. Supported: system, developer, user, assistant, tool.", param, rs);
         api_msg *am = &r->messages[r->n_messages];
         /* "developer" is OpenAI's newer name for the system role. */
         am->role = strdup(strcmp(rs, "developer") ? rs : "system");
@@ -260,6 +310,7 @@ static int api_get_messages(json_t *root, const api_limits *lim, api_request *r,
         if (!am->role) return api_bad(e, param, NULL, "out of memory");
         if (api_get_content(json_object_get(m, "content"), i, &am->content, e)) return -1;
         r->prompt_bytes += strlen(am->content);
+        if (api_get_message_extras(m, i, am, &r->prompt_bytes, e)) return -1;
         if (r->prompt_bytes > lim->max_prompt_bytes)
             return api_bad(e, "messages", "context_length_exceeded",
                            "The messages total more than %zu bytes; reduce the length of the messages.",
@@ -267,6 +318,108 @@ static int api_get_messages(json_t *root, const api_limits *lim, api_request *r,
     }
     return 0;
 }
+
+/* ==== Tools ==== */
+
+/* OpenAI's rule for function names. */
+static int api_valid_function_name(const char *s, size_t n) {
+    if (n == 0 || n > 64) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-')) return 0;
+    }
+    return 1;
+}
+
+static int api_check_tool(json_t *t, size_t i, api_error *e) {
+    char param[48];
+    snprintf(param, sizeof param, "tools[%zu]", i);
+    json_t *ty = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+    if (!json_is_object(t)) return api_wrong_type(e, param, "an object", t);
+    if (!json_is_string(ty) || strcmp(json_string_value(ty), "function"))
+        return api_bad(e, param, "invalid_value", "Only tools of type 'function' are supported (%s).", param);
+    json_t *name = json_object_get(fn, "name"), *desc = json_object_get(fn, "description");
+    json_t *params = json_object_get(fn, "parameters"), *strict = json_object_get(fn, "strict");
+    if (!json_is_object(fn) || !json_is_string(name) ||
+        !api_valid_function_name(json_string_value(name), json_string_length(name)))
+        return api_bad(e, param, "invalid_value",
+                       "%s.function needs a 'name' of 1 to 64 characters a-z, A-Z, 0-9, '_' or '-'.", param);
+    if (desc && !json_is_null(desc) && !json_is_string(desc)) return api_wrong_type(e, param, "a string 'description'", desc);
+    if (params && !json_is_null(params) && !json_is_object(params))
+        return api_wrong_type(e, param, "an object 'parameters' (a JSON Schema)", params);
+    if (strict && !json_is_null(strict) && !json_is_boolean(strict)) return api_wrong_type(e, param, "a boolean 'strict'", strict);
+    return 0;
+}
+
+static json_t *api_find_tool(json_t *tools, const char *name) {
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        json_t *fn = json_object_get(json_array_get(tools, i), "function");
+        if (!strcmp(json_string_value(json_object_get(fn, "name")), name)) return fn;
+    }
+    return NULL;
+}
+
+/* tool_choice: "none" | "auto" | "required" | {"type":"function","function":{"name"}}. */
+static int api_get_tool_choice(json_t *root, json_t *tools, api_request *r, api_error *e) {
+    json_t *v = json_object_get(root, "tool_choice");
+    r->tool_choice = tools ? API_TOOLS_AUTO : API_TOOLS_NONE;
+    if (!v || json_is_null(v)) return 0;
+    const char *name = NULL;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "none")) { r->tool_choice = API_TOOLS_NONE; return 0; }
+        if (!strcmp(s, "auto")) return 0;
+        if (strcmp(s, "required"))
+            return api_bad(e, "tool_choice", "invalid_value", "'tool_choice' must be \"none\", \"auto\", \"required\" or a function.");
+        r->tool_choice = API_TOOLS_REQUIRED;
+    } else if (json_is_object(v)) {
+        json_t *fn = json_object_get(v, "function");
+        name = json_string_value(json_object_get(fn, "name"));
+        if (!json_is_string(json_object_get(v, "type")) || strcmp(json_string_value(json_object_get(v, "type")), "function") || !name)
+            return api_bad(e, "tool_choice", "invalid_value",
+                           "A named 'tool_choice' is {\"type\": \"function\", \"function\": {\"name\": ...}}.");
+        r->tool_choice = API_TOOLS_NAMED;
+    } else {
+        return api_wrong_type(e, "tool_choice", "a string or an object", v);
+    }
+    if (!tools) return api_bad(e, "tool_choice", "invalid_value", "'tool_choice' needs 'tools'.");
+    /* "required" with a single tool is that tool, named */
+    if (!name && json_array_size(tools) == 1)
+        name = json_string_value(json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
+    if (!name) return 0;
+    json_t *fn = api_find_tool(tools, name);
+    if (!fn) return api_bad(e, "tool_choice", "invalid_value", "'tool_choice' names '%.64s', which is not in 'tools'.", name);
+    r->tool_name = strdup(name);
+    r->tool_args_fixed = tools_args_fixed_empty(json_object_get(fn, "parameters"));
+    return r->tool_name ? 0 : api_bad(e, "tool_choice", NULL, "out of memory");
+}
+
+static int api_get_tools(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    json_t *v = json_object_get(root, "tools");
+    r->parallel_tool_calls = 1;
+    if (api_get_bool(root, "parallel_tool_calls", &r->parallel_tool_calls, e)) return -1;
+    if (v && !json_is_null(v) && !json_is_array(v)) return api_wrong_type(e, "tools", "an array", v);
+    if (v && json_array_size(v) == 0) v = NULL;
+    if (v && json_array_size(v) > 128) return api_bad(e, "tools", "invalid_value", "At most 128 tools are supported.");
+    for (size_t i = 0; v && i < json_array_size(v); i++) {
+        if (api_check_tool(json_array_get(v, i), i, e)) return -1;
+        const char *nm = json_string_value(json_object_get(json_object_get(json_array_get(v, i), "function"), "name"));
+        for (size_t k = 0; k < i; k++)
+            if (!strcmp(nm, json_string_value(json_object_get(json_object_get(json_array_get(v, k), "function"), "name"))))
+                return api_bad(e, "tools", "invalid_value", "Two tools are named '%s'.", nm);
+    }
+    if (api_get_tool_choice(root, v, r, e)) return -1;
+    if (!v) return 0;
+    if (!(r->tools = json_dumps(v, JSON_COMPACT))) return api_bad(e, "tools", NULL, "out of memory");
+    r->n_tools = (int)json_array_size(v);
+    r->prompt_bytes += strlen(r->tools);
+    if (r->prompt_bytes > lim->max_prompt_bytes)
+        return api_bad(e, "tools", "context_length_exceeded",
+                       "The messages and tools total more than %zu bytes.", lim->max_prompt_bytes);
+    return 0;
+}
+
+int api_tools_active(const api_request *r) { return r->tools && r->tool_choice != API_TOOLS_NONE; }
 
 /* ==== Request ==== */
 
@@ -281,11 +434,21 @@ static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e)
     json_t *lp = json_object_get(root, "logprobs");
     if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0))
         return api_bad(e, "logprobs", "unsupported_parameter", "'logprobs' is not supported by this server.");
-    static const char *const refused[] = {"tools", "functions", "tool_choice", "function_call"};
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+    /* the deprecated forms of tools; completions take no tools at all */
+    static const char *const refused[] = {"functions", "function_call", "tools", "tool_choice", "parallel_tool_calls"};
+    size_t n_refused = kind == API_CHAT ? 2 : 5;
+    for (size_t i = 0; i < n_refused; i++) {
         json_t *v = json_object_get(root, refused[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
             return api_bad(e, refused[i], "unsupported_parameter", "'%s' is not supported by this server.", refused[i]);
+    }
+    /* Fields that change the output and that this server does not apply yet. */
+    static const char *const unapplied[] = {"logit_bias", "top_logprobs", "response_format", "top_k", "min_p",
+                                            "repetition_penalty", "prediction", "modalities", "audio", "suffix"};
+    for (size_t i = 0; i < sizeof unapplied / sizeof unapplied[0]; i++) {
+        json_t *v = json_object_get(root, unapplied[i]);
+        if (v && !json_is_null(v))
+            return api_bad(e, unapplied[i], "unsupported_parameter", "'%s' is not supported by this server.", unapplied[i]);
     }
     json_t *bo = json_object_get(root, "best_of");
     if (kind == API_COMPLETION && bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
@@ -303,6 +466,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     if (!(r->model = strdup(json_string_value(model)))) return api_bad(e, "model", NULL, "out of memory");
     if (kind == API_CHAT ? api_get_messages(root, lim, r, e) : api_get_prompt(root, lim, r, e)) return -1;
     if (api_check_unsupported(root, kind, e)) return -1;
+    if (kind == API_CHAT && api_get_tools(root, lim, r, e)) return -1;
     if (api_get_max_tokens(root, lim, r, e)) return -1;
     if (api_get_number(root, "temperature", 0, 2, &r->temperature, e)) return -1;
     if (api_get_number(root, "top_p", 0, 1, &r->top_p, e)) return -1;
@@ -354,7 +518,15 @@ void api_request_free(api_request *r) {
     free(r->model);
     free(r->prompt);
     free(r->tokens);
-    for (int i = 0; i < r->n_messages; i++) { free(r->messages[i].role); free(r->messages[i].content); }
+    for (int i = 0; i < r->n_messages; i++) {
+        free(r->messages[i].role);
+        free(r->messages[i].content);
+        free(r->messages[i].tool_calls);
+        free(r->messages[i].tool_call_id);
+    }
+    free(r->tools);
+    free(r->tool_name);
+    free(r->assistant_prefix);
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
@@ -374,12 +546,18 @@ static json_t *api_upstream_prompt(const api_request *r, json_t *o) {
     if (r->kind == API_CHAT) {
         json_object_set_new(o, "chat", json_true());
         /* One user message: the plain "prompt" + "chat" form every decode node takes. */
-        if (r->n_messages == 1 && !strcmp(r->messages[0].role, "user"))
+        if (r->n_messages == 1 && !strcmp(r->messages[0].role, "user") && !api_tools_active(r) && !r->assistant_prefix)
             return json_object_set_new(o, "prompt", json_string(r->messages[0].content)) ? NULL : o;
         json_t *arr = json_array();
-        for (int i = 0; i < r->n_messages; i++)
-            json_array_append_new(arr, json_pack("{s:s, s:s}", "role", r->messages[i].role,
-                                                 "content", r->messages[i].content));
+        for (int i = 0; i < r->n_messages; i++) {
+            const api_msg *m = &r->messages[i];
+            json_t *jm = json_pack("{s:s, s:s}", "role", m->role, "content", m->content);
+            if (m->tool_calls) json_object_set_new(jm, "tool_calls", json_loads(m->tool_calls, 0, NULL));
+            if (m->tool_call_id) json_object_set_new(jm, "tool_call_id", json_string(m->tool_call_id));
+            json_array_append_new(arr, jm);
+        }
+        if (api_tools_active(r)) json_object_set_new(o, "tools", json_loads(r->tools, 0, NULL));
+        if (r->assistant_prefix) json_object_set_new(o, "assistant_prefix", json_string(r->assistant_prefix));
         return json_object_set_new(o, "messages", arr) ? NULL : o;
     }
     if (r->prompt) return json_object_set_new(o, "prompt", json_string(r->prompt)) ? NULL : o;
@@ -391,7 +569,9 @@ static json_t *api_upstream_prompt(const api_request *r, json_t *o) {
 char *api_upstream_body(const api_request *r, const char *prefill_mode, const char *prefill_node) {
     json_t *o = json_object();
     if (!o || !api_upstream_prompt(r, o)) { json_decref(o); return NULL; }
-    json_object_set_new(o, "max_tokens", json_integer(r->max_tokens));
+    /* a whole forced call in the prefix leaves nothing to generate */
+    int max = r->prefix_complete ? 0 : r->max_tokens > 0 ? r->max_tokens : API_MAX_TOKENS_UNTIL_CONTEXT;
+    json_object_set_new(o, "max_tokens", json_integer(max));
     json_object_set_new(o, "temperature", json_real(r->temperature));
     json_object_set_new(o, "top_p", json_real(r->top_p));
     /* OpenAI sampling has no top-k or min-p: switch them off on the node. */
@@ -399,9 +579,10 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
     json_object_set_new(o, "min_p", json_real(0.0));
     /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
     if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));
-    if (r->n_stop) {
+    if (r->n_stop || r->call_stop) {
         json_t *arr = json_array();
         for (int i = 0; i < r->n_stop; i++) json_array_append_new(arr, json_string(r->stop[i]));
+        if (r->call_stop) json_array_append_new(arr, json_string(r->call_stop));
         json_object_set_new(o, "stop", arr);
     }
     json_object_set_new(o, "prefill", json_string(prefill_mode ? prefill_mode : "auto"));
@@ -578,4 +759,104 @@ char *api_render_models(const char *const *ids, int n, long long created) {
         json_array_append_new(arr, json_pack("{s:s, s:s, s:I, s:s}", "id", ids[i], "object", "model",
                                              "created", (json_int_t)created, "owned_by", "tandem"));
     return api_dump(json_pack("{s:s, s:o}", "object", "list", "data", arr));
+}
+
+char *api_render_model(const char *id, long long created) {
+    return api_dump(json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object", "model", "created", (json_int_t)created,
+                              "owned_by", "tandem"));
+}
+
+/* ==== Tool calls in responses ==== */
+
+static json_t *api_call_id(const api_resp_meta *m, int index) {
+    const char *dash = strchr(m->id, '-');
+    char id[96];
+    snprintf(id, sizeof id, "call_%s_%d", dash ? dash + 1 : m->id, index);
+    return json_string(id);
+}
+
+static char *api_tool_chunk(const api_resp_meta *m, json_t *delta) {
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "delta", delta, "logprobs", "finish_reason");
+    if (!choice) return NULL;
+    return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", m->id, "object", "chat.completion.chunk",
+                             "created", (json_int_t)m->created, "model", m->model, "choices", choice));
+}
+
+static char *api_cat(char *a, char *b) {
+    if (!a || !b) { free(a); free(b); return NULL; }
+    size_t na = strlen(a), nb = strlen(b);
+    char *s = realloc(a, na + nb + 1);
+    if (!s) { free(a); free(b); return NULL; }
+    memcpy(s + na, b, nb + 1);
+    free(b);
+    return s;
+}
+
+char *api_render_tool_chunks(const api_resp_meta *m, const struct tool_evs *evs) {
+    char *out = strdup("");
+    for (int i = 0; out && i < evs->n; i++) {
+        const tool_ev *v = &evs->v[i];
+        json_t *delta;
+        if (v->kind == TOOL_EV_CONTENT) {
+            delta = json_pack("{s:o}", "content", api_text(v->text));
+        } else if (v->kind == TOOL_EV_CALL) {
+            delta = json_pack("{s:[{s:i, s:o, s:s, s:{s:o, s:s}}]}", "tool_calls", "index", v->index,
+                              "id", api_call_id(m, v->index), "type", "function", "function",
+                              "name", api_text(v->text), "arguments", "");
+        } else {
+            delta = json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", v->index, "function",
+                              "arguments", api_text(v->text));
+        }
+        out = api_cat(out, delta ? api_tool_chunk(m, delta) : NULL);
+    }
+    return out;
+}
+
+/* Concatenated content and each call's name and arguments. */
+static json_t *api_tool_message(const api_resp_meta *m, const struct tool_evs *evs) {
+    size_t clen = 0;
+    int calls = 0;
+    for (int i = 0; i < evs->n; i++) {
+        if (evs->v[i].kind == TOOL_EV_CONTENT) clen += strlen(evs->v[i].text);
+        if (evs->v[i].kind == TOOL_EV_CALL) calls++;
+    }
+    char *content = calloc(1, clen + 1);
+    json_t *arr = json_array(), *msg = json_object();
+    if (!content || !arr || !msg) { free(content); json_decref(arr); json_decref(msg); return NULL; }
+    json_t *cur = NULL;
+    for (int i = 0; i < evs->n; i++) {
+        const tool_ev *v = &evs->v[i];
+        if (v->kind == TOOL_EV_CONTENT) strcat(content, v->text);
+        if (v->kind == TOOL_EV_CALL) {
+            cur = json_pack("{s:o, s:s, s:{s:o, s:s}}", "id", api_call_id(m, v->index), "type", "function",
+                            "function", "name", api_text(v->text), "arguments", "");
+            json_array_append_new(arr, cur);
+        }
+        if (v->kind == TOOL_EV_ARGS && cur) {
+            json_t *fn = json_object_get(cur, "function");
+            const char *old = json_string_value(json_object_get(fn, "arguments"));
+            size_t n = strlen(old) + strlen(v->text);
+            char *a = malloc(n + 1);
+            if (a) { strcpy(a, old); strcat(a, v->text); json_object_set_new(fn, "arguments", api_text(a)); }
+            free(a);
+        }
+    }
+    json_object_set_new(msg, "role", json_string("assistant"));
+    json_object_set_new(msg, "content", calls && !content[0] ? json_null() : api_text(content));
+    if (calls) json_object_set_new(msg, "tool_calls", arr);
+    else json_decref(arr);
+    free(content);
+    return msg;
+}
+
+char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *evs, const char *finish_reason,
+                               int prompt_tokens, int completion_tokens) {
+    json_t *msg = api_tool_message(m, evs);
+    if (!msg) return NULL;
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "message", msg, "logprobs",
+                               "finish_reason", api_str_or_null(finish_reason));
+    if (!choice) return NULL;
+    return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",
+                              "created", (json_int_t)m->created, "model", m->model, "choices", choice,
+                              "usage", api_usage(prompt_tokens, completion_tokens)));
 }

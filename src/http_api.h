@@ -27,14 +27,23 @@ typedef struct {
 /* Limits the parser enforces (the router's config). */
 typedef struct {
     int max_tokens_limit;       /* largest accepted max_tokens */
-    int default_max_tokens;     /* used when the request gives none */
+    int default_max_tokens;     /* used when the request gives none; 0 = until the end of the context */
     size_t max_prompt_bytes;    /* prompt (or all messages' content) in bytes: the router does not tokenize */
     int max_prompt_tokens;      /* a token-id prompt's length */
     int max_messages;
     int max_stop;               /* OpenAI allows up to 4 stop sequences */
 } api_limits;
 
-typedef struct { char *role; char *content; } api_msg;
+/* One chat message. tool_calls: an assistant turn's calls as a JSON array
+ * text [{"id", "type", "function": {"name", "arguments"}}], or NULL;
+ * tool_call_id: a tool result's call id, or NULL. */
+typedef struct { char *role; char *content; char *tool_calls; char *tool_call_id; } api_msg;
+
+enum api_tool_choice { API_TOOLS_AUTO = 0, API_TOOLS_NONE, API_TOOLS_REQUIRED, API_TOOLS_NAMED };
+
+/* max_tokens sent to a decode node for "until the end of the context": the
+ * node's own largest max_tokens, which its context always caps first. */
+#define API_MAX_TOKENS_UNTIL_CONTEXT 1000000
 
 typedef struct {
     enum api_kind kind;
@@ -46,7 +55,7 @@ typedef struct {
     /* chat */
     api_msg *messages;
     int n_messages;
-    int max_tokens;
+    int max_tokens;             /* 0 = until the end of the context */
     double temperature;         /* OpenAI default 1 */
     double top_p;               /* OpenAI default 1 */
     int has_seed;
@@ -57,6 +66,17 @@ typedef struct {
     int include_usage;          /* stream_options.include_usage */
     int echo;                   /* completions: echo the prompt (only with a text prompt) */
     size_t prompt_bytes;        /* bytes of prompt text / message contents */
+    /* chat tools */
+    char *tools;                /* the "tools" array as JSON text, or NULL */
+    int n_tools;
+    int tool_choice;            /* enum api_tool_choice */
+    char *tool_name;            /* API_TOOLS_NAMED, or the only tool under "required" */
+    int tool_args_fixed;        /* that function's schema admits only {} as arguments */
+    int parallel_tool_calls;    /* OpenAI default true */
+    /* set by the router per attempt, from the decode node's template */
+    char *assistant_prefix;     /* the assistant turn starts with this (a forced call) */
+    int prefix_complete;        /* the prefix is a whole call: nothing to generate */
+    const char *call_stop;      /* static stop string ending a single call, or NULL */
 } api_request;
 
 void api_limits_default(api_limits *l);
@@ -114,6 +134,9 @@ typedef struct {
     const char *model;
 } api_resp_meta;
 
+/* 1 if the model's output is parsed for tool calls (tools given, tool_choice not "none"). */
+int api_tools_active(const api_request *r);
+
 /* A complete non-stream response. */
 char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char *text,
                           const char *finish_reason, int prompt_tokens, int completion_tokens);
@@ -128,5 +151,19 @@ char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int pro
 char *api_render_error_event(const api_error *e);
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *api_render_models(const char *const *ids, int n, long long created);
+/* GET /v1/models/{id}: {"id","object":"model","created","owned_by"} */
+char *api_render_model(const char *id, long long created);
+
+/* ==== Tool calls in responses ==== */
+/* Parser events (tools.h) as SSE chunks: content deltas and delta.tool_calls
+ * (first chunk of a call: index, id, type, name, arguments ""; then argument
+ * fragments). Call ids are "call_" + the response id's suffix + "_" + index.
+ * Returns "" when there is nothing to send, NULL on out of memory. */
+struct tool_evs;
+char *api_render_tool_chunks(const api_resp_meta *m, const struct tool_evs *evs);
+/* A complete chat response from parser events: content (null when empty
+ * and calls were made) and message.tool_calls. */
+char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *evs, const char *finish_reason,
+                               int prompt_tokens, int completion_tokens);
 
 #endif

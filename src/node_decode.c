@@ -39,7 +39,9 @@
 #include "node_auth.h"
 #include "node_register.h"
 #include "sampler.h"
+#include "tok_api.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 /* ==== Constants ==== */
 
@@ -282,35 +284,28 @@ static int dn_prompt_bytes_fit(dnode *n, size_t bytes, char *err, size_t errlen)
     return 0;
 }
 
-/* "messages": [{"role", "content"}...] rendered with the model's chat
- * template (generation prompt appended), then tokenized like a prompt. */
-static int dn_parse_messages(dnode *n, json_t *a, dn_req *r, char *err, size_t errlen) {
-    size_t cnt = json_is_array(a) ? json_array_size(a) : 0;
-    if (cnt == 0 || cnt > DN_MAX_MESSAGES) {
-        snprintf(err, errlen, "'messages' must be an array of 1 to %d {\"role\", \"content\"} objects", DN_MAX_MESSAGES);
+/* "messages" (OpenAI shape: tool_calls, tool roles), with "tools" and an
+ * "assistant_prefix" (a forced tool call), rendered the way the model's
+ * chat template does (tools.c), then tokenized like a prompt. */
+static int dn_parse_messages(dnode *n, json_t *o, json_t *a, dn_req *r, char *err, size_t errlen) {
+    json_t *tools = json_object_get(o, "tools"), *pre = json_object_get(o, "assistant_prefix");
+    if (json_array_size(a) > DN_MAX_MESSAGES) {
+        snprintf(err, errlen, "'messages' holds more than %d messages", DN_MAX_MESSAGES);
         return -1;
     }
-    chat_msg *msgs = calloc(cnt, sizeof *msgs);
-    if (!msgs) { snprintf(err, errlen, "out of memory"); return -1; }
-    int rc = -1;
-    for (size_t i = 0; i < cnt; i++) {
-        json_t *m = json_array_get(a, i), *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        if (!json_is_string(role) || !json_is_string(content) ||
-            strlen(json_string_value(content)) != json_string_length(content)) {
-            snprintf(err, errlen, "'messages'[%zu] needs string 'role' and 'content' (no NUL characters)", i);
-            goto out;
-        }
-        msgs[i].role = json_string_value(role);
-        msgs[i].content = json_string_value(content);
+    if (pre && (!json_is_string(pre) || strlen(json_string_value(pre)) != json_string_length(pre))) {
+        snprintf(err, errlen, "'assistant_prefix' must be a string without NUL characters");
+        return -1;
     }
-    enum chat_format fmt = chat_detect(model_get_gguf(n->m), err, errlen);
-    if (fmt == CHAT_NONE) goto out;
-    char *text = chat_render(fmt, msgs, (int)cnt, 1);
-    if (!text) { snprintf(err, errlen, "chat template rendering failed"); goto out; }
+    chat_style st;
+    if (tools_style_detect(model_get_gguf(n->m), &st, err, errlen)) return -1;
+    char *text = tools_render(&st, a, json_is_null(tools) ? NULL : tools, json_string_value(pre), err, errlen);
+    if (!text) return -1;
     size_t len = strlen(text);
     const tokenizer *tok = n->tok;
     int fits = dn_prompt_bytes_fit(n, len, err, errlen);
     int64_t need = fits ? tokenizer_encode(tok, text, len, 1, 1, NULL, 0) : 0;
+    int rc = -1;
     if (!fits) {
         /* err says why */
     } else if (need <= 0 || need > n->n_ctx) {
@@ -324,8 +319,6 @@ static int dn_parse_messages(dnode *n, json_t *a, dn_req *r, char *err, size_t e
         rc = 0;
     }
     free(text);
-out:
-    free(msgs);
     return rc;
 }
 
@@ -335,7 +328,7 @@ static int dn_parse_prompt(dnode *n, json_t *o, dn_req *r, char *err, size_t err
     if (dn_get_bool(o, "chat", &chat, err, errlen)) return -1;
     if (!!p + !!t + !!ms != 1) { snprintf(err, errlen, "give exactly one of 'prompt', 'tokens' and 'messages'"); return -1; }
     if (ms) {
-        if (dn_parse_messages(n, ms, r, err, errlen)) return -1;
+        if (dn_parse_messages(n, o, ms, r, err, errlen)) return -1;
     } else if (p) {
         if (!json_is_string(p)) { snprintf(err, errlen, "'prompt' must be a string"); return -1; }
         const char *text = json_string_value(p);
@@ -688,6 +681,10 @@ static enum MHD_Result dn_handle_health(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "model", dn_json_text(n->desc, strlen(n->desc)));
     json_object_set_new(o, "role", json_string(n->role));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
+    chat_style cs;
+    char cerr[128];
+    json_object_set_new(o, "chat_format", json_string(tools_style_detect(model_get_gguf(n->m), &cs, cerr, sizeof cerr)
+                                                      ? "none" : tools_style_name(&cs)));
     json_t *a = json_array();
     for (int i = 0; i < n->o->n_prefill_nodes; i++) json_array_append_new(a, json_string(n->o->prefill_nodes[i]));
     json_object_set_new(o, "prefill_nodes", a);
@@ -899,6 +896,15 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     return rc;
 }
 
+/* POST /v1/tokenize and /v1/detokenize (tok_api.c). */
+static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int detok, const char *body, size_t len) {
+    char err[256], *out = NULL;
+    int st = detok ? tokapi_detokenize(n->tok, body, len, &out, err, sizeof err)
+                   : tokapi_tokenize(n->tok, body, len, &out, err, sizeof err);
+    if (st != 200) return dn_send_error(n, c, (unsigned)st, st == 400 ? "invalid_request_error" : "server_error", err);
+    return dn_send_body(c, 200, out, strlen(out), "application/json");
+}
+
 /* Per-connection request state: the uploaded body. */
 typedef struct {
     dn_str body;
@@ -935,6 +941,11 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
                                                cc->body.len, aerr, sizeof aerr))
             return dn_send_error(n, c, 401, "authentication_error", aerr);
         return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    }
+    if (!strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize")) {
+        if (!post) return dn_send_error(n, c, 405, "invalid_request_error", "use POST");
+        if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
+        return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);
     }
     return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats)");
 }

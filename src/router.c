@@ -33,6 +33,7 @@
 #include "httpd.h"
 #include "logsafe.h"
 #include "node_auth.h"
+#include "tools.h"
 #include "wire.h"
 
 /* ==== Small helpers ==== */
@@ -318,6 +319,7 @@ typedef struct {
     double prefill_tps, decode_tps;
     double kv_bytes_per_token, link_Bps, overhead_ms;
     double bytes_per_token;      /* prompt bytes per token (decode nodes), to estimate prompt length */
+    char chat_format[16];        /* the decode node's template family (its /health), for tool calls */
     unsigned long long requests, failures, checks_failed;
     char desc[400];
 } rt_node;
@@ -613,6 +615,9 @@ typedef struct {
     char error[800];
     int logged;
     int counted_active;
+    /* tool calls: the model's output parsed per the node's template */
+    tool_parser *tp;
+    int tp_prefix_fed;
 } rt_req;
 
 static int rt_text_add(rt_req *q, const char *s) {
@@ -742,12 +747,88 @@ static void rt_mark_full(router *r, int idx) {
     pthread_mutex_unlock(&r->mu);
 }
 
+/* ==== Tool calls ==== */
+
+/* Per attempt: the chosen node's template decides the forced-call prefix
+ * (tool_choice "required" or named) and how its output is parsed.
+ * 0, or -1 with e filled. */
+static int rt_tools_prepare(rt_req *q, api_error *e) {
+    if (!api_tools_active(&q->req)) return 0;
+    char name[16];
+    pthread_mutex_lock(&q->r->mu);
+    snprintf(name, sizeof name, "%s", q->r->nodes[q->decode_idx].chat_format);
+    pthread_mutex_unlock(&q->r->mu);
+    enum chat_format fmt = tools_format_from_name(name);
+    if (fmt == CHAT_NONE) {
+        api_error_set(e, 400, "invalid_request_error", "unsupported_parameter", "tools",
+                      "Model '%s' has a chat template without tool calls (%s).", q->req.model, name[0] ? name : "unknown");
+        return -1;
+    }
+    api_request *r = &q->req;
+    int forced = r->tool_choice == API_TOOLS_REQUIRED || r->tool_choice == API_TOOLS_NAMED;
+    free(r->assistant_prefix);
+    r->assistant_prefix = forced ? tools_prefix(fmt, r->tool_name, r->tool_name && r->tool_args_fixed) : NULL;
+    r->prefix_complete = forced && r->tool_name && r->tool_args_fixed;
+    /* one call: a named function, or parallel_tool_calls false; ChatML's
+     * closing tag then ends the generation */
+    int one = (forced && r->tool_name) || !r->parallel_tool_calls;
+    r->call_stop = one && fmt == CHAT_CHATML ? "</tool_call>" : NULL;
+    tool_parser_free(q->tp);
+    q->tp = tool_parser_new(fmt, one ? 1 : 0);
+    q->tp_prefix_fed = 0;
+    if (!q->tp || (forced && !r->assistant_prefix)) {
+        api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses output text (the prefix first: it is the start of the assistant's
+ * message); end flushes. Events into ev; 0 or -1. */
+static int rt_tools_feed(rt_req *q, const char *text, int end, tool_evs *ev) {
+    int bad = 0;
+    if (!q->tp_prefix_fed) {
+        q->tp_prefix_fed = 1;
+        if (q->req.assistant_prefix) bad |= tool_parser_feed(q->tp, q->req.assistant_prefix, strlen(q->req.assistant_prefix), ev);
+    }
+    if (text) bad |= tool_parser_feed(q->tp, text, strlen(text), ev);
+    if (end) bad |= tool_parser_end(q->tp, ev);
+    return bad ? -1 : 0;
+}
+
+/* OpenAI's finish_reason once calls were made: "tool_calls" unless the
+ * generation was cut inside one. Call before the parser's end. */
+static const char *rt_tools_finish(rt_req *q, const char *reason) {
+    if (!q->tp || tool_parser_calls(q->tp) == 0) return reason;
+    return !strcmp(reason, "stop") || tool_parser_done(q->tp) ? "tool_calls" : reason;
+}
+
+static char *rt_tools_chunks(rt_req *q, const api_resp_meta *m, const char *text, int end) {
+    tool_evs ev = {0};
+    char *s = rt_tools_feed(q, text, end, &ev) ? NULL : api_render_tool_chunks(m, &ev);
+    tool_evs_clear(&ev);
+    return s;
+}
+
+static char *rt_tools_response(rt_req *q, const api_resp_meta *m) {
+    tool_evs ev = {0};
+    char *s = NULL;
+    if (rt_tools_feed(q, q->text ? q->text : "", 0, &ev) == 0) {
+        const char *finish = rt_tools_finish(q, q->fin.finish_reason);
+        if (tool_parser_end(q->tp, &ev) == 0)
+            s = api_render_tool_response(m, &ev, finish, q->fin.prompt_tokens, q->fin.completion_tokens);
+    }
+    tool_evs_clear(&ev);
+    return s;
+}
+
 /* One attempt: open the stream to the chosen node and wait for its first
  * line. 0 = streaming (q->pending holds the first line); 1 = retry on another
  * node; -1 = give up with e filled. */
 static int rt_attempt(rt_req *q, api_error *e) {
     router *r = q->r;
     const char *mode = q->dec.split ? "remote" : "local";
+    if (rt_tools_prepare(q, e)) return -1;
     char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
     if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL)) {
         if (!q->up.body) free(body);
@@ -986,6 +1067,7 @@ static void rt_req_finish(rt_req *q) {
     if (q->have_pending) api_upstream_line_free(&q->pending);
     rt_release_node(q, 0, 0);
     api_request_free(&q->req);
+    tool_parser_free(q->tp);
     free(q->text);
     free(q->out);
     if (q->counted_active) {
@@ -1031,7 +1113,8 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
                 rt_text_add(q, t);
                 free(t);
             }
-            char *body = api_render_response(q->req.kind, &m, q->text ? q->text : "", q->fin.finish_reason,
+            char *body = q->tp ? rt_tools_response(q, &m)
+                       : api_render_response(q->req.kind, &m, q->text ? q->text : "", q->fin.finish_reason,
                                              q->fin.prompt_tokens, q->fin.completion_tokens);
             q->status = 200;
             rt_count_request(r, q->ep, 200);
@@ -1102,7 +1185,7 @@ static int rt_stream_produce(rt_req *q) {
     if (rc == 1 && u.is_token) {
         int first = q->n_tokens == 0;
         rt_on_token(q, &u);
-        char *s = api_render_chunk(q->req.kind, &m, u.text ? u.text : "", NULL, 0);
+        char *s = q->tp ? rt_tools_chunks(q, &m, u.text, 0) : api_render_chunk(q->req.kind, &m, u.text ? u.text : "", NULL, 0);
         if (first && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (first && q->req.echo) s = rt_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
         api_upstream_line_free(&u);
@@ -1114,10 +1197,18 @@ static int rt_stream_produce(rt_req *q) {
         q->fin = u;
         q->have_fin = 1;
         rt_learn(q);
-        char *s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
-        /* text released by the final line (held back while it could have
-         * started a stop string) goes out before the finish chunk */
-        if (q->fin.text && *q->fin.text) s = rt_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
+        char *s;
+        if (q->tp) {
+            /* the finish reason is decided before the parser's end flushes */
+            const char *finish = rt_tools_finish(q, q->fin.finish_reason);
+            char *feed = rt_tools_chunks(q, &m, q->fin.text, 1);
+            s = rt_concat(feed, api_render_chunk(q->req.kind, &m, NULL, finish, 0));
+        } else {
+            s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
+            /* text released by the final line (held back while it could have
+             * started a stop string) goes out before the finish chunk */
+            if (q->fin.text && *q->fin.text) s = rt_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
+        }
         if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (q->req.include_usage)
             s = rt_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
@@ -1247,18 +1338,43 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
 
 /* ==== Other endpoints ==== */
 
-static enum MHD_Result rt_models(router *r, struct MHD_Connection *c) {
-    const char *ids[ROUTER_MAX_NODES];
+/* The models a healthy decode node serves, each once. Caller holds mu. */
+static int rt_served_models_locked(router *r, const char **ids) {
     int n = 0;
-    pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->n_nodes; i++) {
-        if (r->nodes[i].cfg.role != ROUTER_NODE_DECODE) continue;
+        if (r->nodes[i].cfg.role != ROUTER_NODE_DECODE || !r->nodes[i].up) continue;
         int dup = 0;
         for (int k = 0; k < n; k++) dup |= !strcmp(ids[k], r->nodes[i].cfg.model);
         if (!dup) ids[n++] = r->nodes[i].cfg.model;
     }
+    return n;
+}
+
+static enum MHD_Result rt_models(router *r, struct MHD_Connection *c) {
+    const char *ids[ROUTER_MAX_NODES];
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids);
     char *body = api_render_models(ids, n, r->started_unix);
     pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, RT_EP_MODELS, 200);
+    return rt_send(c, 200, "application/json", body);
+}
+
+/* GET /v1/models/{id}: a model a healthy decode node serves, else 404. */
+static enum MHD_Result rt_model_one(router *r, struct MHD_Connection *c, const char *id) {
+    const char *ids[ROUTER_MAX_NODES];
+    char *body = NULL;
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids);
+    for (int i = 0; i < n && !body; i++)
+        if (!strcmp(ids[i], id)) body = api_render_model(id, r->started_unix);
+    pthread_mutex_unlock(&r->mu);
+    if (!body) {
+        api_error e;
+        api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist or you do not have access to it.", id);
+        return rt_send_error(r, c, RT_EP_MODELS, &e);
+    }
     rt_count_request(r, RT_EP_MODELS, 200);
     return rt_send(c, 200, "application/json", body);
 }
@@ -1380,6 +1496,65 @@ static enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
     return rt_send(c, 200, "text/plain; version=0.0.4", b.s);
 }
 
+/* ==== /tokenize and /detokenize: forwarded to a decode node ==== */
+
+static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, rt_sb *out);
+
+/* The decode node for a tokenizer request: "model" if given, else the only
+ * model served. -1 with e filled. */
+static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, api_error *e) {
+    json_t *mv = json_object_get(o, "model");
+    const char *ids[ROUTER_MAX_NODES];
+    if (mv && !json_is_null(mv) && !json_is_string(mv)) {
+        api_error_set(e, 400, "invalid_request_error", "invalid_type", "model", "'model' must be a string.");
+        return -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids), idx = -1;
+    const char *model = json_string_value(mv);
+    if (!model && n == 1) model = ids[0];
+    if (model) idx = rt_pick_locked(r, ROUTER_NODE_DECODE, model, NULL);
+    if (idx >= 0) snprintf(addr, addrlen, "%s", r->nodes[idx].cfg.addr);
+    pthread_mutex_unlock(&r->mu);
+    if (idx >= 0) return 0;
+    if (!model)
+        api_error_set(e, n ? 400 : 503, n ? "invalid_request_error" : "server_error", n ? "missing_required_parameter" : "no_healthy_node",
+                      n ? "model" : NULL, n ? "This router serves %d models: name one in 'model'." : "No healthy decode node (%d models).", n);
+    else if (!rt_model_known(r, model))
+        api_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist or you do not have access to it.", model);
+    else
+        api_error_set(e, 503, "server_error", "no_healthy_node", NULL, "No healthy decode node serves model '%.200s' right now.", model);
+    return -1;
+}
+
+static enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int detok) {
+    api_error e;
+    char addr[128];
+    if (cc->too_big) {
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL, "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    json_t *o = json_loadb(cc->body ? cc->body : "", cc->len, 0, NULL);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        api_error_set(&e, 400, "invalid_request_error", "invalid_json", NULL, "The request body must be a JSON object.");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    int rc = rt_tokens_node(r, o, addr, sizeof addr, &e);
+    json_decref(o);
+    if (rc) return rt_send_error(r, c, RT_EP_OTHER, &e);
+    rt_sb b = {0};
+    long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, r->cfg.request_timeout_ms, &b);
+    if (st <= 0 || !b.s) {
+        free(b.s);
+        api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Decode node %s did not answer.", addr);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    rt_count_request(r, RT_EP_OTHER, (int)st);
+    return rt_send(c, (int)st, "application/json", b.s);
+}
+
 /* ==== Node registration ==== */
 
 /* Adds or refreshes a node; returns its index or -1. Caller holds mu. */
@@ -1484,8 +1659,11 @@ static int rt_route(const char *method, const char *url, int *ep, int *post) {
     *post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/chat/completions")) { *ep = RT_EP_CHAT; return 1; }
     if (!strcmp(url, "/v1/completions")) { *ep = RT_EP_COMPLETIONS; return 1; }
-    if (!strcmp(url, "/v1/nodes/register")) { *ep = RT_EP_OTHER; return 1; }
-    *ep = !strcmp(url, "/v1/models") ? RT_EP_MODELS : RT_EP_OTHER;
+    if (!strcmp(url, "/v1/nodes/register") || !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+        *ep = RT_EP_OTHER;
+        return 1;
+    }
+    *ep = !strncmp(url, "/v1/models", 10) ? RT_EP_MODELS : RT_EP_OTHER;
     return 0;   /* GET endpoints */
 }
 
@@ -1509,7 +1687,8 @@ static enum MHD_Result rt_first_call(router *r, struct MHD_Connection *c, const 
                       "Incorrect or missing API key: send 'Authorization: Bearer <key>'.");
         return rt_send_error(r, c, ep, &e);
     }
-    int known_get = !strcmp(url, "/v1/models") || !strcmp(url, "/health") || !strcmp(url, "/metrics");
+    int known_get = !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
+                    !strcmp(url, "/health") || !strcmp(url, "/metrics");
     if (!is_post_ep && !known_get) {
         api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %.100s.", method, url);
         return rt_send_error(r, c, ep, &e);
@@ -1563,6 +1742,8 @@ static enum MHD_Result rt_handler(void *cls, struct MHD_Connection *c, const cha
     if (cc->handled) return MHD_YES;
     cc->handled = 1;
     if (!strcmp(url, "/v1/models")) return rt_models(r, c);
+    if (!strncmp(url, "/v1/models/", 11)) return rt_model_one(r, c, url + 11);
+    if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) return rt_tokens(r, c, cc, url[1] == 'd');
     if (!strcmp(url, "/health")) return rt_health(r, c);
     if (!strcmp(url, "/metrics")) return rt_metrics_page(r, c);
     if (!strcmp(url, "/v1/nodes/register")) return rt_register(r, c, cc);
@@ -1604,6 +1785,29 @@ static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_s
     return code;
 }
 
+static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, rt_sb *out) {
+    char url[256];
+    snprintf(url, sizeof url, "http://%s%s", addr, path);
+    CURL *h = curl_easy_init();
+    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    long code = -1;
+    if (h && hd) {
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, body ? body : "");
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)len);
+        curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rt_sink);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+        curl_easy_setopt(h, CURLOPT_PROXY, "");
+        if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    }
+    curl_slist_free_all(hd);
+    if (h) curl_easy_cleanup(h);
+    return code;
+}
+
 /* First number among keys (the stats format names may vary by version). */
 static double rt_json_num(json_t *o, const char *const *keys) {
     for (; *keys; keys++) {
@@ -1613,7 +1817,13 @@ static double rt_json_num(json_t *o, const char *const *keys) {
     return -1;
 }
 
-typedef struct { int ok; char desc[400]; int queue, slots, queue_max; double prefill_tps, decode_tps; } rt_probe;
+typedef struct {
+    int ok;
+    char desc[400];
+    int queue, slots, queue_max;
+    double prefill_tps, decode_tps;
+    char chat_format[16];
+} rt_probe;
 
 static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     rt_sb b = {0};
@@ -1622,6 +1832,8 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     p->ok = code == 200 && json_is_object(o);
     const char *model = json_string_value(json_object_get(o, "model"));
     if (model) snprintf(p->desc, sizeof p->desc, "%s", model);
+    const char *cf = json_string_value(json_object_get(o, "chat_format"));
+    snprintf(p->chat_format, sizeof p->chat_format, "%s", cf ? cf : "");
     json_decref(o);
     free(b.s);
     p->queue = -1;
@@ -1692,6 +1904,7 @@ static void rt_health_round(router *r) {
             nd->up = 1;
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
+            snprintf(nd->chat_format, sizeof nd->chat_format, "%s", p.chat_format);
             if (p.queue >= 0) nd->queue_depth = p.queue;
             if (cfgs[i].role == ROUTER_NODE_DECODE) {
                 nd->slots = p.slots;

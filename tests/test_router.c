@@ -75,7 +75,7 @@ static void test_parse(void) {
     free(up);
     api_request_free(&r);
     CHECK(tr_parse(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2,3]}", &r, &e) == 0 && r.n_tokens == 3 &&
-          r.max_tokens > 0 && r.temperature == 1.0, "token prompt");
+          r.max_tokens == 0 && r.temperature == 1.0, "token prompt (no max_tokens: until the end of the context)");
     api_request_free(&r);
     CHECK(tr_parse(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"one\"],\"stop\":\"\\n\"}", &r, &e) == 0 &&
           !strcmp(r.prompt, "one") && r.n_stop == 1, "[string] prompt");

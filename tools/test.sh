@@ -58,7 +58,12 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     http_api)
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
-          printf '\x02{"token":42,"text":"hi"}' >"$2/line" ;;
+          printf '\x02{"token":42,"text":"hi"}' >"$2/line"
+          printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"required"}' >"$2/tools" ;;
+    tools)
+          printf '\x08Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' >"$2/qwen"
+          printf '\x02<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}' >"$2/llama"
+          printf '\x03{"messages":[{"role":"system","content":"s"},{"role":"user","content":"x"},{"role":"assistant","content":"<think>a</think>b","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}],"prefix":"<tool_call>"}' >"$2/render" ;;
     esac
 }
 fuzz_fail=0

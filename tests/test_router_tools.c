@@ -1,0 +1,407 @@
+/* test_router_tools.c - the router's agent-framework surface with real
+ * processes: a qwen3 fixture node (small context), a second node that is
+ * killed, a router in front of both plus a dead address.
+ *   - /v1/models lists only models with a healthy decode node (a killed
+ *     node's model disappears), /v1/models/{id}
+ *   - /tokenize and /detokenize in llama-server's shapes, ids checked
+ *     against llama.cpp's tokenizations of the fixture prompts
+ *   - a request without max_tokens runs to the end of the context
+ *   - tools: forced calls, delta.tool_calls streaming, tool_choice none,
+ *     tool history, 400s for what is not applied
+ *   - LangChain (bindTools) and the AI SDK (tools) round trips through the
+ *     real npm packages (tests/tools_client.mjs). */
+#include "proc.h"
+
+#include <jansson.h>
+
+#define TT_DIR "build/test_router_tools.d"
+#define TT_CTX 300          /* the node's context: a default-length request ends here */
+
+typedef struct {
+    pid_t node, spare, router;
+    int pnode, pspare, prouter;
+    char model[512];
+} tt_env;
+
+/* ==== Helpers ==== */
+
+static json_t *tt_req(int port, const char *method, const char *path, const char *body, int *status) {
+    char *out = NULL;
+    *status = http(port, method, path, body, &out);
+    json_t *o = out ? json_loads(out, 0, NULL) : NULL;
+    if (!o && out && *status == 200 && strncmp(out, "data:", 5)) fprintf(stderr, "not JSON: %.200s\n", out);
+    free(out);
+    return o;
+}
+
+static int tt_start(pid_t *pid, int *port, char *const argv[], const char *name) {
+    char pf[256], log[256];
+    snprintf(pf, sizeof pf, TT_DIR "/%s.port", name);
+    snprintf(log, sizeof log, TT_DIR "/%s.log", name);
+    unlink(pf);
+    *pid = spawn(argv, log);
+    *port = wait_port(pf, *pid, 60000);
+    CHECK(*port > 0, "%s started (see %s)", name, log);
+    return *port > 0 ? 0 : -1;
+}
+
+/* A string member (path2 inside path1 when given), or NULL. */
+static const char *tt_s(json_t *o, const char *path1, const char *path2) {
+    json_t *v = json_object_get(o, path1);
+    if (path2) v = json_object_get(v, path2);
+    return json_string_value(v);
+}
+
+/* A loopback port nobody listens on. */
+static int tt_dead_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t l = sizeof a;
+    bind(fd, (struct sockaddr *)&a, sizeof a);
+    getsockname(fd, (struct sockaddr *)&a, &l);
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* 1 if /v1/models lists id. */
+static int tt_listed(int port, const char *id) {
+    int st, found = 0;
+    json_t *o = tt_req(port, "GET", "/v1/models", NULL, &st);
+    json_t *d = json_object_get(o, "data");
+    for (size_t i = 0; i < json_array_size(d); i++)
+        found |= !strcmp(jstr(json_array_get(d, i), "id", NULL) ? jstr(json_array_get(d, i), "id", NULL) : "", id);
+    json_decref(o);
+    return found;
+}
+
+static int tt_setup(tt_env *e) {
+    char b[512], ctx[16], dn[64], ds[64], dg[64];
+    snprintf(b, sizeof b, "%s", bin());
+    snprintf(ctx, sizeof ctx, "%d", TT_CTX);
+    char *node[] = {b, "serve", "--role", "local", "-m", e->model, "-t", "1", "-c", ctx, "--listen", "127.0.0.1:0",
+                    "--port-file", TT_DIR "/node.port", NULL};
+    if (tt_start(&e->node, &e->pnode, node, "node")) return -1;
+    node[13] = TT_DIR "/spare.port";
+    if (tt_start(&e->spare, &e->pspare, node, "spare")) return -1;
+    snprintf(dn, sizeof dn, "qwen3=127.0.0.1:%d", e->pnode);
+    snprintf(ds, sizeof ds, "spare=127.0.0.1:%d", e->pspare);
+    snprintf(dg, sizeof dg, "ghost=127.0.0.1:%d", tt_dead_port());
+    char *r[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--decode", dn, "--decode", ds, "--decode", dg,
+                 "--health-interval-ms", "200", "--port-file", TT_DIR "/router.port", NULL};
+    if (tt_start(&e->router, &e->prouter, r, "router")) return -1;
+    double t0 = now_ms();
+    while (now_ms() - t0 < 15000 && !(tt_listed(e->prouter, "qwen3") && tt_listed(e->prouter, "spare"))) sleep_ms(100);
+    CHECK(tt_listed(e->prouter, "qwen3") && tt_listed(e->prouter, "spare"), "both live models listed");
+    return 0;
+}
+
+/* ==== /v1/models ==== */
+
+static void test_models(tt_env *e) {
+    int st;
+    CHECK(!tt_listed(e->prouter, "ghost"), "a model whose only node never answered is not listed");
+    json_t *o = tt_req(e->prouter, "GET", "/v1/models/qwen3", NULL, &st);
+    CHECK(st == 200 && !strcmp(jstr(o, "id", NULL), "qwen3") && !strcmp(jstr(o, "object", NULL), "model") &&
+          json_is_integer(json_object_get(o, "created")) && jstr(o, "owned_by", NULL), "GET /v1/models/qwen3: %d", st);
+    json_decref(o);
+    o = tt_req(e->prouter, "GET", "/v1/models/ghost", NULL, &st);
+    CHECK(st == 404 && !strcmp(jstr(o, "error", "code"), "model_not_found"), "GET /v1/models/ghost: %d", st);
+    json_decref(o);
+    o = tt_req(e->prouter, "GET", "/v1/models/nope", NULL, &st);
+    CHECK(st == 404, "GET /v1/models/nope: %d", st);
+    json_decref(o);
+}
+
+static void test_model_down(tt_env *e) {
+    stop_proc(e->spare, 5000);
+    e->spare = 0;
+    double t0 = now_ms();
+    while (now_ms() - t0 < 5000 && tt_listed(e->prouter, "spare")) sleep_ms(100);
+    CHECK(!tt_listed(e->prouter, "spare") && tt_listed(e->prouter, "qwen3"), "the killed node's model is no longer listed");
+    int st;
+    json_t *o = tt_req(e->prouter, "GET", "/v1/models/spare", NULL, &st);
+    CHECK(st == 404, "GET /v1/models/spare after the kill: %d", st);
+    json_decref(o);
+}
+
+/* ==== /tokenize, /detokenize ==== */
+
+/* The concatenated bytes of with_pieces pieces (strings or byte arrays). */
+static void tt_pieces_text(json_t *toks, char *out, size_t cap) {
+    size_t n = 0;
+    for (size_t i = 0; i < json_array_size(toks); i++) {
+        json_t *p = json_object_get(json_array_get(toks, i), "piece");
+        if (json_is_string(p)) {
+            size_t l = json_string_length(p);
+            if (n + l < cap) { memcpy(out + n, json_string_value(p), l); n += l; }
+        }
+        for (size_t k = 0; json_is_array(p) && k < json_array_size(p); k++)
+            if (n + 1 < cap) out[n++] = (char)json_integer_value(json_array_get(p, k));
+    }
+    out[n] = 0;
+}
+
+static int tt_ids_equal(json_t *a, json_t *b, int pieces) {
+    if (json_array_size(a) != json_array_size(b)) return 0;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *x = json_array_get(a, i);
+        if (pieces) x = json_object_get(x, "id");
+        if (json_integer_value(x) != json_integer_value(json_array_get(b, i))) return 0;
+    }
+    return 1;
+}
+
+static void test_tokenize(tt_env *e) {
+    char path[1024], line[1 << 16];
+    snprintf(path, sizeof path, "%s/tokenize/visible.jsonl", t_fixtures());
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "open %s", path);
+    int prompts = 0, st;
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *c = json_loads(line, 0, NULL);
+        if (strcmp(jstr(c, "type", NULL) ? jstr(c, "type", NULL) : "", "prompt")) { json_decref(c); continue; }
+        const char *name = jstr(c, "name", NULL);
+        json_t *text = json_object_get(c, "text");
+        for (int mode = 0; mode < 3; mode++) {
+            json_t *q = json_pack("{s:O, s:s}", "content", text, "model", "qwen3");
+            if (mode == 1) json_object_set_new(q, "parse_special", json_false());
+            if (mode == 2) json_object_set_new(q, "with_pieces", json_true());
+            char *body = json_dumps(q, JSON_COMPACT);
+            json_t *o = tt_req(e->prouter, "POST", "/tokenize", body, &st);
+            json_t *want = json_object_get(c, mode == 1 ? "ids_no_parse_special" : "ids");
+            CHECK(st == 200 && tt_ids_equal(json_object_get(o, "tokens"), want, mode == 2),
+                  "%s: /tokenize mode %d matches llama.cpp (status %d)", name, mode, st);
+            if (mode == 2) {
+                char *joined = malloc(json_string_length(text) * 4 + 16);
+                tt_pieces_text(json_object_get(o, "tokens"), joined, json_string_length(text) * 4 + 16);
+                CHECK(!strcmp(joined, json_string_value(text)), "%s: pieces spell the text", name);
+                free(joined);
+            }
+            json_decref(o);
+            free(body);
+            json_decref(q);
+        }
+        json_t *q = json_pack("{s:O, s:s}", "tokens", json_object_get(c, "ids"), "model", "qwen3");
+        char *body = json_dumps(q, JSON_COMPACT);
+        json_t *o = tt_req(e->prouter, "POST", "/detokenize", body, &st);
+        CHECK(st == 200 && !strcmp(jstr(o, "content", NULL), json_string_value(text)),
+              "%s: /detokenize gives the text back", name);
+        json_decref(o);
+        free(body);
+        json_decref(q);
+        json_decref(c);
+        prompts++;
+    }
+    if (f) fclose(f);
+    CHECK(prompts >= 8, "tokenized %d fixture prompts", prompts);
+    /* two models served: /tokenize must name one; a bad id is refused */
+    json_t *o = tt_req(e->prouter, "POST", "/tokenize", "{\"content\":\"hi\"}", &st);
+    CHECK(st == 400 && !strcmp(jstr(o, "error", "param"), "model"), "no model with two served: %d", st);
+    json_decref(o);
+    o = tt_req(e->prouter, "POST", "/tokenize", "{\"content\":\"hi\",\"model\":\"nope\"}", &st);
+    CHECK(st == 404, "unknown model: %d", st);
+    json_decref(o);
+    o = tt_req(e->prouter, "POST", "/detokenize", "{\"tokens\":[1,999999999],\"model\":\"qwen3\"}", &st);
+    CHECK(st == 400, "out-of-range id: %d", st);
+    json_decref(o);
+    o = tt_req(e->prouter, "GET", "/tokenize", NULL, &st);
+    CHECK(st == 405, "GET /tokenize: %d", st);
+    json_decref(o);
+}
+
+/* ==== No default cut-off ==== */
+
+static void test_until_context(tt_env *e) {
+    int st;
+    json_t *o = tt_req(e->prouter, "POST", "/v1/chat/completions",
+                       "{\"model\":\"qwen3\",\"temperature\":0,\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a long story.\"}]}", &st);
+    long long p = jint(o, "usage", "prompt_tokens"), c = jint(o, "usage", "completion_tokens");
+    json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    /* the last token is sampled from the last position's logits and needs no row: context + 1 */
+    CHECK(st == 200 && c > 256 && p + c == TT_CTX + 1 && !strcmp(jstr(ch, "finish_reason", NULL), "length"),
+          "no max_tokens: %lld prompt + %lld completion tokens, finish %s (context %d)", p, c,
+          jstr(ch, "finish_reason", NULL) ? jstr(ch, "finish_reason", NULL) : "?", TT_CTX);
+    json_decref(o);
+}
+
+/* ==== Tools over raw HTTP ==== */
+
+#define TT_TOOLS "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_time\",\"description\":\"The time\"," \
+    "\"parameters\":{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}}}," \
+    "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\"," \
+    "\"properties\":{\"city\":{\"type\":\"string\"}},\"required\":[\"city\"]}}}]"
+#define TT_Q "\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Oslo?\"}]"
+
+static json_t *tt_chat(tt_env *e, const char *fields, int *st) {
+    char body[4096];
+    snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"temperature\":0,%s}", fields);
+    return tt_req(e->prouter, "POST", "/v1/chat/completions", body, st);
+}
+
+static json_t *tt_msg(json_t *o) { return json_object_get(json_array_get(json_object_get(o, "choices"), 0), "message"); }
+static const char *tt_finish(json_t *o) {
+    const char *f = jstr(json_array_get(json_object_get(o, "choices"), 0), "finish_reason", NULL);
+    return f ? f : "";
+}
+
+/* Streams a request; the tool-call deltas' id, name and argument fragments. */
+static void tt_stream_call(tt_env *e, const char *fields, char *id, char *name, char *args, size_t cap, char *finish, int *shape_ok) {
+    char body[4096], *out = NULL;
+    snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"temperature\":0,\"stream\":true,%s}", fields);
+    int st = http(e->prouter, "POST", "/v1/chat/completions", body, &out);
+    *id = *name = *args = *finish = 0;
+    *shape_ok = st == 200;
+    int starts = 0;
+    for (char *l = out ? strtok(out, "\n") : NULL; l; l = strtok(NULL, "\n")) {
+        if (strncmp(l, "data: {", 7)) continue;
+        json_t *c = json_loads(l + 6, 0, NULL);
+        json_t *ch = json_array_get(json_object_get(c, "choices"), 0), *tc = json_array_get(json_object_get(json_object_get(ch, "delta"), "tool_calls"), 0);
+        if (tt_s(ch, "finish_reason", NULL)) snprintf(finish, 32, "%s", tt_s(ch, "finish_reason", NULL));
+        if (tc) {
+            if (json_integer_value(json_object_get(tc, "index")) != 0) *shape_ok = 0;
+            if (tt_s(tc, "id", NULL)) {   /* the first delta of a call */
+                starts++;
+                snprintf(id, 64, "%s", jstr(tc, "id", NULL));
+                snprintf(name, 64, "%s", jstr(tc, "function", "name") ? jstr(tc, "function", "name") : "");
+                if (strcmp(jstr(tc, "type", NULL) ? jstr(tc, "type", NULL) : "", "function")) *shape_ok = 0;
+            } else if (json_object_get(json_object_get(tc, "function"), "name")) {
+                *shape_ok = 0;   /* later deltas carry argument fragments only */
+            }
+            const char *a = tt_s(tc, "function", "arguments");
+            if (a) strncat(args, a, cap - strlen(args) - 1);
+        }
+        json_decref(c);
+    }
+    if (starts != 1) *shape_ok = 0;
+    free(out);
+}
+
+static void test_tools_http(tt_env *e) {
+    int st;
+    /* a named function whose arguments can only be {}: the whole call is forced */
+    json_t *o = tt_chat(e, TT_Q "," TT_TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}", &st);
+    json_t *tc = json_array_get(json_object_get(tt_msg(o), "tool_calls"), 0);
+    CHECK(st == 200 && json_is_null(json_object_get(tt_msg(o), "content")) && !strcmp(jstr(tc, "function", "name"), "get_time") &&
+          !strcmp(jstr(tc, "function", "arguments"), "{}") && !strncmp(jstr(tc, "id", NULL), "call_", 5) &&
+          !strcmp(jstr(tc, "type", NULL), "function") && !strcmp(tt_finish(o), "tool_calls"), "forced get_time call (%d)", st);
+    json_decref(o);
+    /* a named function with arguments: the name is forced, the arguments are the model's */
+    const char *named = TT_Q "," TT_TOOLS ",\"max_tokens\":5,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}";
+    o = tt_chat(e, named, &st);
+    tc = json_array_get(json_object_get(tt_msg(o), "tool_calls"), 0);
+    const char *args = tt_s(tc, "function", "arguments");
+    CHECK(st == 200 && !strcmp(jstr(tc, "function", "name"), "get_weather") && args && json_array_size(json_object_get(tt_msg(o), "tool_calls")) == 1,
+          "named get_weather call (%d)", st);
+    char id[64], name[64], sargs[1024], finish[32];
+    int shape;
+    tt_stream_call(e, named, id, name, sargs, sizeof sargs, finish, &shape);
+    CHECK(shape && !strncmp(id, "call_", 5) && !strcmp(name, "get_weather") && args && !strcmp(sargs, args) &&
+          !strcmp(finish, tt_finish(o)), "streamed: id %s name %s args '%s' (non-stream '%s') finish %s", id, name, sargs,
+          args ? args : "", finish);
+    json_decref(o);
+    /* tool_choice none: no tools in the prompt, no parsing */
+    o = tt_chat(e, TT_Q "," TT_TOOLS ",\"max_tokens\":3,\"tool_choice\":\"none\"", &st);
+    long long p_none = jint(o, "usage", "prompt_tokens");
+    CHECK(st == 200 && !json_object_get(tt_msg(o), "tool_calls") && json_is_string(json_object_get(tt_msg(o), "content")), "tool_choice none");
+    json_decref(o);
+    o = tt_chat(e, TT_Q "," TT_TOOLS ",\"max_tokens\":3", &st);
+    CHECK(st == 200 && jint(o, "usage", "prompt_tokens") > p_none + 50, "auto renders the tools: %lld vs %lld prompt tokens",
+          jint(o, "usage", "prompt_tokens"), p_none);
+    json_decref(o);
+    /* "required" with two tools: the call is opened; random weights do not write JSON, so the text comes back as content */
+    o = tt_chat(e, TT_Q "," TT_TOOLS ",\"max_tokens\":4,\"tool_choice\":\"required\"", &st);
+    const char *content = tt_s(tt_msg(o), "content", NULL);
+    CHECK(st == 200 && (json_object_get(tt_msg(o), "tool_calls") || (content && !strncmp(content, "<tool_call>", 11))),
+          "required: a call or the opened call as content");
+    json_decref(o);
+    /* a history with a call and its result */
+    o = tt_chat(e, "\"max_tokens\":3," TT_TOOLS ",\"messages\":[{\"role\":\"user\",\"content\":\"Weather?\"},"
+                "{\"role\":\"assistant\",\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\","
+                "\"function\":{\"name\":\"get_weather\",\"arguments\":\"{\\\"city\\\":\\\"Oslo\\\"}\"}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"-5 C\"}]", &st);
+    CHECK(st == 200 && jint(o, "usage", "completion_tokens") == 3, "tool history answered (%d)", st);
+    json_decref(o);
+    /* refused rather than ignored */
+    static const struct { const char *path, *fields, *param; } bad[] = {
+        {"/v1/completions", "\"prompt\":\"x\"," TT_TOOLS, "tools"},
+        {"/v1/chat/completions", TT_Q ",\"tool_choice\":\"required\"", "tool_choice"},
+        {"/v1/chat/completions", TT_Q "," TT_TOOLS ",\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"nope\"}}", "tool_choice"},
+        {"/v1/chat/completions", TT_Q ",\"tools\":[{\"type\":\"retrieval\"}]", "tools[0]"},
+        {"/v1/chat/completions", "\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]", "messages[0].name"},
+        {"/v1/chat/completions", "\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]", "messages[0].tool_call_id"},
+        {"/v1/chat/completions", TT_Q ",\"logit_bias\":{\"1\":5}", "logit_bias"},
+        {"/v1/chat/completions", TT_Q ",\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"/v1/chat/completions", TT_Q ",\"functions\":[{\"name\":\"f\"}]", "functions"},
+        {"/v1/chat/completions", TT_Q ",\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char body[2048];
+        snprintf(body, sizeof body, "{\"model\":\"qwen3\",%s}", bad[i].fields);
+        o = tt_req(e->prouter, "POST", bad[i].path, body, &st);
+        const char *param = jstr(o, "error", "param");
+        CHECK(st == 400 && param && !strcmp(param, bad[i].param), "refused %zu: %d param %s want %s", i, st, param ? param : "null", bad[i].param);
+        json_decref(o);
+    }
+}
+
+/* ==== npm clients ==== */
+
+static void test_npm_clients(tt_env *e) {
+    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
+        printf("test_router_tools: SKIP npm clients: node/npm not installed\n");
+        return;
+    }
+    int have = access("build/npm/node_modules/@langchain/openai/package.json", R_OK) == 0 &&
+               access("build/npm/node_modules/@ai-sdk/openai-compatible/package.json", R_OK) == 0;
+    /* zod 3 satisfies both the openai@4 client (tests/openai_client.mjs) and the AI SDK */
+    if (!have) have = system("mkdir -p build/npm && cd build/npm && npm install --no-audit --no-fund openai@4 @langchain/openai "
+                             "@langchain/core ai @ai-sdk/openai-compatible zod@3 >/dev/null 2>&1") == 0;
+    CHECK(have, "npm install @langchain/openai, ai, @ai-sdk/openai-compatible into build/npm");
+    static const char *const modes[] = {"langchain", "aisdk"};
+    for (int m = 0; m < 2; m++) {
+        char cmd[512], *argv[] = {"/bin/sh", "-c", cmd, NULL};
+        snprintf(cmd, sizeof cmd, "node tests/tools_client.mjs http://127.0.0.1:%d/v1 qwen3 %s 2>&1", e->prouter, modes[m]);
+        char *out = run_capture(argv);
+        json_t *o = out ? json_loads(out, 0, NULL) : NULL;
+        json_t *c0 = json_array_get(json_object_get(o, "calls"), 0), *s0 = json_array_get(json_object_get(o, "stream_calls"), 0);
+        json_t *args = json_object_get(c0, m ? "input" : "args");
+        CHECK(o && json_array_size(json_object_get(o, "calls")) == 1 && !strcmp(jstr(c0, "name", NULL), "get_time") &&
+              json_is_object(args) && json_object_size(args) == 0 && !strncmp(jstr(c0, "id", NULL), "call_", 5),
+              "%s: one get_time call with {} arguments: %s", modes[m], out ? out : "");
+        CHECK(s0 && !strcmp(jstr(s0, "name", NULL), "get_time") && !strncmp(jstr(s0, "id", NULL), "call_", 5),
+              "%s: the streamed call", modes[m]);
+        CHECK(json_is_string(json_object_get(o, "answer")) && jstr(o, "finish_reason", NULL) &&
+              (!strcmp(jstr(o, "finish_reason", NULL), "length") || !strcmp(jstr(o, "finish_reason", NULL), "stop")),
+              "%s: an answer after the tool result", modes[m]);
+        if (m == 1)
+            CHECK(!strcmp(jstr(o, "first_finish", NULL), "tool-calls") && json_integer_value(json_object_get(o, "executed")) >= 1 &&
+                  !strcmp(json_string_value(json_array_get(json_object_get(o, "results"), 0)), "12:00"), "aisdk: the tool ran");
+        json_decref(o);
+        free(out);
+    }
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    mkdir("build", 0755);
+    mkdir(TT_DIR, 0755);
+    tt_env e;
+    memset(&e, 0, sizeof e);
+    snprintf(e.model, sizeof e.model, "%s/models/qwen3-mini-Q8_0.gguf", t_fixtures());
+    if (access(bin(), X_OK) || access(e.model, R_OK)) {
+        printf("test_router_tools: SKIP: %s or %s missing\n", bin(), e.model);
+        return t_done("test_router_tools");
+    }
+    if (tt_setup(&e) == 0) {
+        test_models(&e);
+        test_tokenize(&e);
+        test_tools_http(&e);
+        test_npm_clients(&e);
+        test_until_context(&e);
+        test_model_down(&e);
+    }
+    CHECK(stop_proc(e.router, 5000) == 0, "router stops cleanly");
+    if (e.spare) stop_proc(e.spare, 5000);
+    stop_proc(e.node, 5000);
+    return t_done("test_router_tools");
+}
