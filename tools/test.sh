@@ -37,6 +37,10 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
           printf '\x02{"token":42,"text":"hi"}' >"$2/line" ;;
+    grammar)
+          printf '{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer","minimum":-5,"maximum":120}},"required":["name"],"additionalProperties":false}\0{"name":"a\\u00e9\\n","n":-3}' >"$2/object"
+          printf '{"$defs":{"t":{"type":"object","properties":{"v":{"type":"number","exclusiveMinimum":0,"maximum":2.5},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},"maxItems":2}}}},"anyOf":[{"$ref":"#/$defs/t"},{"enum":["x",null,1]}]}\0{"v":0.25,"kids":[{"v":2.5},{}]}' >"$2/tree"
+          printf 'not a schema\0{"a":[1,{"b":null}],"c":"d"}' >"$2/json_object" ;;
     esac
 }
 fuzz_fail=0
