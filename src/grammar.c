@@ -58,11 +58,13 @@
  * tabs (indentation of pretty-printed output, ~8 levels of 4). Bounded so a
  * model cannot loop on whitespace. */
 #define G_WS_INDENT 32
-/* Digits: integer part of a number up to 20 digits, fraction up to 20,
- * exponent up to 3; "integer" up to 19 digits (int64/uint64 range). */
-#define G_INT_DIGITS 20
+/* Digits: every output must parse with jansson, which refuses integers
+ * beyond int64 and reals that overflow a double. So integer parts (of
+ * "integer" and of "number") have at most 18 digits, and exponents at most 2
+ * (18 digits + e99 stays far below DBL_MAX); fractions up to 20 digits. */
+#define G_INT_DIGITS 18
 #define G_FRAC_DIGITS 20
-#define G_EXP_DIGITS 3
+#define G_EXP_DIGITS 2
 /* Bounded numbers are generated without exponent, |x| <= 1e18, fraction
  * digits of a bound beyond this are rounded inward. */
 #define G_DEC_FRAC 20
@@ -422,7 +424,7 @@ static int64_t rule_integer(gctx *c)
 {
     if (c->r_int >= 0) return c->r_int;
     seq n = { 0 };
-    if (!seq_rep(c, &n, set_chars(c, "-"), 0, 1)) seq_ref(c, &n, rule_int_part(c, 19));
+    if (!seq_rep(c, &n, set_chars(c, "-"), 0, 1)) seq_ref(c, &n, rule_int_part(c, G_INT_DIGITS));
     return c->r_int = rule_seq(c, &n);
 }
 
@@ -1099,7 +1101,10 @@ static int64_t sch_object(gctx *c, const json_t *s)
         }
         p[j].required = 1;
     }
-    int64_t r = sch_object_props(c, p, n);
+    int m = 0;   /* an optional property whose schema is false is never written */
+    for (int i = 0; i < n; i++)
+        if (p[i].required || !json_is_false(p[i].schema)) p[m++] = p[i];
+    int64_t r = sch_object_props(c, p, m);
     free(p);
     return r;
 }
