@@ -443,8 +443,7 @@ static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e)
             return api_bad(e, refused[i], "unsupported_parameter", "'%s' is not supported by this server.", refused[i]);
     }
     /* Fields that change the output and that this server does not apply yet. */
-    static const char *const unapplied[] = {"logit_bias", "top_logprobs", "response_format", "top_k", "min_p",
-                                            "repetition_penalty", "prediction", "modalities", "audio", "suffix"};
+    static const char *const unapplied[] = {"top_logprobs", "prediction", "modalities", "audio", "suffix"};
     for (size_t i = 0; i < sizeof unapplied / sizeof unapplied[0]; i++) {
         json_t *v = json_object_get(root, unapplied[i]);
         if (v && !json_is_null(v))
@@ -453,6 +452,56 @@ static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e)
     json_t *bo = json_object_get(root, "best_of");
     if (kind == API_COMPLETION && bo && !json_is_null(bo) && !(json_is_integer(bo) && json_integer_value(bo) == 1))
         return api_bad(e, "best_of", "unsupported_parameter", "Only best_of=1 is supported.");
+    return 0;
+}
+
+/* Fields the decode node applies itself: their shape is checked here, their
+ * values travel to the node (which refuses a bad schema or token id with a
+ * 400 the router passes on). */
+static int api_get_sampling(json_t *root, api_request *r, api_error *e) {
+    static const struct { const char *name; double lo, hi; } nums[] = {
+        {"presence_penalty", -2, 2}, {"frequency_penalty", -2, 2}, {"repetition_penalty", 0.01, 100},
+        {"min_p", 0, 1},
+    };
+    json_t *o = json_object();
+    double d;
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        json_t *v = json_object_get(root, nums[i].name);
+        if (!v || json_is_null(v)) continue;
+        if (api_get_number(root, nums[i].name, nums[i].lo, nums[i].hi, &d, e)) { json_decref(o); return -1; }
+        json_object_set_new(o, nums[i].name, json_real(d));
+    }
+    json_t *tk = json_object_get(root, "top_k");
+    if (tk && !json_is_null(tk)) {
+        if (!json_is_integer(tk) || json_integer_value(tk) < 0 || json_integer_value(tk) > 1000000) {
+            json_decref(o);
+            return api_bad(e, "top_k", "invalid_value", "'top_k' must be an integer in [0, 1000000].");
+        }
+        json_object_set(o, "top_k", tk);
+    }
+    json_t *lb = json_object_get(root, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) { json_decref(o); return api_wrong_type(e, "logit_bias", "an object", lb); }
+        json_object_set(o, "logit_bias", lb);
+    }
+    json_t *rf = json_object_get(root, "response_format");
+    if (rf && !json_is_null(rf)) {
+        const char *t = json_string_value(json_object_get(rf, "type"));
+        if (!json_is_object(rf) || !t || (strcmp(t, "text") && strcmp(t, "json_object") && strcmp(t, "json_schema"))) {
+            json_decref(o);
+            return api_bad(e, "response_format", "invalid_value",
+                           "'response_format' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}.");
+        }
+        if (!strcmp(t, "json_schema") && !json_is_object(json_object_get(json_object_get(rf, "json_schema"), "schema"))) {
+            json_decref(o);
+            return api_bad(e, "response_format", "invalid_value",
+                           "'response_format.json_schema.schema' must be a JSON schema object.");
+        }
+        json_object_set(o, "response_format", rf);
+    }
+    if (json_object_size(o)) r->sampling = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    if (json_object_size(json_object_get(root, "logit_bias")) && !r->sampling) return api_bad(e, NULL, NULL, "out of memory");
     return 0;
 }
 
@@ -470,9 +519,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     if (api_get_max_tokens(root, lim, r, e)) return -1;
     if (api_get_number(root, "temperature", 0, 2, &r->temperature, e)) return -1;
     if (api_get_number(root, "top_p", 0, 1, &r->top_p, e)) return -1;
-    double pen = 0;
-    if (api_get_number(root, "presence_penalty", -2, 2, &pen, e)) return -1;
-    if (api_get_number(root, "frequency_penalty", -2, 2, &pen, e)) return -1;
+    if (api_get_sampling(root, r, e)) return -1;
     json_t *seed = json_object_get(root, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) return api_wrong_type(e, "seed", "an integer", seed);
@@ -516,6 +563,7 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const ap
 
 void api_request_free(api_request *r) {
     free(r->model);
+    free(r->sampling);
     free(r->prompt);
     free(r->tokens);
     for (int i = 0; i < r->n_messages; i++) {
@@ -577,6 +625,11 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
     /* OpenAI sampling has no top-k or min-p: switch them off on the node. */
     json_object_set_new(o, "top_k", json_integer(0));
     json_object_set_new(o, "min_p", json_real(0.0));
+    if (r->sampling) {
+        json_t *x = json_loads(r->sampling, 0, NULL);
+        if (x) json_object_update(o, x);
+        json_decref(x);
+    }
     /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
     if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));
     if (r->n_stop || r->call_stop) {

@@ -65,6 +65,9 @@ typedef struct {
     int stream;
     int include_usage;          /* stream_options.include_usage */
     int echo;                   /* completions: echo the prompt (only with a text prompt) */
+    char *sampling;             /* JSON object text of the fields the decode node applies
+                                 * itself (response_format, penalties, logit_bias, top_k,
+                                 * min_p), checked for shape here, or NULL */
     size_t prompt_bytes;        /* bytes of prompt text / message contents */
     /* chat tools */
     char *tools;                /* the "tools" array as JSON text, or NULL */

@@ -23,6 +23,9 @@
 
 typedef struct { float logit; int32_t id; } cand;
 
+/* Default repetition window, as llama.cpp's penalty_last_n. */
+#define SAMPLER_REPEAT_LAST_N 64
+
 struct sampler {
     sampler_params p;
     int n_vocab;
@@ -30,7 +33,18 @@ struct sampler {
     cand *c;              /* candidates, n_vocab */
     float *w;             /* softmax weights, n_vocab */
     double *bsum;         /* per-block weight sums */
+    /* logit adjustments (bias, penalties): NULL when none is asked for */
+    float *adj;           /* n_vocab: the adjusted copy */
+    sampler_bias *bias;   /* own copy of p.bias */
+    uint32_t *count;      /* n_vocab: times generated (presence/frequency) */
+    int32_t *recent;      /* ring of the last repeat_last_n tokens seen */
+    int n_recent, recent_at;
 };
+
+static int sampler_adjusts(const sampler_params *p) {
+    return p->n_bias > 0 || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+           (p->repeat_penalty != 0.0f && p->repeat_penalty != 1.0f);
+}
 
 sampler_params sampler_defaults(void) {
     sampler_params p = { .temp = 0.0f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0 };
@@ -48,7 +62,51 @@ sampler *sampler_new(const sampler_params *p, int n_vocab) {
     s->w = malloc(sizeof(float) * (size_t)n_vocab);
     s->bsum = malloc(sizeof(double) * ((size_t)n_vocab / SAMPLER_BLOCK + 1));
     if (!s->c || !s->w || !s->bsum) { sampler_free(s); return NULL; }
+    if (sampler_adjusts(p)) {
+        if (s->p.repeat_last_n <= 0) s->p.repeat_last_n = SAMPLER_REPEAT_LAST_N;
+        s->adj = malloc(sizeof(float) * (size_t)n_vocab);
+        s->count = calloc((size_t)n_vocab, sizeof(uint32_t));
+        s->recent = malloc(sizeof(int32_t) * (size_t)s->p.repeat_last_n);
+        s->bias = p->n_bias > 0 ? malloc(sizeof(sampler_bias) * (size_t)p->n_bias) : NULL;
+        if (!s->adj || !s->count || !s->recent || (p->n_bias > 0 && !s->bias)) { sampler_free(s); return NULL; }
+        if (p->n_bias > 0) memcpy(s->bias, p->bias, sizeof(sampler_bias) * (size_t)p->n_bias);
+        s->p.bias = s->bias;
+    } else {
+        s->p.bias = NULL;
+        s->p.n_bias = 0;
+    }
     return s;
+}
+
+void sampler_accept(sampler *s, int32_t id, int generated) {
+    if (!s->adj || id < 0 || id >= s->n_vocab) return;
+    if (generated) s->count[id]++;
+    s->recent[s->recent_at] = id;
+    s->recent_at = (s->recent_at + 1) % s->p.repeat_last_n;
+    if (s->n_recent < s->p.repeat_last_n) s->n_recent++;
+}
+
+/* The adjusted copy: bias, then the repetition penalty over the distinct
+ * recent tokens, then presence/frequency over the generated ones. */
+static const float *sampler_adjust(sampler *s, const float *logits) {
+    const sampler_params *p = &s->p;
+    memcpy(s->adj, logits, sizeof(float) * (size_t)s->n_vocab);
+    for (int i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id >= 0 && p->bias[i].id < s->n_vocab) s->adj[p->bias[i].id] += p->bias[i].bias;
+    if (p->repeat_penalty != 0.0f && p->repeat_penalty != 1.0f) {
+        for (int i = 0; i < s->n_recent; i++) {
+            int32_t id = s->recent[i];
+            int seen = 0;   /* each distinct token once, as llama.cpp */
+            for (int k = 0; k < i && !seen; k++) seen = s->recent[k] == id;
+            if (seen) continue;
+            float *l = &s->adj[id];
+            *l = *l > 0 ? *l / p->repeat_penalty : *l * p->repeat_penalty;
+        }
+    }
+    if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+        for (int i = 0; i < s->n_vocab; i++)
+            if (s->count[i]) s->adj[i] -= p->presence_penalty + p->frequency_penalty * (float)s->count[i];
+    return s->adj;
 }
 
 void sampler_free(sampler *s) {
@@ -56,6 +114,10 @@ void sampler_free(sampler *s) {
     free(s->c);
     free(s->w);
     free(s->bsum);
+    free(s->adj);
+    free(s->bias);
+    free(s->count);
+    free(s->recent);
     free(s);
 }
 
@@ -406,6 +468,7 @@ static int32_t sampler_pick_prefix(sampler *s, const float *logits, double u) {
 
 int32_t sampler_sample(sampler *s, const float *logits) {
     const sampler_params *p = &s->p;
+    if (s->adj) logits = sampler_adjust(s, logits);
     if (p->temp <= 0.0f) return sampler_argmax(logits, s->n_vocab);
     double u = sampler_next_unit(s);
     if (p->top_k > 0 && p->top_k < s->n_vocab) {

@@ -24,15 +24,19 @@
  * vocabulary in id order rather than by rank, so a given seed yields other
  * tokens than the reference would.
  *
- * Extending: fields added to sampler_params mean "off" when zero; extras that
- * need the sequence's history (repetition penalties) or rewrite logits
- * (logit bias) belong in this per-sequence object, applied to a private copy
- * of the logits before the filters.
+ * Extending: fields added to sampler_params mean "off" when zero. Logit bias
+ * and penalties (which need the sequence's history, fed by sampler_accept)
+ * live in this per-sequence object and rewrite a private copy of the logits
+ * before the filters.
  */
 #ifndef TANDEM_SAMPLER_H
 #define TANDEM_SAMPLER_H
 
 #include <stdint.h>
+
+/* A logit bias: added to the token's logit before anything else
+ * (-INFINITY bans it). */
+typedef struct { int32_t id; float bias; } sampler_bias;
 
 typedef struct {
     float temp;        /* <= 0: greedy */
@@ -40,6 +44,18 @@ typedef struct {
     float top_p;       /* >= 1: off */
     float min_p;       /* <= 0: off */
     uint64_t seed;
+    /* Penalties, applied (after the logit bias) to a private copy of the
+     * logits, so they act in every mode including greedy:
+     *  presence/frequency (OpenAI): logit -= presence * (count > 0) +
+     *    frequency * count, count = times the token was generated so far;
+     *  repeat (llama.cpp's repetition penalty): a token among the last
+     *    repeat_last_n tokens seen (prompt included) has a positive logit
+     *    divided by repeat_penalty, a negative one multiplied by it. */
+    float presence_penalty, frequency_penalty;   /* 0: off */
+    float repeat_penalty;                        /* 0 or 1: off */
+    int repeat_last_n;                           /* <= 0: 64 */
+    const sampler_bias *bias;                    /* copied by sampler_new */
+    int n_bias;
 } sampler_params;
 
 typedef struct sampler sampler;
@@ -48,6 +64,9 @@ sampler_params sampler_defaults(void);   /* greedy */
 sampler *sampler_new(const sampler_params *p, int n_vocab);
 void sampler_free(sampler *s);
 int32_t sampler_sample(sampler *s, const float *logits);
+/* Records a token of the sequence for the penalties: generated = 0 for
+ * prompt tokens (only the repetition window sees them). */
+void sampler_accept(sampler *s, int32_t id, int generated);
 int32_t sampler_argmax(const float *logits, int n);
 
 /* A fresh seed from the kernel's generator (getrandom), in [0, 2^63) so that

@@ -58,6 +58,7 @@ struct sched_job {
     struct sched_job *next;  /* queue link */
     /* scheduler thread only */
     sampler *smp;
+    grammar_state *gs;       /* constrained decoding, or NULL */
     tok_stream ts;
     int32_t *gen;
     size_t *piece_end, *stable_end;
@@ -98,6 +99,8 @@ static void sched_job_free(sched_job *j) {
     if (!j) return;
     free(j->r.prompt);
     for (int i = 0; i < j->r.n_stop; i++) free(j->r.stop[i]);
+    grammar_state_free(j->gs);
+    grammar_free(j->r.grammar);
     sampler_free(j->smp);
     free(j->gen);
     free(j->piece_end);
@@ -131,6 +134,9 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
         return NULL;
     }
     j->v.lp = j->lp;
+    if (j->r.grammar && (!j->r.gvocab || !(j->gs = grammar_state_new(j->r.grammar)))) { sched_job_free(j); return NULL; }
+    /* the repetition penalty's window starts in the prompt */
+    for (int i = j->r.n_prompt > 64 ? j->r.n_prompt - 64 : 0; i < j->r.n_prompt; i++) sampler_accept(j->smp, j->r.prompt[i], 0);
     j->refs = 2;
     j->v.gen = j->gen;
     j->v.piece_end = j->piece_end;
@@ -377,11 +383,26 @@ static void sched_logprob_fill(const float *logits, int n_vocab, int32_t id, int
 static sched_sample sched_job_sample(sched *s, sched_job *j) {
     sched_sample r = { .id = -1 };
     if (j->v.n_gen >= j->r.max_tokens) { r.finish = "length"; return r; }
+    if (j->gs) {
+        /* nothing can follow a finished output; no token at all can
+         * continue only when a size cap of the grammar was reached */
+        if (grammar_is_finished(j->gs) || grammar_mask_logits(j->gs, j->r.gvocab, j->logits) == 0) {
+            r.finish = "stop";
+            return r;
+        }
+    }
     r.id = sampler_sample(j->smp, j->logits);
-    if (!j->r.ignore_eos && tokenizer_is_eog(s->tok, r.id)) { r.finish = "stop"; r.id = -1; return r; }
+    if (j->gs && grammar_accept_token(j->gs, j->r.gvocab, r.id) && !tokenizer_is_eog(s->tok, r.id)) {
+        r.finish = "stop";   /* cannot happen: the mask allowed it */
+        r.id = -1;
+        return r;
+    }
+    if ((!j->r.ignore_eos || j->gs) && tokenizer_is_eog(s->tok, r.id)) { r.finish = "stop"; r.id = -1; return r; }
+    sampler_accept(j->smp, r.id, 1);
     if (j->lp) sched_logprob_fill(j->logits, s->n_vocab, r.id, j->r.logprobs - 1, &j->lp[j->v.n_gen]);
     r.stop_hit = sched_job_text(s, j, r.id, &r.keep);
     if (r.stop_hit) r.finish = "stop";
+    else if (j->gs && grammar_is_finished(j->gs)) r.finish = "stop";   /* the output is complete */
     else if (j->v.n_gen + 1 >= j->r.max_tokens) r.finish = "length";
     return r;
 }
@@ -591,6 +612,7 @@ int sched_submit(sched *s, sched_req *r, sched_job **out) {
     if (rc) {
         free(r->prompt);
         for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+        grammar_free(r->grammar);
         memset(r, 0, sizeof *r);
         return rc;
     }

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "grammar.h"
 #include "sampler.h"
 
 #define SCHED_MAX_STOP 8
@@ -56,12 +57,16 @@ typedef struct {
     int want_remote;         /* fill the prompt from outside (SJ_REMOTE) when admitted */
     int logprobs;            /* 0: off; 1 + k: each token's log-probability and its k
                               * most likely alternatives (k <= SCHED_MAX_TOP_LOGPROBS) */
+    grammar *grammar;        /* owned by the job: constrained decoding (masks every
+                              * token that cannot continue a valid output), or NULL */
+    const grammar_vocab *gvocab;   /* the model's vocabulary index, with grammar */
 } sched_req;
 
 #define SCHED_MAX_TOP_LOGPROBS 20
 
-/* A token's log-probability under the model (log-softmax of the raw logits,
- * before any sampling transform), with its top alternatives. */
+/* A token's log-probability under the model (log-softmax of the logits,
+ * before any sampling transform; with a grammar, of the masked logits, so
+ * tokens the output could not take have none), with its top alternatives. */
 typedef struct {
     float logprob;
     int n_top;

@@ -329,8 +329,8 @@ static void test_tools_http(tt_env *e) {
         {"/v1/chat/completions", TT_Q ",\"tools\":[{\"type\":\"retrieval\"}]", "tools[0]"},
         {"/v1/chat/completions", "\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"name\":\"bob\"}]", "messages[0].name"},
         {"/v1/chat/completions", "\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]", "messages[0].tool_call_id"},
-        {"/v1/chat/completions", TT_Q ",\"logit_bias\":{\"1\":5}", "logit_bias"},
-        {"/v1/chat/completions", TT_Q ",\"response_format\":{\"type\":\"json_object\"}", "response_format"},
+        {"/v1/chat/completions", TT_Q ",\"logit_bias\":[1,5]", "logit_bias"},
+        {"/v1/chat/completions", TT_Q ",\"response_format\":{\"type\":\"xml\"}", "response_format"},
         {"/v1/chat/completions", TT_Q ",\"functions\":[{\"name\":\"f\"}]", "functions"},
         {"/v1/chat/completions", TT_Q ",\"parallel_tool_calls\":\"yes\"", "parallel_tool_calls"},
     };
@@ -381,6 +381,52 @@ static void test_npm_clients(tt_env *e) {
     }
 }
 
+/* One object of tools_client.mjs's grade schema: verdict enum, score
+ * 0..10, late boolean, 1..3 items in 1..5, nothing else. */
+static int tt_valid_grade(json_t *o) {
+    if (!json_is_object(o) || json_object_size(o) != 4) return 0;
+    const char *v = json_string_value(json_object_get(o, "verdict"));
+    json_t *sc = json_object_get(o, "score"), *items = json_object_get(o, "items");
+    if (!v || (strcmp(v, "pass") && strcmp(v, "fail") && strcmp(v, "partial"))) return 0;
+    if (!json_is_integer(sc) || json_integer_value(sc) < 0 || json_integer_value(sc) > 10) return 0;
+    if (!json_is_boolean(json_object_get(o, "late"))) return 0;
+    if (!json_is_array(items) || json_array_size(items) < 1 || json_array_size(items) > 3) return 0;
+    for (size_t i = 0; i < json_array_size(items); i++) {
+        json_t *x = json_array_get(items, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 1 || json_integer_value(x) > 5) return 0;
+    }
+    return 1;
+}
+
+/* Structured output through the openai client, AI SDK generateObject and
+ * LangChain withStructuredOutput: random weights never write JSON by
+ * themselves; the grammar makes every reply parse and validate. */
+static void test_structured(tt_env *e) {
+    if (system("command -v node >/dev/null 2>&1") != 0 ||
+        access("build/npm/node_modules/@langchain/openai/package.json", R_OK) != 0) {
+        printf("test_router_tools: SKIP structured output: npm clients not installed\n");
+        return;
+    }
+    char cmd[512], *argv[] = {"/bin/sh", "-c", cmd, NULL};
+    snprintf(cmd, sizeof cmd, "node tests/tools_client.mjs http://127.0.0.1:%d/v1 qwen3 structured 2>&1", e->prouter);
+    char *out = run_capture(argv);
+    json_t *o = out ? json_loads(out, 0, NULL) : NULL;
+    static const char *const who[] = {"openai", "aisdk", "langchain"};
+    for (int i = 0; i < 3; i++)
+        CHECK(tt_valid_grade(json_object_get(o, who[i])), "%s: structured output validates: %s", who[i], out ? out : "(none)");
+    json_decref(o);
+    free(out);
+    /* a schema keyword the grammar cannot enforce is refused by name */
+    int st;
+    const char *body = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+                       "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
+                       "\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}";
+    json_t *r = tt_req(e->prouter, "POST", "/v1/chat/completions", body, &st);
+    CHECK(st == 400 && strstr(jstr(r, "error", "message"), "pattern"), "unsupported schema keyword -> %d %s", st,
+          jstr(r, "error", "message"));
+    json_decref(r);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     mkdir("build", 0755);
@@ -397,6 +443,7 @@ int main(void) {
         test_tokenize(&e);
         test_tools_http(&e);
         test_npm_clients(&e);
+        test_structured(&e);
         test_until_context(&e);
         test_model_down(&e);
     }

@@ -56,7 +56,7 @@ static void test_matches_reference(void) {
                 ts_logits(l, n, shape, spreads[sp]);
                 for (int a = 0; a < 4; a++) for (int b = 0; b < 5; b++) for (int c = 0; c < 6; c++)
                     for (int d = 0; d < 4; d++) {
-                        sampler_params p = { temps[a], top_ks[b], top_ps[c], min_ps[d], 1000 + (uint64_t)cases };
+                        sampler_params p = { .temp = temps[a], .top_k = top_ks[b], .top_p = top_ps[c], .min_p = min_ps[d], .seed = 1000 + (uint64_t)cases };
                         if ((p.top_k <= 0 || p.top_k >= n) && p.top_p >= 1 && p.min_p <= 0) continue;
                         sampler *x = sampler_new(&p, n), *y = sampler_new(&p, n);
                         for (int k = 0; k < 12; k++) {
@@ -90,7 +90,7 @@ static void test_boundary(void) {
         for (int t = 0; t < 3; t++) {
             for (int i = 0; i < N; i++) l[i] = tails[a];
             l[5] = l[17] = l[300] = l[999] = 2.0f;
-            sampler_params p = { 1.0f, 0, top_ps[t], 0.0f, 77 };
+            sampler_params p = { .temp = 1.0f, .top_k = 0, .top_p = top_ps[t], .min_p = 0.0f, .seed = 77 };
             sampler *x = sampler_new(&p, N), *y = sampler_new(&p, N);
             for (int k = 0; k < 200; k++) bad += sampler_sample(x, l) != sampler_ref_sample(y, l);
             sampler_free(x); sampler_free(y);
@@ -109,7 +109,7 @@ static void test_softmax_distribution(void) {
     double pr[N], sum = 0, mx = -INFINITY;
     for (int i = 0; i < N; i++) if (l[i] > mx) mx = l[i];
     for (int i = 0; i < N; i++) sum += pr[i] = exp((l[i] - mx) / temp);
-    sampler_params p = { temp, 0, 1.0f, 0.0f, 5 };
+    sampler_params p = { .temp = temp, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 5 };
     sampler *s = sampler_new(&p, N);
     static int cnt[N];
     for (int k = 0; k < DRAWS; k++) cnt[sampler_sample(s, l)]++;
@@ -159,7 +159,7 @@ static void test_seeds(void) {
     enum { N = 5000 };
     static float l[N];
     ts_logits(l, N, 0, 1.0);
-    sampler_params p = { 1.5f, 0, 1.0f, 0.0f, 9 };
+    sampler_params p = { .temp = 1.5f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 9 };
     sampler *a = sampler_new(&p, N), *b = sampler_new(&p, N);
     p.seed = 10;
     sampler *c = sampler_new(&p, N);
@@ -198,11 +198,11 @@ static void test_cost(void) {
     float *l = malloc(sizeof(float) * QWEN_VOCAB);
     ts_logits(l, QWEN_VOCAB, 0, 3.0);
     struct { const char *name; sampler_params p; } cfg[] = {
-        { "greedy (temp 0)", { 0.0f, 0, 1.0f, 0.0f, 1 } },
-        { "temp 1, top_k 0, top_p 1 (OpenAI defaults)", { 1.0f, 0, 1.0f, 0.0f, 1 } },
-        { "temp 0.7, top_p 0.9", { 0.7f, 0, 0.9f, 0.0f, 1 } },
-        { "temp 0.8, top_k 40, top_p 0.95, min_p 0.05 (CLI)", { 0.8f, 40, 0.95f, 0.05f, 1 } },
-        { "temp 1, min_p 0.05", { 1.0f, 0, 1.0f, 0.05f, 1 } },
+        { "greedy (temp 0)", { .temp = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1 } },
+        { "temp 1, top_k 0, top_p 1 (OpenAI defaults)", { .temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 1 } },
+        { "temp 0.7, top_p 0.9", { .temp = 0.7f, .top_k = 0, .top_p = 0.9f, .min_p = 0.0f, .seed = 1 } },
+        { "temp 0.8, top_k 40, top_p 0.95, min_p 0.05 (CLI)", { .temp = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 1 } },
+        { "temp 1, min_p 0.05", { .temp = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.05f, .seed = 1 } },
     };
     printf("ms per sample (fastest call), vocabulary %d (gaussian logits, sd 3):\n", QWEN_VOCAB);
     for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {

@@ -517,6 +517,86 @@ static void test_logprobs(const char *path, const char *dir) {
     CHECK(stop_proc(pid, 20000) == 0, "logprobs node exit status");
 }
 
+/* Completion token ids through the router (logprobs would be another
+ * path; here the node's own stream is read for ids). */
+static int node_ids(int port, json_t *q, int32_t *ids, int cap) {
+    int st, n = 0;
+    json_t *o = post_json(port, q, &st);
+    json_t *a = json_object_get(o, "tokens");
+    for (size_t i = 0; st == 200 && i < json_array_size(a) && n < cap; i++) ids[n++] = (int32_t)json_integer_value(json_array_get(a, i));
+    json_decref(o);
+    return st == 200 ? n : -1;
+}
+
+static int max_repeat(const int32_t *ids, int n) {
+    int best = 0;
+    for (int i = 0; i < n; i++) {
+        int c = 0;
+        for (int k = 0; k < n; k++) c += ids[k] == ids[i];
+        if (c > best) best = c;
+    }
+    return best;
+}
+
+/* logit_bias bans and boosts; frequency/presence/repetition penalties
+ * change greedy output and reduce repeats (stories260K: 512 tokens, whose
+ * greedy stories repeat). Through the router's OpenAI fields too. */
+static void test_sampling_controls(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", t_fixtures());
+    int port, rport;
+    char *extra[] = { "--role", "local", "-m", path, "-t", "2", "-c", "256", "--parallel", "2",
+                      "--listen", "127.0.0.1:0", NULL };
+    pid_t pid = start_node(dir, "ctl", extra, &port);
+    char dec[64];
+    snprintf(dec, sizeof dec, "m=127.0.0.1:%d", port);
+    char *rextra[] = { "--role", "router", "--quiet", "--listen", "127.0.0.1:0", "--decode", dec, NULL };
+    pid_t rpid = start_node(dir, "ctl-router", rextra, &rport);
+    CHECK(port > 0 && rport > 0, "sampling controls: servers did not start");
+    int32_t prompt[4] = { 1, 403, 407, 261 }, plain[64], got[64];
+    int n = node_ids(port, gen_req(prompt, 4, 64, 0, NULL), plain, 64);
+    CHECK(n == 64, "plain greedy: %d tokens", n);
+    /* ban the most frequent token: it never appears */
+    int32_t top = plain[0];
+    for (int i = 0; i < n; i++) { int c = 0, ct = 0; for (int k = 0; k < n; k++) { c += plain[k] == plain[i]; ct += plain[k] == top; } if (c > ct) top = plain[i]; }
+    json_t *q = gen_req(prompt, 4, 64, 0, NULL);
+    char key[16];
+    snprintf(key, sizeof key, "%d", top);
+    json_object_set_new(q, "logit_bias", json_pack("{s:i}", key, -100));
+    int m = node_ids(port, q, got, 64), seen = 0;
+    for (int i = 0; i < m; i++) seen += got[i] == top;
+    CHECK(m == 64 && seen == 0, "banned token %d appears %d times", top, seen);
+    /* boost a token that never appears: greedy then writes it every time */
+    int32_t boost = 300;
+    for (int i = 0; i < n; i++) if (plain[i] == boost) boost++;
+    q = gen_req(prompt, 4, 16, 0, NULL);
+    snprintf(key, sizeof key, "%d", boost);
+    json_object_set_new(q, "logit_bias", json_pack("{s:i}", key, 100));
+    m = node_ids(port, q, got, 64);
+    int all = m == 16;
+    for (int i = 0; i < m; i++) all &= got[i] == boost;
+    CHECK(all, "boosted token %d not generated throughout", boost);
+    /* penalties: fewer repeats than plain greedy */
+    static const char *const pens[] = { "frequency_penalty", "presence_penalty", "repetition_penalty" };
+    static const double vals[] = { 2.0, 2.0, 1.5 };
+    for (int k = 0; k < 3; k++) {
+        q = gen_req(prompt, 4, 64, 0, NULL);
+        json_object_set_new(q, pens[k], json_real(vals[k]));
+        m = node_ids(port, q, got, 64);
+        CHECK(m == 64 && memcmp(got, plain, sizeof plain) && max_repeat(got, m) < max_repeat(plain, n),
+              "%s %.1f: max repeat %d vs %d plain", pens[k], vals[k], m > 0 ? max_repeat(got, m) : -1, max_repeat(plain, n));
+    }
+    /* the same ban through the router, as OpenAI clients send it */
+    char body[512], *resp = NULL;
+    snprintf(body, sizeof body, "{\"model\":\"m\",\"prompt\":\"Once upon a time\",\"max_tokens\":48,\"temperature\":0,"
+             "\"logprobs\":0,\"logit_bias\":{\"%d\":-100},\"frequency_penalty\":0.5}", top);
+    int st = http(rport, "POST", "/v1/completions", body, &resp);
+    CHECK(st == 200, "router accepts logit_bias and penalties: %d %s", st, resp ? resp : "");
+    free(resp);
+    stop_proc(rpid, 10000);
+    CHECK(stop_proc(pid, 20000) == 0, "sampling-controls node exit status");
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char dir[] = "/tmp/tandem-test-batch-XXXXXX";
@@ -539,6 +619,7 @@ int main(void) {
     test_lifecycle(path, dir);
     test_stop_strings(path, dir);
     test_logprobs(path, dir);
+    test_sampling_controls(dir);
     printf("test_serve_batch: logs in %s\n", dir);
     return t_done("test_serve_batch");
 }

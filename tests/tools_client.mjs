@@ -74,6 +74,45 @@ async function aisdk() {
   };
 }
 
-const run = mode === 'langchain' ? langchain : aisdk;
+// MODE "structured": response_format json_schema through all three clients:
+// the openai client's response_format, AI SDK generateObject and LangChain
+// withStructuredOutput. The schema's strings are enums: random-weight models
+// close a free-form string only by chance, while a grammar-forced enum or
+// number always ends. Returns the three objects; the C test validates them.
+const gradeSchema = {
+  type: 'object',
+  properties: {
+    verdict: { type: 'string', enum: ['pass', 'fail', 'partial'] },
+    score: { type: 'integer', minimum: 0, maximum: 10 },
+    late: { type: 'boolean' },
+    items: { type: 'array', items: { type: 'integer', minimum: 1, maximum: 5 }, minItems: 1, maxItems: 3 },
+  },
+  required: ['verdict', 'score', 'late', 'items'],
+  additionalProperties: false,
+};
+
+async function structured() {
+  const OpenAI = require('openai');
+  const client = new OpenAI({ baseURL: base, apiKey: 'no-key', maxRetries: 0 });
+  const r = await client.chat.completions.create({
+    model, max_tokens: 64, temperature: 0,
+    messages: [{ role: 'user', content: 'Grade this submission.' }],
+    response_format: { type: 'json_schema', json_schema: { name: 'grade', strict: true, schema: gradeSchema } },
+  });
+  const openai = JSON.parse(r.choices[0].message.content);
+  const { generateObject, jsonSchema } = require('ai');
+  const { createOpenAICompatible } = require('@ai-sdk/openai-compatible');
+  const provider = createOpenAICompatible({ name: 'tandem', baseURL: base, apiKey: 'no-key', supportsStructuredOutputs: true });
+  const g = await generateObject({ model: provider(model), schema: jsonSchema(gradeSchema), schemaName: 'grade',
+                                   prompt: 'Grade this submission.', maxOutputTokens: 64, temperature: 0, maxRetries: 0 });
+  const { ChatOpenAI } = require('@langchain/openai');
+  const llm = new ChatOpenAI({ model, apiKey: 'no-key', configuration: { baseURL: base }, temperature: 0, maxTokens: 64,
+                               maxRetries: 0 });
+  const lc = await llm.withStructuredOutput(gradeSchema, { name: 'grade', method: 'jsonSchema' })
+    .invoke('Grade this submission.');
+  return { openai, aisdk: g.object, langchain: lc };
+}
+
+const run = mode === 'langchain' ? langchain : mode === 'structured' ? structured : aisdk;
 run().then((r) => console.log(JSON.stringify(r)))
   .catch((e) => { console.error(`${mode} client error: ${e.status || ''} ${e.stack || e.message}`); process.exit(1); });
