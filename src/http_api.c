@@ -431,9 +431,6 @@ static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e)
         if (json_integer_value(n) != 1)
             return api_bad(e, "n", "invalid_value", "Only n=1 is supported.");
     }
-    json_t *lp = json_object_get(root, "logprobs");
-    if (lp && !json_is_null(lp) && !json_is_false(lp) && !(json_is_integer(lp) && json_integer_value(lp) == 0))
-        return api_bad(e, "logprobs", "unsupported_parameter", "'logprobs' is not supported by this server.");
     /* the deprecated forms of tools; completions take no tools at all */
     static const char *const refused[] = {"functions", "function_call", "tools", "tool_choice", "parallel_tool_calls"};
     size_t n_refused = kind == API_CHAT ? 2 : 5;
@@ -443,7 +440,7 @@ static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e)
             return api_bad(e, refused[i], "unsupported_parameter", "'%s' is not supported by this server.", refused[i]);
     }
     /* Fields that change the output and that this server does not apply yet. */
-    static const char *const unapplied[] = {"top_logprobs", "prediction", "modalities", "audio", "suffix"};
+    static const char *const unapplied[] = {"prediction", "modalities", "audio", "suffix"};
     for (size_t i = 0; i < sizeof unapplied / sizeof unapplied[0]; i++) {
         json_t *v = json_object_get(root, unapplied[i]);
         if (v && !json_is_null(v))
@@ -505,6 +502,29 @@ static int api_get_sampling(json_t *root, api_request *r, api_error *e) {
     return 0;
 }
 
+/* Chat: "logprobs": bool with "top_logprobs": 0..20; completions: "logprobs":
+ * 0..5 (OpenAI's limits). */
+static int api_get_logprobs(json_t *root, enum api_kind kind, api_request *r, api_error *e) {
+    json_t *lp = json_object_get(root, "logprobs"), *top = json_object_get(root, "top_logprobs");
+    if (kind == API_CHAT) {
+        if (lp && !json_is_null(lp) && !json_is_boolean(lp)) return api_wrong_type(e, "logprobs", "a boolean", lp);
+        int on = json_is_true(lp);
+        if (top && !json_is_null(top)) {
+            if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > 20)
+                return api_bad(e, "top_logprobs", "invalid_value", "'top_logprobs' must be an integer in [0, 20].");
+            if (!on) return api_bad(e, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true.");
+        }
+        r->logprobs = on ? 1 + (int)(json_is_integer(top) ? json_integer_value(top) : 0) : 0;
+        return 0;
+    }
+    if (top && !json_is_null(top)) return api_bad(e, "top_logprobs", "unsupported_parameter", "'top_logprobs' is a chat field; completions take 'logprobs': N.");
+    if (!lp || json_is_null(lp)) return 0;
+    if (!json_is_integer(lp) || json_integer_value(lp) < 0 || json_integer_value(lp) > 5)
+        return api_bad(e, "logprobs", "invalid_value", "'logprobs' must be an integer in [0, 5].");
+    r->logprobs = 1 + (int)json_integer_value(lp);
+    return 0;
+}
+
 static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *lim, api_request *r, api_error *e) {
     json_t *model = json_object_get(root, "model");
     if (!model || json_is_null(model))
@@ -520,6 +540,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     if (api_get_number(root, "temperature", 0, 2, &r->temperature, e)) return -1;
     if (api_get_number(root, "top_p", 0, 1, &r->top_p, e)) return -1;
     if (api_get_sampling(root, r, e)) return -1;
+    if (api_get_logprobs(root, kind, r, e)) return -1;
     json_t *seed = json_object_get(root, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) return api_wrong_type(e, "seed", "an integer", seed);
@@ -630,6 +651,7 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         if (x) json_object_update(o, x);
         json_decref(x);
     }
+    if (r->logprobs) json_object_set_new(o, "logprobs", json_integer(r->logprobs - 1));
     /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
     if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));
     if (r->n_stop || r->call_stop) {
@@ -689,6 +711,12 @@ int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) 
     json_t *tok = json_object_get(o, "token"), *text = json_object_get(o, "text");
     if (json_is_string(text) && !(u->text = strdup(json_string_value(text)))) { json_decref(o); return -1; }
     if (json_is_integer(tok)) { u->is_token = 1; u->token = api_int(tok); }
+    if (json_is_number(json_object_get(o, "logprob"))) {
+        json_t *lp = json_pack("{s:O, s:O*, s:O*}", "logprob", json_object_get(o, "logprob"), "token_text",
+                               json_object_get(o, "token_text"), "top_logprobs", json_object_get(o, "top_logprobs"));
+        u->logprob = lp ? json_dumps(lp, JSON_COMPACT) : NULL;
+        json_decref(lp);
+    }
     if (json_is_true(json_object_get(o, "done")) || json_is_string(json_object_get(o, "finish_reason"))) {
         u->is_done = 1;
         u->is_token = 0;
@@ -710,6 +738,8 @@ int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) 
 void api_upstream_line_free(api_upstream_line *u) {
     free(u->text);
     u->text = NULL;
+    free(u->logprob);
+    u->logprob = NULL;
 }
 
 void api_upstream_error_message(const char *body, size_t len, char *out, size_t outlen) {
@@ -749,14 +779,63 @@ static json_t *api_text(const char *s) {
     return v ? v : json_string("");
 }
 
+/* The choice's "logprobs": the meta's JSON, or null. */
+static json_t *api_lp(const api_resp_meta *m) {
+    json_t *o = m->logprobs ? json_loads(m->logprobs, 0, NULL) : NULL;
+    return o ? o : json_null();
+}
+
+/* UTF-8 bytes of a string as a JSON array of integers (OpenAI's "bytes"). */
+static json_t *api_bytes(const char *s) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+char *api_render_logprobs(enum api_kind kind, char *const *entries, int n, size_t text_offset0) {
+    json_t *content = json_array(), *tokens = json_array(), *tlp = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = text_offset0;
+    for (int i = 0; i < n; i++) {
+        json_t *e = entries[i] ? json_loads(entries[i], 0, NULL) : NULL;
+        const char *tok = json_string_value(json_object_get(e, "token_text"));
+        double lp = json_number_value(json_object_get(e, "logprob"));
+        json_t *top = json_object_get(e, "top_logprobs"), *ctop = json_array(), *mtop = json_object();
+        for (size_t k = 0; k < json_array_size(top); k++) {
+            json_t *t = json_array_get(top, k);
+            const char *tt = json_string_value(json_object_get(t, "text"));
+            json_t *tv = json_object_get(t, "logprob");
+            json_array_append_new(ctop, json_pack("{s:s, s:O, s:o}", "token", tt ? tt : "", "logprob", tv, "bytes", api_bytes(tt)));
+            json_object_set(mtop, tt ? tt : "", tv);
+        }
+        json_array_append_new(content, json_pack("{s:s, s:f, s:o, s:o}", "token", tok ? tok : "", "logprob", lp,
+                                                 "bytes", api_bytes(tok), "top_logprobs", ctop));
+        json_array_append_new(tokens, json_string(tok ? tok : ""));
+        json_array_append_new(tlp, json_real(lp));
+        json_array_append_new(tops, mtop);
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += tok ? strlen(tok) : 0;
+        json_decref(e);
+    }
+    json_t *o;
+    if (kind == API_CHAT) {
+        o = json_pack("{s:o}", "content", content);
+        json_decref(tokens); json_decref(tlp); json_decref(tops); json_decref(offs);
+    } else {
+        o = json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", tlp, "top_logprobs", tops,
+                      "text_offset", offs);
+        json_decref(content);
+    }
+    return api_dump(o);
+}
+
 char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char *text,
                           const char *finish_reason, int prompt_tokens, int completion_tokens) {
     json_t *choice;
     if (kind == API_CHAT)
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:o}", "index", 0, "message", "role", "assistant",
-                           "content", api_text(text), "logprobs", "finish_reason", api_str_or_null(finish_reason));
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", 0, "message", "role", "assistant",
+                           "content", api_text(text), "logprobs", api_lp(m), "finish_reason", api_str_or_null(finish_reason));
     else
-        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", api_text(text), "index", 0, "logprobs",
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
@@ -784,10 +863,10 @@ char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *t
         json_t *delta = json_object();
         if (first) json_object_set_new(delta, "role", json_string("assistant"));
         if (text || first) json_object_set_new(delta, "content", api_text(text));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     } else {
-        choice = json_pack("{s:o, s:i, s:n, s:o}", "text", api_text(text), "index", 0, "logprobs",
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     }
     if (!choice) return NULL;

@@ -65,6 +65,9 @@ typedef struct {
     int stream;
     int include_usage;          /* stream_options.include_usage */
     int echo;                   /* completions: echo the prompt (only with a text prompt) */
+    int logprobs;               /* 0: off; 1 + k: log-probabilities with k alternatives
+                                 * (chat: logprobs true + top_logprobs k; completions:
+                                 * logprobs k) */
     char *sampling;             /* JSON object text of the fields the decode node applies
                                  * itself (response_format, penalties, logit_bias, top_k,
                                  * min_p), checked for shape here, or NULL */
@@ -108,6 +111,8 @@ typedef struct {
     int is_token;               /* {"token": id, "text": ...} */
     int token;
     char *text;                 /* token text, or full text of a non-stream reply */
+    char *logprob;              /* token line with logprobs: {"logprob","token_text",
+                                 * "top_logprobs"} as JSON text, else NULL */
     int is_done;                /* final line / non-stream object */
     char finish_reason[16];     /* "stop", "length", "error" */
     int prompt_tokens, completion_tokens;
@@ -135,7 +140,15 @@ typedef struct {
     const char *id;             /* "chatcmpl-..." / "cmpl-..." */
     long long created;          /* unix seconds */
     const char *model;
+    const char *logprobs;       /* the choice's OpenAI "logprobs" object as JSON text, or NULL */
 } api_resp_meta;
+
+/* The OpenAI "logprobs" object for n tokens, from the decode node's
+ * per-token entries (api_upstream_line.logprob): chat {"content": [{"token",
+ * "logprob", "bytes", "top_logprobs": [...]}]}; completions {"tokens",
+ * "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+ * (offsets from text_offset0). JSON text, or NULL. */
+char *api_render_logprobs(enum api_kind kind, char *const *entries, int n, size_t text_offset0);
 
 /* 1 if the model's output is parsed for tool calls (tools given, tool_choice not "none"). */
 int api_tools_active(const api_request *r);

@@ -840,6 +840,7 @@ static json_t *dn_token_text(dnode *n, int32_t id) {
 static void dn_logprob_fields(dnode *n, const sched_view *v, int k, json_t *o) {
     const sched_logprob *lp = &v->lp[k];
     json_object_set_new(o, "logprob", json_real(lp->logprob));
+    json_object_set_new(o, "token_text", dn_token_text(n, v->gen[k]));
     json_t *a = json_array();
     for (int t = 0; t < lp->n_top; t++) {
         json_t *e = json_object();

@@ -618,6 +618,10 @@ typedef struct {
     /* tool calls: the model's output parsed per the node's template */
     tool_parser *tp;
     int tp_prefix_fed;
+    /* logprobs (non-stream): each token's entry from the node, in order */
+    char **lps;
+    int n_lps, cap_lps;
+    size_t lp_offset;            /* completions' text_offset of the next streamed token */
 } rt_req;
 
 static int rt_text_add(rt_req *q, const char *s) {
@@ -634,6 +638,24 @@ static int rt_text_add(rt_req *q, const char *s) {
     q->text_len += n;
     q->text[q->text_len] = 0;
     return 0;
+}
+
+/* Keeps a token's logprob entry for the non-stream reply (takes it from u). */
+static void rt_lp_add(rt_req *q, api_upstream_line *u) {
+    if (q->n_lps == q->cap_lps) {
+        int cap = q->cap_lps ? q->cap_lps * 2 : 64;
+        char **p = realloc(q->lps, sizeof *p * (size_t)cap);
+        if (!p) return;
+        q->lps = p;
+        q->cap_lps = cap;
+    }
+    q->lps[q->n_lps++] = u->logprob;
+    u->logprob = NULL;
+}
+
+static void rt_lp_clear(rt_req *q) {
+    for (int i = 0; i < q->n_lps; i++) free(q->lps[i]);
+    q->n_lps = 0;
 }
 
 /* Release the current attempt's node; failed: count a failure against it. */
@@ -1069,6 +1091,8 @@ static void rt_req_finish(rt_req *q) {
     api_request_free(&q->req);
     tool_parser_free(q->tp);
     free(q->text);
+    rt_lp_clear(q);
+    free(q->lps);
     free(q->out);
     if (q->counted_active) {
         pthread_mutex_lock(&r->mu);
@@ -1094,7 +1118,13 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         api_upstream_line u;
         int rc;
         while ((rc = rt_next(q, &u)) == 1) {
-            if (u.is_token) { rt_on_token(q, &u); rt_text_add(q, u.text); api_upstream_line_free(&u); continue; }
+            if (u.is_token) {
+                rt_on_token(q, &u);
+                rt_text_add(q, u.text);
+                if (u.logprob) rt_lp_add(q, &u);
+                api_upstream_line_free(&u);
+                continue;
+            }
             q->fin = u;
             q->have_fin = 1;
             /* the final line releases text held back while it could have
@@ -1113,9 +1143,13 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
                 rt_text_add(q, t);
                 free(t);
             }
+            char *lp = q->n_lps ? api_render_logprobs(q->req.kind, q->lps, q->n_lps,
+                                                      q->req.echo && q->req.prompt ? strlen(q->req.prompt) : 0) : NULL;
+            m.logprobs = lp;
             char *body = q->tp ? rt_tools_response(q, &m)
                        : api_render_response(q->req.kind, &m, q->text ? q->text : "", q->fin.finish_reason,
                                              q->fin.prompt_tokens, q->fin.completion_tokens);
+            free(lp);
             q->status = 200;
             rt_count_request(r, q->ep, 200);
             rt_log_done(q, "done");
@@ -1131,6 +1165,7 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         /* failed mid-way: drop what we have and retry */
         if (q->have_fin) { api_upstream_line_free(&q->fin); q->have_fin = 0; memset(&q->fin, 0, sizeof q->fin); }
         q->text_len = 0;
+        rt_lp_clear(q);
         q->n_tokens = 0;
         q->t_first = 0;
         rt_release_node(q, 1, 0);
@@ -1185,7 +1220,12 @@ static int rt_stream_produce(rt_req *q) {
     if (rc == 1 && u.is_token) {
         int first = q->n_tokens == 0;
         rt_on_token(q, &u);
-        char *s = q->tp ? rt_tools_chunks(q, &m, u.text, 0) : api_render_chunk(q->req.kind, &m, u.text ? u.text : "", NULL, 0);
+        char *lp = u.logprob && !q->tp ? api_render_logprobs(q->req.kind, &u.logprob, 1, q->lp_offset) : NULL;
+        api_resp_meta ml = m;
+        ml.logprobs = lp;
+        char *s = q->tp ? rt_tools_chunks(q, &m, u.text, 0) : api_render_chunk(q->req.kind, &ml, u.text ? u.text : "", NULL, 0);
+        free(lp);
+        q->lp_offset += u.text ? strlen(u.text) : 0;
         if (first && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (first && q->req.echo) s = rt_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
         api_upstream_line_free(&u);

@@ -593,6 +593,35 @@ static void test_sampling_controls(const char *dir) {
     int st = http(rport, "POST", "/v1/completions", body, &resp);
     CHECK(st == 200, "router accepts logit_bias and penalties: %d %s", st, resp ? resp : "");
     free(resp);
+    /* OpenAI logprobs, non-stream and streamed */
+    resp = NULL;
+    st = http(rport, "POST", "/v1/completions",
+              "{\"model\":\"m\",\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":2}", &resp);
+    json_t *o = resp ? json_loads(resp, 0, NULL) : NULL;
+    json_t *lp = json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs");
+    json_t *tl = json_object_get(lp, "token_logprobs"), *tops = json_object_get(lp, "top_logprobs");
+    int ok = st == 200 && json_array_size(json_object_get(lp, "tokens")) == 6 && json_array_size(tl) == 6 &&
+             json_array_size(tops) == 6 && json_array_size(json_object_get(lp, "text_offset")) == 6;
+    for (size_t i = 0; ok && i < 6; i++)
+        ok = json_number_value(json_array_get(tl, i)) <= 0 && json_object_size(json_array_get(tops, i)) >= 1 &&
+             json_object_size(json_array_get(tops, i)) <= 2;
+    CHECK(ok, "completions logprobs: %d %s", st, resp ? resp : "");
+    json_decref(o);
+    free(resp);
+    resp = NULL;
+    st = http(rport, "POST", "/v1/completions",
+              "{\"model\":\"m\",\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0,\"logprobs\":1,"
+              "\"stream\":true}", &resp);
+    int with_lp = 0;
+    for (char *save = NULL, *l = resp ? strtok_r(resp, "\n", &save) : NULL; l; l = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(l, "data: {", 7)) continue;
+        json_t *c = json_loads(l + 6, 0, NULL);
+        json_t *clp = json_object_get(json_array_get(json_object_get(c, "choices"), 0), "logprobs");
+        with_lp += json_array_size(json_object_get(clp, "token_logprobs")) == 1;
+        json_decref(c);
+    }
+    CHECK(st == 200 && with_lp == 6, "streamed completions logprobs on %d of 6 chunks", with_lp);
+    free(resp);
     stop_proc(rpid, 10000);
     CHECK(stop_proc(pid, 20000) == 0, "sampling-controls node exit status");
 }
