@@ -31,6 +31,7 @@
 
 typedef struct {
     const char *url, *model, *api_key;
+    json_t *response_format;      /* sent with every request, or NULL */
     int levels[BS_MAX_LEVELS], n_levels;
     int requests, words, max_tokens;
     double temperature;
@@ -48,6 +49,7 @@ static void bs_usage(void) {
         "  -n N               max_tokens (default 64)\n"
         "  --temp T           temperature (default 0: greedy)\n"
         "  --api-key KEY      sent as a Bearer token\n"
+        "  --response-format json_object|SCHEMA.json   constrained output (TPOT with a schema)\n"
         "  -o md|json         output format (default md)\n");
 }
 
@@ -64,6 +66,13 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
         else if (!strcmp(a, "--url")) o->url = v;
         else if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--api-key")) o->api_key = v;
+        else if (!strcmp(a, "--response-format")) {
+            json_t *schema = v && strcmp(v, "json_object") ? json_load_file(v, 0, NULL) : NULL;
+            bad = !v || (strcmp(v, "json_object") && !json_is_object(schema));
+            if (!bad) o->response_format = schema ? json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema", "json_schema",
+                                                              "name", "bench", "schema", schema)
+                                                  : json_pack("{s:s}", "type", "json_object");
+        }
         else if (!strcmp(a, "-r")) bad = !v || (o->requests = atoi(v)) < 1 || o->requests > 1000;
         else if (!strcmp(a, "-w")) bad = !v || (o->words = atoi(v)) < 1 || o->words > 100000;
         else if (!strcmp(a, "-n")) bad = !v || (o->max_tokens = atoi(v)) < 1 || o->max_tokens > 1000000;
@@ -168,6 +177,7 @@ static int bs_request(const bs_opts *o, unsigned seed, bs_stream *s) {
     json_t *so = json_object();
     json_object_set_new(so, "include_usage", json_true());
     json_object_set_new(req, "stream_options", so);
+    if (o->response_format) json_object_set(req, "response_format", o->response_format);
     char *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     free(prompt);
