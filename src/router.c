@@ -1103,6 +1103,7 @@ static void rt_req_finish(rt_req *q) {
 }
 
 static void rt_meta(const rt_req *q, api_resp_meta *m) {
+    memset(m, 0, sizeof *m);
     m->id = q->id;
     m->created = q->created;
     m->model = q->req.model;
