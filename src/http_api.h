@@ -56,6 +56,7 @@ typedef struct {
     int stream;
     int include_usage;          /* stream_options.include_usage */
     int echo;                   /* completions: echo the prompt (only with a text prompt) */
+    int ignore_eos;             /* extension (as vLLM's): generate max_tokens even past end-of-generation */
     size_t prompt_bytes;        /* bytes of prompt text / message contents */
 } api_request;
 
