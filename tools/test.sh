@@ -33,6 +33,12 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x00{"prompt":"Once upon a time","max_tokens":4}' >"$2/prompt"
           printf '\x01{"messages":[{"role":"user","content":"hi"}],"stream":true,"prefill":"local"}' >"$2/messages"
           printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens" ;;
+    grade)
+          printf '\x00# Lab\n## Correctness (6 points)\nworks\n## Style (4 pts)\ntidy\n' >"$2/rubric"
+          printf '\x01{"scores":{"correctness":{"score":5,"justification":"ok"},"style":{"score":3,"justification":"x"}},"total":8,"problems":[{"file":"a.py","line":2,"description":"d"}]}' >"$2/analysis"
+          printf '\x02[system]\n{{rubric}} {{schema}}\n[user]\n{{name}}: {{submission}}\n' >"$2/template"
+          printf '\x03{"$defs":{"a":{"type":"integer"}},"anyOf":[{"$ref":"#/$defs/a"},{"enum":[null]}]}\0003' >"$2/validate"
+          printf '\x04{"status":"graded","total":7,"scores":{}}' >"$2/chart" ;;
     http_api)
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
