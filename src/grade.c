@@ -512,7 +512,15 @@ static size_t grade_on_body(char *p, size_t sz, size_t nm, void *ud) {
         c->failed = 1;
         return 0;
     }
-    if (grade_sb_add(&c->buf, p, n)) { snprintf(c->error, sizeof c->error, "out of memory"); c->failed = 1; return 0; }
+    int oom = 0;
+    if (c->status != 200) oom = grade_sb_add(&c->buf, p, n);
+    /* SSE lines may end in CRLF (other servers): events are parsed without CR */
+    for (size_t i = 0, j; c->status == 200 && i < n && !oom; i = j) {
+        for (j = i; j < n && p[j] != '\r'; j++) {}
+        oom = grade_sb_add(&c->buf, p + i, j - i);
+        if (j < n) j++;
+    }
+    if (oom) { snprintf(c->error, sizeof c->error, "out of memory"); c->failed = 1; return 0; }
     if (c->status == 200) grade_sse_drain(c);
     return c->failed ? 0 : n;
 }

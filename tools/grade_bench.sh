@@ -52,12 +52,14 @@ start() {
     exit 1
 }
 
-node() {   # node NAME ROLE MODEL THREADS SLOTS
-    start "$1" --role "$2" -m "$3" -t "$4" -c "$CTX" --parallel "$5"
+node() {   # node NAME ROLE MODEL THREADS SLOTS [OPTIONS...]
+    local name=$1 role=$2 model=$3 threads=$4 slots=$5; shift 5
+    start "$name" --role "$role" -m "$model" -t "$threads" -c "$CTX" --parallel "$slots" "$@"
 }
 
 run() {    # run TOPOLOGY ROUTER_PORT ANALYSIS_MODEL FEEDBACK_MODEL
-    echo "== $1: $N submissions, --parallel $PARALLEL"
+    # the load average tells how much else this (shared) machine was doing
+    echo "== $1: $N submissions, --parallel $PARALLEL, load average $(cut -d' ' -f1-3 /proc/loadavg)"
     "$BIN" grade --bench "$N" --router "http://127.0.0.1:$2" --analysis-model "$3" --feedback-model "$4" \
         --out "$WORK/out-$1" --parallel "$PARALLEL" --quiet
 }
@@ -79,8 +81,11 @@ for top in "${TOPS[@]}"; do
         start router --role router --config "$WORK/router.json" --decode "A=127.0.0.1:$a" --decode "B=127.0.0.1:$b"; r=$PORT
         run "$top" "$r" A B ;;
     split-on|split-off)
-        node a decode "$MODEL_A" 1 4; a=$PORT
-        node b decode "$MODEL_B" 1 4; b=$PORT
+        # under this load a prompt's first KV frame can come later than the decode
+        # node's default 10 s handoff timeout, after which it prefills locally
+        # (measured: most analysis prompts fell back with the default)
+        node a decode "$MODEL_A" 1 4 --timeout-ms 900000; a=$PORT
+        node b decode "$MODEL_B" 1 4 --timeout-ms 900000; b=$PORT
         start pa --role prefill -m "$MODEL_A" -t 1 -c "$CTX"; pa=$PORT
         start pb --role prefill -m "$MODEL_B" -t 1 -c "$CTX"; pb=$PORT
         policy=always; [ "$top" = split-off ] && policy=never
