@@ -775,7 +775,7 @@ static int64_t rule_dec_range(gctx *c, double lo, int lo_ex, double hi, int hi_e
 
 static const char *const sch_known[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
-    "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "minLength", "maxLength", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
     "anyOf", "allOf", "$ref", "$defs", "definitions",
     /* annotations: no effect on validity */
     "title", "description", "default", "examples", "$schema", "$id", "$comment",
@@ -1176,11 +1176,38 @@ static int64_t sch_number(gctx *c, const gbounds *b)
     return rule_dec_range(c, lo, lo_ex, hi, hi_ex);
 }
 
+/* Longest bounded string: one E_REP counts to 254. */
+#define G_MAX_STRLEN 254
+
+/* A string with maxLength (and minLength): '"' then min..max characters
+ * from printable ASCII without '"' and '\\' (one byte each, so the byte
+ * count is the character count), then '"'. Bounded strings give up escapes
+ * and non-ASCII text; in exchange the output always ends: a model that never
+ * writes a quote by itself is made to close the string at maxLength. */
+static int64_t sch_string(gctx *c, const json_t *s)
+{
+    int64_t mn = 0, mx = -1;
+    if (!json_object_get(s, "maxLength")) {
+        if (json_object_get(s, "minLength"))
+            return gfail(c, "'minLength' at %s needs 'maxLength' (at most %d)", c->path, G_MAX_STRLEN);
+        return rule_string(c);
+    }
+    if (get_count(c, s, "minLength", &mn) || get_count(c, s, "maxLength", &mx)) return -1;
+    if (mx > G_MAX_STRLEN) return gfail(c, "'maxLength' at %s above %d is not supported", c->path, G_MAX_STRLEN);
+    if (mn > mx) return gfail(c, "'minLength' at %s exceeds 'maxLength'", c->path);
+    uint64_t b[4] = { 0 };
+    for (int x = 0x20; x <= 0x7e; x++)
+        if (x != '"' && x != '\\') b[x >> 6] |= 1ull << (x & 63);
+    seq q = { 0 };
+    if (!seq_str(c, &q, "\"") && !seq_rep(c, &q, set_add(c, b), (int)mn, (int)mx)) seq_str(c, &q, "\"");
+    return rule_seq(c, &q);
+}
+
 static int64_t sch_type(gctx *c, const json_t *s, const char *type)
 {
     if (!strcmp(type, "object")) return sch_object(c, s);
     if (!strcmp(type, "array")) return sch_array(c, s);
-    if (!strcmp(type, "string")) return rule_string(c);
+    if (!strcmp(type, "string")) return sch_string(c, s);
     if (!strcmp(type, "boolean")) {
         alts a = { 0 };
         seq *t = alt_new(c, &a);
@@ -1220,6 +1247,7 @@ static int64_t sch_types(gctx *c, const json_t *s)
             names[n++] = "object";
         if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
             names[n++] = "array";
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) names[n++] = "string";
         if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
             json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
             names[n++] = "number";

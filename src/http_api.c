@@ -550,6 +550,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     if (api_get_stop(root, lim, r, e)) return -1;
     if (api_get_bool(root, "stream", &r->stream, e)) return -1;
     if (kind == API_COMPLETION && api_get_bool(root, "echo", &r->echo, e)) return -1;
+    if (api_get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
     if (r->echo && !r->prompt)
         return api_bad(e, "echo", "invalid_value", "'echo' needs a text prompt.");
     json_t *so = json_object_get(root, "stream_options");
@@ -660,6 +661,7 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         if (r->call_stop) json_array_append_new(arr, json_string(r->call_stop));
         json_object_set_new(o, "stop", arr);
     }
+    if (r->ignore_eos) json_object_set_new(o, "ignore_eos", json_true());
     json_object_set_new(o, "prefill", json_string(prefill_mode ? prefill_mode : "auto"));
     if (prefill_node && *prefill_node) json_object_set_new(o, "prefill_node", json_string(prefill_node));
     /* The router always streams from the node: it learns the first token's

@@ -71,6 +71,7 @@ typedef struct {
     char *sampling;             /* JSON object text of the fields the decode node applies
                                  * itself (response_format, penalties, logit_bias, top_k,
                                  * min_p), checked for shape here, or NULL */
+    int ignore_eos;             /* extension (as vLLM's): generate max_tokens even past end-of-generation */
     size_t prompt_bytes;        /* bytes of prompt text / message contents */
     /* chat tools */
     char *tools;                /* the "tools" array as JSON text, or NULL */

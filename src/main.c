@@ -15,6 +15,7 @@ static void main_usage(void) {
         "  serve       run a node: --role prefill | decode | local\n"
         "  bench-handoff  KV handoff cost: time to first token split vs one node\n"
         "  bench-serve    serving benchmark of an OpenAI-compatible server (t/s, TTFT, TPOT)\n"
+        "  grade       grade a class of code submissions against a rubric through a router\n"
         "Run `tandem COMMAND` without options for its usage.\n");
 }
 
@@ -28,6 +29,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench-handoff")) return cli_bench_handoff(argc - 2, argv + 2);
     if (!strcmp(cmd, "bench-serve")) return cli_bench_serve(argc - 2, argv + 2);
+    if (!strcmp(cmd, "grade")) return cli_grade(argc - 2, argv + 2);
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) { main_usage(); return 0; }
     fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
     main_usage();

@@ -1109,6 +1109,18 @@ static void rt_meta(const rt_req *q, api_resp_meta *m) {
     m->model = q->req.model;
 }
 
+/* Which nodes serve the request, for clients that report it (tandem grade):
+ * the decode node, the plan (split = a prefill node computes the prompt) and
+ * that prefill node. A non-stream reply also says where the prompt was
+ * actually prefilled (a split can fall back to local). */
+static void rt_node_headers(struct MHD_Response *resp, const rt_req *q) {
+    MHD_add_response_header(resp, "X-Tandem-Decode-Node", q->decode_addr);
+    MHD_add_response_header(resp, "X-Tandem-Prefill-Plan", q->dec.split ? "split" : "local");
+    if (q->dec.split) MHD_add_response_header(resp, "X-Tandem-Prefill-Node", q->prefill_addr);
+    if (q->have_fin && q->fin.prefill_mode[0])
+        MHD_add_response_header(resp, "X-Tandem-Prefill", strcmp(q->fin.prefill_mode, "remote") ? "local" : "split");
+}
+
 /* Non-stream: read everything; a node failing mid-way is retried from scratch
  * (the client has seen nothing yet). */
 static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
@@ -1154,7 +1166,12 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
             q->status = 200;
             rt_count_request(r, q->ep, 200);
             rt_log_done(q, "done");
-            enum MHD_Result mr = rt_send(c, 200, "application/json", body);
+            struct MHD_Response *resp = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+            if (!resp) { free(body); rt_req_finish(q); return MHD_NO; }
+            MHD_add_response_header(resp, "Content-Type", "application/json");
+            rt_node_headers(resp, q);
+            enum MHD_Result mr = MHD_queue_response(c, 200, resp);
+            MHD_destroy_response(resp);
             rt_req_finish(q);
             return mr;
         }
@@ -1325,6 +1342,7 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
     MHD_add_response_header(resp, "Content-Type", "text/event-stream");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    rt_node_headers(resp, q);
     enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return mr;

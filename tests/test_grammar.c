@@ -529,6 +529,47 @@ static void test_walks(vocab *vb)
 
 /* A bounded language (enums, maxItems, integer ranges): never choosing EOG,
  * every walk must still reach a state where EOG is the only choice. */
+/* maxLength: a bounded string (printable ASCII, no escapes) always closes,
+ * however many tokens would keep a free string open. */
+static void test_bounded_strings(vocab *vb)
+{
+    const char *txt = "{\"type\":\"object\",\"properties\":{\"why\":{\"type\":\"string\",\"maxLength\":12},"
+                      "\"code\":{\"type\":\"string\",\"minLength\":2,\"maxLength\":4}},"
+                      "\"required\":[\"why\",\"code\"],\"additionalProperties\":false}";
+    grammar *g = compile(txt);
+    if (!g) return;
+    expect_ok(g, txt, "{\"why\":\"short\",\"code\":\"ab\"}");
+    expect_ok(g, txt, "{\"why\":\"exactly 12 c\",\"code\":\"abcd\"}");
+    expect_bad(g, txt, "{\"why\":\"thirteen char\",\"code\":\"ab\"}");
+    expect_bad(g, txt, "{\"why\":\"x\",\"code\":\"a\"}");
+    expect_bad(g, txt, "{\"why\":\"a\\\"b\",\"code\":\"ab\"}");
+    expect_bad(g, txt, "{\"why\":\"\u00e9\",\"code\":\"ab\"}");
+    json_t *schema = json_loads(txt, 0, NULL);
+    for (int w = 0; w < (g_asan ? 2 : 6); w++) {
+        int steps, eog_ok;
+        char *out = walk(vb, g, 200, 1, &steps, &eog_ok);
+        CHECK(out, "bounded strings: no end after %d tokens", steps);
+        if (!out) continue;
+        json_t *v = json_loads(out, 0, NULL);
+        const char *why = json_string_value(json_object_get(v, "why"));
+        CHECK(v && validate(schema, schema, v) && why && strlen(why) <= 12, "bounded strings output invalid: %s", out);
+        json_decref(v);
+        free(out);
+    }
+    grammar_free(g);
+    json_decref(schema);
+    /* refused: minLength alone, maxLength beyond one counter */
+    const char *bad[] = { "{\"type\":\"string\",\"minLength\":3}", "{\"type\":\"string\",\"maxLength\":300}" };
+    for (int i = 0; i < 2; i++) {
+        json_t *sj = json_loads(bad[i], 0, NULL);
+        grammar *gb = NULL;
+        char err[256] = "";
+        CHECK(grammar_compile_schema(&gb, sj, err, sizeof err) != 0 && strstr(err, "Length"), "%s: %s", bad[i], err);
+        grammar_free(gb);
+        json_decref(sj);
+    }
+}
+
 static void test_termination(vocab *vb)
 {
     const char *txt = "{\"type\":\"object\",\"properties\":{\"xs\":{\"type\":\"array\",\"items\":{\"type\":\"integer\","
@@ -622,6 +663,7 @@ int main(void)
     if (vocab_load(&vb) == 0) {
         test_mask_exact(&vb);
         test_walks(&vb);
+        test_bounded_strings(&vb);
         test_termination(&vb);
         test_timing(&vb);
     }

@@ -55,6 +55,12 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     node_auth)
           printf '1700000000000\n00112233445566778899aabbccddeeff\n%064d\nPOST\n/v1/generate\n{"prompt":"x"}' 0 >"$2/request"
           printf 'line\none\x1b[31m\xc2\x9b\xe2\x80\xae\xff' >"$2/log-text" ;;
+    grade)
+          printf '\x00# Lab\n## Correctness (6 points)\nworks\n## Style (4 pts)\ntidy\n' >"$2/rubric"
+          printf '\x01{"scores":{"correctness":{"score":5,"justification":"ok"},"style":{"score":3,"justification":"x"}},"total":8,"problems":[{"file":"a.py","line":2,"description":"d"}]}' >"$2/analysis"
+          printf '\x02[system]\n{{rubric}} {{schema}}\n[user]\n{{name}}: {{submission}}\n' >"$2/template"
+          printf '\x03{"$defs":{"a":{"type":"integer"}},"anyOf":[{"$ref":"#/$defs/a"},{"enum":[null]}]}\0003' >"$2/validate"
+          printf '\x04{"status":"graded","total":7,"scores":{}}' >"$2/chart" ;;
     http_api)
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
