@@ -1,6 +1,7 @@
 # tandem - build with `make`, test with `make test` (see README).
 #
-# Layout: src/*.c except src/main.c form libtandem.a; src/main.c is the
+# Layout: src/*.c except src/main.c, and src/backend/cpu/*.c (the CPU
+# backend and its kernel sets), form libtandem.a; src/main.c is the
 # `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
 # libFuzzer targets (clang). BUILD selects the output folder so that the
 # sanitizer build (make asan) lives beside the normal one.
@@ -15,7 +16,7 @@ CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g
 LDFLAGS  += $(SAN)
 LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
+LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
@@ -26,6 +27,7 @@ MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F1
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/obj
+	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj:
