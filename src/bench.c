@@ -20,8 +20,12 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__AVX2__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+/* The AVX2 loops below are compiled for AVX2 alone and run only where cpuid
+ * says the CPU has it: the rest of the build targets baseline x86-64. */
+#define BENCH_AVX2 1
+#define BENCH_TARGET_AVX2 __attribute__((target("avx2")))
 #endif
 
 #include "gguf.h"
@@ -299,15 +303,8 @@ typedef struct {
     uint64_t sink[64];
 } bw_job;
 
-/* Streams this thread's slice of the buffer through wide loads. Four
- * independent accumulators keep enough loads in flight to saturate memory. */
-static void bw_read(void *ctx, int ith, int nth) {
-    bw_job *j = ctx;
-    long lo, hi;
-    long nblk = (long)(j->size / 128);
-    tpool_split(nblk, ith, nth, &lo, &hi);
-    const uint8_t *p = j->buf + (size_t)lo * 128, *e = j->buf + (size_t)hi * 128;
-#if defined(__AVX2__)
+#if defined(BENCH_AVX2)
+BENCH_TARGET_AVX2 static uint64_t bw_read_avx2(const uint8_t *p, const uint8_t *e) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (; p < e; p += 128) {
         a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)p));
@@ -318,8 +315,21 @@ static void bw_read(void *ctx, int ith, int nth) {
     __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
     uint64_t v[4];
     _mm256_storeu_si256((__m256i *)v, a);
-    j->sink[ith % 64] = v[0] ^ v[1] ^ v[2] ^ v[3];
-#else
+    return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+#endif
+
+/* Streams this thread's slice of the buffer through wide loads. Four
+ * independent accumulators keep enough loads in flight to saturate memory. */
+static void bw_read(void *ctx, int ith, int nth) {
+    bw_job *j = ctx;
+    long lo, hi;
+    long nblk = (long)(j->size / 128);
+    tpool_split(nblk, ith, nth, &lo, &hi);
+    const uint8_t *p = j->buf + (size_t)lo * 128, *e = j->buf + (size_t)hi * 128;
+#if defined(BENCH_AVX2)
+    if (__builtin_cpu_supports("avx2")) { j->sink[ith % 64] = bw_read_avx2(p, e); return; }
+#endif
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     for (; p < e; p += 32) {
         uint64_t w[4];
@@ -327,7 +337,6 @@ static void bw_read(void *ctx, int ith, int nth) {
         a0 ^= w[0]; a1 ^= w[1]; a2 ^= w[2]; a3 ^= w[3];
     }
     j->sink[ith % 64] = a0 ^ a1 ^ a2 ^ a3;
-#endif
 }
 
 /* Best of 5 full passes over a buffer of mib MiB, bytes per second. */
@@ -415,13 +424,13 @@ static double bench_kernel_peak(uint32_t wtype, int n_threads) {
     return j.failed ? 0 : best;
 }
 
-#if defined(__AVX2__)
+#if defined(BENCH_AVX2)
 typedef struct { long iters; int32_t sink[64]; } mad_job;
 
 /* vpmaddubsw (32 u8 x s8 products, pairwise summed to i16) + vpmaddwd by ones
  * (to i32) + vpaddd: the int8 multiply-add sequence of the AVX2 Q8 kernels,
  * on registers only, 8 independent chains to hide latency. */
-static void mad_loop(void *ctx, int ith, int nth) {
+BENCH_TARGET_AVX2 static void mad_loop(void *ctx, int ith, int nth) {
     mad_job *j = ctx;
     (void)nth;
     __m256i ones = _mm256_set1_epi16(1);
@@ -499,8 +508,8 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
     double bw = bench_bandwidth(n_threads, o->bw_mib);
     double kpeak = bench_kernel_peak(bi->main_type, n_threads);
     double ipeak = 0;
-#if defined(__AVX2__)
-    ipeak = bench_int8_peak(n_threads);
+#if defined(BENCH_AVX2)
+    if (__builtin_cpu_supports("avx2")) ipeak = bench_int8_peak(n_threads);
 #endif
     uint64_t wb = model_weight_bytes_per_token(m);
     char v[64];

@@ -1,4 +1,9 @@
-/* quant_avx2.c - AVX2/FMA/F16C kernels (x86-64), with AVX-VNNI when present.
+/* quant_avx2.c - AVX2/FMA/F16C kernels (x86-64), with VNNI when built for it.
+ *
+ * This file is one kernel set (quant_kernels.h) and the body of two more:
+ * quant_avxvnni.c and quant_avx512.c include it with QA_SET renamed and are
+ * compiled with wider instruction-set flags, so the same source gives the
+ * avx2, avxvnni and avx512 sets and quant.c picks one at run time.
  *
  * The tile kernels decode one weight block into registers once and multiply
  * it against up to four activation rows (two weight rows at a time for the
@@ -7,8 +12,18 @@
  * float accumulation differs.
  */
 #include "quant.h"
+#include "quant_kernels.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#ifndef QA_SET
+#define QA_SET avx2
+#define QA_SET_OK 1     /* the includers say whether the build has their extensions */
+#endif
+#define QA_CAT2(a, b) a##_##b
+#define QA_CAT(a, b) QA_CAT2(a, b)
+#define QA_STR2(a) #a
+#define QA_STR(a) QA_STR2(a)
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && QA_SET_OK
 #include <immintrin.h>
 #include <string.h>
 
@@ -514,7 +529,7 @@ static void qa_mul_mat_float(uint32_t type, int64_t n, const void *w, size_t w_s
     }
 }
 
-int quant_avx2_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+static int qa_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     switch (wtype) {
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
@@ -622,7 +637,7 @@ static void qa_act_f16(const float *x, fp16_t *y, int64_t n) {
     for (; k < n; k++) y[k] = f32_to_fp16(x[k]);
 }
 
-int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
+static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
     switch (type) {
     case GGML_TYPE_Q8_0: qa_act_q8_0(x, y, n / QK8_0); return 1;
     case GGML_TYPE_Q8_K: qa_act_q8_K(x, y, n / QK_K); return 1;
@@ -631,6 +646,17 @@ int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t 
     }
 }
 
+#define QA_BUILT 1
 #else
-typedef int quant_avx2_unused; /* ISO C forbids an empty translation unit */
+#define QA_BUILT 0
+#define qa_mul_mat_tile NULL
+#define qa_quantize_act_row NULL
 #endif
+
+#define QA_NEEDS_avx2 QK_CPU_AVX2
+#define QA_NEEDS_avxvnni (QK_CPU_AVX2 | QK_CPU_AVXVNNI)
+#define QA_NEEDS_avx512 (QK_CPU_AVX2 | QK_CPU_AVX512)
+const quant_kset QA_CAT(quant_kset, QA_SET) = {
+    .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = 1,
+    .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
+};
