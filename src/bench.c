@@ -7,6 +7,10 @@
  *        chunks of -b, default 512), logits of the last token only;
  *   tgN: N single-token evaluations of random tokens starting from an empty
  *        cache, each producing logits (what llama-bench's tg measures).
+ *   "@ dD": the same after D random tokens in the cache (-d D for every test,
+ *        or -gp D,N for one tgN at depth D); the D tokens are evaluated once,
+ *        untimed, and each repetition starts again from position D.
+ * The kernel set in use (quant.h: cpuid or TANDEM_KERNELS) is printed first.
  * Bounds table: measured streaming-read bandwidth against the bytes of weight
  * read per decoded token (the decode roofline), and the model's FLOPs per
  * prompt token against a measured compute ceiling of the matmul kernel.
@@ -47,6 +51,8 @@ typedef struct {
     uint32_t kv_type;
     bench_list threads, pp, tg;
     int reps, n_batch, bounds;
+    int depth;                /* -d: cache depth of every test */
+    int gp_depth, gp_n;       /* -gp D,N: one tgN at depth D (0 = none) */
     int bw_mib;
 } bench_opts;
 
@@ -57,6 +63,8 @@ static void bench_usage(void) {
         "  -r N           repetitions after one warm-up (default 5)\n"
         "  -p N[,N..]     prompt lengths for ppN tests (default 512; 0 = none)\n"
         "  -n N[,N..]     generation lengths for tgN tests (default 128; 0 = none)\n"
+        "  -d N           run every test at a cache depth of N tokens (default 0)\n"
+        "  -gp D,N        also a tgN test at depth D\n"
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
@@ -110,6 +118,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-n")) bad = bench_parse_list(v, &o->tg);
         else if (!strcmp(a, "-r")) bad = bench_int(v, &o->reps) || o->reps < 1;
         else if (!strcmp(a, "-b")) bad = bench_int(v, &o->n_batch) || o->n_batch < 1;
+        else if (!strcmp(a, "-d")) bad = bench_int(v, &o->depth) || o->depth > 1000000;
+        else if (!strcmp(a, "-gp")) {
+            bench_list l;
+            bad = bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
+            if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
+        }
         else if (!strcmp(a, "--kv-type")) { o->kv_name = v; bad = !v || bench_kv_type(v) == UINT32_MAX; }
         else if (!strcmp(a, "--bw-mib")) bad = bench_int(v, &o->bw_mib) || o->bw_mib < 16;
         else {
@@ -223,20 +237,21 @@ static void bench_fmt_params(uint64_t n, char *buf, size_t len) {
 /* ==== Speed tests ==== */
 
 /* One timed ppN run: seconds, or < 0 on error. */
-static double bench_pp_once(model *m, session *s, int n, int32_t *ids, float *logits, uint64_t *rng,
+static double bench_pp_once(model *m, session *s, int depth, int n, int32_t *ids, float *logits, uint64_t *rng,
                             char *err, size_t errlen) {
     int n_vocab = model_get_hparams(m)->n_vocab;
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
-    session_reset(s, 0);
+    session_reset(s, depth);
     double t0 = bench_now();
     if (model_eval(m, s, ids, n, logits, NULL, NULL, err, errlen)) return -1;
     return bench_now() - t0;
 }
 
 /* One timed tgN run. */
-static double bench_tg_once(model *m, session *s, int n, float *logits, uint64_t *rng, char *err, size_t errlen) {
+static double bench_tg_once(model *m, session *s, int depth, int n, float *logits, uint64_t *rng, char *err,
+                            size_t errlen) {
     int n_vocab = model_get_hparams(m)->n_vocab;
-    session_reset(s, 0);
+    session_reset(s, depth);
     double t0 = bench_now();
     for (int i = 0; i < n; i++) {
         int32_t id = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
@@ -246,13 +261,28 @@ static double bench_tg_once(model *m, session *s, int n, float *logits, uint64_t
 }
 
 typedef struct {
-    int is_pp, n, threads;
+    int is_pp, n, threads, depth;
     double mean, sd;          /* tokens per second */
 } bench_result;
 
+/* Fill the cache with `depth` random tokens (untimed; prefill in chunks of
+ * n_batch inside model_eval), unless it holds them already. */
+static int bench_fill(model *m, session *s, int depth, float *logits, char *err, size_t errlen) {
+    if (session_pos(s) >= depth) return 0;
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(depth > 0 ? depth : 1));
+    if (!ids) { snprintf(err, errlen, "out of memory"); return -1; }
+    uint64_t rng = 0xD1B54A32D192ED03ull;
+    for (int i = 0; i < depth; i++) ids[i] = (int32_t)(bench_rand(&rng) % (uint32_t)n_vocab);
+    session_reset(s, 0);
+    int rc = model_eval(m, s, ids, depth, logits, NULL, NULL, err, errlen);
+    free(ids);
+    return rc;
+}
+
 /* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
  * prompt for pp and a single token for tg. */
-static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int n, bench_result *r,
+static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int depth, int n, bench_result *r,
                           char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
@@ -261,16 +291,19 @@ static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, 
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
     if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
-    double t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
-                     : bench_tg_once(m, s, 1, logits, &rng, err, errlen);
+    if (depth > 0 && bench_fill(m, s, depth, logits, err, errlen)) goto out;
+    if (depth == 0) session_reset(s, 0);
+    double t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+                     : bench_tg_once(m, s, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
-        t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
-                  : bench_tg_once(m, s, n, logits, &rng, err, errlen);
+        t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+                  : bench_tg_once(m, s, depth, n, logits, &rng, err, errlen);
         tps[i] = t > 0 ? n / t : 0.0;
     }
     if (t < 0) goto out;
     r->is_pp = is_pp;
     r->n = n;
+    r->depth = depth;
     bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
     rc = 0;
 out:
@@ -279,18 +312,20 @@ out:
 }
 
 static void bench_print_header(void) {
-    printf("| %-30s | %10s | %10s | %-10s | %7s | %13s | %20s |\n", "model", "size", "params", "backend",
+    printf("kernels: %s (TANDEM_KERNELS=ref|avx2|avxvnni|avx512 forces a set)\n\n", quant_kernel_name());
+    printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
            "threads", "test", "t/s");
-    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | ------------: | -------------------: |\n");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |\n");
 }
 
 static void bench_print_row(const bench_info *bi, const bench_result *r) {
     char size[32], params[32], test[32], tps[48];
     bench_fmt_bytes(bi->tensor_bytes, size, sizeof size);
     bench_fmt_params(bi->params, params, sizeof params);
-    snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
+    if (r->depth) snprintf(test, sizeof test, "%s%d @ d%d", r->is_pp ? "pp" : "tg", r->n, r->depth);
+    else snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
-    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, "CPU",
+    printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %20s |\n", bi->desc, size, params, "CPU",
            r->threads, test, tps);
     fflush(stdout);
 }
@@ -489,8 +524,14 @@ static double bench_layer_macs(const model_hparams *h) {
 
 /* Attention multiply-adds (QK^T and AV) of token i attending to i+1 keys,
  * averaged over a prompt of n tokens: (n+1)/2 keys on average. */
-static double bench_attn_macs(const model_hparams *h, int n) {
-    return h->n_layer * (double)h->n_head * (h->head_dim_k + h->head_dim_v) * (n + 1) / 2.0;
+static double bench_attn_macs(const model_hparams *h, int n, int depth) {
+    return h->n_layer * (double)h->n_head * (h->head_dim_k + h->head_dim_v) * (depth + (n + 1) / 2.0);
+}
+
+/* Bytes of K and V cache one decoded token reads at cache position pos. */
+static double bench_kv_bytes(const model_hparams *h, uint32_t kv_type, double pos) {
+    double per_val = kv_type == GGML_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0;
+    return h->n_layer * (double)h->n_head_kv * (h->head_dim_k + h->head_dim_v) * per_val * pos;
 }
 
 /* ==== Bounds table ==== */
@@ -498,12 +539,9 @@ static double bench_attn_macs(const model_hparams *h, int n) {
 static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *bi, const bench_result *res, int n_res,
                                int n_threads) {
     const model_hparams *h = model_get_hparams(m);
-    const bench_result *pp = NULL, *tg = NULL;
-    for (int i = 0; i < n_res; i++) {
-        if (res[i].threads != n_threads) continue;
-        if (res[i].is_pp && !pp) pp = &res[i];
-        if (!res[i].is_pp && !tg) tg = &res[i];
-    }
+    const bench_result *pp = NULL;
+    for (int i = 0; i < n_res; i++)
+        if (res[i].threads == n_threads && res[i].is_pp && !pp) pp = &res[i];
     fprintf(stderr, "measuring bounds (%d threads)...\n", n_threads);
     double bw = bench_bandwidth(n_threads, o->bw_mib);
     double kpeak = bench_kernel_peak(bi->main_type, n_threads);
@@ -522,16 +560,25 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
     if (bw > 0 && wb > 0) {
         double bound = bw / (double)wb;
         printf("| decode bound | %.2f t/s | bandwidth / weight bytes per token (KV-cache reads ignored) |\n", bound);
-        if (tg) printf("| tg%d measured | %.2f t/s | %.1f%% of the decode bound |\n", tg->n, tg->mean, 100.0 * tg->mean / bound);
+        for (int i = 0; i < n_res; i++) {
+            const bench_result *r = &res[i];
+            if (r->is_pp || r->threads != n_threads) continue;
+            /* the cache read per token grows with the position: its mean over the run */
+            double kvb = bench_kv_bytes(h, o->kv_type, r->depth + (r->n + 1) / 2.0);
+            double rb = bw / ((double)wb + kvb);
+            printf("| tg%d%s%.0d measured | %.2f t/s | %.1f%% of the bound %.2f t/s = bandwidth / (weights + "
+                   "%.2f MB of KV cache at mean position %.0f) |\n", r->n, r->depth ? " @ d" : "", r->depth,
+                   r->mean, 100.0 * r->mean / rb, rb, kvb / 1e6, r->depth + (r->n + 1) / 2.0);
+        }
     }
     if (pp) {
-        double macs = bench_layer_macs(h) + bench_attn_macs(h, pp->n) + (double)h->n_embd * h->n_vocab / pp->n;
+        double macs = bench_layer_macs(h) + bench_attn_macs(h, pp->n, pp->depth) + (double)h->n_embd * h->n_vocab / pp->n;
         double flops = 2.0 * macs, rate = flops * pp->mean;
         printf("| FLOPs per prompt token (pp%d) | %.4g GFLOP | 2 x multiply-adds: weight matmuls %.4g G%s, "
                "attention QK+AV at %.1f keys on average %.4g G, output layer once per prompt %.4g G / %d |\n",
                pp->n, flops / 1e9, 2 * bench_layer_macs(h) / 1e9,
-               h->n_expert > 0 ? " (router + used experts)" : "", (pp->n + 1) / 2.0,
-               2 * bench_attn_macs(h, pp->n) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
+               h->n_expert > 0 ? " (router + used experts)" : "", pp->depth + (pp->n + 1) / 2.0,
+               2 * bench_attn_macs(h, pp->n, pp->depth) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
         printf("| pp%d measured | %.2f GFLOP/s | %.2f t/s x FLOPs per token |\n", pp->n, rate / 1e9, pp->mean);
         if (kpeak > 0)
             printf("| matmul kernel ceiling (%s) | %.2f GFLOP/s | quant_mul_mat_tile, %d rows x %d tokens x %d, "
@@ -559,18 +606,21 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     model *m = NULL;
     session *s = NULL;
     int rc = -1, n_ctx = 1;
-    for (int i = 0; i < o->pp.n; i++) if (o->pp.v[i] > n_ctx) n_ctx = o->pp.v[i];
-    for (int i = 0; i < o->tg.n; i++) if (o->tg.v[i] > n_ctx) n_ctx = o->tg.v[i];
+    for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
+    for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
+    if (o->gp_n && o->gp_depth + o->gp_n > n_ctx) n_ctx = o->gp_depth + o->gp_n;
     if (model_load(&m, o->model, &mo, err, errlen)) goto out;
     if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0]) bench_print_header();
-    for (int pass = 0; pass < 2; pass++) {
-        const bench_list *l = pass == 0 ? &o->pp : &o->tg;
+    bench_list gp = { .v = { o->gp_n }, .n = o->gp_n > 0 };
+    for (int pass = 0; pass < 3; pass++) {
+        const bench_list *l = pass == 0 ? &o->pp : pass == 1 ? &o->tg : &gp;
+        int depth = pass == 2 ? o->gp_depth : o->depth;
         for (int i = 0; i < l->n; i++) {
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
-            if (bench_run_test(m, s, o, pass == 0, l->v[i], r, err, errlen)) goto out;
+            if (bench_run_test(m, s, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
             r->threads = n_threads;
             bench_print_row(bi, r);
             (*n_res)++;
