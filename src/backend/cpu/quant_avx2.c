@@ -52,6 +52,10 @@
  * accumulator: one instruction per block pair instead of sign + dot. */
 #define QA_VNNI 1
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+/* the 32-element formats use the zmm tile below instead of the ymm one */
+#define QA_ZMM 1
+#endif
 
 /* ==== Helpers ==== */
 QA_INLINE float qa_hsum_ps(__m256 v) {
@@ -129,6 +133,7 @@ QA_INLINE size_t qa_bsize_b32(uint32_t type) {
          : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
 }
 
+#if !defined(QA_ZMM)
 /* RW weight rows x RA activation rows over nb blocks. da[r][b]: activation scales.
  * res[r * RW + i] receives the partial dot of weight row i with act row r. */
 QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint8_t *w, size_t w_stride,
@@ -177,6 +182,105 @@ QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint
         for (int r = 0; r < RA; r++) res[r * RW + i] = qa_hsum_ps(acc[i][r]);
 }
 
+#endif
+
+#if defined(QA_ZMM)
+/* ==== AVX-512 VNNI: two blocks per zmm register ====
+ * One vpdpbusd on zmm does 64 int8 products: blocks b and b + 1 of a row
+ * sit in the low and high halves, with the per-block scales broadcast to the
+ * matching halves. 32 registers hold a 4 x 4 tile of accumulators. */
+
+QA_INLINE __m512i qa_pair_i(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+QA_INLINE __m512 qa_pair_ps(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+QA_INLINE void qa_tile_b32_zmm(uint32_t type, int RW, int RA, int64_t nb, const uint8_t *w, size_t w_stride,
+                               const block_q8_0 *const *a, const float (*da)[QA_CHUNK],
+                               const __m256i (*corr)[QA_CHUNK], float *res) {
+    __m512 acc[4][QA_ROWS];
+    QA_UNROLL
+    for (int i = 0; i < RW; i++)
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) acc[i][r] = _mm512_setzero_ps();
+    const size_t bs = qa_bsize_b32(type);
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i aq[4];
+        __m512 dw[4];
+        QA_UNROLL
+        for (int i = 0; i < RW; i++) {
+            float d0, d1;
+            const uint8_t *wb = w + (size_t)i * w_stride + (size_t)b * bs;
+            __m256i q0 = qa_decode_b32(type, wb, &d0), q1 = qa_decode_b32(type, wb + bs, &d1);
+            if (RA == 1)   /* see QA_PF: once per block pair, about once per line */
+                _mm_prefetch((const char *)wb + QA_PF, _MM_HINT_T0);
+            aq[i] = _mm512_xor_si512(qa_pair_i(q0, q1), off);      /* w + 128 as u8 */
+            dw[i] = qa_pair_ps(d0, d1);
+        }
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) {
+            __m512i y = qa_pair_i(_mm256_loadu_si256((const __m256i *)a[r][b].qs),
+                                  _mm256_loadu_si256((const __m256i *)a[r][b + 1].qs));
+            __m512 dy = qa_pair_ps(da[r][b], da[r][b + 1]);
+            __m512i c = qa_pair_i(corr[r][b], corr[r][b + 1]);
+            QA_UNROLL
+            for (int i = 0; i < RW; i++) {
+                __m512i dot = _mm512_dpbusd_epi32(c, aq[i], y);
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], dy), acc[i][r]);
+            }
+        }
+    }
+    if (b < nb) {   /* an odd last block: the low halves only */
+        QA_UNROLL
+        for (int i = 0; i < RW; i++) {
+            float d;
+            __m256i q = qa_decode_b32(type, w + (size_t)i * w_stride + (size_t)b * bs, &d);
+            __m256i aqi = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+            QA_UNROLL
+            for (int r = 0; r < RA; r++) {
+                __m256i y = _mm256_loadu_si256((const __m256i *)a[r][b].qs);
+                __m256i dot = _mm256_dpbusd_epi32(corr[r][b], aqi, y);
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * da[r][b]));
+                acc[i][r] = _mm512_add_ps(acc[i][r], _mm512_insertf32x8(_mm512_setzero_ps(), v, 0));
+            }
+        }
+    }
+    QA_UNROLL
+    for (int i = 0; i < RW; i++)
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) res[r * RW + i] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+/* Every shape up to 4 x 4, instantiated so the loops fully unroll. */
+#define QA_TILE_B32(T)                                                                             \
+    static void qa_tile_b32_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,           \
+                                const block_q8_0 *const *a, const float (*da)[QA_CHUNK],          \
+                                const __m256i (*corr)[QA_CHUNK], float *res) {                    \
+        switch (RW * 8 + RA) {                                                                     \
+        case 9: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 1, nb, w, ws, a, da, corr, res); break;         \
+        case 10: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 11: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 12: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 17: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 18: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 19: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 20: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 25: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 26: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 27: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 28: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 33: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 34: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 35: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 3, nb, w, ws, a, da, corr, res); break;        \
+        default: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 4, nb, w, ws, a, da, corr, res); break;        \
+        }                                                                                          \
+    }
+#else
 /* Instantiate the tile for constant shapes so the loops above fully unroll. */
 #define QA_TILE_B32(T)                                                                             \
     static void qa_tile_b32_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,           \
@@ -195,6 +299,7 @@ QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint
         default: qa_tile_b32(GGML_TYPE_##T, 2, 4, nb, w, ws, a, da, corr, res); break;                   \
         }                                                                                          \
     }
+#endif
 QA_TILE_B32(Q8_0)
 QA_TILE_B32(Q4_0)
 QA_TILE_B32(Q5_0)
@@ -232,8 +337,13 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #endif
                 }
             }
-            /* one activation row (decode): four weight rows give four independent chains */
+            /* one activation row (decode): four weight rows give four independent chains;
+             * AVX-512's 32 registers hold 4 x 4 tiles */
+#if defined(QA_ZMM)
+            const int rw_max = 4;
+#else
             const int rw_max = RA == 1 ? 4 : 2;
+#endif
             for (int i0 = 0; i0 < nw; i0 += rw_max) {
                 int RW = nw - i0 < rw_max ? nw - i0 : rw_max;
                 const uint8_t *wr = (const uint8_t *)w + (size_t)i0 * w_stride + (size_t)k0 * bs;
