@@ -58,11 +58,15 @@ int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out);
+/* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
+int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                       size_t pr_stride, int grp, int hd, float *out);
 
 /* ==== Public entry points ==== */
 
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp) {
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
     if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
 }

@@ -87,7 +87,7 @@ int quant_use_kernels(const char *name);
  * how many there are (names gets at most cap of them). */
 int quant_kernel_sets(const char **names, int cap);
 const char *quant_kernel_name(void);  /* the active set: "ref", "avx2", "avxvnni", "avx512", "neon" */
-/* 1 if the active set goes with the AVX2 element-wise ops (ops.h) */
+/* 0: plain C element-wise ops (ops.h); 1: the AVX2 ones; 2: AVX2 and AVX-512 */
 int quant_kernel_vec_ops(void);
 
 #endif

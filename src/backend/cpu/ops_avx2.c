@@ -10,6 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* unfused multiply then add where written so (see ops_pv_block) */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);

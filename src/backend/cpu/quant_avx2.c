@@ -766,7 +766,12 @@ static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
 #define QA_NEEDS_avx2 QK_CPU_AVX2
 #define QA_NEEDS_avxvnni (QK_CPU_AVX2 | QK_CPU_AVXVNNI)
 #define QA_NEEDS_avx512 (QK_CPU_AVX2 | QK_CPU_AVX512)
+#if defined(QA_ZMM)
+#define QA_VEC_OPS 2    /* the AVX2 ops plus ops_avx512.c */
+#else
+#define QA_VEC_OPS 1
+#endif
 const quant_kset QA_CAT(quant_kset, QA_SET) = {
-    .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = 1,
+    .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = QA_VEC_OPS,
     .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
 };
