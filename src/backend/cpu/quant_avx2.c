@@ -17,6 +17,7 @@
 #ifndef QA_SET
 #define QA_SET avx2
 #define QA_SET_OK 1     /* the includers say whether the build has their extensions */
+#define QA_PLAIN 1      /* AVX2 only, even if ARCH_FLAGS enable more (e.g. -march=native) */
 #endif
 #define QA_CAT2(a, b) a##_##b
 #define QA_CAT(a, b) QA_CAT2(a, b)
@@ -46,13 +47,14 @@
 #define QA_PF 512
 
 
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#if !defined(QA_PLAIN) && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
 /* dpbusd multiplies unsigned by signed bytes without int16 saturation, so a
  * signed weight w can enter as w + 128 with -128 * sum(y) preloaded in the
  * accumulator: one instruction per block pair instead of sign + dot. */
 #define QA_VNNI 1
 #endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
+#if defined(QA_WANT_ZMM) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
 /* the 32-element formats use the zmm tile below instead of the ymm one */
 #define QA_ZMM 1
 #endif
@@ -70,9 +72,9 @@ QA_INLINE float qa_h2f(fp16_t h) { return _cvtsh_ss(h); }
 /* acc + sums of four u8*s8 products per int32 lane (no saturation for our ranges:
  * |u| <= 127 or u <= 63, so maddubs' int16 pair sums stay below 32767). */
 QA_INLINE __m256i qa_dot_u8s8(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(QA_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
+#elif defined(QA_VNNI) && defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
     __m256i p = _mm256_maddubs_epi16(u, s);
@@ -82,9 +84,9 @@ QA_INLINE __m256i qa_dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 
 /* acc + int16 pair products (madd) */
 QA_INLINE __m256i qa_madd_acc(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(QA_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
+#elif defined(QA_VNNI) && defined(__AVXVNNI__)
     return _mm256_dpwssd_avx_epi32(acc, a, b);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));

@@ -2,6 +2,7 @@
  * Makefile adds the flags): vpdpbusd, and the zmm kernels quant_avx2.c
  * enables under __AVX512F__. */
 #define QA_SET avx512
+#define QA_WANT_ZMM 1
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__AVX512VNNI__)
 #define QA_SET_OK 1
 #else
