@@ -1,21 +1,25 @@
 # tandem - build with `make`, test with `make test` (see README).
 #
-# Layout: src/*.c except src/main.c form libtandem.a; src/main.c is the
+# Layout: src/*.c except src/main.c, and src/backend/cpu/*.c (the CPU
+# backend and its kernel sets), form libtandem.a; src/main.c is the
 # `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
 # libFuzzer targets (clang). BUILD selects the output folder so that the
 # sanitizer build (make asan) lives beside the normal one.
 
 CC       ?= cc
 BUILD    ?= build
-# Kernels are chosen at build time from the target's features (AVX2/FMA/F16C
-# on x86-64, NEON/dotprod on arm64); override ARCH_FLAGS to cross-build.
-ARCH_FLAGS ?= -march=native
+# The build targets the compiler's baseline (plain x86-64, or armv8-a), so
+# one binary runs on any CPU of the architecture. On x86-64 the kernel sets of
+# src/backend/cpu/ are compiled with their own instruction-set flags (below)
+# and quant.c picks the best one the CPU has at run time (cpuid). ARCH_FLAGS
+# applies to every file (e.g. -march=native, or +dotprod for arm64's NEON set).
+ARCH_FLAGS ?=
 OPT      ?= -O2
 CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g $(OPT) $(ARCH_FLAGS) -pthread -Isrc
 LDFLAGS  += $(SAN)
 LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c))
+LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 
 # CUDA backend (src/backend/cuda): `make CUDA=1 BUILD=build-cuda`. Needs nvcc
@@ -43,6 +47,15 @@ $(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(wildcard src/backend/cuda/*.h) $(
 	@mkdir -p $(BUILD)/obj/cuda
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
+# Per-file instruction sets of the x86-64 kernel sets (quant_kernels.h).
+ifneq ($(filter x86_64-% amd64-%,$(shell $(CC) -dumpmachine)),)
+KAVX2    := -mavx2 -mfma -mf16c
+$(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAGS += $(KAVX2)
+$(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
+$(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+endif
+# quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names
+$(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= ../shared/fixtures
@@ -52,6 +65,7 @@ MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F1
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) $(wildcard src/backend/cuda/*.h) | $(BUILD)/obj
+	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj:

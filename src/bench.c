@@ -7,6 +7,10 @@
  *        chunks of -b, default 512), logits of the last token only;
  *   tgN: N single-token evaluations of random tokens starting from an empty
  *        cache, each producing logits (what llama-bench's tg measures).
+ *   "@ dD": the same after D random tokens in the cache (-d D for every test,
+ *        or -gp D,N for one tgN at depth D); the D tokens are evaluated once,
+ *        untimed, and each repetition starts again from position D.
+ * The kernel set in use (quant.h: cpuid or TANDEM_KERNELS) is printed first.
  * Bounds table: measured streaming-read bandwidth against the bytes of weight
  * read per decoded token (the decode roofline), and the model's FLOPs per
  * prompt token against a measured compute ceiling of the matmul kernel.
@@ -20,8 +24,12 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__AVX2__)
+#if defined(__x86_64__)
 #include <immintrin.h>
+/* The AVX2 loops below are compiled for AVX2 alone and run only where cpuid
+ * says the CPU has it: the rest of the build targets baseline x86-64. */
+#define BENCH_AVX2 1
+#define BENCH_TARGET_AVX2 __attribute__((target("avx2")))
 #endif
 
 #include "gguf.h"
@@ -44,6 +52,8 @@ typedef struct {
     uint32_t kv_type;
     bench_list threads, pp, tg;
     int reps, n_batch, bounds;
+    int depth;                /* -d: cache depth of every test */
+    int gp_depth, gp_n;       /* -gp D,N: one tgN at depth D (0 = none) */
     int bw_mib;
 } bench_opts;
 
@@ -54,6 +64,8 @@ static void bench_usage(void) {
         "  -r N           repetitions after one warm-up (default 5)\n"
         "  -p N[,N..]     prompt lengths for ppN tests (default 512; 0 = none)\n"
         "  -n N[,N..]     generation lengths for tgN tests (default 128; 0 = none)\n"
+        "  -d N           run every test at a cache depth of N tokens (default 0)\n"
+        "  -gp D,N        also a tgN test at depth D\n"
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
@@ -108,6 +120,12 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-n")) bad = bench_parse_list(v, &o->tg);
         else if (!strcmp(a, "-r")) bad = bench_int(v, &o->reps) || o->reps < 1;
         else if (!strcmp(a, "-b")) bad = bench_int(v, &o->n_batch) || o->n_batch < 1;
+        else if (!strcmp(a, "-d")) bad = bench_int(v, &o->depth) || o->depth > 1000000;
+        else if (!strcmp(a, "-gp")) {
+            bench_list l;
+            bad = bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
+            if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
+        }
         else if (!strcmp(a, "--kv-type")) { o->kv_name = v; bad = !v || bench_kv_type(v) == UINT32_MAX; }
         else if (!strcmp(a, "--bw-mib")) bad = bench_int(v, &o->bw_mib) || o->bw_mib < 16;
         else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
@@ -227,20 +245,21 @@ static void bench_fmt_params(uint64_t n, char *buf, size_t len) {
 /* ==== Speed tests ==== */
 
 /* One timed ppN run: seconds, or < 0 on error. */
-static double bench_pp_once(model *m, session *s, int n, int32_t *ids, float *logits, uint64_t *rng,
+static double bench_pp_once(model *m, session *s, int depth, int n, int32_t *ids, float *logits, uint64_t *rng,
                             char *err, size_t errlen) {
     int n_vocab = model_get_hparams(m)->n_vocab;
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
-    session_reset(s, 0);
+    session_reset(s, depth);
     double t0 = bench_now();
     if (model_eval(m, s, ids, n, logits, NULL, NULL, err, errlen)) return -1;
     return bench_now() - t0;
 }
 
 /* One timed tgN run. */
-static double bench_tg_once(model *m, session *s, int n, float *logits, uint64_t *rng, char *err, size_t errlen) {
+static double bench_tg_once(model *m, session *s, int depth, int n, float *logits, uint64_t *rng, char *err,
+                            size_t errlen) {
     int n_vocab = model_get_hparams(m)->n_vocab;
-    session_reset(s, 0);
+    session_reset(s, depth);
     double t0 = bench_now();
     for (int i = 0; i < n; i++) {
         int32_t id = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
@@ -250,13 +269,28 @@ static double bench_tg_once(model *m, session *s, int n, float *logits, uint64_t
 }
 
 typedef struct {
-    int is_pp, n, threads;
+    int is_pp, n, threads, depth;
     double mean, sd;          /* tokens per second */
 } bench_result;
 
+/* Fill the cache with `depth` random tokens (untimed; prefill in chunks of
+ * n_batch inside model_eval), unless it holds them already. */
+static int bench_fill(model *m, session *s, int depth, float *logits, char *err, size_t errlen) {
+    if (session_pos(s) >= depth) return 0;
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(depth > 0 ? depth : 1));
+    if (!ids) { snprintf(err, errlen, "out of memory"); return -1; }
+    uint64_t rng = 0xD1B54A32D192ED03ull;
+    for (int i = 0; i < depth; i++) ids[i] = (int32_t)(bench_rand(&rng) % (uint32_t)n_vocab);
+    session_reset(s, 0);
+    int rc = model_eval(m, s, ids, depth, logits, NULL, NULL, err, errlen);
+    free(ids);
+    return rc;
+}
+
 /* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
  * prompt for pp and a single token for tg. */
-static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int n, bench_result *r,
+static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int depth, int n, bench_result *r,
                           char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
@@ -265,16 +299,19 @@ static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, 
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
     if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
-    double t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
-                     : bench_tg_once(m, s, 1, logits, &rng, err, errlen);
+    if (depth > 0 && bench_fill(m, s, depth, logits, err, errlen)) goto out;
+    if (depth == 0) session_reset(s, 0);
+    double t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+                     : bench_tg_once(m, s, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
-        t = is_pp ? bench_pp_once(m, s, n, ids, logits, &rng, err, errlen)
-                  : bench_tg_once(m, s, n, logits, &rng, err, errlen);
+        t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+                  : bench_tg_once(m, s, depth, n, logits, &rng, err, errlen);
         tps[i] = t > 0 ? n / t : 0.0;
     }
     if (t < 0) goto out;
     r->is_pp = is_pp;
     r->n = n;
+    r->depth = depth;
     bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
     rc = 0;
 out:
@@ -283,18 +320,20 @@ out:
 }
 
 static void bench_print_header(void) {
-    printf("| %-30s | %10s | %10s | %-10s | %7s | %13s | %20s |\n", "model", "size", "params", "backend",
+    printf("kernels: %s (TANDEM_KERNELS=ref|avx2|avxvnni|avx512 forces a set)\n\n", quant_kernel_name());
+    printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
            "threads", "test", "t/s");
-    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | ------------: | -------------------: |\n");
+    printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |\n");
 }
 
 static void bench_print_row(const bench_info *bi, const bench_result *r) {
     char size[32], params[32], test[32], tps[48];
     bench_fmt_bytes(bi->tensor_bytes, size, sizeof size);
     bench_fmt_params(bi->params, params, sizeof params);
-    snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
+    if (r->depth) snprintf(test, sizeof test, "%s%d @ d%d", r->is_pp ? "pp" : "tg", r->n, r->depth);
+    else snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
-    printf("| %-30s | %10s | %10s | %-10s | %7d | %13s | %20s |\n", bi->desc, size, params, bi->backend,
+    printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %20s |\n", bi->desc, size, params, bi->backend,
            r->threads, test, tps);
     fflush(stdout);
 }
@@ -307,15 +346,8 @@ typedef struct {
     uint64_t sink[64];
 } bw_job;
 
-/* Streams this thread's slice of the buffer through wide loads. Four
- * independent accumulators keep enough loads in flight to saturate memory. */
-static void bw_read(void *ctx, int ith, int nth) {
-    bw_job *j = ctx;
-    long lo, hi;
-    long nblk = (long)(j->size / 128);
-    tpool_split(nblk, ith, nth, &lo, &hi);
-    const uint8_t *p = j->buf + (size_t)lo * 128, *e = j->buf + (size_t)hi * 128;
-#if defined(__AVX2__)
+#if defined(BENCH_AVX2)
+BENCH_TARGET_AVX2 static uint64_t bw_read_avx2(const uint8_t *p, const uint8_t *e) {
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
     for (; p < e; p += 128) {
         a0 = _mm256_xor_si256(a0, _mm256_load_si256((const __m256i *)p));
@@ -326,8 +358,21 @@ static void bw_read(void *ctx, int ith, int nth) {
     __m256i a = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
     uint64_t v[4];
     _mm256_storeu_si256((__m256i *)v, a);
-    j->sink[ith % 64] = v[0] ^ v[1] ^ v[2] ^ v[3];
-#else
+    return v[0] ^ v[1] ^ v[2] ^ v[3];
+}
+#endif
+
+/* Streams this thread's slice of the buffer through wide loads. Four
+ * independent accumulators keep enough loads in flight to saturate memory. */
+static void bw_read(void *ctx, int ith, int nth) {
+    bw_job *j = ctx;
+    long lo, hi;
+    long nblk = (long)(j->size / 128);
+    tpool_split(nblk, ith, nth, &lo, &hi);
+    const uint8_t *p = j->buf + (size_t)lo * 128, *e = j->buf + (size_t)hi * 128;
+#if defined(BENCH_AVX2)
+    if (__builtin_cpu_supports("avx2")) { j->sink[ith % 64] = bw_read_avx2(p, e); return; }
+#endif
     uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
     for (; p < e; p += 32) {
         uint64_t w[4];
@@ -335,7 +380,6 @@ static void bw_read(void *ctx, int ith, int nth) {
         a0 ^= w[0]; a1 ^= w[1]; a2 ^= w[2]; a3 ^= w[3];
     }
     j->sink[ith % 64] = a0 ^ a1 ^ a2 ^ a3;
-#endif
 }
 
 /* Best of 5 full passes over a buffer of mib MiB, bytes per second. */
@@ -423,13 +467,13 @@ static double bench_kernel_peak(uint32_t wtype, int n_threads) {
     return j.failed ? 0 : best;
 }
 
-#if defined(__AVX2__)
+#if defined(BENCH_AVX2)
 typedef struct { long iters; int32_t sink[64]; } mad_job;
 
 /* vpmaddubsw (32 u8 x s8 products, pairwise summed to i16) + vpmaddwd by ones
  * (to i32) + vpaddd: the int8 multiply-add sequence of the AVX2 Q8 kernels,
  * on registers only, 8 independent chains to hide latency. */
-static void mad_loop(void *ctx, int ith, int nth) {
+BENCH_TARGET_AVX2 static void mad_loop(void *ctx, int ith, int nth) {
     mad_job *j = ctx;
     (void)nth;
     __m256i ones = _mm256_set1_epi16(1);
@@ -488,8 +532,14 @@ static double bench_layer_macs(const model_hparams *h) {
 
 /* Attention multiply-adds (QK^T and AV) of token i attending to i+1 keys,
  * averaged over a prompt of n tokens: (n+1)/2 keys on average. */
-static double bench_attn_macs(const model_hparams *h, int n) {
-    return h->n_layer * (double)h->n_head * (h->head_dim_k + h->head_dim_v) * (n + 1) / 2.0;
+static double bench_attn_macs(const model_hparams *h, int n, int depth) {
+    return h->n_layer * (double)h->n_head * (h->head_dim_k + h->head_dim_v) * (depth + (n + 1) / 2.0);
+}
+
+/* Bytes of K and V cache one decoded token reads at cache position pos. */
+static double bench_kv_bytes(const model_hparams *h, uint32_t kv_type, double pos) {
+    double per_val = kv_type == GGML_TYPE_Q8_0 ? 34.0 / 32.0 : 2.0;
+    return h->n_layer * (double)h->n_head_kv * (h->head_dim_k + h->head_dim_v) * per_val * pos;
 }
 
 /* ==== Bounds table ==== */
@@ -497,18 +547,15 @@ static double bench_attn_macs(const model_hparams *h, int n) {
 static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *bi, const bench_result *res, int n_res,
                                int n_threads) {
     const model_hparams *h = model_get_hparams(m);
-    const bench_result *pp = NULL, *tg = NULL;
-    for (int i = 0; i < n_res; i++) {
-        if (res[i].threads != n_threads) continue;
-        if (res[i].is_pp && !pp) pp = &res[i];
-        if (!res[i].is_pp && !tg) tg = &res[i];
-    }
+    const bench_result *pp = NULL;
+    for (int i = 0; i < n_res; i++)
+        if (res[i].threads == n_threads && res[i].is_pp && !pp) pp = &res[i];
     fprintf(stderr, "measuring bounds (%d threads)...\n", n_threads);
     double bw = bench_bandwidth(n_threads, o->bw_mib);
     double kpeak = bench_kernel_peak(bi->main_type, n_threads);
     double ipeak = 0;
-#if defined(__AVX2__)
-    ipeak = bench_int8_peak(n_threads);
+#if defined(BENCH_AVX2)
+    if (__builtin_cpu_supports("avx2")) ipeak = bench_int8_peak(n_threads);
 #endif
     uint64_t wb = model_weight_bytes_per_token(m);
     char v[64];
@@ -521,16 +568,25 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
     if (bw > 0 && wb > 0) {
         double bound = bw / (double)wb;
         printf("| decode bound | %.2f t/s | bandwidth / weight bytes per token (KV-cache reads ignored) |\n", bound);
-        if (tg) printf("| tg%d measured | %.2f t/s | %.1f%% of the decode bound |\n", tg->n, tg->mean, 100.0 * tg->mean / bound);
+        for (int i = 0; i < n_res; i++) {
+            const bench_result *r = &res[i];
+            if (r->is_pp || r->threads != n_threads) continue;
+            /* the cache read per token grows with the position: its mean over the run */
+            double kvb = bench_kv_bytes(h, o->kv_type, r->depth + (r->n + 1) / 2.0);
+            double rb = bw / ((double)wb + kvb);
+            printf("| tg%d%s%.0d measured | %.2f t/s | %.1f%% of the bound %.2f t/s = bandwidth / (weights + "
+                   "%.2f MB of KV cache at mean position %.0f) |\n", r->n, r->depth ? " @ d" : "", r->depth,
+                   r->mean, 100.0 * r->mean / rb, rb, kvb / 1e6, r->depth + (r->n + 1) / 2.0);
+        }
     }
     if (pp) {
-        double macs = bench_layer_macs(h) + bench_attn_macs(h, pp->n) + (double)h->n_embd * h->n_vocab / pp->n;
+        double macs = bench_layer_macs(h) + bench_attn_macs(h, pp->n, pp->depth) + (double)h->n_embd * h->n_vocab / pp->n;
         double flops = 2.0 * macs, rate = flops * pp->mean;
         printf("| FLOPs per prompt token (pp%d) | %.4g GFLOP | 2 x multiply-adds: weight matmuls %.4g G%s, "
                "attention QK+AV at %.1f keys on average %.4g G, output layer once per prompt %.4g G / %d |\n",
                pp->n, flops / 1e9, 2 * bench_layer_macs(h) / 1e9,
-               h->n_expert > 0 ? " (router + used experts)" : "", (pp->n + 1) / 2.0,
-               2 * bench_attn_macs(h, pp->n) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
+               h->n_expert > 0 ? " (router + used experts)" : "", pp->depth + (pp->n + 1) / 2.0,
+               2 * bench_attn_macs(h, pp->n, pp->depth) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
         printf("| pp%d measured | %.2f GFLOP/s | %.2f t/s x FLOPs per token |\n", pp->n, rate / 1e9, pp->mean);
         if (kpeak > 0)
             printf("| matmul kernel ceiling (%s) | %.2f GFLOP/s | quant_mul_mat_tile, %d rows x %d tokens x %d, "
@@ -558,18 +614,21 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     model *m = NULL;
     session *s = NULL;
     int rc = -1, n_ctx = 1;
-    for (int i = 0; i < o->pp.n; i++) if (o->pp.v[i] > n_ctx) n_ctx = o->pp.v[i];
-    for (int i = 0; i < o->tg.n; i++) if (o->tg.v[i] > n_ctx) n_ctx = o->tg.v[i];
+    for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
+    for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
+    if (o->gp_n && o->gp_depth + o->gp_n > n_ctx) n_ctx = o->gp_depth + o->gp_n;
     if (model_load(&m, o->model, &mo, err, errlen)) goto out;
     if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0]) bench_print_header();
-    for (int pass = 0; pass < 2; pass++) {
-        const bench_list *l = pass == 0 ? &o->pp : &o->tg;
+    bench_list gp = { .v = { o->gp_n }, .n = o->gp_n > 0 };
+    for (int pass = 0; pass < 3; pass++) {
+        const bench_list *l = pass == 0 ? &o->pp : pass == 1 ? &o->tg : &gp;
+        int depth = pass == 2 ? o->gp_depth : o->depth;
         for (int i = 0; i < l->n; i++) {
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
-            if (bench_run_test(m, s, o, pass == 0, l->v[i], r, err, errlen)) goto out;
+            if (bench_run_test(m, s, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
             r->threads = n_threads;
             bench_print_row(bi, r);
             (*n_res)++;

@@ -2,7 +2,8 @@
  * SiLU gating, RMS norm, vector add and axpy).
  *
  * Each has a plain C reference (ops_ref_*) and a dispatched version that uses
- * AVX2/FMA where the build has it (and honours quant_force_reference, like
+ * AVX2/FMA (src/backend/cpu/ops_avx2.c) when the active kernel set is an
+ * x86 one (and so honours quant_force_reference and TANDEM_KERNELS, like
  * the matrix kernels). Softmax's exp is computed in double and rounds like
  * libm's expf (within 1 ulp; the quantised golden tests are sensitive to
  * it); SiLU's exp is a float polynomial within 2 ulp. tests/test_ops.c

@@ -7,27 +7,13 @@
  * exactly, because the oracle's logits depend on them.
  */
 #include "quant.h"
+#include "quant_kernels.h"
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ==== SIMD entry points (quant_avx2.c / quant_neon.c) ==== */
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define QUANT_HAVE_AVX2 1
-#endif
-#if defined(__ARM_NEON) && defined(__aarch64__)
-#define QUANT_HAVE_NEON 1
-#endif
-
-/* Each returns 1 if it handled the request, 0 if the caller must fall back. */
-int quant_avx2_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
-                            const void *a, size_t a_stride, int na, float *out, size_t out_stride);
-int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
-int quant_neon_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
-                            const void *a, size_t a_stride, int na, float *out, size_t out_stride);
-int quant_neon_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
 
 /* ==== Scalar conversions ==== */
 static inline uint32_t quant_f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -640,56 +626,123 @@ int quant_quantize_weight_rows(uint32_t type, const float *x, void *y, int64_t n
     return 0;
 }
 
-/* ==== Dispatch ==== */
-/* -1: not decided yet; 0: SIMD kernels; 1: reference kernels. */
-static atomic_int quant_ref_mode = -1;
+/* ==== CPU features ==== */
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 
-void quant_force_reference(int on) { atomic_store(&quant_ref_mode, on ? 1 : 0); }
-
-static int quant_use_ref(void) {
-    int m = atomic_load_explicit(&quant_ref_mode, memory_order_relaxed);
-    if (m < 0) {
-        const char *e = getenv("TANDEM_KERNELS");
-        m = (e && strcmp(e, "ref") == 0) ? 1 : 0;
-        int expect = -1;
-        atomic_compare_exchange_strong(&quant_ref_mode, &expect, m);
-        m = atomic_load(&quant_ref_mode);
-    }
-    return m;
+/* XCR0: which register states the OS saves on a context switch. */
+static uint64_t quant_xgetbv(void) {
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
 }
 
-const char *quant_kernel_name(void) {
-    if (quant_use_ref()) return "ref";
-#if defined(QUANT_HAVE_AVX2)
-    return "avx2";
-#elif defined(QUANT_HAVE_NEON)
-    return "neon";
+static unsigned quant_cpu_features(void) {
+    unsigned a, b, c, d, f = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    /* bits of cpuid 1 ecx: 12 FMA, 27 OSXSAVE, 28 AVX, 29 F16C */
+    if (!(c & (1u << 27)) || !(c & (1u << 28))) return 0;
+    int fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    uint64_t xcr0 = quant_xgetbv();
+    if ((xcr0 & 0x6) != 0x6) return 0;                   /* xmm + ymm state */
+    int zmm = (xcr0 & 0xe6) == 0xe6;                     /* + opmask, zmm0-15 upper, zmm16-31 */
+    if (__get_cpuid_max(0, NULL) < 7) return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    /* leaf 7.0: ebx 5 AVX2, 16 AVX512F, 17 DQ, 30 BW, 31 VL; ecx 11 AVX512_VNNI */
+    if (((b >> 5) & 1) && fma && f16c) f |= QK_CPU_AVX2;
+    if (zmm && ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1) && ((c >> 11) & 1))
+        f |= QK_CPU_AVX512;
+    unsigned eax1;
+    __cpuid_count(7, 1, eax1, b, c, d);
+    /* leaf 7.1: eax 4 AVX-VNNI, 5 AVX512_BF16 */
+    if ((eax1 >> 4) & 1) f |= QK_CPU_AVXVNNI;
+    if (zmm && ((eax1 >> 5) & 1)) f |= QK_CPU_AVX512BF16;
+    return f;
+}
 #else
-    return "ref";
+static unsigned quant_cpu_features(void) { return 0; }
 #endif
+
+/* ==== Dispatch ==== */
+/* Candidate sets, best last; a set is usable when it was built and the CPU
+ * has what it needs. */
+static const quant_kset *const quant_ksets[] = {
+    &quant_kset_neon, &quant_kset_avx2, &quant_kset_avxvnni, &quant_kset_avx512,
+};
+#define QUANT_N_KSETS (int)(sizeof quant_ksets / sizeof quant_ksets[0])
+static const quant_kset quant_kset_ref = { .name = "ref", .built = 1 };
+
+/* The active set; NULL until the first use decides. */
+static _Atomic(const quant_kset *) quant_active;
+
+static int quant_kset_usable(const quant_kset *k) {
+    static atomic_int feats = -1;
+    int f = atomic_load_explicit(&feats, memory_order_relaxed);
+    if (f < 0) { f = (int)quant_cpu_features(); atomic_store(&feats, f); }
+    return k->built && (k->needs & ~(unsigned)f) == 0;
 }
+
+static const quant_kset *quant_kset_best(void) {
+    for (int i = QUANT_N_KSETS - 1; i >= 0; i--)
+        if (quant_kset_usable(quant_ksets[i])) return quant_ksets[i];
+    return &quant_kset_ref;
+}
+
+static const quant_kset *quant_kset_find(const char *name) {
+    if (!strcmp(name, "ref")) return &quant_kset_ref;
+    for (int i = 0; i < QUANT_N_KSETS; i++)
+        if (!strcmp(quant_ksets[i]->name, name) && quant_kset_usable(quant_ksets[i])) return quant_ksets[i];
+    return NULL;
+}
+
+/* First use: TANDEM_KERNELS names a set, else the best this CPU runs. */
+static const quant_kset *quant_kset_get(void) {
+    const quant_kset *k = atomic_load_explicit(&quant_active, memory_order_acquire);
+    if (k) return k;
+    const char *e = getenv("TANDEM_KERNELS");
+    k = e && *e ? quant_kset_find(e) : NULL;
+    if (e && *e && !k)
+        fprintf(stderr, "tandem: TANDEM_KERNELS=%s is not a kernel set this CPU runs; using %s\n", e,
+                quant_kset_best()->name);
+    if (!k) k = quant_kset_best();
+    const quant_kset *expect = NULL;
+    atomic_compare_exchange_strong(&quant_active, &expect, k);
+    return atomic_load(&quant_active);
+}
+
+void quant_force_reference(int on) { atomic_store(&quant_active, on ? &quant_kset_ref : quant_kset_best()); }
+
+int quant_use_kernels(const char *name) {
+    const quant_kset *k = quant_kset_find(name);
+    if (!k) return -1;
+    atomic_store(&quant_active, k);
+    return 0;
+}
+
+int quant_kernel_sets(const char **names, int cap) {
+    int n = 0;
+    if (n < cap) names[n] = "ref";
+    n++;
+    for (int i = 0; i < QUANT_N_KSETS; i++)
+        if (quant_kset_usable(quant_ksets[i])) { if (n < cap) names[n] = quant_ksets[i]->name; n++; }
+    return n;
+}
+
+const char *quant_kernel_name(void) { return quant_kset_get()->name; }
+
+int quant_kernel_vec_ops(void) { return quant_kset_get()->vec_ops; }
 
 void quant_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
-    if (!quant_use_ref()) {
-#if defined(QUANT_HAVE_AVX2)
-        if (quant_avx2_quantize_act_row(type, x, y, n)) return;
-#elif defined(QUANT_HAVE_NEON)
-        if (quant_neon_quantize_act_row(type, x, y, n)) return;
-#endif
-    }
+    const quant_kset *k = quant_kset_get();
+    if (k->quantize_act_row && k->quantize_act_row(type, x, y, n)) return;
     quant_ref_quantize_act_row(type, x, y, n);
 }
 
 void quant_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                         const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     if (nw <= 0 || na <= 0) return;
-    if (!quant_use_ref()) {
-#if defined(QUANT_HAVE_AVX2)
-        if (quant_avx2_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride)) return;
-#elif defined(QUANT_HAVE_NEON)
-        if (quant_neon_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride)) return;
-#endif
-    }
+    const quant_kset *k = quant_kset_get();
+    if (k->mul_mat_tile && k->mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride)) return;
     quant_ref_mul_mat_tile(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
 }
 

@@ -7,10 +7,14 @@
  *   F16, BF16 and F32 weights x F32 activations (f32 accumulation, as the
  *   primary oracle ik_llama.cpp does; mainline ggml rounds them to f16)
  *
- * Every kernel exists as a plain C reference (quant_ref_*) and, where the build
- * target has it, an AVX2 or NEON version. The dispatcher picks the fastest
- * unless quant_force_reference(1) was called (or TANDEM_KERNELS=ref is set in
- * the environment at first use); tests compare the two.
+ * Every kernel exists as a plain C reference (quant_ref_*) and in SIMD kernel
+ * sets (src/backend/cpu/): "avx2" (AVX2/FMA/F16C), "avxvnni" (the same with
+ * AVX-VNNI), "avx512" (AVX-512 F/BW/VL/DQ/VNNI), "neon" (arm64). Each x86 set
+ * is compiled with its own flags while the rest of the build targets the
+ * baseline, and the dispatcher picks, at first use, the best set the CPU runs
+ * (cpuid), unless TANDEM_KERNELS names another (ref, avx2, avxvnni, avx512)
+ * or quant_use_kernels / quant_force_reference chose one; the tests compare
+ * every set present with the reference.
  */
 #ifndef TANDEM_QUANT_H
 #define TANDEM_QUANT_H
@@ -75,7 +79,15 @@ void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const
 void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
 
 /* ==== Dispatch ==== */
+/* on: the reference kernels; off: the best set this CPU runs. */
 void quant_force_reference(int on);
-const char *quant_kernel_name(void);  /* "avx2", "neon" or "ref" */
+/* Use the named set; -1 if the name is unknown or this CPU cannot run it. */
+int quant_use_kernels(const char *name);
+/* Names of the sets this CPU runs, "ref" first and the best last; returns
+ * how many there are (names gets at most cap of them). */
+int quant_kernel_sets(const char **names, int cap);
+const char *quant_kernel_name(void);  /* the active set: "ref", "avx2", "avxvnni", "avx512", "neon" */
+/* 0: plain C element-wise ops (ops.h); 1: the AVX2 ones; 2: AVX2 and AVX-512 */
+int quant_kernel_vec_ops(void);
 
 #endif

@@ -30,7 +30,7 @@
 
 #include "gguf.h"
 
-#if defined(__SSE4_2__)
+#if defined(__x86_64__)
 #include <nmmintrin.h>
 #endif
 
@@ -156,9 +156,12 @@ uint32_t wire_crc32c_sw(uint32_t crc, const void *data, size_t n) {
     return ~c;
 }
 
-uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n) {
-#if defined(__SSE4_2__) && defined(__x86_64__)
-    const uint8_t *p = data;
+#if defined(__x86_64__)
+/* The SSE4.2 crc32 instruction computes CRC32C; compiled for SSE4.2 here
+ * alone and called only when cpuid says the CPU has it, so the build can
+ * target baseline x86-64. */
+__attribute__((target("sse4.2")))
+static uint32_t wire_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = (uint32_t)~crc;
     while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }
     while (n >= 8) {
@@ -170,9 +173,14 @@ uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n) {
     }
     while (n--) c = _mm_crc32_u8((uint32_t)c, *p++);
     return ~(uint32_t)c;
-#else
-    return wire_crc32c_sw(crc, data, n);
+}
 #endif
+
+uint32_t wire_crc32c(uint32_t crc, const void *data, size_t n) {
+#if defined(__x86_64__)
+    if (__builtin_cpu_supports("sse4.2")) return wire_crc32c_hw(crc, data, n);
+#endif
+    return wire_crc32c_sw(crc, data, n);
 }
 
 /* ==== HMAC and randomness ==== */

@@ -162,12 +162,20 @@ static void test_pool_chunks(void) {
 }
 
 int main(void) {
-    printf("ops: %s kernels\n", ops_vectorised() ? "vector" : "reference");
-    test_exp();
-    test_swiglu();
-    test_rms_norm();
-    test_small();
-    test_attn_pv();
+    /* every kernel set the machine runs: each brings its own element-wise ops */
+    const char *sets[16];
+    int n_sets = quant_kernel_sets(sets, 16);
+    const char *best = quant_kernel_name();
+    for (int i = 0; i < n_sets && i < 16; i++) {
+        quant_use_kernels(sets[i]);
+        printf("ops: %s kernels (set %s)\n", ops_vectorised() ? "vector" : "reference", quant_kernel_name());
+        test_exp();
+        test_swiglu();
+        test_rms_norm();
+        test_small();
+        test_attn_pv();
+    }
+    quant_use_kernels(best);
     test_pool_chunks();
     return t_done("test_ops");
 }

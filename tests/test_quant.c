@@ -323,7 +323,7 @@ static double dot_magnitude(uint32_t wt, int64_t n, const void *w, const void *a
     return m;
 }
 
-static void test_kernels(void) {
+static void test_kernel_set(void) {
     const int64_t lens32[] = { 32, 96, 256, 1024, 8192 + 64 }, lensK[] = { 256, 512, 1024, 3072 };
     const int64_t lensF[] = { 1, 7, 8, 33, 256, 1000 };
     const int64_t nmax = 8256;
@@ -379,8 +379,8 @@ static void test_kernels(void) {
                     }
             }
         }
-        CHECK(worst_ok, "%s: vec_dot fast vs reference", tname(wt));
-        CHECK(tile_ok, "%s: mul_mat_tile vs reference", tname(wt));
+        CHECK(worst_ok, "%s %s: vec_dot fast vs reference", quant_kernel_name(), tname(wt));
+        CHECK(tile_ok, "%s %s: mul_mat_tile vs reference", quant_kernel_name(), tname(wt));
     }
     /* the dot products themselves: a quantized dot should be close to the float dot */
     {
@@ -397,13 +397,41 @@ static void test_kernels(void) {
             /* ~4 standard deviations of the quantization noise (relative rms error e gives e*sqrt(n)) */
             double e = wt == GGML_TYPE_Q4_0 || wt == GGML_TYPE_Q4_K ? 0.1 : wt == GGML_TYPE_Q5_0 || wt == GGML_TYPE_Q5_K ? 0.05
                      : wt == GGML_TYPE_Q6_K || wt == GGML_TYPE_Q8_0 ? 0.025 : 0.005;
-            CHECK(fabs(s - exact) < 4 * e * sqrt((double)n), "%s: dot %g vs exact %g", tname(wt), s, exact);
+            CHECK(fabs(s - exact) < 4 * e * sqrt((double)n), "%s %s: dot %g vs exact %g", quant_kernel_name(),
+                  tname(wt), s, exact);
         }
     }
+    free(tmp); free(fw); free(fa); free(w); free(a);
+}
+
+/* Every kernel set this CPU runs, each against the reference; then the
+ * selection itself. */
+static void test_kernels(void) {
+    const char *names[16];
+    int n = quant_kernel_sets(names, 16);
+    const char *best = quant_kernel_name();
+    CHECK(n >= 1 && n <= 16 && strcmp(names[0], "ref") == 0, "kernel sets start with ref (%d sets)", n);
+    CHECK((n <= 16 && strcmp(names[n - 1], best) == 0) || getenv("TANDEM_KERNELS"),
+          "the best set (%s) is the default (%s)", n <= 16 ? names[n - 1] : "?", best);
+#if defined(__x86_64__)
+    /* one build: on any x86-64 with AVX2/FMA/F16C the avx2 set is there */
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        CHECK(quant_use_kernels("avx2") == 0, "avx2 set present on an AVX2 CPU");
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw"))
+        CHECK(quant_use_kernels("avx512") == 0, "avx512 set present on an AVX-512 VNNI CPU");
+#endif
+    for (int i = 1; i < n && i < 16; i++) {
+        CHECK(quant_use_kernels(names[i]) == 0 && strcmp(quant_kernel_name(), names[i]) == 0, "select %s", names[i]);
+        test_act_quant();
+        test_kernel_set();
+    }
+    CHECK(quant_use_kernels("no-such-set") == -1, "unknown set refused");
     quant_force_reference(1);
     CHECK(strcmp(quant_kernel_name(), "ref") == 0, "force reference");
     quant_force_reference(0);
-    free(tmp); free(fw); free(fa); free(w); free(a);
+    CHECK(strcmp(quant_kernel_name(), names[n - 1]) == 0, "back to the best set");
+    quant_use_kernels(best);
 }
 
 static void test_types(void) {

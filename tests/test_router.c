@@ -615,7 +615,9 @@ static void test_disconnect(tr_env *e) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)e->pr1), .sin_addr.s_addr = htonl(0x7f000001)};
     CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
-    const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"stream\":true}";
+    /* to the end of the context past end-of-generation: long enough that the
+     * client is gone well before the stream ends, however fast the node */
+    const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"stream\":true}";
     char req[512];
     int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      "Content-Length: %zu\r\n\r\n%s", strlen(body), body);

@@ -6,6 +6,7 @@
  * float accumulation follows the reference order (one block after another).
  */
 #include "quant.h"
+#include "quant_kernels.h"
 
 #if defined(__ARM_NEON) && defined(__aarch64__)
 #include <arm_neon.h>
@@ -245,7 +246,7 @@ QN_ROW_FN(BF16)
 
 typedef void (*qn_row_fn)(int, int64_t, const uint8_t *, const uint8_t *const *, float *);
 
-int quant_neon_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+static int qn_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     qn_row_fn fn;
     switch (wtype) {
@@ -320,7 +321,7 @@ static void qn_act_q8_K(const float *x, block_q8_K *y, int64_t nb) {
     }
 }
 
-int quant_neon_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
+static int qn_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
     switch (type) {
     case GGML_TYPE_Q8_0: qn_act_q8_0(x, y, n / QK8_0); return 1;
     case GGML_TYPE_Q8_K: qn_act_q8_K(x, y, n / QK_K); return 1;
@@ -328,6 +329,10 @@ int quant_neon_quantize_act_row(uint32_t type, const float *x, void *y, int64_t 
     }
 }
 
+const quant_kset quant_kset_neon = {
+    .name = "neon", .needs = 0, .built = 1, .vec_ops = 0,
+    .mul_mat_tile = qn_mul_mat_tile, .quantize_act_row = qn_quantize_act_row,
+};
 #else
-typedef int quant_neon_unused; /* ISO C forbids an empty translation unit */
+const quant_kset quant_kset_neon = { .name = "neon" };   /* not an arm64 build: empty */
 #endif

@@ -1,4 +1,9 @@
-/* quant_avx2.c - AVX2/FMA/F16C kernels (x86-64), with AVX-VNNI when present.
+/* quant_avx2.c - AVX2/FMA/F16C kernels (x86-64), with VNNI when built for it.
+ *
+ * This file is one kernel set (quant_kernels.h) and the body of two more:
+ * quant_avxvnni.c and quant_avx512.c include it with QA_SET renamed and are
+ * compiled with wider instruction-set flags, so the same source gives the
+ * avx2, avxvnni and avx512 sets and quant.c picks one at run time.
  *
  * The tile kernels decode one weight block into registers once and multiply
  * it against up to four activation rows (two weight rows at a time for the
@@ -7,8 +12,19 @@
  * float accumulation differs.
  */
 #include "quant.h"
+#include "quant_kernels.h"
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#ifndef QA_SET
+#define QA_SET avx2
+#define QA_SET_OK 1     /* the includers say whether the build has their extensions */
+#define QA_PLAIN 1      /* AVX2 only, even if ARCH_FLAGS enable more (e.g. -march=native) */
+#endif
+#define QA_CAT2(a, b) a##_##b
+#define QA_CAT(a, b) QA_CAT2(a, b)
+#define QA_STR2(a) #a
+#define QA_STR(a) QA_STR2(a)
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && QA_SET_OK
 #include <immintrin.h>
 #include <string.h>
 
@@ -31,11 +47,16 @@
 #define QA_PF 512
 
 
-#if (defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__)
+#if !defined(QA_PLAIN) && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
 /* dpbusd multiplies unsigned by signed bytes without int16 saturation, so a
  * signed weight w can enter as w + 128 with -128 * sum(y) preloaded in the
  * accumulator: one instruction per block pair instead of sign + dot. */
 #define QA_VNNI 1
+#endif
+#if defined(QA_WANT_ZMM) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+/* the 32-element formats use the zmm tile below instead of the ymm one */
+#define QA_ZMM 1
 #endif
 
 /* ==== Helpers ==== */
@@ -51,9 +72,9 @@ QA_INLINE float qa_h2f(fp16_t h) { return _cvtsh_ss(h); }
 /* acc + sums of four u8*s8 products per int32 lane (no saturation for our ranges:
  * |u| <= 127 or u <= 63, so maddubs' int16 pair sums stay below 32767). */
 QA_INLINE __m256i qa_dot_u8s8(__m256i acc, __m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(QA_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpbusd_epi32(acc, u, s);
-#elif defined(__AVXVNNI__)
+#elif defined(QA_VNNI) && defined(__AVXVNNI__)
     return _mm256_dpbusd_avx_epi32(acc, u, s);
 #else
     __m256i p = _mm256_maddubs_epi16(u, s);
@@ -63,9 +84,9 @@ QA_INLINE __m256i qa_dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 
 /* acc + int16 pair products (madd) */
 QA_INLINE __m256i qa_madd_acc(__m256i acc, __m256i a, __m256i b) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(QA_VNNI) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
     return _mm256_dpwssd_epi32(acc, a, b);
-#elif defined(__AVXVNNI__)
+#elif defined(QA_VNNI) && defined(__AVXVNNI__)
     return _mm256_dpwssd_avx_epi32(acc, a, b);
 #else
     return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
@@ -114,6 +135,7 @@ QA_INLINE size_t qa_bsize_b32(uint32_t type) {
          : type == GGML_TYPE_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
 }
 
+#if !defined(QA_ZMM)
 /* RW weight rows x RA activation rows over nb blocks. da[r][b]: activation scales.
  * res[r * RW + i] receives the partial dot of weight row i with act row r. */
 QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint8_t *w, size_t w_stride,
@@ -162,6 +184,105 @@ QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint
         for (int r = 0; r < RA; r++) res[r * RW + i] = qa_hsum_ps(acc[i][r]);
 }
 
+#endif
+
+#if defined(QA_ZMM)
+/* ==== AVX-512 VNNI: two blocks per zmm register ====
+ * One vpdpbusd on zmm does 64 int8 products: blocks b and b + 1 of a row
+ * sit in the low and high halves, with the per-block scales broadcast to the
+ * matching halves. 32 registers hold a 4 x 4 tile of accumulators. */
+
+QA_INLINE __m512i qa_pair_i(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+QA_INLINE __m512 qa_pair_ps(float lo, float hi) {
+    return _mm512_insertf32x8(_mm512_set1_ps(lo), _mm256_set1_ps(hi), 1);
+}
+
+QA_INLINE void qa_tile_b32_zmm(uint32_t type, int RW, int RA, int64_t nb, const uint8_t *w, size_t w_stride,
+                               const block_q8_0 *const *a, const float (*da)[QA_CHUNK],
+                               const __m256i (*corr)[QA_CHUNK], float *res) {
+    __m512 acc[4][QA_ROWS];
+    QA_UNROLL
+    for (int i = 0; i < RW; i++)
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) acc[i][r] = _mm512_setzero_ps();
+    const size_t bs = qa_bsize_b32(type);
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+        __m512i aq[4];
+        __m512 dw[4];
+        QA_UNROLL
+        for (int i = 0; i < RW; i++) {
+            float d0, d1;
+            const uint8_t *wb = w + (size_t)i * w_stride + (size_t)b * bs;
+            __m256i q0 = qa_decode_b32(type, wb, &d0), q1 = qa_decode_b32(type, wb + bs, &d1);
+            if (RA == 1)   /* see QA_PF: once per block pair, about once per line */
+                _mm_prefetch((const char *)wb + QA_PF, _MM_HINT_T0);
+            aq[i] = _mm512_xor_si512(qa_pair_i(q0, q1), off);      /* w + 128 as u8 */
+            dw[i] = qa_pair_ps(d0, d1);
+        }
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) {
+            __m512i y = qa_pair_i(_mm256_loadu_si256((const __m256i *)a[r][b].qs),
+                                  _mm256_loadu_si256((const __m256i *)a[r][b + 1].qs));
+            __m512 dy = qa_pair_ps(da[r][b], da[r][b + 1]);
+            __m512i c = qa_pair_i(corr[r][b], corr[r][b + 1]);
+            QA_UNROLL
+            for (int i = 0; i < RW; i++) {
+                __m512i dot = _mm512_dpbusd_epi32(c, aq[i], y);
+                acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw[i], dy), acc[i][r]);
+            }
+        }
+    }
+    if (b < nb) {   /* an odd last block: the low halves only */
+        QA_UNROLL
+        for (int i = 0; i < RW; i++) {
+            float d;
+            __m256i q = qa_decode_b32(type, w + (size_t)i * w_stride + (size_t)b * bs, &d);
+            __m256i aqi = _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80));
+            QA_UNROLL
+            for (int r = 0; r < RA; r++) {
+                __m256i y = _mm256_loadu_si256((const __m256i *)a[r][b].qs);
+                __m256i dot = _mm256_dpbusd_epi32(corr[r][b], aqi, y);
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * da[r][b]));
+                acc[i][r] = _mm512_add_ps(acc[i][r], _mm512_insertf32x8(_mm512_setzero_ps(), v, 0));
+            }
+        }
+    }
+    QA_UNROLL
+    for (int i = 0; i < RW; i++)
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) res[r * RW + i] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+/* Every shape up to 4 x 4, instantiated so the loops fully unroll. */
+#define QA_TILE_B32(T)                                                                             \
+    static void qa_tile_b32_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,           \
+                                const block_q8_0 *const *a, const float (*da)[QA_CHUNK],          \
+                                const __m256i (*corr)[QA_CHUNK], float *res) {                    \
+        switch (RW * 8 + RA) {                                                                     \
+        case 9: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 1, nb, w, ws, a, da, corr, res); break;         \
+        case 10: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 11: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 12: qa_tile_b32_zmm(GGML_TYPE_##T, 1, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 17: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 18: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 19: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 20: qa_tile_b32_zmm(GGML_TYPE_##T, 2, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 25: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 26: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 27: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 3, nb, w, ws, a, da, corr, res); break;        \
+        case 28: qa_tile_b32_zmm(GGML_TYPE_##T, 3, 4, nb, w, ws, a, da, corr, res); break;        \
+        case 33: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 1, nb, w, ws, a, da, corr, res); break;        \
+        case 34: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 2, nb, w, ws, a, da, corr, res); break;        \
+        case 35: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 3, nb, w, ws, a, da, corr, res); break;        \
+        default: qa_tile_b32_zmm(GGML_TYPE_##T, 4, 4, nb, w, ws, a, da, corr, res); break;        \
+        }                                                                                          \
+    }
+#else
 /* Instantiate the tile for constant shapes so the loops above fully unroll. */
 #define QA_TILE_B32(T)                                                                             \
     static void qa_tile_b32_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,           \
@@ -180,6 +301,7 @@ QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint
         default: qa_tile_b32(GGML_TYPE_##T, 2, 4, nb, w, ws, a, da, corr, res); break;                   \
         }                                                                                          \
     }
+#endif
 QA_TILE_B32(Q8_0)
 QA_TILE_B32(Q4_0)
 QA_TILE_B32(Q5_0)
@@ -217,8 +339,13 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #endif
                 }
             }
-            /* one activation row (decode): four weight rows give four independent chains */
+            /* one activation row (decode): four weight rows give four independent chains;
+             * AVX-512's 32 registers hold 4 x 4 tiles */
+#if defined(QA_ZMM)
+            const int rw_max = 4;
+#else
             const int rw_max = RA == 1 ? 4 : 2;
+#endif
             for (int i0 = 0; i0 < nw; i0 += rw_max) {
                 int RW = nw - i0 < rw_max ? nw - i0 : rw_max;
                 const uint8_t *wr = (const uint8_t *)w + (size_t)i0 * w_stride + (size_t)k0 * bs;
@@ -514,7 +641,7 @@ static void qa_mul_mat_float(uint32_t type, int64_t n, const void *w, size_t w_s
     }
 }
 
-int quant_avx2_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+static int qa_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     switch (wtype) {
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
@@ -622,7 +749,7 @@ static void qa_act_f16(const float *x, fp16_t *y, int64_t n) {
     for (; k < n; k++) y[k] = f32_to_fp16(x[k]);
 }
 
-int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
+static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n) {
     switch (type) {
     case GGML_TYPE_Q8_0: qa_act_q8_0(x, y, n / QK8_0); return 1;
     case GGML_TYPE_Q8_K: qa_act_q8_K(x, y, n / QK_K); return 1;
@@ -631,6 +758,22 @@ int quant_avx2_quantize_act_row(uint32_t type, const float *x, void *y, int64_t 
     }
 }
 
+#define QA_BUILT 1
 #else
-typedef int quant_avx2_unused; /* ISO C forbids an empty translation unit */
+#define QA_BUILT 0
+#define qa_mul_mat_tile NULL
+#define qa_quantize_act_row NULL
 #endif
+
+#define QA_NEEDS_avx2 QK_CPU_AVX2
+#define QA_NEEDS_avxvnni (QK_CPU_AVX2 | QK_CPU_AVXVNNI)
+#define QA_NEEDS_avx512 (QK_CPU_AVX2 | QK_CPU_AVX512)
+#if defined(QA_ZMM)
+#define QA_VEC_OPS 2    /* the AVX2 ops plus ops_avx512.c */
+#else
+#define QA_VEC_OPS 1
+#endif
+const quant_kset QA_CAT(quant_kset, QA_SET) = {
+    .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = QA_VEC_OPS,
+    .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
+};

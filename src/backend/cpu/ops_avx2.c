@@ -1,0 +1,230 @@
+/* ops_avx2.c - AVX2/FMA/F16C versions of the element-wise ops (ops.h).
+ *
+ * Built with -mavx2 -mfma -mf16c (see the Makefile) and called by ops.c only
+ * when the active kernel set is an x86 one, i.e. when cpuid said the CPU has
+ * these extensions. Without the flags every entry returns 0 (not handled).
+ */
+#include "ops.h"
+#include "quant.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* unfused multiply then add where written so (see ops_pv_block) */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
+int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
+int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
+int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                     size_t pr_stride, int grp, int hd, float *out);
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#include <math.h>
+
+
+/* ==== AVX2 ==== */
+
+/* expf of 8 lanes. x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so the
+ * reduction is exact enough), e^r by its degree-7 Taylor polynomial (the
+ * truncation error, r^8/8!, is below 2^-27 relative), then 2^n applied as two
+ * exponent-field factors so that results down in the subnormal range and up
+ * to FLT_MAX come out right. Inputs are clamped to [-104, 88.8], beyond which
+ * expf is 0 or inf anyway; NaN stays NaN. */
+static inline __m256 ops_exp8(__m256 x) {
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(88.8f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);     /* ln2 high part: exact product */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);          /* ln2 low part */
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n);
+    __m256i n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, _mm256_set1_epi32(127)), 23));
+    __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* exp of 4 floats (as doubles), accurate to well below a float ulp: the
+ * result rounds to float like libm's correctly rounded expf almost always.
+ * x = n ln2 + r, |r| <= ln2/2, e^r by its degree-10 Taylor polynomial
+ * (truncation r^11/11! < 3e-13 relative), 2^n through the exponent field.
+ * x must already be clamped to [-104, 88.8]. */
+static inline __m128 ops_exp4_pd(__m256d x) {
+    const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(0.6931471805599453), x);
+    r = _mm256_fnmadd_pd(n, _mm256_set1_pd(2.3190468138462996e-17), r);
+    static const double c[11] = { 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
+                                  1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0 };
+    __m256d p = _mm256_set1_pd(c[0]);
+    for (int i = 1; i < 11; i++) p = _mm256_fmadd_pd(p, r, _mm256_set1_pd(c[i]));
+    __m128i ni = _mm256_cvtpd_epi32(n);
+    __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(ni), _mm256_set1_epi64x(1023)), 52);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(p, _mm256_castsi256_pd(e)));
+}
+
+/* expf of 8 lanes through ops_exp4_pd (softmax: closest to libm). */
+static inline __m256 ops_exp8_precise(__m256 x) {
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(88.8f));
+    __m128 lo = ops_exp4_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(xc)));
+    __m128 hi = ops_exp4_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(xc, 1)));
+    __m256 y = _mm256_set_m128(hi, lo);
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+static inline double ops_hsum_pd(__m256d v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+static double ops_avx_exp_sum(const float *x, float sub, float *y, size_t n) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    const __m256 vs = _mm256_set1_ps(sub);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = ops_exp8_precise(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+        _mm256_storeu_ps(y + i, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double sum = ops_hsum_pd(_mm256_add_pd(s0, s1));
+    if (i < n) {
+        float tin[8] = {0}, tout[8];
+        for (size_t k = i; k < n; k++) tin[k - i] = x[k];
+        _mm256_storeu_ps(tout, ops_exp8_precise(_mm256_sub_ps(_mm256_loadu_ps(tin), vs)));
+        for (size_t k = i; k < n; k++) { y[k] = tout[k - i]; sum += tout[k - i]; }
+    }
+    return sum;
+}
+
+static inline __m256 ops_silu_mul8(__m256 g, __m256 u) {
+    __m256 e = ops_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void ops_avx_swiglu(const float *g, const float *u, float *y, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, ops_silu_mul8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (i < n) {
+        float tg[8] = {0}, tu[8] = {0}, ty[8];
+        for (size_t k = i; k < n; k++) { tg[k - i] = g[k]; tu[k - i] = u[k]; }
+        _mm256_storeu_ps(ty, ops_silu_mul8(_mm256_loadu_ps(tg), _mm256_loadu_ps(tu)));
+        for (size_t k = i; k < n; k++) y[k] = ty[k - i];
+    }
+}
+
+static void ops_avx_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        __m256 sq = _mm256_mul_ps(v, v);   /* float square, then double sum: as the reference */
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(sq)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(sq, 1)));
+    }
+    double sum = ops_hsum_pd(_mm256_add_pd(s0, s1));
+    for (size_t k = i; k < n; k++) sum += (double)(x[k] * x[k]);
+    float scale = 1.0f / sqrtf((float)(sum / (double)n) + eps);
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), vs);
+        if (w) v = _mm256_mul_ps(v, _mm256_loadu_ps(w + i));
+        _mm256_storeu_ps(y + i, v);
+    }
+    for (; i < n; i++) { float v = x[i] * scale; y[i] = w ? v * w[i] : v; }
+}
+
+/* 16 values of a V row (F16 or BF16) at element d, as two f32 vectors. */
+static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *lo, __m256 *hi) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)d));
+    if (dt == GGML_TYPE_F16) {
+        *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+    } else {
+        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+        *hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+    }
+}
+
+/* G (<= 4) heads x 16 columns starting at d: accumulators stay in registers
+ * while the positions stream past. Multiply then add, unfused, in position
+ * order: bit-identical to the reference (the quantised golden tests are
+ * chaotic enough that a fused rounding difference shows). */
+static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int G, const uint8_t *v,
+        size_t v_stride, int npos, const float *pr, size_t pr_stride, int hd, int d, float *out) {
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    for (int p = 0; p < npos; p++) {
+        __m256 lo, hi;
+        ops_load_v16(dt, v + (size_t)p * v_stride, d, &lo, &hi);
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < G; g++) {
+            __m256 a = _mm256_broadcast_ss(pr + (size_t)g * pr_stride + (size_t)p);
+            acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(a, lo));
+            acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(a, hi));
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < G; g++) {
+        _mm256_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
+        _mm256_storeu_ps(out + (size_t)g * hd + d + 8, acc[g][1]);
+    }
+}
+
+static void ops_avx_attn_pv16(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                              size_t pr_stride, int grp, int hd, float *out) {
+    for (int g0 = 0; g0 < grp; g0 += 4) {
+        int G = grp - g0 < 4 ? grp - g0 : 4;
+        const float *pg = pr + (size_t)g0 * pr_stride;
+        float *og = out + (size_t)g0 * hd;
+        for (int d = 0; d < hd; d += 16) {
+            switch (G) {
+            case 1: ops_pv_block(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 2: ops_pv_block(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 3: ops_pv_block(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            default: ops_pv_block(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            }
+        }
+    }
+}
+
+int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) {
+    if (n) *sum = ops_avx_exp_sum(x, sub, y, n);
+    else *sum = 0.0;
+    return 1;
+}
+
+int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n) { ops_avx_swiglu(g, u, y, n); return 1; }
+
+int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) {
+    ops_avx_rms_norm_row(x, w, y, n, eps);
+    return 1;
+}
+
+int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                     size_t pr_stride, int grp, int hd, float *out) {
+    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 16) return 0;
+    ops_avx_attn_pv16(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out);
+    return 1;
+}
+#else
+int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) { return 0; }
+int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n) { return 0; }
+int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) { return 0; }
+int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                     size_t pr_stride, int grp, int hd, float *out) { return 0; }
+#endif

@@ -1,0 +1,37 @@
+/* quant_kernels.h - the table each SIMD kernel set exports (internal).
+ *
+ * A kernel set is one file of src/backend/cpu/ compiled with its own
+ * instruction-set flags (see the Makefile); everything else is built for the
+ * baseline target, and quant.c picks a set at first use from what cpuid (or
+ * the build, on arm64) says the CPU has. A set's functions return 1 when
+ * they handled a request and 0 when the caller must use the reference.
+ */
+#ifndef TANDEM_QUANT_KERNELS_H
+#define TANDEM_QUANT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The CPU features the x86-64 sets need (cpuid, with the OS saving the
+ * ymm / zmm registers). */
+enum {
+    QK_CPU_AVX2 = 1 << 0,       /* AVX2 + FMA + F16C */
+    QK_CPU_AVXVNNI = 1 << 1,    /* AVX-VNNI (VEX-encoded dpbusd) */
+    QK_CPU_AVX512 = 1 << 2,     /* AVX-512 F, BW, VL, DQ and VNNI */
+    QK_CPU_AVX512BF16 = 1 << 3,
+};
+
+typedef struct {
+    const char *name;           /* what TANDEM_KERNELS names it by */
+    unsigned needs;             /* QK_CPU_* bits the CPU must have */
+    int built;                  /* 0 when the build target lacked the flags: the set is empty */
+    int vec_ops;                /* 1: the AVX2 element-wise ops (ops_avx2.c) go with it;
+                                 * 2: also the AVX-512 ones (ops_avx512.c) */
+    int (*mul_mat_tile)(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                        const void *a, size_t a_stride, int na, float *out, size_t out_stride);
+    int (*quantize_act_row)(uint32_t type, const float *x, void *y, int64_t n);
+} quant_kset;
+
+extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon;
+
+#endif
