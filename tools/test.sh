@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
 JOBS=$(nproc 2>/dev/null || echo 2)
-FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 
 make -j"$JOBS" all models
 echo "== tests"
