@@ -4,23 +4,12 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Length of a valid UTF-8 sequence at s (n bytes left) and its code point,
- * or 0 when the bytes are not valid UTF-8 (overlongs and surrogates too). */
+#include "unicode.h"
+
+/* A valid UTF-8 sequence at s: its length and code point, or 0. */
 static size_t ls_utf8(const unsigned char *s, size_t n, unsigned *cp_out) {
-    unsigned c = s[0], cp;
-    size_t len;
-    if (c < 0x80) { *cp_out = c; return 1; }
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
-    else return 0;
-    if (n < len) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
+    uint32_t cp = 0;
+    size_t len = unicode_strict_seq(s, n, &cp);
     *cp_out = cp;
     return len;
 }

@@ -42,6 +42,7 @@
 #include "sampler.h"
 #include "tok_api.h"
 #include "tokenizer.h"
+#include "unicode.h"
 #include "tools.h"
 
 /* ==== Constants ==== */
@@ -89,25 +90,6 @@ static void dn_log(const char *fmt, ...) {
     fprintf(stderr, "tandem decode: %s\n", esc);
 }
 
-/* Length of a valid UTF-8 sequence at s (n bytes left), or 0 if invalid. */
-static size_t dn_utf8_seq(const unsigned char *s, size_t n) {
-    unsigned c = s[0];
-    size_t len;
-    unsigned cp;
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF) { len = 2; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { len = 3; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { len = 4; cp = c & 0x07; }
-    else return 0;
-    if (n < len) return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)))
-        return 0;
-    return len;
-}
 
 /* A JSON string of arbitrary bytes: invalid UTF-8 becomes U+FFFD (a token
  * can end in the middle of a character; JSON cannot carry raw bytes). */
@@ -116,7 +98,8 @@ static json_t *dn_json_text(const char *s, size_t n) {
     if (j) return j;
     dn_str t = { 0 };
     for (size_t i = 0; i < n;) {
-        size_t l = dn_utf8_seq((const unsigned char *)s + i, n - i);
+        uint32_t cp;
+        size_t l = unicode_strict_seq((const unsigned char *)s + i, n - i, &cp);
         if (l) { dn_str_add(&t, s + i, l); i += l; }
         else { dn_str_add(&t, "\xEF\xBF\xBD", 3); i++; }
     }

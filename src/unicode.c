@@ -140,31 +140,37 @@ size_t unicode_complete_prefix(const unsigned char *s, size_t n)
     return n;
 }
 
+size_t unicode_strict_seq(const unsigned char *s, size_t n, uint32_t *cp_out)
+{
+    unsigned char b = s[0];
+    if (b < 0x80) {
+        *cp_out = b;
+        return 1;
+    }
+    size_t len;
+    uint32_t min, cp;
+    if (b >= 0xC2 && b <= 0xDF) { len = 2; min = 0x80; cp = b & 0x1F; }
+    else if (b >= 0xE0 && b <= 0xEF) { len = 3; min = 0x800; cp = b & 0x0F; }
+    else if (b >= 0xF0 && b <= 0xF4) { len = 4; min = 0x10000; cp = b & 0x07; }
+    else return 0;
+    if (n < len)
+        return 0;
+    for (size_t k = 1; k < len; k++) {
+        if (!unicode_is_cont(s[k]))
+            return 0;
+        cp = (cp << 6) | (s[k] & 0x3F);
+    }
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    *cp_out = cp;
+    return len;
+}
+
 int unicode_valid_utf8(const unsigned char *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        unsigned char b = s[i];
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t min, cp;
-        if (b >= 0xC2 && b <= 0xDF) { len = 2; min = 0x80; cp = b & 0x1F; }
-        else if (b >= 0xE0 && b <= 0xEF) { len = 3; min = 0x800; cp = b & 0x0F; }
-        else if (b >= 0xF0 && b <= 0xF4) { len = 4; min = 0x10000; cp = b & 0x07; }
-        else return 0;
-        if (i + len > n)
+    uint32_t cp;
+    for (size_t i = 0, l; i < n; i += l)
+        if (!(l = unicode_strict_seq(s + i, n - i, &cp)))
             return 0;
-        for (size_t k = 1; k < len; k++) {
-            if (!unicode_is_cont(s[i + k]))
-                return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
-            return 0;
-        i += len;
-    }
     return 1;
 }

@@ -35,6 +35,9 @@ int unicode_is_space(uint32_t cp);
  * which is still incomplete (a valid lead byte followed by too few valid
  * continuation bytes at the very end). Invalid bytes count as complete. */
 size_t unicode_complete_prefix(const unsigned char *s, size_t n);
+/* Length of the strictly valid UTF-8 sequence at s (n > 0 bytes left) and its
+ * code point, or 0 (overlong, surrogate, > U+10FFFF, truncated, stray byte). */
+size_t unicode_strict_seq(const unsigned char *s, size_t n, uint32_t *cp);
 /* 1 if s[0..n) is strictly valid UTF-8 (no overlongs, surrogates or > U+10FFFF). */
 int unicode_valid_utf8(const unsigned char *s, size_t n);
 
