@@ -916,7 +916,7 @@ static char *api_tool_chunk(const api_resp_meta *m, json_t *delta) {
                              "created", (json_int_t)m->created, "model", m->model, "choices", choice));
 }
 
-static char *api_cat(char *a, char *b) {
+char *api_concat(char *a, char *b) {
     if (!a || !b) { free(a); free(b); return NULL; }
     size_t na = strlen(a), nb = strlen(b);
     char *s = realloc(a, na + nb + 1);
@@ -941,7 +941,7 @@ char *api_render_tool_chunks(const api_resp_meta *m, const struct tool_evs *evs)
             delta = json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", v->index, "function",
                               "arguments", api_text(v->text));
         }
-        out = api_cat(out, delta ? api_tool_chunk(m, delta) : NULL);
+        out = api_concat(out, delta ? api_tool_chunk(m, delta) : NULL);
     }
     return out;
 }

@@ -166,6 +166,9 @@ char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int pro
                              int completion_tokens);
 /* "data: {"error": {...}}\n\n" - an error after the stream started. */
 char *api_render_error_event(const api_error *e);
+/* a then b as one string (both freed; NULL if either is NULL or out of memory):
+ * rendered chunks are joined with it. */
+char *api_concat(char *a, char *b);
 /* GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by"}]} */
 char *api_render_models(const char *const *ids, int n, long long created);
 /* GET /v1/models/{id}: {"id","object":"model","created","owned_by"} */

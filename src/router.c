@@ -1218,15 +1218,6 @@ static int rt_out_set(rt_req *q, char *s) {
     return 0;
 }
 
-static char *rt_concat(char *a, char *b) {
-    if (!a || !b) { free(a); free(b); return NULL; }
-    size_t na = strlen(a), nb = strlen(b);
-    char *s = realloc(a, na + nb + 1);
-    if (!s) { free(a); free(b); return NULL; }
-    memcpy(s + na, b, nb + 1);
-    free(b);
-    return s;
-}
 
 /* Produces the next SSE bytes into q->out; 0, or -1 at the end of stream. */
 static int rt_stream_produce(rt_req *q) {
@@ -1244,8 +1235,8 @@ static int rt_stream_produce(rt_req *q) {
         char *s = q->tp ? rt_tools_chunks(q, &m, u.text, 0) : api_render_chunk(q->req.kind, &ml, u.text ? u.text : "", NULL, 0);
         free(lp);
         q->lp_offset += u.text ? strlen(u.text) : 0;
-        if (first && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
-        if (first && q->req.echo) s = rt_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
+        if (first && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
+        if (first && q->req.echo) s = api_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
         api_upstream_line_free(&u);
         return rt_out_set(q, s) ? -1 : 0;
     }
@@ -1260,17 +1251,17 @@ static int rt_stream_produce(rt_req *q) {
             /* the finish reason is decided before the parser's end flushes */
             const char *finish = rt_tools_finish(q, q->fin.finish_reason);
             char *feed = rt_tools_chunks(q, &m, q->fin.text, 1);
-            s = rt_concat(feed, api_render_chunk(q->req.kind, &m, NULL, finish, 0));
+            s = api_concat(feed, api_render_chunk(q->req.kind, &m, NULL, finish, 0));
         } else {
             s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
             /* text released by the final line (held back while it could have
              * started a stop string) goes out before the finish chunk */
-            if (q->fin.text && *q->fin.text) s = rt_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
+            if (q->fin.text && *q->fin.text) s = api_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
         }
-        if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = rt_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
+        if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (q->req.include_usage)
-            s = rt_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
-        s = rt_concat(s, strdup("data: [DONE]\n\n"));
+            s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
+        s = api_concat(s, strdup("data: [DONE]\n\n"));
         q->status = 200;
         rt_count_request(r, q->ep, 200);
         rt_log_done(q, "done");
