@@ -22,10 +22,19 @@ make -j"$JOBS" asan | tee build/asan.log
 # checks the device code's host versions and says "skipped: no CUDA device"
 # for the rest. About 35 s on 2 cores (all five -gencode targets).
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+# The toolkit root as nvcc itself reports it (its TOP): nvcc may be a wrapper
+# script elsewhere on PATH (/usr/local/bin/nvcc), so dirname(nvcc) can be wrong.
+cuda_home() {
+    local top
+    top=$(cd /tmp && "$NVCC" --dryrun -c /dev/null -x cu 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n1)
+    [ -n "$top" ] && [ -d "$top" ] && { (cd "$top" && pwd -P); return; }
+    dirname "$(dirname "$(readlink -f "$NVCC")")"
+}
 : >build/cuda.log
 if [ -x "$NVCC" ]; then
-    echo "== CUDA build ($NVCC)"
-    make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$(dirname "$(dirname "$NVCC")")" all
+    CUDA_HOME=${CUDA_HOME:-$(cuda_home)}
+    echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
+    make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all
     TANDEM_MODELS=build/models tests/run.sh build-cuda/test_backend_ops | tee build/cuda.log
 fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
