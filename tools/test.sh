@@ -32,10 +32,15 @@ cuda_home() {
 }
 : >build/cuda.log
 if [ -x "$NVCC" ]; then
-    CUDA_HOME=${CUDA_HOME:-$(cuda_home)}
-    echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
-    make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all
-    TANDEM_MODELS=build/models tests/run.sh build-cuda/test_backend_ops | tee build/cuda.log
+    # An inherited CUDA_HOME is kept only where cuBLAS really is.
+    ls "${CUDA_HOME:-/nonexistent}"/lib64/libcublas.so* >/dev/null 2>&1 || CUDA_HOME=$(cuda_home)
+    if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then
+        echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
+        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all
+        TANDEM_MODELS=build/models tests/run.sh build-cuda/test_backend_ops | tee build/cuda.log
+    else
+        echo "skipped: CUDA build: nvcc at $NVCC but no cuBLAS under $CUDA_HOME/lib64"
+    fi
 fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 make -j"$JOBS" fuzz >/dev/null
