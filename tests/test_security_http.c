@@ -24,6 +24,7 @@
  *   - an 8 MiB prompt is refused by the byte bound, fast.
  */
 #include "t.h"
+#include "proc.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -46,68 +47,37 @@
 
 /* ==== Helpers ==== */
 
-static const char *ts_bin(void) {
-    const char *b = getenv("TANDEM_BIN");
-    return b && *b ? b : "build/tandem";
-}
-
-static double ts_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void ts_sleep(int ms) {
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
-}
-
-static pid_t ts_spawn(char *const argv[], const char *log) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int ts_wait_port(const char *path, pid_t pid) {
-    for (int t = 0; t < 60000; t += 50) {
-        FILE *f = fopen(path, "r");
-        int port = 0;
-        if (f) { if (fscanf(f, "%d", &port) != 1) port = 0; fclose(f); }
-        if (port > 0) return port;
-        if (waitpid(pid, NULL, WNOHANG) == pid) return -1;
-        ts_sleep(50);
-    }
-    return -1;
-}
-
 /* Starts argv (its --port-file is TS_DIR/name.port), returns the port. */
 static int ts_start(pid_t *pid, char *const argv[], const char *name) {
     char pf[256], log[256];
     snprintf(pf, sizeof pf, TS_DIR "/%s.port", name);
     snprintf(log, sizeof log, TS_DIR "/%s.log", name);
     unlink(pf);
-    *pid = ts_spawn(argv, log);
-    int port = ts_wait_port(pf, *pid);
+    unlink(log);
+    *pid = spawn(argv, log);
+    int port = wait_port(pf, *pid, 60000);
     CHECK(port > 0, "%s started (see %s)", name, log);
     return port;
 }
 
+/* pid 0 means "never started": stop_proc must not signal the process group. */
 static int ts_stop(pid_t pid) {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    for (int i = 0; i < 200; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        ts_sleep(50);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    return pid > 0 ? stop_proc(pid, 10000) : -1;
+}
+
+/* CPU time (user + system) a process has used so far, in ms; -1 if unknown. */
+static double ts_cpu_ms(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut, stime;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stime) != 2) return -1;
+    return (double)(ut + stime) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
 }
 
 static char *ts_read_file(const char *path) {
@@ -173,52 +143,11 @@ static int ts_send(int fd, ts_req *q) {
     return 0;
 }
 
-/* Decodes a chunked body in place; returns its length. */
-static size_t ts_dechunk(char *b, size_t n) {
-    size_t in = 0, out = 0;
-    while (in < n) {
-        char *end;
-        unsigned long sz = strtoul(b + in, &end, 16);
-        char *crlf = strstr(b + in, "\r\n");
-        if (!crlf || end == b + in) break;
-        in = (size_t)(crlf - b) + 2;
-        if (sz == 0 || in + sz > n) break;
-        memmove(b + out, b + in, sz);
-        out += sz;
-        in += sz + 2;
-    }
-    b[out] = 0;
-    return out;
-}
-
-/* Reads the whole response (Connection: close). Status, *body malloc'd. */
-static int ts_read(int fd, char **body) {
-    size_t cap = 8192, n = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while ((r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
-        n += (size_t)r;
-        if (cap - n - 1 == 0) { cap *= 2; buf = realloc(buf, cap); }
-    }
-    buf[n] = 0;
-    int status = -1;
-    char *sep = strstr(buf, "\r\n\r\n");
-    if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) { *body = buf; return -1; }
-    *sep = 0;
-    int chunked = strcasestr(buf, "transfer-encoding: chunked") != NULL;
-    size_t off = (size_t)(sep + 4 - buf), bl = n - off;
-    memmove(buf, buf + off, bl);
-    buf[bl] = 0;
-    if (chunked) ts_dechunk(buf, bl);
-    *body = buf;
-    return status;
-}
-
 static int ts_http(int port, ts_req *q, char **body) {
     *body = NULL;
     int fd = ts_connect(port, NULL);
     if (fd < 0) { *body = strdup(""); return -1; }
-    int st = ts_send(fd, q) ? -1 : ts_read(fd, body);
+    int st = ts_send(fd, q) ? -1 : http_read(fd, body);
     close(fd);
     if (!*body) *body = strdup("");
     return st;
@@ -303,7 +232,7 @@ static int ts_setup(ts_env *e) {
     node_auth_derive(&e->api, TS_SECRET, strlen(TS_SECRET), NODE_AUTH_LABEL_DECODE_API);
     node_auth_derive(&e->reg, TS_SECRET, strlen(TS_SECRET), NODE_AUTH_LABEL_REGISTER);
     char b[512];
-    snprintf(b, sizeof b, "%s", ts_bin());
+    snprintf(b, sizeof b, "%s", bin());
     /* D: the decode node with a secret; O: one without */
     char *d[] = { b, "serve", "--role", "decode", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file", TS_DIR "/secret",
                   "--listen", "127.0.0.1:0", "--request-deadline-ms", "8000", "--max-conns-per-ip", "48",
@@ -411,7 +340,7 @@ static void test_ssrf_and_log(ts_env *e) {
     st = ts_http(e->pd, &q, &body);
     CHECK(st == 401, "anonymous prefill_node at a node with a secret: %d", st);
     free(body);
-    ts_sleep(200);
+    sleep_ms(200);
     CHECK(ts_accepted(lfd) == 0, "no connection was made to the named address");
     close(lfd);
     /* a signed request (the router's privilege) naming a hostile string: logged escaped */
@@ -474,16 +403,16 @@ static void ts_loris_close(ts_loris *l, int n) {
 /* GET /health latency in ms, or -1 if it did not answer 200. */
 static double ts_health_ms(int port) {
     char *body = NULL;
-    double t0 = ts_now();
+    double t0 = now_ms();
     int st = ts_get(port, "/health", &body);
     free(body);
-    return st == 200 ? ts_now() - t0 : -1;
+    return st == 200 ? now_ms() - t0 : -1;
 }
 
 static void test_slow_clients(ts_env *e) {
     enum { NR = 200, ND = 64, NFLOOD = 120 };
     static ts_loris lr[NR], ld[ND], fr[NFLOOD], fd_[NFLOOD];
-    double t0 = ts_now();
+    double t0 = now_ms();
     /* 25 per address: under the per-address caps, so only capacity protects /health */
     int okr = ts_loris_open(lr, NR, e->pr, 2, 25);
     int okd = ts_loris_open(ld, ND, e->pd, 20, 16);
@@ -491,38 +420,38 @@ static void test_slow_clients(ts_env *e) {
     /* one address flooding: capped at the per-address limit (router 64, decode 48) */
     ts_loris_open(fr, NFLOOD, e->pr, 40, NFLOOD);
     ts_loris_open(fd_, NFLOOD, e->pd, 41, NFLOOD);
-    ts_sleep(500);
+    sleep_ms(500);
     int fr_open = NFLOOD - ts_loris_closed(fr, NFLOOD), fd_open = NFLOOD - ts_loris_closed(fd_, NFLOOD);
     CHECK(fr_open <= 64 && fr_open >= 32, "router: one address holds %d connections (cap 64)", fr_open);
     CHECK(fd_open <= 48 && fd_open >= 24, "decode node: one address holds %d connections (cap 48)", fd_open);
     double worst_r = 0, worst_d = 0;
     int gen_ok = 0, dripped = 0;
     char *body = NULL;
-    while (ts_now() - t0 < 6500) {
+    while (now_ms() - t0 < 6500) {
         double hr = ts_health_ms(e->pr), hd = ts_health_ms(e->pd);
         if (hr < 0 || hr > worst_r) worst_r = hr < 0 ? 1e9 : hr;
         if (hd < 0 || hd > worst_d) worst_d = hd < 0 ? 1e9 : hd;
-        if (!dripped && ts_now() - t0 > 5000) { ts_loris_drip(lr, NR); ts_loris_drip(ld, ND); dripped = 1; }
+        if (!dripped && now_ms() - t0 > 5000) { ts_loris_drip(lr, NR); ts_loris_drip(ld, ND); dripped = 1; }
         if (!gen_ok) {
             ts_req q = { .method = "POST", .path = "/v1/completions",
                          .body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":8}" };
             gen_ok = ts_http(e->pr, &q, &body) == 200 && strstr(body, "\"finish_reason\":\"length\"");
             free(body);
         }
-        ts_sleep(250);
+        sleep_ms(250);
     }
     int still_r = NR - ts_loris_closed(lr, NR), still_d = ND - ts_loris_closed(ld, ND);
     printf("test_security_http: slow clients held %.1f s: router /health worst %.1f ms, decode /health worst %.1f ms, "
-           "still open %d/%d and %d/%d\n", (ts_now() - t0) / 1e3, worst_r, worst_d, still_r, NR, still_d, ND);
+           "still open %d/%d and %d/%d\n", (now_ms() - t0) / 1e3, worst_r, worst_d, still_r, NR, still_d, ND);
     CHECK(still_r == NR && still_d == ND, "the slow clients were still connected (%d, %d)", still_r, still_d);
     CHECK(worst_r < 1000, "router /health answered within 1 s throughout (worst %.1f ms)", worst_r);
     CHECK(worst_d < 1000, "decode node /health answered within 1 s throughout (worst %.1f ms)", worst_d);
     CHECK(gen_ok, "a generation through the router completed under the slow clients");
     /* the 8 s whole-request deadline closes every incomplete request */
-    while (ts_now() - t0 < 10500 && (ts_loris_closed(lr, NR) < NR || ts_loris_closed(ld, ND) < ND)) ts_sleep(100);
+    while (now_ms() - t0 < 10500 && (ts_loris_closed(lr, NR) < NR || ts_loris_closed(ld, ND) < ND)) sleep_ms(100);
     int cr = ts_loris_closed(lr, NR), cd = ts_loris_closed(ld, ND);
     CHECK(cr == NR && cd == ND, "deadline closed the slow requests: router %d/%d, decode %d/%d after %.1f s", cr, NR, cd, ND,
-          (ts_now() - t0) / 1e3);
+          (now_ms() - t0) / 1e3);
     ts_loris_close(lr, NR);
     ts_loris_close(ld, ND);
     ts_loris_close(fr, NFLOOD);
@@ -557,7 +486,7 @@ static void test_registration(ts_env *e) {
     st = ts_register(e->pr, &e->reg, body, NULL, NULL, &resp);
     CHECK(st == 409, "renaming a static node by registration: %d", st);
     free(resp);
-    ts_sleep(2000);   /* beyond heartbeat_ttl_ms (1500): a hijacked node would now be down */
+    sleep_ms(2000);   /* beyond heartbeat_ttl_ms (1500): a hijacked node would now be down */
     CHECK(ts_node_flag(e->pr, daddr, "up") == 1 && ts_node_flag(e->pr, daddr, "registered") == 0,
           "static node still up and still static after the attempts");
     ts_req q = { .method = "POST", .path = "/v1/completions", .body = "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":2}" };
@@ -590,7 +519,7 @@ static void test_registration(ts_env *e) {
 /* `serve --role decode|prefill --router URL` registers by itself. */
 static void test_self_registration(ts_env *e) {
     char b[512], url[64];
-    snprintf(b, sizeof b, "%s", ts_bin());
+    snprintf(b, sizeof b, "%s", bin());
     snprintf(url, sizeof url, "http://127.0.0.1:%d", e->pr);
     char *sd[] = { b, "serve", "--role", "decode", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file", TS_DIR "/secret",
                    "--listen", "127.0.0.1:0", "--router", url, "--model-name", "selfreg", "--port-file", TS_DIR "/sd.port", NULL };
@@ -607,7 +536,7 @@ static void test_self_registration(ts_env *e) {
         listed = strstr(resp, "\"selfreg\"") != NULL;
         free(resp);
         up = ts_node_flag(e->pr, daddr, "up") == 1 && ts_node_flag(e->pr, paddr, "up") == 1;
-        ts_sleep(100);
+        sleep_ms(100);
     }
     CHECK(listed, "self-registered decode node's model in /v1/models");
     CHECK(up && ts_node_flag(e->pr, daddr, "registered") == 1, "self-registered decode and prefill nodes are up");
@@ -616,7 +545,7 @@ static void test_self_registration(ts_env *e) {
     int st = ts_http(e->pr, &q, &resp);
     CHECK(st == 200 && strstr(resp, "\"finish_reason\":\"length\""), "request through the router to it: %d %s", st, resp);
     free(resp);
-    ts_sleep(2000);   /* heartbeats keep it up beyond heartbeat_ttl_ms */
+    sleep_ms(2000);   /* heartbeats keep it up beyond heartbeat_ttl_ms */
     CHECK(ts_node_flag(e->pr, daddr, "up") == 1, "still up after heartbeat_ttl_ms");
     CHECK(ts_stop(e->sd) == 0 && ts_stop(e->sp) == 0, "self-registering nodes stop cleanly");
     e->sd = e->sp = 0;
@@ -652,12 +581,14 @@ static void test_big_prompt(ts_env *e) {
     strcpy(big + off + n - 64, "\"}");
     char *resp = NULL;
     ts_req q = { .method = "POST", .path = "/v1/generate", .body = big };
-    double t0 = ts_now();
+    double t0 = now_ms(), cpu0 = ts_cpu_ms(e->o);
     int st = ts_http(e->po, &q, &resp);
-    double ms = ts_now() - t0;
-    printf("test_security_http: 8 MiB prompt refused in %.0f ms\n", ms);
+    double ms = now_ms() - t0, cpu = ts_cpu_ms(e->o) - cpu0;
+    printf("test_security_http: 8 MiB prompt refused in %.0f ms (node CPU %.0f ms)\n", ms, cpu);
     CHECK(st == 400 && strstr(resp, "context"), "8 MiB prompt: %d %.200s", st, resp);
-    CHECK(ms < 1000, "refused in %.0f ms (before tokenizing it whole)", ms);
+    /* The node's own CPU time, not wall time: a loaded machine stretches the
+     * transfer, but tokenizing 4 M words would cost the node seconds of CPU. */
+    CHECK(cpu >= 0 && cpu < 1000, "refused after %.0f ms of node CPU (before tokenizing it whole)", cpu);
     free(resp);
     free(big);
 }
@@ -666,13 +597,13 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     test_logsafe();
     test_node_auth();
-    if (access(ts_bin(), X_OK) || access("assets/stories260K.gguf", R_OK)) {
-        printf("test_security_http: SKIP process tests: %s or the stories model missing\n", ts_bin());
+    if (access(bin(), X_OK) || access("assets/stories260K.gguf", R_OK)) {
+        printf("test_security_http: SKIP process tests: %s or the stories model missing\n", bin());
         return t_done("test_security_http");
     }
     ts_env e;
     memset(&e, 0, sizeof e);
-    double t0 = ts_now();
+    double t0 = now_ms();
     if (ts_setup(&e) == 0) {
         test_decode_auth(&e);
         test_ssrf_and_log(&e);
@@ -687,6 +618,6 @@ int main(void) {
     CHECK(ts_stop(e.o) == 0, "open decode node exits cleanly");
     ts_stop(e.sd);
     ts_stop(e.sp);
-    fprintf(stderr, "test_security_http: %.1f s\n", (ts_now() - t0) / 1e3);
+    fprintf(stderr, "test_security_http: %.1f s\n", (now_ms() - t0) / 1e3);
     return t_done("test_security_http");
 }
