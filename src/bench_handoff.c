@@ -487,7 +487,7 @@ static int bw_main(const bh_opts *o, const void *secret, size_t secret_len) {
     char err[512], addr[300];
     model_opts mo = { .n_threads = 1, .n_batch = o->batch };
     model *m = NULL;
-    if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o->model, err); return 1; }
+    if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); return 1; }
     const model_hparams *hp = model_get_hparams(m);
     int kv_dim = hp->n_head_kv * hp->head_dim_k;
     model_free(m);
@@ -559,7 +559,7 @@ int cli_bench_handoff(int argc, char **argv) {
         free(secret);
         return rc;
     }
-    if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o.model, err); goto out; }
+    if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); goto out; }
     const model_hparams *hp = model_get_hparams(x.m);
     x.n_vocab = hp->n_vocab;
     x.n_layer = hp->n_layer;

@@ -392,6 +392,15 @@ static int model_load_weights(model *m, char *err, size_t errlen) {
 
 /* ==== Load / free ==== */
 
+/* Every load error names the file once: gguf_open_file's already do. */
+static void model_name_error(const char *path, char *err, size_t errlen) {
+    size_t pl = strlen(path);
+    if (!err || !errlen || (!strncmp(err, path, pl) && err[pl] == ':')) return;
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", err);
+    snprintf(err, errlen, "%s: %s", path, tmp);
+}
+
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen) {
     *out = NULL;
     model *m = calloc(1, sizeof *m);
@@ -409,6 +418,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     *out = m;
     return 0;
 fail:
+    model_name_error(path, err, errlen);
     model_free(m);
     return -1;
 }

@@ -58,6 +58,7 @@ typedef struct {
     int device;              /* CUDA device ordinal (default 0) */
 } model_opts;
 
+/* Every error message starts with "PATH: " (printed once by the callers). */
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
 void model_free(model *m);
 const model_hparams *model_get_hparams(const model *m);
