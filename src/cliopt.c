@@ -33,6 +33,13 @@ int cliopt_int(const char *cmd, const char *opt, const char *v, long lo, long hi
 }
 
 int cliopt_float(const char *cmd, const char *opt, const char *v, double lo, double hi, float *out) {
+    double x;
+    if (cliopt_double(cmd, opt, v, lo, hi, &x)) return -1;
+    *out = (float)x;
+    return 0;
+}
+
+int cliopt_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out) {
     if (cliopt_missing(cmd, opt, v)) return -1;
     char *end;
     errno = 0;
@@ -42,7 +49,7 @@ int cliopt_float(const char *cmd, const char *opt, const char *v, double lo, dou
         fprintf(stderr, "%s: %s: %s is out of range [%g, %g]\n", cmd, opt, v, lo, hi);
         return -1;
     }
-    *out = (float)x;
+    *out = x;
     return 0;
 }
 

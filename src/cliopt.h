@@ -30,6 +30,7 @@
  * number") on stderr and returns -1. cmd names the subcommand ("tandem run"). */
 int cliopt_int(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out);
 int cliopt_float(const char *cmd, const char *opt, const char *v, double lo, double hi, float *out);
+int cliopt_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out);
 int cliopt_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
 /* A string value: NULL with "needs a value" when v is NULL. */
 int cliopt_str(const char *cmd, const char *opt, const char *v, const char **out);
