@@ -98,20 +98,19 @@ char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, siz
     int is_stdin = !strcmp(path, "-");
     FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (!f) { snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return NULL; }
-    size_t cap = 4096, n = 0;
+    /* max + 1 bytes fit (one past max is how "too long" is known) plus the NUL */
+    size_t cap = max + 2 < 4096 ? max + 2 : 4096, n = 0;
     char *buf = malloc(cap);
     int fail = !buf;
     while (!fail) {
         if (n + 1 == cap) {
-            if (cap > max) break;   /* one byte past max is read: that is how "too long" is known */
-            char *nb = realloc(buf, cap * 2);
+            size_t ncap = cap > (max + 2) / 2 ? max + 2 : cap * 2;
+            char *nb = realloc(buf, ncap);
             if (!nb) { fail = 1; break; }
             buf = nb;
-            cap *= 2;
+            cap = ncap;
         }
-        size_t want = cap - n - 1;
-        if (n + want > max + 1) want = max + 1 - n;
-        size_t r = fread(buf + n, 1, want, f);
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
         n += r;
         if (r == 0 || n > max) break;
     }

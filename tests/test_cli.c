@@ -312,6 +312,21 @@ static void test_cliopt(void) {
     s = cliopt_read_text(path, 5000, &len, err, sizeof err);
     CHECK(s && len == 100, "a bound larger than the first buffer: len %zu", len);
     free(s);
+    /* at the edges of the buffer's growth: exactly max bytes, and one more */
+    for (int extra = 0; extra < 2; extra++) {
+        f = fopen(path, "wb");
+        for (int i = 0; f && i < 4095 + extra; i++) fputc('x', f);
+        if (f) fclose(f);
+        s = cliopt_read_text(path, 4095, &len, err, sizeof err);
+        CHECK(extra ? !s : s && len == 4095, "%d bytes with a 4095-byte bound: %s", 4095 + extra, s ? "read" : err);
+        free(s);
+        s = cliopt_read_text(path, 8191, &len, err, sizeof err);
+        CHECK(s && len == (size_t)(4095 + extra), "%d bytes with an 8191-byte bound: len %zu", 4095 + extra, len);
+        free(s);
+    }
+    s = cliopt_read_text(TC_DIR, 100, &len, err, sizeof err);
+    CHECK(!s, "a directory is not a prompt file");
+    free(s);
     int v = 7;
     CHECK(cliopt_int("t", "-x", "12", 0, 12, &v) == 0 && v == 12, "12 in [0, 12]");
     CHECK(cliopt_int("t", "-x", "13", 0, 12, &v) == -1 && v == 12, "13 refused, value untouched");
