@@ -694,7 +694,12 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
     for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
     if (o->gp_n && o->gp_depth + o->gp_n > n_ctx) n_ctx = o->gp_depth + o->gp_n;
-    if (model_load(&m, o->model, &mo, err, errlen)) goto out;
+    cliopt_progress lp;   /* copying weights to a GPU can take a while */
+    cliopt_progress_begin(&lp, BENCH ": loading weights", 1, 0);
+    mo.on_load = cliopt_progress_steps;
+    mo.on_load_ud = &lp;
+    if (model_load(&m, o->model, &mo, err, errlen)) { if (lp.drawn && lp.tty) fputc('\n', stderr); goto out; }
+    cliopt_progress_end(&lp);
     if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0] && o->fmt == BENCH_MD) bench_print_header();

@@ -297,7 +297,15 @@ int cli_run(int argc, char **argv) {
     int32_t *ids = NULL;
     float *logits = NULL;
     int rc = CLI_EXIT_FAIL, n_prompt = 0;
-    if (model_load(&m, o.model, &mo, err, sizeof err)) { fprintf(stderr, RUN ": %s\n", err); goto out; }
+    cliopt_progress lp;   /* copying weights to a GPU can take a while */
+    cliopt_progress_begin(&lp, RUN ": loading weights", 1, 0);
+    mo.on_load = cliopt_progress_steps;
+    mo.on_load_ud = &lp;
+    if (model_load(&m, o.model, &mo, err, sizeof err)) {
+        fprintf(stderr, "%s" RUN ": %s\n", lp.drawn && lp.tty ? "\n" : "", err);
+        goto out;
+    }
+    cliopt_progress_end(&lp);
     const model_hparams *hp = model_get_hparams(m);
     int n_ctx = run_pick_ctx(&o, hp);
     if (!(ids = cli_tokenize_prompt(m, text ? text : o.prompt, o.chat, &n_prompt, err, sizeof err))) {

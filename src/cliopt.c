@@ -133,6 +133,8 @@ char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, siz
 #define PROGRESS_QUIET_S 2.0
 /* Redraw period on a terminal: smooth enough, cheap enough. */
 #define PROGRESS_TTY_S 0.1
+/* ... and nothing for a stage shorter than this. */
+#define PROGRESS_TTY_FIRST_S 0.5
 
 static double cliopt_now(void) {
     struct timespec ts;
@@ -155,7 +157,7 @@ void cliopt_progress_update(cliopt_progress *p, uint64_t done) {
     double now = cliopt_now(), el = now - p->t0;
     int pct = (int)(done * 100 / p->total);
     if (p->tty) {
-        if (now - p->last_draw < PROGRESS_TTY_S && done < p->total) return;
+        if (el < PROGRESS_TTY_FIRST_S || (now - p->last_draw < PROGRESS_TTY_S && done < p->total)) return;
         fprintf(stderr, "\r%s: %3d%% (%.1f s)", p->label, pct, el);
         p->last_draw = now;
         p->drawn = 1;
@@ -173,6 +175,12 @@ void cliopt_progress_end(cliopt_progress *p) {
     double el = cliopt_now() - p->t0;
     if (p->tty && p->drawn) fprintf(stderr, "\r%s: 100%% (%.1f s)\n", p->label, el);
     else if (p->drawn || el >= PROGRESS_QUIET_S) fprintf(stderr, "%s: done in %.1f s\n", p->label, el);
+}
+
+void cliopt_progress_steps(void *ud, int done, int total) {
+    cliopt_progress *p = ud;
+    if (total > 0) p->total = (uint64_t)total;
+    cliopt_progress_update(p, done > 0 ? (uint64_t)done : 0);
 }
 
 /* ==== Version ==== */

@@ -54,7 +54,8 @@ char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, siz
 /* Progress of a stage that may take seconds, on stderr. On a terminal one
  * line is redrawn (at most every 100 ms); otherwise a line is written at each
  * tenth of the way, and only once the stage has run two seconds, so that
- * quick stages and logs stay quiet. */
+ * quick stages and logs stay quiet; a terminal sees nothing of a stage
+ * shorter than half a second. */
 typedef struct {
     char label[64];
     uint64_t total;
@@ -64,8 +65,11 @@ typedef struct {
 
 void cliopt_progress_begin(cliopt_progress *p, const char *label, uint64_t total, int quiet);
 void cliopt_progress_update(cliopt_progress *p, uint64_t done);
-/* Ends the line; prints "LABEL: done in S s" when anything was drawn. */
+/* Ends the line; prints "LABEL: done in S s" when anything was drawn or the
+ * stage took two seconds. */
 void cliopt_progress_end(cliopt_progress *p);
+/* A model_opts.on_load callback; ud is a cliopt_progress. */
+void cliopt_progress_steps(void *ud, int done, int total);
 
 /* ==== Version ==== */
 

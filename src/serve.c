@@ -253,10 +253,10 @@ int cli_serve(int argc, char **argv) {
         fprintf(stderr, SERVE ": %s\n", err);
         goto out;
     }
-    if (!o.n_ctx) {
-        int t = model_get_hparams(m)->n_ctx_train;
-        o.n_ctx = t > 0 && t < 4096 ? t : 4096;
-    }
+    int train = model_get_hparams(m)->n_ctx_train;
+    if (!o.n_ctx) o.n_ctx = train > 0 && train < 4096 ? train : 4096;
+    else if (train > 0 && o.n_ctx > train)
+        fprintf(stderr, SERVE ": warning: -c %d is beyond the model's trained context of %d tokens\n", o.n_ctx, train);
     switch (o.role) {
     case SERVE_PREFILL: rc = serve_prefill(m, &o); break;
     case SERVE_DECODE:
