@@ -339,12 +339,44 @@ static void test_cliopt(void) {
           "u64: a sign refused, the bound included");
 }
 
+/* Progress lines go to stderr, which here is not a terminal: nothing for a
+ * quick stage, at most a line per tenth plus the end for a slow one. */
+static char *tc_capture_progress(double stall_s) {
+    const char *path = TC_DIR "/progress";
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (saved < 0 || fd < 0) return calloc(1, 1);
+    dup2(fd, 2);
+    close(fd);
+    cliopt_progress p;
+    cliopt_progress_begin(&p, "stage", 1000, 0);
+    nanosleep(&(struct timespec){ (time_t)stall_s, (long)((stall_s - (time_t)stall_s) * 1e9) }, NULL);
+    for (int i = 0; i <= 1000; i++) cliopt_progress_update(&p, (uint64_t)i);
+    cliopt_progress_end(&p);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    return tc_slurp(path);
+}
+
+static void test_progress(void) {
+    char *quick = tc_capture_progress(0);
+    CHECK(quick[0] == 0, "a quick stage prints nothing off a terminal: '%s'", quick);
+    free(quick);
+    char *slow = tc_capture_progress(2.1);
+    int lines = tc_count(slow, "\n");
+    CHECK(lines >= 2 && lines <= 11 && strstr(slow, "stage: 100% (") && strstr(slow, "stage: done in "),
+          "a slow stage: %d lines, '%s'", lines, slow);
+    free(slow);
+}
+
 int main(void) {
     mkdir(TC_DIR, 0755);
     if (access(tc_bin(), X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", tc_bin()); return t_done("test_cli"); }
     char model[512];
     snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
     test_cliopt();
+    test_progress();
     test_help();
     test_bad_paths();
     if (access(model, R_OK)) {
