@@ -19,6 +19,13 @@ CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g
 LDFLAGS  += $(SAN)
 LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
+# `tandem --version` names the commit it was built from (cliopt.c); the
+# object is rebuilt by `make clean` or a change to cliopt.c, not by a commit.
+GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null)
+ifneq ($(GIT_REV),)
+$(BUILD)/obj/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
+endif
+
 LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 

@@ -18,6 +18,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@
 #define BENCH_TARGET_AVX2 __attribute__((target("avx2")))
 #endif
 
+#include "cliopt.h"
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
@@ -55,10 +57,16 @@ typedef struct {
     int depth;                /* -d: cache depth of every test */
     int gp_depth, gp_n;       /* -gp D,N: one tgN at depth D (0 = none) */
     int bw_mib;
+    int fmt;                  /* -o: BENCH_MD, BENCH_JSON, BENCH_CSV */
 } bench_opts;
 
-static void bench_usage(void) {
-    fprintf(stderr,
+enum { BENCH_MD, BENCH_JSON, BENCH_CSV };
+static const char *const bench_fmt_names[] = { "md", "json", "csv", NULL };
+
+#define BENCH "tandem bench"
+
+static void bench_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem bench -m MODEL.gguf [options]\n"
         "  -t N[,N..]     threads (default 2)\n"
         "  -r N           repetitions after one warm-up (default 5)\n"
@@ -69,20 +77,25 @@ static void bench_usage(void) {
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
-        "  --no-bounds    skip the bandwidth / compute bounds table (always skipped with cuda)\n");
-    cli_usage_backend(14);
-}
-
-static int bench_int(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || end == s || v < 0 || v > 10000000L) return -1;
-    *out = (int)v;
-    return (*end == 0 || *end == ',') ? 0 : -1;
+        "  --no-bounds    skip the bandwidth / compute bounds table (always skipped with cuda)\n"
+        "  -o FMT         md (default: markdown tables, bounds included), json (an array of\n"
+        "                 one object per test) or csv (a header line, then one line per test);\n"
+        "                 json and csv carry the speed tests only and are printed at the end\n");
+    cli_usage_backend_to(f, 14);
 }
 
 /* "512" or "128,256,512" */
+static int bench_parse_list(const char *s, bench_list *l);
+
+/* A list option; says what is wrong when it is. */
+static int bench_list_opt(const char *opt, const char *v, bench_list *l) {
+    if (!v) { fprintf(stderr, BENCH ": %s needs a value\n", opt); return -1; }
+    if (bench_parse_list(v, l) == 0) return 0;
+    fprintf(stderr, BENCH ": %s: '%s' is not a list of at most %d numbers in [0, 1000000], like 128,256\n",
+            opt, v, BENCH_MAX_LIST);
+    return -1;
+}
+
 static int bench_parse_list(const char *s, bench_list *l) {
     l->n = 0;
     while (s && *s) {
@@ -96,6 +109,8 @@ static int bench_parse_list(const char *s, bench_list *l) {
     }
     return l->n ? 0 : -1;
 }
+
+static const char *const bench_kv_names[] = { "f16", "bf16", "q8_0", NULL };
 
 static uint32_t bench_kv_type(const char *s) {
     if (!strcmp(s, "f16")) return GGML_TYPE_F16;
@@ -111,36 +126,44 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     bench_parse_list("2", &o->threads);
     bench_parse_list("512", &o->pp);
     bench_parse_list("128", &o->tg);
+    int k;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0, takes = 1;
-        if (!strcmp(a, "-m")) o->model = v;
-        else if (!strcmp(a, "-t")) bad = bench_parse_list(v, &o->threads);
-        else if (!strcmp(a, "-p")) bad = bench_parse_list(v, &o->pp);
-        else if (!strcmp(a, "-n")) bad = bench_parse_list(v, &o->tg);
-        else if (!strcmp(a, "-r")) bad = bench_int(v, &o->reps) || o->reps < 1;
-        else if (!strcmp(a, "-b")) bad = bench_int(v, &o->n_batch) || o->n_batch < 1;
-        else if (!strcmp(a, "-d")) bad = bench_int(v, &o->depth) || o->depth > 1000000;
+        if (!strcmp(a, "-m")) bad = cliopt_str(BENCH, a, v, &o->model);
+        else if (!strcmp(a, "-t")) bad = bench_list_opt(a, v, &o->threads);
+        else if (!strcmp(a, "-p")) bad = bench_list_opt(a, v, &o->pp);
+        else if (!strcmp(a, "-n")) bad = bench_list_opt(a, v, &o->tg);
+        else if (!strcmp(a, "-r")) bad = cliopt_int(BENCH, a, v, 1, 100000, &o->reps);
+        else if (!strcmp(a, "-b")) bad = cliopt_int(BENCH, a, v, 1, 1 << 16, &o->n_batch);
+        else if (!strcmp(a, "-d")) bad = cliopt_int(BENCH, a, v, 0, 1000000, &o->depth);
         else if (!strcmp(a, "-gp")) {
             bench_list l;
-            bad = bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
+            bad = !v || bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
             if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
+            else fprintf(stderr, BENCH ": -gp needs DEPTH,N (N >= 1), got '%s'\n", v ? v : "");
         }
-        else if (!strcmp(a, "--kv-type")) { o->kv_name = v; bad = !v || bench_kv_type(v) == UINT32_MAX; }
-        else if (!strcmp(a, "--bw-mib")) bad = bench_int(v, &o->bw_mib) || o->bw_mib < 16;
-        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
-        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
+        else if (!strcmp(a, "--kv-type")) bad = cliopt_choice(BENCH, a, v, bench_kv_names, &k) || cliopt_str(BENCH, a, v, &o->kv_name);
+        else if (!strcmp(a, "--bw-mib")) bad = cliopt_int(BENCH, a, v, 16, 1 << 20, &o->bw_mib);
+        else if (!strcmp(a, "--backend")) bad = cli_backend_check(BENCH, v, &o->backend);
+        else if (!strcmp(a, "--device")) bad = cliopt_int(BENCH, a, v, 0, 63, &o->device);
+        else if (!strcmp(a, "-o")) bad = cliopt_choice(BENCH, a, v, bench_fmt_names, &o->fmt);
         else {
             takes = 0;
             if (!strcmp(a, "--no-bounds")) o->bounds = 0;
-            else { fprintf(stderr, "tandem bench: unknown option %s\n", a); bench_usage(); return -1; }
+            else if (cliopt_is_help(a)) { bench_usage(stdout); return 1; }
+            else { fprintf(stderr, BENCH ": unknown option %s (see tandem bench --help)\n", a); return -1; }
         }
-        if (takes && (!v || bad)) { fprintf(stderr, "tandem bench: option %s needs a valid value\n", a); return -1; }
+        if (bad) return -1;   /* the message is out */
         i += takes;
     }
     for (int i = 0; i < o->threads.n; i++)
-        if (o->threads.v[i] < 1 || o->threads.v[i] > 256) { fprintf(stderr, "tandem bench: bad thread count\n"); return -1; }
-    if (!o->model) { bench_usage(); return -1; }
+        if (o->threads.v[i] < 1 || o->threads.v[i] > 256) {
+            fprintf(stderr, BENCH ": -t: %d is out of range [1, 256]\n", o->threads.v[i]);
+            return -1;
+        }
+    if (!o->model) { if (argc) fprintf(stderr, BENCH ": give -m MODEL.gguf\n"); bench_usage(stderr); return -1; }
+    if (o->fmt != BENCH_MD) o->bounds = 0;   /* the bounds are a markdown table of their own */
     o->kv_type = bench_kv_type(o->kv_name);
     /* the bounds are the CPU's (memory bandwidth, SIMD peak) */
     if (o->backend && strcmp(o->backend, "cpu")) o->bounds = 0;
@@ -336,6 +359,60 @@ static void bench_print_row(const bench_info *bi, const bench_result *r) {
     printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %20s |\n", bi->desc, size, params, bi->backend,
            r->threads, test, tps);
     fflush(stdout);
+}
+
+/* ==== Machine-readable output (-o json|csv) ==== */
+
+/* "pp512", "tg128 @ d4096": the test's name in every format */
+static void bench_test_name(const bench_result *r, char *buf, size_t len) {
+    if (r->depth) snprintf(buf, len, "%s%d @ d%d", r->is_pp ? "pp" : "tg", r->n, r->depth);
+    else snprintf(buf, len, "%s%d", r->is_pp ? "pp" : "tg", r->n);
+}
+
+static json_t *bench_json_row(const bench_opts *o, const bench_info *bi, const bench_result *r) {
+    char test[48];
+    bench_test_name(r, test, sizeof test);
+    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f}",
+                     "model", bi->desc, "size_bytes", (json_int_t)bi->tensor_bytes, "n_params", (json_int_t)bi->params,
+                     "backend", bi->backend, "kernels", quant_kernel_name(), "n_threads", r->threads,
+                     "n_batch", o->n_batch, "kv_type", o->kv_name, "test", test,
+                     "n_prompt", r->is_pp ? r->n : 0, "n_gen", r->is_pp ? 0 : r->n, "n_depth", r->depth,
+                     "reps", o->reps, "avg_ts", r->mean, "stddev_ts", r->sd);
+}
+
+static int bench_print_json(const bench_opts *o, const bench_info *bi, const bench_result *res, int n_res) {
+    json_t *arr = json_array();
+    for (int i = 0; arr && i < n_res; i++) {
+        json_t *row = bench_json_row(o, bi, &res[i]);
+        if (!row || json_array_append_new(arr, row)) { json_decref(arr); arr = NULL; }
+    }
+    char *txt = arr ? json_dumps(arr, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(arr);
+    if (!txt) return -1;
+    printf("%s\n", txt);
+    free(txt);
+    return 0;
+}
+
+/* The model description is the only free text: quoted, quotes doubled (RFC 4180). */
+static void bench_csv_str(const char *s) {
+    putchar('"');
+    for (; *s; s++) { if (*s == '"') putchar('"'); putchar(*s); }
+    putchar('"');
+}
+
+static void bench_print_csv(const bench_opts *o, const bench_info *bi, const bench_result *res, int n_res) {
+    printf("model,size_bytes,n_params,backend,kernels,n_threads,n_batch,kv_type,test,n_prompt,n_gen,n_depth,reps,"
+           "avg_ts,stddev_ts\n");
+    for (int i = 0; i < n_res; i++) {
+        const bench_result *r = &res[i];
+        char test[48];
+        bench_test_name(r, test, sizeof test);
+        bench_csv_str(bi->desc);
+        printf(",%llu,%llu,%s,%s,%d,%d,%s,%s,%d,%d,%d,%d,%.4f,%.4f\n", (unsigned long long)bi->tensor_bytes,
+               (unsigned long long)bi->params, bi->backend, quant_kernel_name(), r->threads, o->n_batch, o->kv_name,
+               test, r->is_pp ? r->n : 0, r->is_pp ? 0 : r->n, r->depth, o->reps, r->mean, r->sd);
+    }
 }
 
 /* ==== Memory bandwidth ==== */
@@ -617,10 +694,15 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
     for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
     if (o->gp_n && o->gp_depth + o->gp_n > n_ctx) n_ctx = o->gp_depth + o->gp_n;
-    if (model_load(&m, o->model, &mo, err, errlen)) goto out;
+    cliopt_progress lp;   /* copying weights to a GPU can take a while */
+    cliopt_progress_begin(&lp, BENCH ": loading weights", 1, 0);
+    mo.on_load = cliopt_progress_steps;
+    mo.on_load_ud = &lp;
+    if (model_load(&m, o->model, &mo, err, errlen)) { if (lp.drawn && lp.tty) fputc('\n', stderr); goto out; }
+    cliopt_progress_end(&lp);
     if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
-    if (*n_res == 0 && n_threads == o->threads.v[0]) bench_print_header();
+    if (*n_res == 0 && n_threads == o->threads.v[0] && o->fmt == BENCH_MD) bench_print_header();
     bench_list gp = { .v = { o->gp_n }, .n = o->gp_n > 0 };
     for (int pass = 0; pass < 3; pass++) {
         const bench_list *l = pass == 0 ? &o->pp : pass == 1 ? &o->tg : &gp;
@@ -630,7 +712,9 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
             bench_result *r = &res[*n_res];
             if (bench_run_test(m, s, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
             r->threads = n_threads;
-            bench_print_row(bi, r);
+            if (o->fmt == BENCH_MD) bench_print_row(bi, r);
+            else fprintf(stderr, BENCH ": %s%d%s%.0d, %d threads: %.2f t/s\n", r->is_pp ? "pp" : "tg", r->n,
+                         r->depth ? " @ d" : "", r->depth, n_threads, r->mean);
             (*n_res)++;
         }
     }
@@ -648,17 +732,23 @@ out:
 
 int cli_bench(int argc, char **argv) {
     bench_opts o;
-    if (argc == 0) { bench_usage(); return 2; }
-    if (bench_parse(argc, argv, &o)) return 2;
+    if (argc == 0) { bench_usage(stderr); return CLI_EXIT_USAGE; }
+    int pr = bench_parse(argc, argv, &o);
+    if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     bench_result res[3 * BENCH_MAX_LIST * BENCH_MAX_LIST];
     bench_info bi;
     int n_res = 0;
     char err[512];
     for (int i = 0; i < o.threads.n; i++) {
         if (bench_threads(&o, o.threads.v[i], &bi, res, &n_res, err, sizeof err)) {
-            fprintf(stderr, "tandem bench: %s\n", err);
-            return 1;
+            fprintf(stderr, BENCH ": %s\n", err);
+            return CLI_EXIT_FAIL;
         }
     }
-    return 0;
+    if (o.fmt == BENCH_CSV) bench_print_csv(&o, &bi, res, n_res);
+    if (o.fmt == BENCH_JSON && bench_print_json(&o, &bi, res, n_res)) {
+        fprintf(stderr, BENCH ": out of memory\n");
+        return CLI_EXIT_FAIL;
+    }
+    return CLI_EXIT_OK;
 }

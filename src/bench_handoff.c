@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cliopt.h"
 #include "generate.h"
 #include "gguf.h"
 #include "handoff.h"
@@ -48,8 +49,10 @@ typedef struct {
     uint64_t seed;
 } bh_opts;
 
-static void bh_usage(void) {
-    fprintf(stderr,
+#define BH "tandem bench-handoff"
+
+static void bh_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem bench-handoff -m MODEL.gguf [options]\n"
         "  --prefill-node HOST:PORT  measure against this prefill node (default: one in this\n"
         "                            process on 127.0.0.1, sharing this machine's cores)\n"
@@ -67,7 +70,7 @@ static void bh_usage(void) {
         "                            and report GB/s; with --prefill-node, from a --wire-source there\n"
         "  --wire-source HOST:PORT   serve --wire-only runs on this address until killed\n"
         "The in-process prefill node (the decode side always runs on the CPU):\n");
-    cli_usage_backend(25);
+    cli_usage_backend_to(f, 25);
 }
 
 static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
@@ -83,13 +86,15 @@ static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
     return *n ? 0 : -1;
 }
 
-static int bh_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || end == s || *end || x < lo || x > hi) return -1;
-    *out = (int)x;
-    return 0;
+static int bh_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    return cliopt_int(BH, opt, v, lo, hi, out);
+}
+
+/* List options; say what is wrong when they are. */
+static int bh_list_opt(const char *opt, const char *v, int *vals, int *n, int lo, int hi) {
+    if (v && bh_list(v, vals, n, lo, hi) == 0) return 0;
+    fprintf(stderr, BH ": %s: '%s' is not a list of at most %d numbers in [%d, %d]\n", opt, v ? v : "", BH_MAX_LIST, lo, hi);
+    return -1;
 }
 
 static int bh_dtypes(const char *s, bh_opts *o) {
@@ -112,27 +117,31 @@ static int bh_parse(int argc, char **argv, bh_opts *o) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0, takes = 1, x = 0;
-        if (!strcmp(a, "-m")) o->model = v;
-        else if (!strcmp(a, "--prefill-node")) o->node = v;
-        else if (!strcmp(a, "--secret-file")) o->secret_file = v;
-        else if (!strcmp(a, "--link-label")) o->label = v;
-        else if (!strcmp(a, "--lengths")) bad = bh_list(v, o->lengths, &o->n_lengths, 2, 1 << 20);
-        else if (!strcmp(a, "--wire-dtype")) bad = !v || bh_dtypes(v, o);
-        else if (!strcmp(a, "-r")) bad = bh_int(v, 1, 1000, &o->reps);
-        else if (!strcmp(a, "-t")) bad = bh_int(v, 1, 256, &o->threads);
-        else if (!strcmp(a, "-b")) bad = bh_int(v, 1, 1 << 16, &o->batch);
-        else if (!strcmp(a, "--timeout-ms")) bad = bh_int(v, 1, 3600000, &o->timeout_ms);
-        else if (!strcmp(a, "--seed")) { bad = bh_int(v, 0, 1 << 30, &x); o->seed = (uint64_t)x; }
-        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
-        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
+        if (!strcmp(a, "-m")) bad = cliopt_str(BH, a, v, &o->model);
+        else if (!strcmp(a, "--prefill-node")) bad = cliopt_str(BH, a, v, &o->node);
+        else if (!strcmp(a, "--secret-file")) bad = cliopt_str(BH, a, v, &o->secret_file);
+        else if (!strcmp(a, "--link-label")) bad = cliopt_str(BH, a, v, &o->label);
+        else if (!strcmp(a, "--lengths")) bad = bh_list_opt(a, v, o->lengths, &o->n_lengths, 2, 1 << 20);
+        else if (!strcmp(a, "--wire-dtype")) {
+            if ((bad = !v || bh_dtypes(v, o)))
+                fprintf(stderr, BH ": --wire-dtype: '%s' is not a list of f16, bf16, q8_0\n", v ? v : "");
+        }
+        else if (!strcmp(a, "-r")) bad = bh_int(a, v, 1, 1000, &o->reps);
+        else if (!strcmp(a, "-t")) bad = bh_int(a, v, 1, 256, &o->threads);
+        else if (!strcmp(a, "-b")) bad = bh_int(a, v, 1, 1 << 16, &o->batch);
+        else if (!strcmp(a, "--timeout-ms")) bad = bh_int(a, v, 1, 3600000, &o->timeout_ms);
+        else if (!strcmp(a, "--seed")) { bad = bh_int(a, v, 0, 1 << 30, &x); o->seed = (uint64_t)x; }
+        else if (!strcmp(a, "--backend")) bad = cli_backend_check(BH, v, &o->backend);
+        else if (!strcmp(a, "--device")) bad = bh_int(a, v, 0, 63, &o->device);
         else if (!strcmp(a, "--zstd")) { o->zstd = 1; takes = 0; }
         else if (!strcmp(a, "--wire-only")) { o->wire_only = 1; takes = 0; }
-        else if (!strcmp(a, "--wire-source")) bad = !(o->wire_source = v);
-        else { fprintf(stderr, "tandem bench-handoff: unknown option %s\n", a); bh_usage(); return -1; }
-        if (takes && (!v || bad)) { fprintf(stderr, "tandem bench-handoff: option %s needs a valid value\n", a); return -1; }
+        else if (!strcmp(a, "--wire-source")) bad = cliopt_str(BH, a, v, &o->wire_source);
+        else if (cliopt_is_help(a)) { bh_usage(stdout); return 1; }
+        else { fprintf(stderr, BH ": unknown option %s (see tandem bench-handoff --help)\n", a); return -1; }
+        if (bad) return -1;   /* the message is out */
         i += takes;
     }
-    if (!o->model) { bh_usage(); return -1; }
+    if (!o->model) { if (argc) fprintf(stderr, BH ": give -m MODEL.gguf\n"); bh_usage(stderr); return -1; }
     return 0;
 }
 
@@ -487,7 +496,7 @@ static int bw_main(const bh_opts *o, const void *secret, size_t secret_len) {
     char err[512], addr[300];
     model_opts mo = { .n_threads = 1, .n_batch = o->batch };
     model *m = NULL;
-    if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o->model, err); return 1; }
+    if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); return 1; }
     const model_hparams *hp = model_get_hparams(m);
     int kv_dim = hp->n_head_kv * hp->head_dim_k;
     model_free(m);
@@ -526,7 +535,8 @@ static int bw_main(const bh_opts *o, const void *secret, size_t secret_len) {
 
 int cli_bench_handoff(int argc, char **argv) {
     bh_opts o;
-    if (bh_parse(argc, argv, &o)) return 2;
+    int pr = bh_parse(argc, argv, &o);
+    if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     signal(SIGPIPE, SIG_IGN);
     char err[512], addr[300], link[128];
     int max_n = 0;
@@ -559,7 +569,7 @@ int cli_bench_handoff(int argc, char **argv) {
         free(secret);
         return rc;
     }
-    if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem: %s: %s\n", o.model, err); goto out; }
+    if (model_load(&x.m, o.model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); goto out; }
     const model_hparams *hp = model_get_hparams(x.m);
     x.n_vocab = hp->n_vocab;
     x.n_layer = hp->n_layer;

@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "cli.h"
+#include "cliopt.h"
 #include "generate.h"
 
 /* ==== Options ==== */
@@ -38,16 +39,18 @@ typedef struct {
     int json;
 } bs_opts;
 
-static void bs_usage(void) {
-    fprintf(stderr,
+#define BS "tandem bench-serve"
+
+static void bs_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem bench-serve --url http://HOST:PORT --model NAME [options]\n"
         "  --url URL          server base URL (a tandem router or any OpenAI-compatible server)\n"
         "  --model NAME       the model field of each request\n"
         "  -c LIST            concurrent streams per level (default 1,2,4,8,16)\n"
-        "  -r N               requests per stream per level (default 3)\n"
-        "  -w N               words per prompt (default 32)\n"
-        "  -n N               max_tokens (default 64)\n"
-        "  --temp T           temperature (default 0: greedy)\n"
+        "  -r N               requests per stream per level, 1..1000 (default 3)\n"
+        "  -w N               words per prompt, 1..100000 (default 32)\n"
+        "  -n N               max_tokens, 1..1000000 (default 64)\n"
+        "  --temp T           temperature, 0..2 (default 0: greedy)\n"
         "  --api-key KEY      sent as a Bearer token\n"
         "  --response-format json_object|SCHEMA.json   constrained output (TPOT with a schema)\n"
         "  -o md|json         output format (default md)\n");
@@ -59,27 +62,31 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
     memcpy(o->levels, def, sizeof def);
     o->n_levels = 5;
     o->requests = 3; o->words = 32; o->max_tokens = 64;
+    static const char *const fmts[] = { "md", "json", NULL };
     for (int i = 0; i < argc; i += 2) {   /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = !v;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { bs_usage(); return 1; }
-        else if (!strcmp(a, "--url")) o->url = v;
-        else if (!strcmp(a, "--model")) o->model = v;
-        else if (!strcmp(a, "--api-key")) o->api_key = v;
+        int bad = 0;
+        float temp;
+        if (cliopt_is_help(a)) { bs_usage(stdout); return 1; }
+        else if (!strcmp(a, "--url")) bad = cliopt_str(BS, a, v, &o->url);
+        else if (!strcmp(a, "--model")) bad = cliopt_str(BS, a, v, &o->model);
+        else if (!strcmp(a, "--api-key")) bad = cliopt_str(BS, a, v, &o->api_key);
         else if (!strcmp(a, "--response-format")) {
             json_t *schema = v && strcmp(v, "json_object") ? json_load_file(v, 0, NULL) : NULL;
             bad = !v || (strcmp(v, "json_object") && !json_is_object(schema));
             if (!bad) o->response_format = schema ? json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema", "json_schema",
                                                               "name", "bench", "schema", schema)
                                                   : json_pack("{s:s}", "type", "json_object");
+            else fprintf(stderr, BS ": --response-format: '%s' is neither json_object nor a JSON schema file\n", v ? v : "");
         }
-        else if (!strcmp(a, "-r")) bad = !v || (o->requests = atoi(v)) < 1 || o->requests > 1000;
-        else if (!strcmp(a, "-w")) bad = !v || (o->words = atoi(v)) < 1 || o->words > 100000;
-        else if (!strcmp(a, "-n")) bad = !v || (o->max_tokens = atoi(v)) < 1 || o->max_tokens > 1000000;
-        else if (!strcmp(a, "--temp")) bad = !v || (o->temperature = atof(v)) < 0 || o->temperature > 2;
-        else if (!strcmp(a, "-o")) { bad = !v || (strcmp(v, "md") && strcmp(v, "json")); o->json = v && !strcmp(v, "json"); }
+        else if (!strcmp(a, "-r")) bad = cliopt_int(BS, a, v, 1, 1000, &o->requests);
+        else if (!strcmp(a, "-w")) bad = cliopt_int(BS, a, v, 1, 100000, &o->words);
+        else if (!strcmp(a, "-n")) bad = cliopt_int(BS, a, v, 1, 1000000, &o->max_tokens);
+        else if (!strcmp(a, "--temp")) { bad = cliopt_float(BS, a, v, 0, 2, &temp); o->temperature = temp; }
+        else if (!strcmp(a, "-o")) bad = cliopt_choice(BS, a, v, fmts, &o->json);
         else if (!strcmp(a, "-c")) {
             o->n_levels = 0;
+            bad = !v;
             for (const char *p = v; p && *p && !bad;) {
                 char *end;
                 long c = strtol(p, &end, 10);
@@ -88,10 +95,16 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
                 p = *end == ',' ? end + 1 : end;
                 if (*end && *end != ',') bad = 1;
             }
-        } else { fprintf(stderr, "tandem bench-serve: unknown option %s\n", a); bs_usage(); return -1; }
-        if (bad) { fprintf(stderr, "tandem bench-serve: option %s needs a valid value\n", a); return -1; }
+            if (bad) fprintf(stderr, BS ": -c: '%s' is not a list of at most %d numbers in [1, %d]\n", v ? v : "",
+                             BS_MAX_LEVELS, BS_MAX_CLIENTS);
+        } else { fprintf(stderr, BS ": unknown option %s (see tandem bench-serve --help)\n", a); return -1; }
+        if (bad) return -1;   /* the message is out */
     }
-    if (!o->url || !o->model) { bs_usage(); return -1; }
+    if (!o->url || !o->model) {
+        if (argc) fprintf(stderr, BS ": give --url URL and --model NAME\n");
+        bs_usage(stderr);
+        return -1;
+    }
     return 0;
 }
 
@@ -289,7 +302,7 @@ static int bs_level(const bs_opts *o, int level, bs_row *row) {
 int cli_bench_serve(int argc, char **argv) {
     bs_opts o;
     int p = bs_parse(argc, argv, &o);
-    if (p) return p > 0 ? 0 : 2;
+    if (p) return p > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (!o.json) {
         printf("%s, model %s, %d-word prompts, max_tokens %d, temperature %g, %d requests per stream\n\n", o.url, o.model,

@@ -19,8 +19,13 @@ uint32_t cli_kv_type(const char *s);                  /* "f16"/"bf16"/"q8_0" -> 
 /* --backend NAME / --device N: 0 if valid ("cpu" or "cuda"; a device 0..63). */
 int cli_backend_ok(const char *name);
 int cli_device_ok(const char *s, int *out);
-/* Usage lines for --backend and --device (option column `width` wide). */
+/* --backend NAME with "CMD: --backend: 'x' is not one of cpu|cuda" when wrong. */
+int cli_backend_check(const char *cmd, const char *v, const char **out);
+/* Usage lines for --backend and --device (option column `width` wide), on
+ * stderr or on f. */
+#include <stdio.h>
 void cli_usage_backend(int width);
+void cli_usage_backend_to(FILE *f, int width);
 char *cli_read_file(const char *path, size_t *len);   /* whole file, NUL-terminated; NULL on failure */
 /* The shared node secret from FILE (or env TANDEM_SECRET when file is NULL),
  * trailing newline stripped; refuses an empty one. Caller frees *out. */

@@ -5,6 +5,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "kvcache.h"
+
 double gen_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -32,6 +34,7 @@ int generate_run(model *m, session *s, sampler *smp, const int32_t *prompt, int 
         if (i == 0) t_first = gen_now_ms();
         if (o->on_token && o->on_token(o->ud, id)) break;
         if (i + 1 == o->max_tokens) break;
+        if (session_pos(s) >= kv_n_ctx(session_kv(s))) { st->stopped_ctx = 1; break; }
         if (model_eval(m, s, &id, 1, logits, NULL, NULL, err, errlen)) return -1;
     }
     st->gen_ms = gen_now_ms() - t_first;

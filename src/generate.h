@@ -2,7 +2,9 @@
  *
  * generate_run() evaluates the prompt (unless the caller already has its
  * logits), then samples and feeds tokens until max_tokens, an end-of-
- * generation token (unless ignore_eos) or the callback asks to stop.
+ * generation token (unless ignore_eos), a full context (stopped_ctx: the
+ * last token sampled has no position left to be evaluated at) or the
+ * callback asks to stop.
  */
 #ifndef TANDEM_GENERATE_H
 #define TANDEM_GENERATE_H
@@ -28,6 +30,7 @@ typedef struct {
     double prompt_ms;        /* time to evaluate the prompt */
     double gen_ms;           /* time for the generated tokens after the first */
     int stopped_eos;
+    int stopped_ctx;         /* the session's context is full */
 } gen_stats;
 
 double gen_now_ms(void);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cliopt.h"
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
@@ -410,8 +411,10 @@ typedef struct {
     int n_threads, quiet;
 } gm_opts;
 
-static void gm_usage(void) {
-    fprintf(stderr,
+#define GM "tandem gen-model"
+
+static void gm_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem gen-model (--preset NAME | --arch ARCH) -o OUT.gguf [options]\n"
         "  --preset NAME      qwen3-0.6b, qwen3-1.7b, qwen2-0.5b, qwen3moe-30b-a3b-mini, llama-3.2-1b\n"
         "  --arch ARCH        llama | qwen2 | qwen3 | qwen3moe (default shape: the fixtures' mini)\n"
@@ -421,26 +424,11 @@ static void gm_usage(void) {
         "  --n-embd --n-layer --n-head --n-head-kv --head-dim --n-ff --n-expert\n"
         "  --n-expert-used --n-ff-exp --ctx N   shape overrides\n"
         "  --rope-base F --rms-eps F --tied --untied --name NAME\n"
-        "  --seed N (default 1)  -t N threads (default 2)  -q quiet\n");
+        "  --seed N (default 1)  -t N threads (default 2)  -q quiet (no progress, no summary)\n");
 }
 
-static int gm_int(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || *end || end == s || v < 0 || v > 100000000L) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-static int gm_float(const char *s, float *out) {
-    char *end;
-    errno = 0;
-    float v = s ? strtof(s, &end) : 0;
-    if (!s || errno || *end || end == s || !(v > 0.0f)) return -1;
-    *out = v;
-    return 0;
-}
+/* Shape values: gm_check_shape then checks how they fit together. */
+static int gm_int(const char *opt, const char *v, int *out) { return cliopt_int(GM, opt, v, 0, 100000000, out); }
 
 static const gm_mix *gm_find_mix(const char *name) {
     for (size_t i = 0; name && i < sizeof gm_mixes / sizeof gm_mixes[0]; i++)
@@ -479,37 +467,41 @@ static int gm_parse(int argc, char **argv, gm_opts *o) {
     gm_shape *s = &o->s;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0, takes = 1, seed;
-        if (!strcmp(a, "--preset") || !strcmp(a, "--arch")) bad = !v;
-        else if (!strcmp(a, "-o")) o->out = v;
-        else if (!strcmp(a, "--vocab-from")) o->vocab_from = v;
-        else if (!strcmp(a, "--name")) o->name = v;
-        else if (!strcmp(a, "--type")) bad = !(o->mix = gm_find_mix(v));
-        else if (!strcmp(a, "--seed")) { bad = gm_int(v, &seed); o->seed = (uint64_t)seed; }
-        else if (!strcmp(a, "-t")) bad = gm_int(v, &o->n_threads) || o->n_threads < 1 || o->n_threads > 256;
-        else if (!strcmp(a, "--n-embd")) bad = gm_int(v, &s->n_embd);
-        else if (!strcmp(a, "--n-layer")) bad = gm_int(v, &s->n_layer);
-        else if (!strcmp(a, "--n-head")) bad = gm_int(v, &s->n_head);
-        else if (!strcmp(a, "--n-head-kv")) bad = gm_int(v, &s->n_head_kv);
-        else if (!strcmp(a, "--head-dim")) bad = gm_int(v, &s->head_dim);
-        else if (!strcmp(a, "--n-ff")) bad = gm_int(v, &s->n_ff);
-        else if (!strcmp(a, "--n-expert")) bad = gm_int(v, &s->n_expert);
-        else if (!strcmp(a, "--n-expert-used")) bad = gm_int(v, &s->n_expert_used);
-        else if (!strcmp(a, "--n-ff-exp")) bad = gm_int(v, &s->n_ff_exp);
-        else if (!strcmp(a, "--ctx")) bad = gm_int(v, &s->n_ctx);
-        else if (!strcmp(a, "--rope-base")) bad = gm_float(v, &s->rope_base);
-        else if (!strcmp(a, "--rms-eps")) bad = gm_float(v, &s->rms_eps);
+        int bad = 0, takes = 1;
+        const char *base;   /* read by gm_parse_base */
+        if (!strcmp(a, "--preset") || !strcmp(a, "--arch")) bad = cliopt_str(GM, a, v, &base);
+        else if (!strcmp(a, "-o")) bad = cliopt_str(GM, a, v, &o->out);
+        else if (!strcmp(a, "--vocab-from")) bad = cliopt_str(GM, a, v, &o->vocab_from);
+        else if (!strcmp(a, "--name")) bad = cliopt_str(GM, a, v, &o->name);
+        else if (!strcmp(a, "--type")) {
+            if ((bad = !(o->mix = gm_find_mix(v))))
+                fprintf(stderr, GM ": --type: '%s' is not one of f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k\n", v ? v : "");
+        }
+        else if (!strcmp(a, "--seed")) bad = cliopt_u64(GM, a, v, 0, UINT64_MAX, &o->seed);
+        else if (!strcmp(a, "-t")) bad = cliopt_int(GM, a, v, 1, 256, &o->n_threads);
+        else if (!strcmp(a, "--n-embd")) bad = gm_int(a, v, &s->n_embd);
+        else if (!strcmp(a, "--n-layer")) bad = gm_int(a, v, &s->n_layer);
+        else if (!strcmp(a, "--n-head")) bad = gm_int(a, v, &s->n_head);
+        else if (!strcmp(a, "--n-head-kv")) bad = gm_int(a, v, &s->n_head_kv);
+        else if (!strcmp(a, "--head-dim")) bad = gm_int(a, v, &s->head_dim);
+        else if (!strcmp(a, "--n-ff")) bad = gm_int(a, v, &s->n_ff);
+        else if (!strcmp(a, "--n-expert")) bad = gm_int(a, v, &s->n_expert);
+        else if (!strcmp(a, "--n-expert-used")) bad = gm_int(a, v, &s->n_expert_used);
+        else if (!strcmp(a, "--n-ff-exp")) bad = gm_int(a, v, &s->n_ff_exp);
+        else if (!strcmp(a, "--ctx")) bad = gm_int(a, v, &s->n_ctx);
+        else if (!strcmp(a, "--rope-base")) bad = cliopt_float(GM, a, v, 1, 1e9, &s->rope_base);
+        else if (!strcmp(a, "--rms-eps")) bad = cliopt_float(GM, a, v, 1e-12, 1, &s->rms_eps);
         else {
             takes = 0;
             if (!strcmp(a, "--tied")) s->tied = 1;
             else if (!strcmp(a, "--untied")) s->tied = 0;
             else if (!strcmp(a, "-q")) o->quiet = 1;
-            else { fprintf(stderr, "tandem gen-model: unknown option %s\n", a); gm_usage(); return -1; }
+            else { fprintf(stderr, GM ": unknown option %s (see tandem gen-model --help)\n", a); return -1; }
         }
-        if (takes && (!v || bad)) { fprintf(stderr, "tandem gen-model: option %s needs a valid value\n", a); return -1; }
+        if (bad) return -1;   /* the message is out */
         i += takes;
     }
-    if (!o->out) { gm_usage(); return -1; }
+    if (!o->out) { fprintf(stderr, GM ": give -o OUT.gguf\n"); gm_usage(stderr); return -1; }
     return 0;
 }
 
@@ -562,8 +554,14 @@ static int gm_make_tensors(gguf_writer *w, gm_list *l, const gm_opts *o, char *e
     tpool *pool = tpool_create(o->n_threads);
     int rc = table && pool ? 0 : -1;
     if (rc) snprintf(err, errlen, "out of memory");
+    uint64_t total = 0, done = 0;
+    for (int i = 0; i < l->n; i++) total += l->t[i].nbytes;
+    cliopt_progress pg;
+    cliopt_progress_begin(&pg, GM ": generating tensors", total, o->quiet);
     for (int i = 0; i < l->n && !rc; i++) {
         gm_tensor *t = &l->t[i];
+        cliopt_progress_update(&pg, done);
+        done += t->nbytes;
         if (gm_generate(t, pool, table, o->seed)) {
             snprintf(err, errlen, "cannot generate %s (%s, %.1f MiB): out of memory?", t->name,
                      gguf_type_name(t->type), t->nbytes / 1048576.0);
@@ -573,6 +571,8 @@ static int gm_make_tensors(gguf_writer *w, gm_list *l, const gm_opts *o, char *e
             rc = -1;
         }
     }
+    if (!rc) cliopt_progress_end(&pg);
+    else if (pg.drawn && pg.tty) fputc('\n', stderr);
     if (pool) tpool_destroy(pool);
     free(table);
     return rc;
@@ -597,7 +597,10 @@ static int gm_write_model(const gm_opts *o, char *err, size_t errlen) {
     if (gm_copy_tokenizer(w, src, err, errlen)) goto out;
     if (gm_build_list(&l, &o->s, o->mix, n_vocab)) { snprintf(err, errlen, "a tensor shape does not fit its type"); goto out; }
     if (gm_make_tensors(w, &l, o, err, errlen)) goto out;
+    cliopt_progress pg;
+    cliopt_progress_begin(&pg, GM ": writing the file", 1, o->quiet);
     if (gguf_writer_save(w, o->out, err, errlen)) goto out;
+    cliopt_progress_end(&pg);
     if (!o->quiet) {
         uint64_t params = 0, bytes = 0;
         for (int i = 0; i < l.n; i++) { params += l.t[i].ne[0] * l.t[i].ne[1] * l.t[i].ne[2]; bytes += l.t[i].nbytes; }
@@ -615,12 +618,13 @@ out:
 
 int cli_gen_model(int argc, char **argv) {
     gm_opts o;
-    if (argc == 0) { gm_usage(); return 2; }
-    if (gm_parse(argc, argv, &o)) return 2;
+    if (argc == 0) { gm_usage(stderr); return CLI_EXIT_USAGE; }
+    if (cliopt_wants_help(argc, argv)) { gm_usage(stdout); return CLI_EXIT_OK; }
+    if (gm_parse(argc, argv, &o)) return CLI_EXIT_USAGE;
     char err[512];
     if (gm_write_model(&o, err, sizeof err)) {
-        fprintf(stderr, "tandem gen-model: %s\n", err);
-        return 1;
+        fprintf(stderr, GM ": %s\n", err);
+        return CLI_EXIT_FAIL;
     }
-    return 0;
+    return CLI_EXIT_OK;
 }

@@ -699,6 +699,11 @@ int gguf_open_file(gguf_file **out, const char *path, char *err, size_t errlen)
         close(fd);
         return -1;
     }
+    if (S_ISDIR(st.st_mode) || !S_ISREG(st.st_mode)) {   /* mmap would say "No such device" */
+        gguf_set_err(err, errlen, "%s: %s", path, S_ISDIR(st.st_mode) ? "is a directory, not a GGUF file" : "not a regular file");
+        close(fd);
+        return -1;
+    }
     if (st.st_size <= 0) {
         gguf_set_err(err, errlen, "%s: file is empty", path);
         close(fd);

@@ -30,6 +30,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cliopt.h"
+
 /* ==== Options ==== */
 
 typedef struct {
@@ -42,8 +44,8 @@ typedef struct {
     int n_subs;
 } grade_opts;
 
-static void grade_usage(void) {
-    fprintf(stderr,
+static void grade_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem grade --router URL --rubric RUBRIC.md --analysis-model A --feedback-model B\n"
         "                    --out DIR [options] SUBMISSION...\n"
         "       tandem grade --bench N --router URL --analysis-model A --feedback-model B --out DIR [options]\n"
@@ -68,22 +70,14 @@ static void grade_usage(void) {
         "                        with the rubric) written to DIR/bench-input; regrades every run\n");
 }
 
-static int grade_int(const char *v, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long x = v ? strtol(v, &end, 10) : 0;
-    if (!v || errno || *end || end == v || x < lo || x > hi) return -1;
-    *out = (int)x;
-    return 0;
+#define GRADE "tandem grade"
+
+static int grade_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    return cliopt_int(GRADE, opt, v, lo, hi, out);
 }
 
-static int grade_double(const char *v, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double x = v ? strtod(v, &end) : 0;
-    if (!v || errno || *end || end == v || !(x >= lo && x <= hi)) return -1;
-    *out = x;
-    return 0;
+static int grade_double(const char *opt, const char *v, double lo, double hi, double *out) {
+    return cliopt_double(GRADE, opt, v, lo, hi, out);
 }
 
 /* Flags without a value; 1 if a was one. */
@@ -108,32 +102,33 @@ static int grade_parse(int argc, char **argv, grade_opts *o) {
         if (a[0] != '-') { o->subs[o->n_subs++] = argv[i]; continue; }
         if (grade_flag(a, o)) continue;
         int bad = 0;
-        if (!strcmp(a, "--router")) bad = !(o->router = v);
-        else if (!strcmp(a, "--rubric")) bad = !(o->rubric_path = v);
-        else if (!strcmp(a, "--analysis-model")) bad = !(o->model_a = v);
-        else if (!strcmp(a, "--feedback-model")) bad = !(o->model_b = v);
-        else if (!strcmp(a, "--out")) bad = !(o->out = v);
-        else if (!strcmp(a, "--api-key")) bad = !(o->api_key = v);
-        else if (!strcmp(a, "--analysis-template")) bad = !(o->tmpl_a_path = v);
-        else if (!strcmp(a, "--feedback-template")) bad = !(o->tmpl_b_path = v);
-        else if (!strcmp(a, "--write-templates")) bad = !(o->write_templates = v);
-        else if (!strcmp(a, "--parallel")) bad = grade_int(v, 1, 256, &o->parallel);
-        else if (!strcmp(a, "--analysis-tokens")) bad = grade_int(v, 1, 1 << 20, &o->tokens_a);
-        else if (!strcmp(a, "--feedback-tokens")) bad = grade_int(v, 1, 1 << 20, &o->tokens_b);
-        else if (!strcmp(a, "--retries")) bad = grade_int(v, 0, 100, &o->retries);
-        else if (!strcmp(a, "--timeout")) bad = grade_int(v, 1, 86400, &o->timeout_s);
-        else if (!strcmp(a, "--max-bytes")) bad = grade_int(v, 1, 64 << 20, &o->max_bytes);
-        else if (!strcmp(a, "--bench")) bad = grade_int(v, 1, 10000, &o->bench);
-        else if (!strcmp(a, "--analysis-temp")) bad = grade_double(v, 0, 2, &o->temp_a);
-        else if (!strcmp(a, "--feedback-temp")) bad = grade_double(v, 0, 2, &o->temp_b);
-        else if (!strcmp(a, "--backoff")) bad = grade_double(v, 0, 60, &o->backoff_s);
-        else { fprintf(stderr, "tandem grade: unknown option %s\n", a); grade_usage(); return -1; }
-        if (bad) { fprintf(stderr, "tandem grade: option %s needs a valid value\n", a); return -1; }
+        if (!strcmp(a, "--router")) bad = cliopt_str(GRADE, a, v, &o->router);
+        else if (!strcmp(a, "--rubric")) bad = cliopt_str(GRADE, a, v, &o->rubric_path);
+        else if (!strcmp(a, "--analysis-model")) bad = cliopt_str(GRADE, a, v, &o->model_a);
+        else if (!strcmp(a, "--feedback-model")) bad = cliopt_str(GRADE, a, v, &o->model_b);
+        else if (!strcmp(a, "--out")) bad = cliopt_str(GRADE, a, v, &o->out);
+        else if (!strcmp(a, "--api-key")) bad = cliopt_str(GRADE, a, v, &o->api_key);
+        else if (!strcmp(a, "--analysis-template")) bad = cliopt_str(GRADE, a, v, &o->tmpl_a_path);
+        else if (!strcmp(a, "--feedback-template")) bad = cliopt_str(GRADE, a, v, &o->tmpl_b_path);
+        else if (!strcmp(a, "--write-templates")) bad = cliopt_str(GRADE, a, v, &o->write_templates);
+        else if (!strcmp(a, "--parallel")) bad = grade_int(a, v, 1, 256, &o->parallel);
+        else if (!strcmp(a, "--analysis-tokens")) bad = grade_int(a, v, 1, 1 << 20, &o->tokens_a);
+        else if (!strcmp(a, "--feedback-tokens")) bad = grade_int(a, v, 1, 1 << 20, &o->tokens_b);
+        else if (!strcmp(a, "--retries")) bad = grade_int(a, v, 0, 100, &o->retries);
+        else if (!strcmp(a, "--timeout")) bad = grade_int(a, v, 1, 86400, &o->timeout_s);
+        else if (!strcmp(a, "--max-bytes")) bad = grade_int(a, v, 1, 64 << 20, &o->max_bytes);
+        else if (!strcmp(a, "--bench")) bad = grade_int(a, v, 1, 10000, &o->bench);
+        else if (!strcmp(a, "--analysis-temp")) bad = grade_double(a, v, 0, 2, &o->temp_a);
+        else if (!strcmp(a, "--feedback-temp")) bad = grade_double(a, v, 0, 2, &o->temp_b);
+        else if (!strcmp(a, "--backoff")) bad = grade_double(a, v, 0, 60, &o->backoff_s);
+        else if (cliopt_is_help(a)) { grade_usage(stdout); return 1; }
+        else { fprintf(stderr, GRADE ": unknown option %s (see tandem grade --help)\n", a); return -1; }
+        if (bad) return -1;   /* the message is out */
         i++;
     }
     if (o->write_templates) return 0;
     if (!o->router || !o->model_a || !o->model_b || !o->out || (!o->bench && (!o->rubric_path || !o->n_subs))) {
-        grade_usage();
+        grade_usage(stderr);
         return -1;
     }
     if (o->bench && (o->rubric_path || o->n_subs)) {
@@ -1201,7 +1196,8 @@ static int grade_report(grade_class *g) {
 
 int cli_grade(int argc, char **argv) {
     grade_opts o;
-    if (grade_parse(argc, argv, &o)) { free(o.subs); return 2; }
+    int pr = grade_parse(argc, argv, &o);
+    if (pr) { free(o.subs); return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE; }
     if (o.write_templates) { int rc = grade_write_templates(o.write_templates); free(o.subs); return rc; }
     grade_class g;
     memset(&g, 0, sizeof g);

@@ -373,9 +373,11 @@ static backend *model_create_backend(const model_opts *o, int nth, char *err, si
 }
 
 /* Hands every bound weight to a backend that keeps its own copies. */
-static int model_load_weights(model *m, char *err, size_t errlen) {
+static int model_load_weights(model *m, const model_opts *o, char *err, size_t errlen) {
     backend *be = m->be;
     if (!be->ops->load_weight) return 0;
+    int n_layer = m->hp.n_layer;
+    if (o && o->on_load) o->on_load(o->on_load_ud, 0, n_layer);
     be_weight *top[] = { &m->tok_embd, &m->output_norm, &m->output };
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && be->ops->load_weight(be, top[i], err, errlen)) return -1;
@@ -386,11 +388,21 @@ static int model_load_weights(model *m, char *err, size_t errlen) {
                             &L->gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps };
         for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
             if (ws[i]->data && be->ops->load_weight(be, ws[i], err, errlen)) return -1;
+        if (o && o->on_load) o->on_load(o->on_load_ud, il + 1, n_layer);
     }
     return 0;
 }
 
 /* ==== Load / free ==== */
+
+/* Every load error names the file once: gguf_open_file's already do. */
+static void model_name_error(const char *path, char *err, size_t errlen) {
+    size_t pl = strlen(path);
+    if (!err || !errlen || (!strncmp(err, path, pl) && err[pl] == ':')) return;
+    char tmp[512];
+    snprintf(tmp, sizeof tmp, "%s", err);
+    snprintf(err, errlen, "%s: %s", path, tmp);
+}
 
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen) {
     *out = NULL;
@@ -405,10 +417,11 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (model_check_vocab(m, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
     if (!(m->be = model_create_backend(o, nth, err, errlen))) goto fail;
-    if (model_load_weights(m, err, errlen)) goto fail;
+    if (model_load_weights(m, o, err, errlen)) goto fail;
     *out = m;
     return 0;
 fail:
+    model_name_error(path, err, errlen);
     model_free(m);
     return -1;
 }

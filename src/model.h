@@ -56,8 +56,14 @@ typedef struct {
     int n_batch;             /* prefill chunk (default 512) */
     const char *backend;     /* "cpu" (default when NULL) or "cuda" (a build with CUDA=1) */
     int device;              /* CUDA device ordinal (default 0) */
+    /* Called while the weights are copied to a backend that keeps its own
+     * (CUDA): `done` of `total` layers; NULL for none. A CPU load maps the
+     * file and never calls it. */
+    void (*on_load)(void *ud, int done, int total);
+    void *on_load_ud;
 } model_opts;
 
+/* Every error message starts with "PATH: " (printed once by the callers). */
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
 void model_free(model *m);
 const model_hparams *model_get_hparams(const model *m);

@@ -1243,8 +1243,8 @@ static volatile int dn_cli_stop;
 
 static void dn_on_signal(int sig) { (void)sig; dn_cli_stop = 1; }
 
-static void dn_usage(void) {
-    fprintf(stderr,
+void decode_node_usage(FILE *f) {
+    fprintf(f,
         "usage: tandem serve --role decode|local -m MODEL.gguf [options]\n"
         "  --listen HOST:PORT        HTTP address (default 127.0.0.1:8080; port 0 = any free port)\n"
         "  --port-file F             write the bound port to F once listening\n"
@@ -1271,6 +1271,8 @@ static void dn_usage(void) {
         "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
         "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n");
 }
+
+static void dn_usage(void) { decode_node_usage(stderr); }
 
 static int dn_cli_int(const char *s, int lo, int hi, int *out) {
     char *end;
@@ -1378,7 +1380,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     static volatile int port;
     c.o.port_out = &port;
     node_register *reg = NULL;
-    if (model_load(&m, c.model, &mo, err, sizeof err)) fprintf(stderr, "tandem: %s: %s\n", c.model, err);
+    if (model_load(&m, c.model, &mo, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);   /* err names the file */
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
     else if (decode_node_run(m, &c.o, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
     else rc = 0;

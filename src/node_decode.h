@@ -93,5 +93,8 @@ int decode_node_check_request(model *m, const decode_node_opts *o, const char *b
  * to `serve`, "--role X" is skipped), loads the model, handles SIGINT and
  * SIGTERM, and runs the node. Returns the process exit status. */
 int decode_node_cli(int argc, char **argv, int local_only);
+/* The decode and local roles' options (tandem serve --role decode --help). */
+#include <stdio.h>
+void decode_node_usage(FILE *f);
 
 #endif

@@ -2089,9 +2089,11 @@ void router_stop(router *r) {
 static volatile sig_atomic_t rt_stop_flag;
 static void rt_on_signal(int sig) { (void)sig; rt_stop_flag = 1; }
 
-static void rt_usage(void) {
-    fprintf(stderr,
-        "usage: tandem serve --role router [--config FILE] [options]\n"
+void router_usage(FILE *f) {
+    fprintf(f,
+        "usage: tandem serve --role router (--config FILE | --decode MODEL=HOST:PORT ... |\n"
+        "                                   --secret-file FILE) [options]\n"
+        "  nodes come from --config, --decode/--prefill, or register themselves (needs the secret)\n"
         "  --config FILE          JSON config (docs/router.md): listen, nodes, secret, limits, split\n"
         "  --listen HOST:PORT     address (default 127.0.0.1:8000; port 0 = any free port)\n"
         "  --decode MODEL=HOST:PORT    a decode node serving MODEL (repeatable)\n"
@@ -2104,6 +2106,8 @@ static void rt_usage(void) {
         "  --health-interval-ms N (default 1000)\n"
         "  --quiet                no per-request log lines\n");
 }
+
+static void rt_usage(void) { router_usage(stderr); }
 
 static int rt_cli_node(router_config *c, const char *role, const char *v) {
     char buf[300], err[256];
@@ -2172,8 +2176,12 @@ int router_cli(int argc, char **argv) {
     router_config_default(&c);
     const char *port_file = NULL;
     if (rt_cli_parse(argc, argv, &c, &port_file)) { router_config_free(&c); return 2; }
-    if (c.n_nodes == 0 && !c.secret)
-        rt_log("warning: no nodes configured and no shared secret for registration: nothing to route to");
+    if (c.n_nodes == 0 && !c.secret) {   /* it would listen with nothing to route to, and no way to learn any */
+        fprintf(stderr, "tandem serve: the router has no nodes: give --decode MODEL=HOST:PORT, --config FILE, "
+                "or a shared secret (--secret-file / TANDEM_SECRET) for nodes to register\n");
+        router_config_free(&c);
+        return 2;
+    }
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = rt_on_signal;

@@ -102,5 +102,8 @@ void router_stop(router *r);
 
 /* `tandem serve --role router [options]` (argv as given to serve). */
 int router_cli(int argc, char **argv);
+/* The router's options (tandem serve --role router --help). */
+#include <stdio.h>
+void router_usage(FILE *f);
 
 #endif

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cliopt.h"
 #include "handoff.h"
 #include "model.h"
 #include "node_decode.h"
@@ -38,9 +39,16 @@ typedef struct {
     size_t secret_len;
 } serve_opts;
 
-static void serve_usage(void) {
-    fprintf(stderr,
-        "usage: tandem serve --role prefill|decode|local -m MODEL.gguf [options]\n"
+static void serve_usage(FILE *f) {
+    fprintf(f,
+        "usage: tandem serve --role ROLE [options]\n"
+        "Roles (`tandem serve --role ROLE --help` lists each one's options):\n"
+        "  prefill   computes prompts' KV and streams it to decode nodes\n"
+        "  decode    keeps sessions and generates; OpenAI-compatible HTTP API; may use prefill nodes\n"
+        "  local     decode and prefill in one process (no prefill nodes)\n"
+        "  router    OpenAI-compatible front end over decode and prefill nodes (loads no model)\n"
+        "\n"
+        "usage: tandem serve --role prefill -m MODEL.gguf [options]\n"
         "  --listen HOST:PORT   address to listen on (default 127.0.0.1:0 = any free port)\n"
         "  --secret-file FILE   shared secret for node authentication (or env TANDEM_SECRET);\n"
         "                       required for network roles\n"
@@ -61,29 +69,26 @@ static void serve_usage(void) {
         "  --handshake-ms N     handshake deadline (default 2000)\n"
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
         "  --request-ms N       limit on one request, queue wait included (default 300000)\n");
-    cli_usage_backend(20);
-    fprintf(stderr,
+    cli_usage_backend_to(f, 20);
+    fprintf(f,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
         "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n"
         "  --debug-tamper-frame N     flip a sealed byte of the Nth KV frame and fix its CRC\n");
 }
 
-static int serve_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || *end || end == s || v < lo || v > hi) return -1;
-    *out = (int)v;
-    return 0;
+#define SERVE "tandem serve"
+
+static int serve_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    return cliopt_int(SERVE, opt, v, lo, hi, out);
 }
 
+static const char *const serve_roles[] = { "prefill", "decode", "local", "router", NULL };
+
 static int serve_role_parse(const char *s, enum serve_role *r) {
-    if (!s) return -1;
-    if (!strcmp(s, "prefill")) *r = SERVE_PREFILL;
-    else if (!strcmp(s, "decode")) *r = SERVE_DECODE;
-    else if (!strcmp(s, "local")) *r = SERVE_LOCAL;
-    else return -1;
+    int k;
+    if (cliopt_choice(SERVE, "--role", s, serve_roles, &k) || k == 3) return -1;
+    *r = (enum serve_role)(k + 1);   /* SERVE_PREFILL = 1; router never gets here */
     return 0;
 }
 
@@ -95,34 +100,38 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--role")) bad = serve_role_parse(v, &o->role);
-        else if (!strcmp(a, "-m")) bad = !(o->model = v);
-        else if (!strcmp(a, "--listen")) bad = !(o->listen = v);
-        else if (!strcmp(a, "--secret-file")) bad = !(o->secret_file = v);
-        else if (!strcmp(a, "--kv-type")) bad = !(o->kv_type = v);
-        else if (!strcmp(a, "--node-id")) bad = !(o->node_id = v);
-        else if (!strcmp(a, "--port-file")) bad = !(o->port_file = v);
-        else if (!strcmp(a, "--router")) bad = !(o->router = v);
-        else if (!strcmp(a, "--model-name")) bad = !(o->model_name = v);
-        else if (!strcmp(a, "--advertise")) bad = !(o->advertise = v);
-        else if (!strcmp(a, "-t")) bad = serve_int(v, 1, 256, &o->n_threads);
-        else if (!strcmp(a, "-c")) bad = serve_int(v, 1, 1 << 24, &o->n_ctx);
-        else if (!strcmp(a, "-b")) bad = serve_int(v, 1, 1 << 16, &o->n_batch);
-        else if (!strcmp(a, "--timeout-ms")) bad = serve_int(v, 1, 3600000, &o->timeout_ms);
-        else if (!strcmp(a, "--max-conns")) bad = serve_int(v, 1, 256, &o->max_conns);
-        else if (!strcmp(a, "--backend")) bad = cli_backend_ok(o->backend = v);
-        else if (!strcmp(a, "--device")) bad = cli_device_ok(v, &o->device);
-        else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(v, 0, 60000, &o->debug_frame_delay_ms);
-        else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_corrupt_frame);
-        else if (!strcmp(a, "--debug-tamper-frame")) bad = serve_int(v, 0, 1 << 30, &o->debug_tamper_frame);
-        else if (!strcmp(a, "--max-preauth")) bad = serve_int(v, 1, 256, &o->max_preauth);
-        else if (!strcmp(a, "--handshake-ms")) bad = serve_int(v, 1, 600000, &o->handshake_ms);
-        else if (!strcmp(a, "--idle-ms")) bad = serve_int(v, 1, 86400000, &o->idle_ms);
-        else if (!strcmp(a, "--request-ms")) bad = serve_int(v, 1, 86400000, &o->request_ms);
-        else { fprintf(stderr, "tandem serve: unknown option %s\n", a); serve_usage(); return -1; }
-        if (bad) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
+        else if (!strcmp(a, "-m")) bad = cliopt_str(SERVE, a, v, &o->model);
+        else if (!strcmp(a, "--listen")) bad = cliopt_str(SERVE, a, v, &o->listen);
+        else if (!strcmp(a, "--secret-file")) bad = cliopt_str(SERVE, a, v, &o->secret_file);
+        else if (!strcmp(a, "--kv-type")) bad = cliopt_str(SERVE, a, v, &o->kv_type);
+        else if (!strcmp(a, "--node-id")) bad = cliopt_str(SERVE, a, v, &o->node_id);
+        else if (!strcmp(a, "--port-file")) bad = cliopt_str(SERVE, a, v, &o->port_file);
+        else if (!strcmp(a, "--router")) bad = cliopt_str(SERVE, a, v, &o->router);
+        else if (!strcmp(a, "--model-name")) bad = cliopt_str(SERVE, a, v, &o->model_name);
+        else if (!strcmp(a, "--advertise")) bad = cliopt_str(SERVE, a, v, &o->advertise);
+        else if (!strcmp(a, "-t")) bad = serve_int(a, v, 1, 256, &o->n_threads);
+        else if (!strcmp(a, "-c")) bad = serve_int(a, v, 1, 1 << 24, &o->n_ctx);
+        else if (!strcmp(a, "-b")) bad = serve_int(a, v, 1, 1 << 16, &o->n_batch);
+        else if (!strcmp(a, "--timeout-ms")) bad = serve_int(a, v, 1, 3600000, &o->timeout_ms);
+        else if (!strcmp(a, "--max-conns")) bad = serve_int(a, v, 1, 256, &o->max_conns);
+        else if (!strcmp(a, "--backend")) bad = cli_backend_check(SERVE, v, &o->backend);
+        else if (!strcmp(a, "--device")) bad = serve_int(a, v, 0, 63, &o->device);
+        else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(a, v, 0, 60000, &o->debug_frame_delay_ms);
+        else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_corrupt_frame);
+        else if (!strcmp(a, "--debug-tamper-frame")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_tamper_frame);
+        else if (!strcmp(a, "--max-preauth")) bad = serve_int(a, v, 1, 256, &o->max_preauth);
+        else if (!strcmp(a, "--handshake-ms")) bad = serve_int(a, v, 1, 600000, &o->handshake_ms);
+        else if (!strcmp(a, "--idle-ms")) bad = serve_int(a, v, 1, 86400000, &o->idle_ms);
+        else if (!strcmp(a, "--request-ms")) bad = serve_int(a, v, 1, 86400000, &o->request_ms);
+        else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
+        if (bad) return -1;   /* cliopt said what is wrong */
         i++;
     }
-    if (!o->role || !o->model) { serve_usage(); return -1; }
+    if (!o->role || !o->model) {
+        if (argc) fprintf(stderr, SERVE ": %s\n", !o->role ? "give --role prefill|decode|local|router" : "give -m MODEL.gguf");
+        serve_usage(stderr);
+        return -1;
+    }
     o->kv_dtype = cli_kv_type(o->kv_type);
     if (o->kv_dtype == UINT32_MAX) { fprintf(stderr, "tandem serve: unknown KV type %s\n", o->kv_type); return -1; }
     return 0;
@@ -202,6 +211,17 @@ static int serve_prefill(model *m, const serve_opts *o) {
     return rc;
 }
 
+/* --help: the usage of the role given with it, or the overview and prefill's. */
+static int serve_help(int argc, char **argv) {
+    const char *role = NULL;
+    for (int i = 0; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--role")) role = argv[i + 1];
+    if (role && !strcmp(role, "router")) router_usage(stdout);
+    else if (role && (!strcmp(role, "decode") || !strcmp(role, "local"))) decode_node_usage(stdout);
+    else serve_usage(stdout);
+    return CLI_EXIT_OK;
+}
+
 int cli_serve(int argc, char **argv) {
     /* Each connection's thread would otherwise get its own malloc arena and
      * keep its freed KV caches mapped: two arenas bound a node's footprint. */
@@ -210,6 +230,7 @@ int cli_serve(int argc, char **argv) {
      * when a session ends; glibc's sliding threshold would otherwise move
      * them into the heap after the first free and keep them resident. */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    if (cliopt_wants_help(argc, argv)) return serve_help(argc, argv);
     /* decode and local parse their own, larger option set (node_decode.c) */
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))
@@ -228,14 +249,14 @@ int cli_serve(int argc, char **argv) {
     model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
     model *m = NULL;
     int rc = 1;
-    if (model_load(&m, o.model, &mo, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: %s: %s\n", o.model, err);
+    if (model_load(&m, o.model, &mo, err, sizeof err)) {   /* err names the file */
+        fprintf(stderr, SERVE ": %s\n", err);
         goto out;
     }
-    if (!o.n_ctx) {
-        int t = model_get_hparams(m)->n_ctx_train;
-        o.n_ctx = t > 0 && t < 4096 ? t : 4096;
-    }
+    int train = model_get_hparams(m)->n_ctx_train;
+    if (!o.n_ctx) o.n_ctx = train > 0 && train < 4096 ? train : 4096;
+    else if (train > 0 && o.n_ctx > train)
+        fprintf(stderr, SERVE ": warning: -c %d is beyond the model's trained context of %d tokens\n", o.n_ctx, train);
     switch (o.role) {
     case SERVE_PREFILL: rc = serve_prefill(m, &o); break;
     case SERVE_DECODE:
