@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "handoff.h"
+#include "log.h"
 #include "model.h"
 #include "node_decode.h"
 #include "node_register.h"
@@ -55,6 +56,7 @@ static void serve_usage(void) {
         "  --router URL         register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
         "  --model-name NAME    the model name to register (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]  the address the router should use (default: the listen address)\n"
+        "  --log-level LEVEL    error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n"
         "Prefill role:\n"
         "  --max-preauth N      connections still in their handshake (default 16; the oldest\n"
         "                       is dropped for a new one)\n"
@@ -185,7 +187,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         node_register_opts ro = { .router_url = o->router, .role = "prefill", .model = o->model_name ? o->model_name : name,
                                   .advertise = o->advertise, .listen = o->listen, .port = &port,
                                   .secret = o->secret, .secret_len = o->secret_len };
-        if (node_register_start(&reg, &ro, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 2; }
+        if (node_register_start(&reg, &ro, err, sizeof err)) { log_error(NULL, "%s", err); return 2; }
     }
     prefill_node_opts po = {
         .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
@@ -197,9 +199,22 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .request_ms = o->request_ms, .port_out = &port,
     };
     int rc = 0;
-    if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); rc = 1; }
+    if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }
     node_register_stop(reg);
     return rc;
+}
+
+/* --log-level (every role) and the role named on each log line. 0, or -1
+ * after printing what is wrong. */
+static int serve_log_setup(int *argc, char **argv) {
+    char err[160];
+    if (log_cli_take(argc, argv, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return -1; }
+    for (int i = 0; i + 1 < *argc; i++)
+        if (!strcmp(argv[i], "--role")) {
+            const char *r = argv[i + 1];
+            if (!strcmp(r, "router") || !strcmp(r, "prefill") || !strcmp(r, "decode") || !strcmp(r, "local")) log_set_role(r);
+        }
+    return 0;
 }
 
 int cli_serve(int argc, char **argv) {
@@ -210,6 +225,7 @@ int cli_serve(int argc, char **argv) {
      * when a session ends; glibc's sliding threshold would otherwise move
      * them into the heap after the first free and keep them resident. */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    if (serve_log_setup(&argc, argv)) return 2;
     /* decode and local parse their own, larger option set (node_decode.c) */
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))
@@ -221,7 +237,7 @@ int cli_serve(int argc, char **argv) {
     if (serve_parse(argc, argv, &o)) return 2;
     char err[512];
     if (cli_load_secret(o.secret_file, &o.secret, &o.secret_len, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: refusing to start a network node: %s\n", err);
+        log_error(NULL, "refusing to start a network node: %s", err);
         return 2;
     }
     serve_signals();
@@ -229,7 +245,7 @@ int cli_serve(int argc, char **argv) {
     model *m = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: %s: %s\n", o.model, err);
+        log_error(NULL, "%s: %s", o.model, err);
         goto out;
     }
     if (!o.n_ctx) {
