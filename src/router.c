@@ -1333,16 +1333,25 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
     return mr;
 }
 
+/* A generation request refused before it was routed: its one log line
+ * (with an id of its own), then the error. */
+static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
+    char rid[LOG_ID_CHARS + 1];
+    log_id_format(log_id_new(), rid);
+    if (!r->cfg.quiet) log_info(rid, "refused status=%d error=%s", e->status, e->message);
+    return rt_send_error(r, c, ep, e);
+}
+
 static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     enum api_kind kind = cc->ep == RT_EP_CHAT ? API_CHAT : API_COMPLETION;
     api_error e;
     if (cc->too_big) {
         api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                       "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     rt_req *q = calloc(1, sizeof *q);
-    if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_send_error(r, c, cc->ep, &e); }
+    if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_refuse(r, c, cc->ep, &e); }
     q->r = r;
     q->ep = cc->ep;
     q->decode_idx = q->prefill_idx = -1;
@@ -1351,14 +1360,14 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
     q->client_fd = rt_client_fd(c);
     if (api_parse_request(kind, cc->body ? cc->body : "", cc->len, &r->cfg.lim, &q->req, &e)) {
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     if (!rt_model_known(r, q->req.model)) {
         api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
                       "The model '%s' does not exist or you do not have access to it.", q->req.model);
         api_request_free(&q->req);
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     pthread_mutex_lock(&r->mu);
     int over = r->active >= r->cfg.max_concurrent;
@@ -1370,7 +1379,7 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
                       "Too many concurrent requests (limit %d); retry later.", r->cfg.max_concurrent);
         api_request_free(&q->req);
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     q->counted_active = 1;
     uint8_t rnd[6] = {0};
@@ -2199,7 +2208,7 @@ int router_cli(int argc, char **argv) {
     router *r = NULL;
     char err[512];
     if (router_start(&r, &c, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: %s\n", err);
+        log_error(NULL, "%s", err);
         router_config_free(&c);
         return 1;
     }

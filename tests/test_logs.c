@@ -315,6 +315,10 @@ static void test_cluster(void) {
             free(raw);
         }
         CHECK(strcmp(rid[0], rid[1]), "two requests, two ids");
+        char *raw = NULL;
+        int st = tl_post(rport_n, "/v1/completions", NULL, "{\"model\":\"nope\",\"prompt\":\"x\"}", &raw);
+        CHECK(st == 404, "unknown model: %d", st);
+        free(raw);
     }
     /* the decode node called directly draws its own id */
     node_auth_key key;
@@ -346,6 +350,8 @@ static void test_cluster(void) {
     snprintf(k, sizeof k, "prefill node %s (model m) reachable at start-up", paddr);
     CHECK(tl_count(rl, " INFO router req=- ", k) == 1, "the prefill node is logged reachable at start-up");
 
+    CHECK(tl_count(rl, " INFO router req=", " refused status=404 error=The model 'nope' does not exist") == 1,
+          "a request refused before routing has its line");
     for (int i = 0; i < 2 && rid[i][0]; i++) {
         tl_key(k, sizeof k, "INFO", "router", rid[i]);
         CHECK(tl_count(rl, k, NULL) == 1 && tl_count(rl, k, " done status=200 ") == 1,
