@@ -78,7 +78,6 @@ static int dn_str_add(dn_str *s, const void *d, size_t n) {
     return 0;
 }
 
-
 /* A JSON string of arbitrary bytes: invalid UTF-8 becomes U+FFFD (a token
  * can end in the middle of a character; JSON cannot carry raw bytes). */
 static json_t *dn_json_text(const char *s, size_t n) {
@@ -1238,12 +1237,12 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         return -1;
     }
     log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-           "HTTP: %u connections, %u per address, %d ms to send a request",
-           o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
-           lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
+             "HTTP: %u connections, %u per address, %d ms to send a request",
+             o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
+             lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
     if (!n.auth)
         log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
-               "(give --secret-file so that only the router is served)");
+                 "(give --secret-file so that only the router is served)");
     if (o->port_file && dn_write_port_file(o->port_file, port, err, errlen)) goto stop;
     if (o->port_out) *o->port_out = port;
     while (!*stop) {

@@ -612,10 +612,10 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
         if (!r->computing)
             log_info(rid, "request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
-                   (unsigned long long)seq, pc->id);
+                     (unsigned long long)seq, pc->id);
         else
             log_info(rid, "request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
-                   (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+                     (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
         keep = 1;
     } else if (r->too_big) {
         pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
@@ -626,16 +626,16 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         pn_send_error(&pc->conn, req, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
                       node->o->request_ms);
         log_warn(rid, "request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", (unsigned long long)seq,
-               pc->id, node->o->request_ms, r->frames);
+                 pc->id, node->o->request_ms, r->frames);
     } else if (r->stopping) {
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
         log_info(rid, "request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
     } else if (r->peer_gone && !r->computing) {
         log_info(rid, "decode node went away while queued for the model, dropping request %llu (never computed): %s",
-               (unsigned long long)seq, r->fail_msg);
+                 (unsigned long long)seq, r->fail_msg);
     } else if (r->failed || r->peer_gone) {
         log_warn(rid, "decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
-               (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
+                 (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
     } else {
         pn_send_error(&pc->conn, req, WERR_INTERNAL, "prefill failed: %s", err);
         log_error(rid, "request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);

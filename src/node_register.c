@@ -170,10 +170,10 @@ static void *nr_main(void *arg) {
         long code = nr_post(r, port, &b, cerr);
         if (code == 200 && state != 1)
             log_info(NULL, "registered with router %s as %s:%d (model %s), heartbeat every %d ms", r->url, r->host, port,
-                   r->model, r->interval_ms);
+                     r->model, r->interval_ms);
         else if (code != 200 && state != -1)
             log_warn(NULL, "registration with router %s failed: %s%ld %s%s", r->url, code < 0 ? "" : "HTTP ", code,
-                   code < 0 ? cerr : b.s, state == 1 ? "" : " (retrying quietly)");
+                     code < 0 ? cerr : b.s, state == 1 ? "" : " (retrying quietly)");
         state = code == 200 ? 1 : -1;
     } while (!nr_wait(r, r->interval_ms));
     return NULL;
