@@ -603,7 +603,7 @@ static void dn_count_job(dn_job *j) {
     dnode *n = j->n;
     const sched_view *v = j->v;
     int cancelled = v->state != SJ_DONE, failed = !cancelled && v->finish && !strcmp(v->finish, "error");
-    if (cancelled) log_info(j->rid, "client went away after %d tokens; generation stopped", v->n_gen);
+    if (cancelled) log_debug(j->rid, "client went away after %d tokens; generation stopped", v->n_gen);
     double prefill_ms = v->t_prompt_done > 0 ? v->t_prompt_done - v->t_admit : 0;
     double gen_ms = v->n_gen > 1 ? dn_now() - v->t_first : 0;
     pthread_mutex_lock(&n->smu);
