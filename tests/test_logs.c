@@ -295,7 +295,8 @@ static void test_cluster(void) {
     snprintf(dnode, sizeof dnode, "m=%s", daddr);
     snprintf(dead, sizeof dead, "m=127.0.0.1:%d", dead_port);
     char *ra[] = { b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--port-file", rport, "--secret-file", secret,
-                   "--decode", dnode, "--decode", dead, "--prefill", pnode, "--split", "always", NULL };
+                   "--decode", dnode, "--decode", dead, "--prefill", pnode, "--split", "always",
+                   "--health-interval-ms", "3000", NULL };   /* probes wait 3 s: a loaded CI machine */
     int rport_n = dport_n > 0 ? tl_start(&rp, ra, "router") : -1;
     char rid[2][32] = { "", "" };
     if (rport_n > 0) {
