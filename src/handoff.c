@@ -37,6 +37,7 @@ struct handoff_client {
     uint32_t wire_dtype;
     int broken;                 /* a failed transfer left the stream in an unknown state */
     uint64_t next_req;
+    uint32_t log_id;            /* low 32 bits of the next request ids (handoff_set_log_id) */
     char peer[400];             /* "node-id (model description)" */
     float *tmp_k, *tmp_v;       /* f32 rows for dtype conversion */
     size_t tmp_cap;             /* floats in each */
@@ -367,6 +368,8 @@ static void xfer_abort(handoff_client *c, uint64_t req, const char *why) {
     c->broken = 1;
 }
 
+void handoff_set_log_id(handoff_client *c, uint32_t id) { c->log_id = id; }
+
 int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n, int start_pos,
                     handoff_stats *st, char *err, size_t errlen) {
     memset(st, 0, sizeof *st);
@@ -381,7 +384,9 @@ int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n,
     session_reset(s, start_pos);
     if (end_pos <= start_pos) return 0;   /* nothing to fetch: the caller computes the last token */
     if (kv_check_range(cache, 0, 0, n, err, errlen)) return -1;
-    uint64_t req = ++c->next_req;
+    /* ids increase (the counter in the high half), and the low half carries
+     * the request's log id so that the prefill node logs the same one */
+    uint64_t req = ++c->next_req << 32 | c->log_id;
     double t0 = gen_now_ms();
     uint64_t in0 = c->conn.bytes_in;
     if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, err, errlen)) { c->broken = 1; return -1; }

@@ -54,6 +54,10 @@ void handoff_close(handoff_client *c);
 /* The peer's description (node id and model), for messages. */
 const char *handoff_peer(const handoff_client *c);
 
+/* The request id (log.h) of the following handoff_prefill calls: it travels
+ * in the low 32 bits of the wire request id, for the prefill node's log. */
+void handoff_set_log_id(handoff_client *c, uint32_t id);
+
 /* Fill s (whose cache holds [0, start_pos) already, and tokens[0..start_pos)
  * match) with positions [start_pos, n - 1). 0 on success; -1 on any failure
  * (peer died, stalled, sent a bad frame, refused): then the session is reset

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "logsafe.h"
+#include "log.h"
 
 #define HD_REAP_MS 100            /* deadline resolution */
 #define HD_LOG_BURST 20           /* MHD messages let through per window ... */
@@ -63,21 +63,32 @@ static hd_conn *hd_conn_of(struct MHD_Connection *c) {
 
 /* ==== MHD callbacks ==== */
 
+/* MHD's messages about the server itself (limits reached, no thread, no
+ * socket) are warnings; the rest concern one client's connection (it
+ * closed, sent garbage) and are debug lines. */
+static enum log_level hd_log_level(const char *msg) {
+    static const char *const warn[] = { "limit", "thread", "accept", "listen", "memory", "Failed to create", NULL };
+    for (int i = 0; warn[i]; i++)
+        if (strstr(msg, warn[i])) return LOGL_WARN;
+    return LOGL_DEBUG;
+}
+
 static void hd_logger(void *cls, const char *fmt, va_list ap) {
     httpd *h = cls;
-    char raw[512], esc[1024];
+    char raw[512];
     vsnprintf(raw, sizeof raw, fmt, ap);
     size_t n = strlen(raw);
     while (n && (raw[n - 1] == '\n' || raw[n - 1] == '\r')) raw[--n] = 0;
-    logsafe_escape(esc, sizeof esc, raw, n);
+    enum log_level level = hd_log_level(raw);
+    if (!log_enabled(level)) return;
     pthread_mutex_lock(&h->mu);
     double now = hd_now();
     int dropped = 0, show = 1;
     if (now - h->log_t0 > HD_LOG_WINDOW_MS) { dropped = h->log_dropped; h->log_t0 = now; h->log_n = h->log_dropped = 0; }
     if (++h->log_n > HD_LOG_BURST) { h->log_dropped++; show = 0; }
     pthread_mutex_unlock(&h->mu);
-    if (dropped) fprintf(stderr, "%s: http: %d similar messages suppressed\n", h->lim.name, dropped);
-    if (show) fprintf(stderr, "%s: http: %s\n", h->lim.name, esc);
+    if (dropped) log_warn(NULL, "http: %d similar messages suppressed", dropped);
+    if (show) log_line(level, NULL, "http: %s", raw);
 }
 
 static void hd_notify(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode code) {
@@ -202,7 +213,6 @@ int httpd_start(httpd **out, const httpd_limits *lim, int listen_fd, MHD_AccessH
     httpd *h = calloc(1, sizeof *h);
     if (!h) { close(listen_fd); snprintf(err, errlen, "out of memory"); return -1; }
     h->lim = *lim;
-    if (!h->lim.name) h->lim.name = "http";
     if (h->lim.request_deadline_ms <= 0) h->lim.request_deadline_ms = 1 << 30;
     h->fd = listen_fd;
     h->port = hd_local_port(listen_fd);

@@ -18,8 +18,9 @@
  *     the request is in, the deadline stops: streaming a long answer is
  *     not limited by it.
  *   - idle_timeout_s: MHD's inactivity timeout.
- * MHD's own messages (refused connections, parse errors) go to stderr
- * escaped (logsafe.h) and rate limited, so a flood cannot flood the log.
+ * MHD's own messages (refused connections, parse errors) go through log.h
+ * (escaped; WARN for the server's limits, DEBUG for one client's
+ * connection) and are rate limited, so a flood cannot flood the log.
  * The process's open-file limit is raised to fit max_conns when allowed.
  */
 #ifndef TANDEM_HTTPD_H
@@ -35,7 +36,6 @@ typedef struct {
     unsigned max_conns_per_ip;   /* 0 = no per-address limit */
     int request_deadline_ms;     /* headers + body must arrive within this; 0 = no deadline */
     unsigned idle_timeout_s;     /* no byte moved for this long closes the connection; 0 = MHD default */
-    const char *name;            /* log prefix ("router", "tandem decode") */
 } httpd_limits;
 
 typedef struct httpd httpd;

@@ -36,7 +36,7 @@
 #include "handoff.h"
 #include "scheduler.h"
 #include "httpd.h"
-#include "logsafe.h"
+#include "log.h"
 #include "node_auth.h"
 #include "node_register.h"
 #include "sampler.h"
@@ -77,19 +77,6 @@ static int dn_str_add(dn_str *s, const void *d, size_t n) {
     s->p[s->len] = 0;
     return 0;
 }
-
-/* Log lines carry addresses and errors that came from the network:
- * escaped into one inert line (logsafe.h). */
-static void dn_log(const char *fmt, ...) {
-    char buf[1024], esc[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    logsafe_escape(esc, sizeof esc, buf, strlen(buf));
-    fprintf(stderr, "tandem decode: %s\n", esc);
-}
-
 
 /* A JSON string of arbitrary bytes: invalid UTF-8 becomes U+FFFD (a token
  * can end in the middle of a character; JSON cannot carry raw bytes). */
@@ -524,6 +511,8 @@ typedef struct {
     char node[256], fallback[512];
     handoff_stats hs;
     double t_arrive;
+    uint32_t rid_num;            /* request id (log.h): the router's X-Request-Id, or our own */
+    char rid[LOG_ID_CHARS + 1];
     /* streaming */
     dn_str out;
     size_t out_off;
@@ -573,12 +562,13 @@ static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char 
         }
         double t0 = dn_now();
         memset(&j->hs, 0, sizeof j->hs);
+        handoff_set_log_id(p->c, j->rid_num);
         if (!handoff_prefill(p->c, s, prompt, j->n_prompt, start, &j->hs, err, errlen)) { rc = 0; break; }
         handoff_close(p->c);
         p->c = NULL;
         session_reset(s, start);
         if (fresh || dn_now() - t0 > DN_STALE_RETRY_MS || n->stopping) break;
-        dn_log("connection to %s failed at once (%s); reconnecting", j->addr, err);
+        log_warn(j->rid, "connection to prefill node %s failed at once (%s); reconnecting", j->addr, err);
     }
     dn_peer_give(n, p);
     return rc;
@@ -594,7 +584,7 @@ static void dn_job_remote(dn_job *j) {
         j->remote = 1;
     } else {
         snprintf(j->fallback, sizeof j->fallback, "%s", herr);
-        dn_log("remote prefill on %s failed, prefilling locally: %s", j->addr, herr);
+        log_warn(j->rid, "remote prefill on %s failed, prefilling locally: %s", j->addr, herr);
     }
     sched_remote_done(n->sc, j->sj, j->remote);
 }
@@ -613,7 +603,7 @@ static void dn_count_job(dn_job *j) {
     dnode *n = j->n;
     const sched_view *v = j->v;
     int cancelled = v->state != SJ_DONE, failed = !cancelled && v->finish && !strcmp(v->finish, "error");
-    if (cancelled) dn_log("client went away after %d tokens; generation stopped", v->n_gen);
+    if (cancelled) log_debug(j->rid, "client went away after %d tokens; generation stopped", v->n_gen);
     double prefill_ms = v->t_prompt_done > 0 ? v->t_prompt_done - v->t_admit : 0;
     double gen_ms = v->n_gen > 1 ? dn_now() - v->t_first : 0;
     pthread_mutex_lock(&n->smu);
@@ -644,6 +634,18 @@ static void dn_count_job(dn_job *j) {
     pthread_mutex_unlock(&n->smu);
 }
 
+/* The request's one INFO line: tokens, where the prompt came from, times. */
+static void dn_log_job(dn_job *j) {
+    const sched_view *v = j->v;
+    const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
+    log_info(j->rid, "done finish=%s prompt=%d cached=%d computed_local=%d prefill=%s%s%s completion=%d "
+             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+             finish, j->n_prompt, v->start_pos, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
+             j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
+             v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
+             j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
+}
+
 /* Counts the outcome, hands the job back to the scheduler (cancelling it
  * if it still runs: the client went away), frees the request. */
 static void dn_job_free(dn_job *j) {
@@ -651,6 +653,7 @@ static void dn_job_free(dn_job *j) {
     if (j->sj) {
         j->v = sched_wait(j->n->sc, j->sj, INT32_MAX, 0);
         dn_count_job(j);
+        dn_log_job(j);
         sched_release(j->n->sc, j->sj);
     }
     free(j->out.p);
@@ -952,6 +955,24 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
     return 0;
 }
 
+/* The request id (log.h): the router's X-Request-Id when it is one, else
+ * a fresh one (a client calling the node directly). */
+static uint32_t dn_request_id(struct MHD_Connection *c, char *out) {
+    uint32_t id;
+    if (log_id_parse(MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id"), &id)) id = log_id_new();
+    log_id_format(id, out);
+    return id;
+}
+
+/* A generation request refused before it became a job: its one log line. */
+static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned status, const char *type,
+                                 const char *msg) {
+    char rid[LOG_ID_CHARS + 1];
+    dn_request_id(c, rid);
+    log_info(rid, "refused status=%u error=%s", status, msg);
+    return dn_send_error(n, c, status, type, msg);
+}
+
 static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, const char *body, size_t len) {
     double t_arrive = dn_now();
     char err[512];
@@ -961,13 +982,14 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     n->st.requests++;
     pthread_mutex_unlock(&n->smu);
     unsigned status = dn_job_submit(n, body, len, t_arrive, &j, &type, err, sizeof err);
-    if (status) return dn_send_error(n, c, status, type, err);
+    if (status) return dn_refuse(n, c, status, type, err);
+    j->rid_num = dn_request_id(c, j->rid);
     /* Until the first token (or the end) nothing is sent, so a failure
      * before then is an HTTP error the router can retry elsewhere. */
     const sched_view *v = dn_job_wait(j, 0);
     if (v->state == SJ_DONE && v->n_gen == 0 && v->finish && !strcmp(v->finish, "error")) {
         snprintf(err, sizeof err, "%s", v->error ? v->error : "generation failed");
-        dn_log("prefill failed: %s", err);
+        log_warn(j->rid, "prefill failed: %s", err);
         dn_job_free(j);
         return dn_send_error(n, c, 500, "server_error", err);
     }
@@ -1008,7 +1030,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
         /* headers in: refuse an unsigned request before reading its body */
         if (n->auth && !strcmp(url, "/v1/generate") && !strcmp(method, "POST") &&
             node_auth_check_request(c, &n->key, n->replay, method, url, NULL, 0, aerr, sizeof aerr))
-            return dn_send_error(n, c, 401, "authentication_error", aerr);
+            return dn_refuse(n, c, 401, "authentication_error", aerr);
         return MHD_YES;
     }
     if (*upload_size) {
@@ -1021,11 +1043,11 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     if (!strcmp(url, "/health")) return get ? dn_handle_health(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/v1/stats")) return get ? dn_handle_stats(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/v1/generate")) {
-        if (!post) return dn_send_error(n, c, 405, "invalid_request_error", "use POST");
-        if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
+        if (!post) return dn_refuse(n, c, 405, "invalid_request_error", "use POST");
+        if (cc->too_big) return dn_refuse(n, c, 413, "invalid_request_error", "request body too large");
         if (n->auth && node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "",
                                                cc->body.len, aerr, sizeof aerr))
-            return dn_send_error(n, c, 401, "authentication_error", aerr);
+            return dn_refuse(n, c, 401, "authentication_error", aerr);
         return dn_handle_generate(n, c, cc->body.p, cc->body.len);
     }
     if (!strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize")) {
@@ -1128,7 +1150,7 @@ static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
  * four such clients and spare room for /health make the total. */
 static httpd_limits dn_http_limits(const dnode *n) {
     const decode_node_opts *o = n->o;
-    httpd_limits l = { .name = "tandem decode", .idle_timeout_s = 300 };
+    httpd_limits l = { .idle_timeout_s = 300 };
     l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? o->max_conns_per_ip : n->queue_max + n->n_slots + 32);
     l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)l.max_conns_per_ip + 64);
     l.request_deadline_ms = o->request_deadline_ms > 0 ? o->request_deadline_ms : 10000;
@@ -1214,20 +1236,20 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         dn_cleanup(&n);
         return -1;
     }
-    dn_log("listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-           "HTTP: %u connections, %u per address, %d ms to send a request",
-           o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
-           lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
+    log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
+             "HTTP: %u connections, %u per address, %d ms to send a request",
+             o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
+             lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
     if (!n.auth)
-        dn_log("warning: no shared secret: POST /v1/generate is open to anyone who can connect "
-               "(give --secret-file so that only the router is served)");
+        log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
+                 "(give --secret-file so that only the router is served)");
     if (o->port_file && dn_write_port_file(o->port_file, port, err, errlen)) goto stop;
     if (o->port_out) *o->port_out = port;
     while (!*stop) {
         struct timespec ts = { 0, 50 * 1000000L };
         nanosleep(&ts, NULL);
     }
-    dn_log("shutting down");
+    log_info(NULL, "shutting down");
     rc = 0;
 stop:
     n.stopping = 1;
@@ -1269,7 +1291,8 @@ void decode_node_usage(FILE *f) {
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
         "  --max-conns N             HTTP connections in all (default 4 x per-address + 64)\n"
         "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
-        "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n");
+        "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n"
+        "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
 static void dn_usage(void) { decode_node_usage(stderr); }
@@ -1380,9 +1403,9 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     static volatile int port;
     c.o.port_out = &port;
     node_register *reg = NULL;
-    if (model_load(&m, c.model, &mo, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);   /* err names the file */
-    else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
-    else if (decode_node_run(m, &c.o, err, sizeof err)) fprintf(stderr, "tandem serve: %s\n", err);
+    if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
+    else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
+    else if (decode_node_run(m, &c.o, err, sizeof err)) log_error(NULL, "%s", err);
     else rc = 0;
     node_register_stop(reg);
     model_free(m);

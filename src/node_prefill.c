@@ -31,6 +31,7 @@
 
 #include "generate.h"
 #include "gguf.h"
+#include "log.h"
 #include "wire.h"
 
 /* Default concurrent authenticated connections: each holds a session (KV
@@ -143,14 +144,9 @@ typedef struct {
     uint64_t last_req;            /* request ids must increase: the last one served */
 } pn_conn;
 
-static void pn_log(const char *fmt, ...) {
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "prefill: %s\n", buf);
-}
+/* A request's id in the log (log.h): the low half of its wire id, where
+ * tandem's decode node puts the router's request id. */
+static void pn_rid(uint64_t req, char *out) { log_id_format((uint32_t)req, out); }
 
 static int pn_stopped(const pnode *n) { return n->o->stop && *n->o->stop; }
 
@@ -306,9 +302,11 @@ static int pn_check_peer(pn_req *r) {
     r->peer_gone = 1;
     if (h.type == WIRE_ERROR) {   /* the decode node gave up (e.g. a frame failed its checks) */
         wire_error we = { 0 };
+        char rid[LOG_ID_CHARS + 1];
+        pn_rid(r->req_id, rid);
         if (wire_decode_error(r->conn->rx.data, r->conn->rx.len, &we, err, sizeof err) == 0)
-            pn_log("decode node reported error %u during request %llu: %s", we.code, (unsigned long long)r->seq,
-                   we.message);
+            log_warn(rid, "decode node reported error %u during request %llu: %s", we.code, (unsigned long long)r->seq,
+                     we.message);
         snprintf(r->fail_msg, sizeof r->fail_msg, "the decode node sent ERROR %u", we.code);
         return 1;
     }
@@ -396,33 +394,34 @@ static int pn_conn_session(pn_conn *pc, int n, char *err, size_t errlen) {
 }
 
 /* Checks a decoded REQUEST; on a problem sends the ERROR and returns -1. */
-static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_t *send_flags) {
+/* Checks a request against the node; on a refusal the ERROR is sent and
+ * why holds its message. */
+static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_t *send_flags, char *why, size_t whylen) {
     const model_hparams *hp = model_get_hparams(pc->node->m);
     const prefill_node_opts *o = pc->node->o;
-    if (q->n_tokens < 1 || q->n_tokens > (uint32_t)o->n_ctx) {
-        pn_send_error(&pc->conn, req, WERR_RANGE, "%u tokens: this prefill node takes 1..%d", q->n_tokens, o->n_ctx);
-        return -1;
-    }
-    if (q->start_pos > q->end_pos || q->end_pos > q->n_tokens) {
-        pn_send_error(&pc->conn, req, WERR_RANGE, "bad span %u..%u for %u tokens", q->start_pos, q->end_pos, q->n_tokens);
-        return -1;
-    }
-    for (uint32_t i = 0; i < q->n_tokens; i++) {
+    uint32_t code = WERR_RANGE;
+    why[0] = 0;
+    if (q->n_tokens < 1 || q->n_tokens > (uint32_t)o->n_ctx)
+        snprintf(why, whylen, "%u tokens: this prefill node takes 1..%d", q->n_tokens, o->n_ctx);
+    else if (q->start_pos > q->end_pos || q->end_pos > q->n_tokens)
+        snprintf(why, whylen, "bad span %u..%u for %u tokens", q->start_pos, q->end_pos, q->n_tokens);
+    for (uint32_t i = 0; !why[0] && i < q->n_tokens; i++) {
         uint32_t t = wire_request_token(q, i);
-        if (t >= (uint32_t)hp->n_vocab) {
-            pn_send_error(&pc->conn, req, WERR_RANGE, "token %u at index %u is outside the vocabulary (%d)", t, i, hp->n_vocab);
-            return -1;
-        }
+        if (t >= (uint32_t)hp->n_vocab) snprintf(why, whylen, "token %u at index %u is outside the vocabulary (%d)", t, i, hp->n_vocab);
     }
     int ok = q->wire_dtype == o->kv_dtype || (q->wire_dtype == GGML_TYPE_Q8_0 && (pc->caps & WIRE_CAP_Q8_0));
-    if (!ok) {
-        pn_send_error(&pc->conn, req, WERR_DTYPE, "wire dtype %s (%u) is not available: the cache holds %s "
-                      "(q8_0 only if negotiated; KV is never upcast)", gguf_type_name(q->wire_dtype),
-                      q->wire_dtype, gguf_type_name(o->kv_dtype));
-        return -1;
+    if (!why[0] && !ok) {
+        code = WERR_DTYPE;
+        snprintf(why, whylen, "wire dtype %s (%u) is not available: the cache holds %s "
+                 "(q8_0 only if negotiated; KV is never upcast)", gguf_type_name(q->wire_dtype),
+                 q->wire_dtype, gguf_type_name(o->kv_dtype));
     }
-    if (q->flags & ~1u) {
-        pn_send_error(&pc->conn, req, WERR_PROTOCOL, "unknown request flags 0x%x", q->flags);
+    if (!why[0] && (q->flags & ~1u)) {
+        code = WERR_PROTOCOL;
+        snprintf(why, whylen, "unknown request flags 0x%x", q->flags);
+    }
+    if (why[0]) {
+        pn_send_error(&pc->conn, req, code, "%s", why);
         return -1;
     }
     *send_flags = ((q->flags & 1u) && (pc->caps & WIRE_CAP_ZSTD)) ? WIRE_FLAG_ZSTD : 0;
@@ -543,25 +542,32 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     wire_request q;
     char err[512];
     double t_req = gen_now_ms();
+    char rid[LOG_ID_CHARS + 1], why[WIRE_ERROR_MAX_MSG + 1];
+    pn_rid(req, rid);
     /* Ids are non-zero and increase along a connection (one request at a
      * time): a replayed or confused REQUEST is refused, and the connection
      * with it. */
     if (req == 0 || req <= pc->last_req) {
         pn_send_error(&pc->conn, req, WERR_PROTOCOL, "request id %llu refused: ids must be non-zero and increase "
                       "(last was %llu)", (unsigned long long)req, (unsigned long long)pc->last_req);
-        pn_log("conn %u (%s): request id %llu refused (last %llu), closing", pc->id, pc->peer,
-               (unsigned long long)req, (unsigned long long)pc->last_req);
+        log_warn(rid, "conn %u (%s): request id %llu refused (last %llu), closing", pc->id, pc->peer,
+                 (unsigned long long)req, (unsigned long long)pc->last_req);
         return -1;
     }
     pc->last_req = req;
     if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, &q, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_PROTOCOL, "malformed request: %s", err);
+        log_warn(rid, "conn %u (%s): malformed request, closing: %s", pc->id, pc->peer, err);
         return -1;
     }
     uint32_t send_flags;
-    if (pn_validate(pc, req, &q, &send_flags)) return 0;
+    if (pn_validate(pc, req, &q, &send_flags, why, sizeof why)) {
+        log_info(rid, "refused: %s", why);
+        return 0;
+    }
     if (pn_conn_session(pc, (int)q.n_tokens, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_INTERNAL, "%s", err);
+        log_error(rid, "refused: %s", err);
         return 0;
     }
     /* Reuse whatever prefix of the previous prompt the session holds. */
@@ -595,44 +601,44 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         keep = wire_encode_done(&b, &d) == 0 && wire_send(&pc->conn, WIRE_DONE, req, 0, b.data, b.len, err, sizeof err) == 0;
         wire_buf_free(&b);
         if (keep)
-            pn_log("request %llu (conn %u, id %llu): %u tokens, sent %d..%d (%d frames), computed %d in %.1f ms, "
-                   "total %.1f ms, KV %llu B, wire %llu B", (unsigned long long)seq, pc->id, (unsigned long long)req,
-                   q.n_tokens, r->start, r->end, r->frames, r->end - have, ms, gen_now_ms() - t0,
-                   (unsigned long long)r->kv_bytes, (unsigned long long)d.wire_bytes);
+            log_info(rid, "done tokens=%u sent=%d..%d frames=%d cached=%d computed=%d prefill_ms=%.1f total_ms=%.1f "
+                     "kv_bytes=%llu wire_bytes=%llu conn=%u seq=%llu", q.n_tokens, r->start, r->end, r->frames, have,
+                     r->end - have, ms, gen_now_ms() - t0, (unsigned long long)r->kv_bytes,
+                     (unsigned long long)d.wire_bytes, pc->id, (unsigned long long)seq);
         else
-            pn_log("request %llu (conn %u): sending DONE failed: %s", (unsigned long long)seq, pc->id, err);
+            log_warn(rid, "request %llu (conn %u): sending DONE failed: %s", (unsigned long long)seq, pc->id, err);
     } else if (r->cancelled) {
         /* the ERROR ends the request's stream: a decode node may keep the connection */
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
         if (!r->computing)
-            pn_log("request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
-                   (unsigned long long)seq, pc->id);
+            log_info(rid, "request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
+                     (unsigned long long)seq, pc->id);
         else
-            pn_log("request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
-                   (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+            log_info(rid, "request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
+                     (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
         keep = 1;
     } else if (r->too_big) {
         pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
                       "run the prefill node with a smaller -b", r->too_big);
-        pn_log("request %llu (conn %u): chunk too big for a frame (lower -b)", (unsigned long long)seq, pc->id);
+        log_error(rid, "request %llu (conn %u): chunk too big for a frame (lower -b)", (unsigned long long)seq, pc->id);
         keep = 1;
     } else if (r->expired) {
         pn_send_error(&pc->conn, req, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
                       node->o->request_ms);
-        pn_log("request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", (unsigned long long)seq,
-               pc->id, node->o->request_ms, r->frames);
+        log_warn(rid, "request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", (unsigned long long)seq,
+                 pc->id, node->o->request_ms, r->frames);
     } else if (r->stopping) {
         pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
-        pn_log("request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
+        log_info(rid, "request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
     } else if (r->peer_gone && !r->computing) {
-        pn_log("decode node went away while queued for the model, dropping request %llu (never computed): %s",
-               (unsigned long long)seq, r->fail_msg);
+        log_info(rid, "decode node went away while queued for the model, dropping request %llu (never computed): %s",
+                 (unsigned long long)seq, r->fail_msg);
     } else if (r->failed || r->peer_gone) {
-        pn_log("decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
-               (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
+        log_warn(rid, "decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
+                 (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
     } else {
         pn_send_error(&pc->conn, req, WERR_INTERNAL, "prefill failed: %s", err);
-        pn_log("request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);
+        log_error(rid, "request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);
         keep = 1;
     }
     pn_req_free(r);
@@ -649,7 +655,7 @@ static int pn_wait_frame(pn_conn *pc, double since) {
         /* checked before every frame: a peer sending PINGs faster than the
          * poll tick must still reach the limit */
         if (gen_now_ms() - since >= pc->node->o->idle_ms) {
-            pn_log("conn %u (%s) sent no request for %d ms, closing", pc->id, pc->peer, pc->node->o->idle_ms);
+            log_info(NULL, "conn %u (%s) sent no request for %d ms, closing", pc->id, pc->peer, pc->node->o->idle_ms);
             pn_send_error(&pc->conn, 0, WERR_TIMEOUT, "no request for %d ms", pc->node->o->idle_ms);
             return -1;
         }
@@ -670,12 +676,12 @@ static int pn_handshake(pn_conn *pc) {
         /* A router's health probe reads our HELLO and hangs up without one
          * of its own: not worth a log line every second. */
         if (peer.node_id[0] || !strstr(err, "closed"))
-            pn_log("conn %u: handshake failed: %s", pc->id, err);
+            log_warn(NULL, "conn %u: handshake failed: %s", pc->id, err);
         return -1;
     }
     if (peer.role != WIRE_ROLE_DECODE && peer.role != WIRE_ROLE_ROUTER) {
         pn_send_error(&pc->conn, 0, WERR_PROTOCOL, "a prefill node serves decode nodes (peer role %u)", peer.role);
-        pn_log("conn %u: refused peer %s with role %u", pc->id, peer.node_id, peer.role);
+        log_warn(NULL, "conn %u: refused peer %s with role %u", pc->id, peer.node_id, peer.role);
         return -1;
     }
     pc->caps = mine.caps & peer.caps;
@@ -689,7 +695,7 @@ static void pn_conn_loop(pn_conn *pc) {
     while (pn_wait_frame(pc, since) == 0) {
         wire_header h;
         if (wire_recv(&pc->conn, &h, err, sizeof err)) {
-            if (!strstr(err, "closed")) pn_log("conn %u (%s): %s", pc->id, pc->peer, err);
+            if (!strstr(err, "closed")) log_warn(NULL, "conn %u (%s): %s", pc->id, pc->peer, err);
             /* a bad CRC, tag or header is answered before we hang up */
             if (pc->conn.rx_err) wire_send_error(&pc->conn, 0, pc->conn.rx_err, err);
             return;
@@ -704,11 +710,11 @@ static void pn_conn_loop(pn_conn *pc) {
         } else if (h.type == WIRE_ERROR) {
             wire_error we = { 0 };
             if (wire_decode_error(pc->conn.rx.data, pc->conn.rx.len, &we, err, sizeof err) == 0)
-                pn_log("conn %u (%s) reported error %u: %s", pc->id, pc->peer, we.code, we.message);
+                log_warn(NULL, "conn %u (%s) reported error %u: %s", pc->id, pc->peer, we.code, we.message);
             if (h.req_id == 0) return;
         } else {
             pn_send_error(&pc->conn, 0, WERR_PROTOCOL, "unexpected frame type %u", h.type);
-            pn_log("conn %u (%s): unexpected frame type %u, closing", pc->id, pc->peer, h.type);
+            log_warn(NULL, "conn %u (%s): unexpected frame type %u, closing", pc->id, pc->peer, h.type);
             return;
         }
     }
@@ -728,7 +734,7 @@ static int pn_promote(pn_slot *slot, pn_conn *pc) {
     pthread_mutex_unlock(&node->mu);
     if (!ok && !evicted) {
         pn_send_error(&pc->conn, 0, WERR_BUSY, "prefill node busy: %d connections", node->max_authed);
-        pn_log("refused %s after its handshake: all %d slots busy", pc->peer, node->max_authed);
+        log_warn(NULL, "refused %s after its handshake: all %d slots busy", pc->peer, node->max_authed);
     }
     return ok ? 0 : -1;
 }
@@ -809,7 +815,7 @@ static void pn_refuse(int fd, const char *fmt, int n) {
 static void pn_accept_one(pnode *node, int lfd) {
     char err[256];
     int fd = wire_accept(lfd, PN_TICK_MS, err, sizeof err);
-    if (fd == -1) { pn_log("%s", err); pn_sleep_ms(PN_TICK_MS); }   /* e.g. out of fds: do not spin */
+    if (fd == -1) { log_error(NULL, "%s", err); pn_sleep_ms(PN_TICK_MS); }   /* e.g. out of fds: do not spin */
     if (fd < 0) return;
     pthread_mutex_lock(&node->mu);
     int full = node->n_authed >= node->max_authed;
@@ -817,13 +823,13 @@ static void pn_accept_one(pnode *node, int lfd) {
     pthread_mutex_unlock(&node->mu);
     if (full) {
         pn_refuse(fd, "prefill node busy: %d connections", node->max_authed);
-        pn_log("refused a connection: all %d slots busy", node->max_authed);
+        log_warn(NULL, "refused a connection: all %d slots busy", node->max_authed);
         return;
     }
     pn_slot *slot = pn_free_slot(node);
     if (!slot) {
         pn_refuse(fd, "prefill node busy: %d handshakes in progress", node->max_preauth);
-        pn_log("refused a connection: no free slot");
+        log_warn(NULL, "refused a connection: no free slot");
         return;
     }
     pthread_mutex_lock(&node->mu);
@@ -837,7 +843,7 @@ static void pn_accept_one(pnode *node, int lfd) {
     node->n_preauth++;
     pthread_mutex_unlock(&node->mu);
     if (pthread_create(&slot->th, NULL, pn_conn_main, slot)) {
-        pn_log("cannot start a connection thread");
+        log_error(NULL, "cannot start a connection thread");
         close(fd);
         pthread_mutex_lock(&node->mu);
         slot->used = 0;
@@ -888,7 +894,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.turn_mu, NULL);
     pthread_cond_init(&node.turn_cv, NULL);
-    pn_log("node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
+    log_info(NULL, "node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
     while (!pn_stopped(&node)) {
         pn_reap(&node, 0);
         pn_accept_one(&node, lfd);
@@ -901,7 +907,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
         if (node.slots[i].used && !node.slots[i].done) shutdown(node.slots[i].fd, SHUT_RDWR);
     pthread_mutex_unlock(&node.mu);
     pn_reap(&node, 1);
-    pn_log("shut down after %llu requests", (unsigned long long)node.n_requests);
+    log_info(NULL, "shut down after %llu requests", (unsigned long long)node.n_requests);
     pthread_mutex_destroy(&node.mu);
     pthread_mutex_destroy(&node.turn_mu);
     pthread_cond_destroy(&node.turn_cv);

@@ -10,14 +10,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "logsafe.h"
+#include "log.h"
 #include "node_auth.h"
 
 #define NR_TIMEOUT_MS 3000         /* one registration POST */
 #define NR_MAX_REPLY 4096          /* the router's answer is a short JSON object */
 
 struct node_register {
-    char url[512], role[16], model[128], host[256], role_log[32];
+    char url[512], role[16], model[128], host[256];
     int fixed_port;              /* from --advertise HOST:PORT; 0 = our bound port */
     volatile int *port;
     node_auth_key key;
@@ -30,17 +30,6 @@ struct node_register {
 };
 
 typedef struct { char s[NR_MAX_REPLY + 1]; size_t len; } nr_buf;
-
-static void nr_log(node_register *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void nr_log(node_register *r, const char *fmt, ...) {
-    char raw[1024], esc[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(raw, sizeof raw, fmt, ap);
-    va_end(ap);
-    logsafe_escape(esc, sizeof esc, raw, strlen(raw));
-    fprintf(stderr, "%s: %s\n", r->role_log, esc);
-}
 
 void node_register_default_model(const char *path, char *out, size_t outlen) {
     const char *b = strrchr(path, '/');
@@ -180,11 +169,11 @@ static void *nr_main(void *arg) {
         char cerr[CURL_ERROR_SIZE] = "";
         long code = nr_post(r, port, &b, cerr);
         if (code == 200 && state != 1)
-            nr_log(r, "registered with router %s as %s:%d (model %s), heartbeat every %d ms", r->url, r->host, port,
-                   r->model, r->interval_ms);
+            log_info(NULL, "registered with router %s as %s:%d (model %s), heartbeat every %d ms", r->url, r->host, port,
+                     r->model, r->interval_ms);
         else if (code != 200 && state != -1)
-            nr_log(r, "registration with router %s failed: %s%ld %s%s", r->url, code < 0 ? "" : "HTTP ", code,
-                   code < 0 ? cerr : b.s, state == 1 ? "" : " (retrying quietly)");
+            log_warn(NULL, "registration with router %s failed: %s%ld %s%s", r->url, code < 0 ? "" : "HTTP ", code,
+                     code < 0 ? cerr : b.s, state == 1 ? "" : " (retrying quietly)");
         state = code == 200 ? 1 : -1;
     } while (!nr_wait(r, r->interval_ms));
     return NULL;
@@ -208,7 +197,6 @@ int node_register_start(node_register **out, const node_register_opts *o, char *
     size_t ul = strlen(r->url);
     while (ul && r->url[ul - 1] == '/') r->url[--ul] = 0;
     snprintf(r->role, sizeof r->role, "%s", o->role);
-    snprintf(r->role_log, sizeof r->role_log, "tandem %s", o->role);
     snprintf(r->model, sizeof r->model, "%s", o->model);
     if (nr_resolve_addr(r, o, err, errlen)) { free(r); return -1; }
     r->port = o->port;

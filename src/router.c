@@ -31,7 +31,7 @@
 
 #include "cli.h"
 #include "httpd.h"
-#include "logsafe.h"
+#include "log.h"
 #include "node_auth.h"
 #include "tools.h"
 #include "wire.h"
@@ -51,19 +51,6 @@ static void rt_errf(char *err, size_t errlen, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
-}
-
-static void rt_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* Log lines carry model names, addresses and node errors that came from
- * the network: escaped into one inert line (logsafe.h). */
-static void rt_log(const char *fmt, ...) {
-    char buf[1024], esc[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    logsafe_escape(esc, sizeof esc, buf, strlen(buf));
-    fprintf(stderr, "router: %s\n", esc);
 }
 
 /* Exponentially weighted moving average; the first sample is taken as is. */
@@ -489,15 +476,19 @@ static void rt_up_close(rt_up *u) {
     memset(u, 0, sizeof *u);
 }
 
-/* key: signs the request for a decode node that authenticates (NULL: unsigned). */
-static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key) {
+/* key: signs the request for a decode node that authenticates (NULL: unsigned).
+ * rid: the request id (log.h), sent as X-Request-Id for the node's log. */
+static int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key, const char *rid) {
     memset(u, 0, sizeof *u);
     u->body = body;
     char url[192];
     snprintf(url, sizeof url, "http://%s/v1/generate", addr);
     u->easy = curl_easy_init();
     u->multi = curl_multi_init();
+    char xid[32];
+    snprintf(xid, sizeof xid, "X-Request-Id: %s", rid);
     u->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (u->hdrs) u->hdrs = curl_slist_append(u->hdrs, xid);
     if (!u->easy || !u->multi || !u->hdrs) return -1;
     node_auth_sig sig;
     if (key && (node_auth_sign(key, "POST", "/v1/generate", body, strlen(body), node_auth_now_ms(), &sig) ||
@@ -587,6 +578,7 @@ typedef struct {
     int ep;
     api_request req;
     char id[48];
+    char rid[LOG_ID_CHARS + 1];  /* request id in the logs of every node (log.h) */
     long long created;
     int client_fd;
     /* chosen nodes */
@@ -667,7 +659,7 @@ static void rt_release_node(rt_req *q, int failed, int mark_down) {
         rt_node *n = &r->nodes[q->decode_idx];
         if (n->inflight > 0) n->inflight--;
         if (failed) n->failures++;
-        if (mark_down && n->up) { n->up = 0; rt_log("decode node %s marked down: %s", n->cfg.addr, q->error); }
+        if (mark_down && n->up) { n->up = 0; log_warn(q->rid, "decode node %s marked down: %s", n->cfg.addr, q->error); }
     }
     if (q->prefill_idx >= 0 && r->nodes[q->prefill_idx].inflight > 0) r->nodes[q->prefill_idx].inflight--;
     pthread_mutex_unlock(&r->mu);
@@ -722,7 +714,7 @@ static int rt_choose(rt_req *q) {
     r->m.decisions[q->dec.split][rt_reason_index(q->dec.key)]++;
     pthread_mutex_unlock(&r->mu);
     if (!r->cfg.quiet)
-        rt_log("%s: model %s -> decode %s, %s%s%s", q->id, q->req.model, q->decode_addr, q->dec.reason,
+        log_debug(q->rid, "model %s -> decode %s, %s%s%s", q->req.model, q->decode_addr, q->dec.reason,
                q->dec.split ? " via prefill " : "", q->prefill_addr);
     return 0;
 }
@@ -852,7 +844,8 @@ static int rt_attempt(rt_req *q, api_error *e) {
     const char *mode = q->dec.split ? "remote" : "local";
     if (rt_tools_prepare(q, e)) return -1;
     char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
-    if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL)) {
+    if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL,
+                             q->rid)) {
         if (!q->up.body) free(body);
         rt_up_close(&q->up);
         api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -938,7 +931,7 @@ static int rt_start(rt_req *q, api_error *e) {
         pthread_mutex_lock(&r->mu);
         r->m.retries++;
         pthread_mutex_unlock(&r->mu);
-        rt_log("%s: %s; retrying on another decode node", q->id, q->error);
+        log_warn(q->rid, "%s; retrying on another decode node", q->error);
     }
 }
 
@@ -986,7 +979,7 @@ static void rt_learn(rt_req *q) {
     }
     pthread_mutex_unlock(&r->mu);
     if (f->fallback_reason[0])
-        rt_log("%s: prefill fell back to the decode node: %s", q->id, f->fallback_reason);
+        log_warn(q->rid, "prefill fell back to the decode node: %s", f->fallback_reason);
 }
 
 static void rt_log_done(rt_req *q, const char *outcome) {
@@ -998,9 +991,9 @@ static void rt_log_done(rt_req *q, const char *outcome) {
     double tpot = q->n_tokens > 1 ? (q->t_last - q->t_first) / (q->n_tokens - 1) : 0;
     double transfer = strcmp(f->prefill_mode, "remote") ? 0
                     : f->transfer_ms >= 0 ? f->transfer_ms : (f->ttft_ms > f->prefill_ms ? f->ttft_ms - f->prefill_ms : 0);
-    rt_log("%s: %s status=%d attempts=%d decode=%s plan=%s prefill=%s%s%s prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
+    log_info(q->rid, "%s status=%d id=%s attempts=%d decode=%s plan=%s prefill=%s%s%s prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
            "computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
-           q->id, outcome, q->status, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
+           outcome, q->status, q->id, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
            f->prefill_mode[0] ? f->prefill_mode : "-", f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, f->completion_tokens, ttft, tpot,
            f->computed_remote, f->computed_local, f->kv_bytes, f->wire_bytes, f->prefill_ms, transfer,
            f->fallback_reason[0] ? " fallback=" : "", f->fallback_reason, q->error[0] ? " error=" : "", q->error);
@@ -1114,6 +1107,7 @@ static void rt_meta(const rt_req *q, api_resp_meta *m) {
  * that prefill node. A non-stream reply also says where the prompt was
  * actually prefilled (a split can fall back to local). */
 static void rt_node_headers(struct MHD_Response *resp, const rt_req *q) {
+    MHD_add_response_header(resp, "X-Request-Id", q->rid);
     MHD_add_response_header(resp, "X-Tandem-Decode-Node", q->decode_addr);
     MHD_add_response_header(resp, "X-Tandem-Prefill-Plan", q->dec.split ? "split" : "local");
     if (q->dec.split) MHD_add_response_header(resp, "X-Tandem-Prefill-Node", q->prefill_addr);
@@ -1187,7 +1181,7 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         q->n_tokens = 0;
         q->t_first = 0;
         rt_release_node(q, 1, 0);
-        rt_log("%s: %s; retrying", q->id, q->error);
+        log_warn(q->rid, "%s; retrying", q->error);
         pthread_mutex_lock(&r->mu);
         r->m.retries++;
         pthread_mutex_unlock(&r->mu);
@@ -1339,16 +1333,25 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
     return mr;
 }
 
+/* A generation request refused before it was routed: its one log line
+ * (with an id of its own), then the error. */
+static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
+    char rid[LOG_ID_CHARS + 1];
+    log_id_format(log_id_new(), rid);
+    if (!r->cfg.quiet) log_info(rid, "refused status=%d error=%s", e->status, e->message);
+    return rt_send_error(r, c, ep, e);
+}
+
 static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     enum api_kind kind = cc->ep == RT_EP_CHAT ? API_CHAT : API_COMPLETION;
     api_error e;
     if (cc->too_big) {
         api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                       "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     rt_req *q = calloc(1, sizeof *q);
-    if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_send_error(r, c, cc->ep, &e); }
+    if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_refuse(r, c, cc->ep, &e); }
     q->r = r;
     q->ep = cc->ep;
     q->decode_idx = q->prefill_idx = -1;
@@ -1357,14 +1360,14 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
     q->client_fd = rt_client_fd(c);
     if (api_parse_request(kind, cc->body ? cc->body : "", cc->len, &r->cfg.lim, &q->req, &e)) {
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     if (!rt_model_known(r, q->req.model)) {
         api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
                       "The model '%s' does not exist or you do not have access to it.", q->req.model);
         api_request_free(&q->req);
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     pthread_mutex_lock(&r->mu);
     int over = r->active >= r->cfg.max_concurrent;
@@ -1376,13 +1379,14 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
                       "Too many concurrent requests (limit %d); retry later.", r->cfg.max_concurrent);
         api_request_free(&q->req);
         free(q);
-        return rt_send_error(r, c, cc->ep, &e);
+        return rt_refuse(r, c, cc->ep, &e);
     }
     q->counted_active = 1;
     uint8_t rnd[6] = {0};
     wire_random(rnd, sizeof rnd);
     snprintf(q->id, sizeof q->id, "%s-%llu%02x%02x%02x%02x%02x%02x", kind == API_CHAT ? "chatcmpl" : "cmpl", seq,
              rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
+    log_id_format(log_id_new(), q->rid);
     return q->req.stream ? rt_run_stream(q, c) : rt_run_blocking(q, c);
 }
 
@@ -1697,7 +1701,7 @@ static enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn 
         api_error_set(&e, 503, "server_error", NULL, NULL, "Node table full.");
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    if (was_new) rt_log("node %s (%s, model %s) registered", nc.addr, role, nc.model);
+    if (was_new) log_info(NULL, "node %s (%s, model %s) registered", nc.addr, role, nc.model);
     pthread_cond_broadcast(&r->cv);   /* probe it now */
     rt_count_request(r, RT_EP_OTHER, 200);
     return rt_send(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
@@ -1818,11 +1822,13 @@ static size_t rt_sink(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
-static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_sb *out) {
-    char url[256];
+/* err (NULL: not wanted): libcurl's reason when no reply came. */
+static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_sb *out, char *err, size_t errlen) {
+    char url[256], cerr[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "http://%s%s", addr, path);
     CURL *h = curl_easy_init();
-    if (!h) return -1;
+    if (!h) { if (err) snprintf(err, errlen, "out of memory"); return -1; }
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rt_sink);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
@@ -1830,7 +1836,9 @@ static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_s
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
     curl_easy_setopt(h, CURLOPT_PROXY, "");
     long code = -1;
-    if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    CURLcode rc = curl_easy_perform(h);
+    if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    else if (err) snprintf(err, errlen, "%s", cerr[0] ? cerr : curl_easy_strerror(rc));
     curl_easy_cleanup(h);
     return code;
 }
@@ -1873,13 +1881,15 @@ typedef struct {
     int queue, slots, queue_max;
     double prefill_tps, decode_tps;
     char chat_format[16];
+    char err[256];               /* why the probe failed */
 } rt_probe;
 
 static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     rt_sb b = {0};
-    long code = rt_http_get(addr, "/health", timeout_ms, &b);
+    long code = rt_http_get(addr, "/health", timeout_ms, &b, p->err, sizeof p->err);
     json_t *o = b.s ? json_loadb(b.s, b.len, 0, NULL) : NULL;
     p->ok = code == 200 && json_is_object(o);
+    if (!p->ok && code >= 0) snprintf(p->err, sizeof p->err, "GET /health answered HTTP %ld%s", code, code == 200 ? " without a JSON object" : "");
     const char *model = json_string_value(json_object_get(o, "model"));
     if (model) snprintf(p->desc, sizeof p->desc, "%s", model);
     const char *cf = json_string_value(json_object_get(o, "chat_format"));
@@ -1890,7 +1900,7 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     p->prefill_tps = p->decode_tps = -1;
     if (!p->ok) return;
     rt_sb s = {0};
-    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s) == 200 && s.s) {
+    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s, NULL, 0) == 200 && s.s) {
         json_t *st = json_loadb(s.s, s.len, 0, NULL);
         static const char *const qk[] = {"queued", "queue_depth", "waiting", NULL};
         static const char *const pk[] = {"prefill_tps_local", "prefill_tps", NULL};
@@ -1915,23 +1925,31 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
  * (the first frame it sends), which proves a live node of the right role and
  * names its model, without the router knowing any model fingerprint. */
 static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
-    char err[256];
-    int fd = wire_connect(addr, timeout_ms, err, sizeof err);
+    char *err = p->err;
+    size_t errlen = sizeof p->err;
+    int fd = wire_connect(addr, timeout_ms, err, errlen);
     p->ok = 0;
     if (fd < 0) return;
     wire_conn wc;
     wire_conn_init(&wc, fd, timeout_ms);
     wire_header h;
     wire_hello hello;
-    if (wire_recv(&wc, &h, err, sizeof err) == 0 && h.type == WIRE_HELLO &&
-        wire_decode_hello(wc.rx.data, wc.rx.len, &hello, err, sizeof err) == 0 && hello.role == WIRE_ROLE_PREFILL) {
-        p->ok = 1;
-        snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
+    if (wire_recv(&wc, &h, err, errlen) == 0) {
+        if (h.type != WIRE_HELLO) {
+            snprintf(err, errlen, "no HELLO from a prefill node (got a %s frame)", wire_type_name(h.type));
+        } else if (wire_decode_hello(wc.rx.data, wc.rx.len, &hello, err, errlen) == 0) {
+            p->ok = hello.role == WIRE_ROLE_PREFILL;
+            if (p->ok) snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
+            else snprintf(err, errlen, "a %s node, not a prefill node", wire_role_name(hello.role));
+        }
     }
     wire_conn_close(&wc);
 }
 
-static void rt_health_round(router *r) {
+/* One probe of every node. startup: the round before the router serves,
+ * which logs every configured node as reachable or not (with the reason);
+ * later rounds log only changes. */
+static void rt_health_round(router *r, int startup) {
     int n;
     router_node_cfg cfgs[ROUTER_MAX_NODES];
     pthread_mutex_lock(&r->mu);
@@ -1949,8 +1967,8 @@ static void rt_health_round(router *r) {
         double now = rt_now_ms();
         int expired = nd->registered && now - nd->last_heartbeat_ms > r->cfg.heartbeat_ttl_ms;
         if (p.ok && !expired) {
-            if (!nd->up) rt_log("%s node %s (model %s) is up: %s", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
-                                cfgs[i].addr, cfgs[i].model, p.desc);
+            if (!nd->up) log_info(NULL, "%s node %s (model %s) %s: %s", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                                  cfgs[i].addr, cfgs[i].model, startup ? "reachable at start-up" : "is up", p.desc);
             nd->up = 1;
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
@@ -1966,10 +1984,15 @@ static void rt_health_round(router *r) {
         } else {
             nd->fails++;
             nd->checks_failed++;
+            if (startup)
+                log_warn(NULL, "%s node %s (model %s) unreachable at start-up: %s",
+                         cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill", cfgs[i].addr, cfgs[i].model,
+                         p.ok ? "no heartbeat" : p.err[0] ? p.err : "no answer");
             if (nd->up && (nd->fails >= r->cfg.down_after || expired)) {
                 nd->up = 0;
-                rt_log("%s node %s marked down (%s)", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
-                       cfgs[i].addr, expired ? "no heartbeat" : "health check failed");
+                log_warn(NULL, "%s node %s marked down (%s%s%s)", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                         cfgs[i].addr, expired ? "no heartbeat" : "health check failed", expired ? "" : ": ",
+                         expired ? "" : p.err[0] ? p.err : "no answer");
             }
         }
         pthread_mutex_unlock(&r->mu);
@@ -1979,7 +2002,7 @@ static void rt_health_round(router *r) {
 static void *rt_health_main(void *arg) {
     router *r = arg;
     while (!r->stopping) {
-        rt_health_round(r);
+        rt_health_round(r, 0);
         pthread_mutex_lock(&r->mu);
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -2050,14 +2073,14 @@ int router_start(router **out, const router_config *cfg, char *err, size_t errle
     unsigned conn_limit = (unsigned)cfg->max_conns;
     if (conn_limit < (unsigned)cfg->max_concurrent * 2 + 16) conn_limit = (unsigned)cfg->max_concurrent * 2 + 16;
     httpd_limits lim = { .max_conns = conn_limit, .max_conns_per_ip = (unsigned)cfg->max_conns_per_ip,
-                         .request_deadline_ms = cfg->request_deadline_ms, .idle_timeout_s = 60, .name = "router" };
+                         .request_deadline_ms = cfg->request_deadline_ms, .idle_timeout_s = 60 };
     if (httpd_start(&r->http, &lim, fd, rt_handler, r, rt_completed, r, herr, sizeof herr)) {
         rt_errf(err, errlen, "%s: %s", cfg->listen, herr);
         router_stop(r);
         return -1;
     }
     r->port = httpd_port(r->http);
-    rt_health_round(r);   /* know who is up before the first request */
+    rt_health_round(r, 1);   /* know who is up before the first request */
     if (pthread_create(&r->health, NULL, rt_health_main, r)) { rt_errf(err, errlen, "cannot start the health thread"); router_stop(r); return -1; }
     r->health_started = 1;
     *out = r;
@@ -2104,7 +2127,8 @@ void router_usage(FILE *f) {
         "  --port-file FILE       write the bound port there once listening\n"
         "  --max-concurrent N     generation requests in flight (default 64)\n"
         "  --health-interval-ms N (default 1000)\n"
-        "  --quiet                no per-request log lines\n");
+        "  --quiet                no per-request log lines\n"
+        "  --log-level LEVEL      error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
 static void rt_usage(void) { router_usage(stderr); }
@@ -2192,11 +2216,11 @@ int router_cli(int argc, char **argv) {
     router *r = NULL;
     char err[512];
     if (router_start(&r, &c, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: %s\n", err);
+        log_error(NULL, "%s", err);
         router_config_free(&c);
         return 1;
     }
-    rt_log("listening on port %d (%s), %d node(s), split policy %s%s", router_port(r), c.listen, c.n_nodes,
+    log_info(NULL, "listening on port %d (%s), %d node(s), split policy %s%s", router_port(r), c.listen, c.n_nodes,
            c.split == ROUTER_SPLIT_AUTO ? "auto" : c.split == ROUTER_SPLIT_ALWAYS ? "always" : "never",
            c.api_key[0] ? ", API key required" : "");
     if (port_file) {
@@ -2204,7 +2228,7 @@ int router_cli(int argc, char **argv) {
         if (f) { fprintf(f, "%d\n", router_port(r)); fclose(f); }
     }
     while (!rt_stop_flag) usleep(100 * 1000);
-    rt_log("shutting down");
+    log_info(NULL, "shutting down");
     router_stop(r);
     router_config_free(&c);
     return 0;

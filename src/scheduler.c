@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "generate.h"
+#include "log.h"
 #include "tokenizer.h"
 
 /* ==== Constants ==== */
@@ -491,7 +492,7 @@ static void sched_fail_batch(sched *s, int ni, const char *err) {
         sched_job_end(s, j, "error", msg);
     }
     pthread_mutex_unlock(&s->mu);
-    fprintf(stderr, "scheduler: %s\n", err);
+    log_error(NULL, "evaluation failed: %s", err);
 }
 
 static void sched_wait_work(sched *s) {

@@ -17,6 +17,7 @@
 
 #include "cliopt.h"
 #include "handoff.h"
+#include "log.h"
 #include "model.h"
 #include "node_decode.h"
 #include "node_register.h"
@@ -63,6 +64,7 @@ static void serve_usage(FILE *f) {
         "  --router URL         register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
         "  --model-name NAME    the model name to register (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]  the address the router should use (default: the listen address)\n"
+        "  --log-level LEVEL    error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n"
         "Prefill role:\n"
         "  --max-preauth N      connections still in their handshake (default 16; the oldest\n"
         "                       is dropped for a new one)\n"
@@ -194,7 +196,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         node_register_opts ro = { .router_url = o->router, .role = "prefill", .model = o->model_name ? o->model_name : name,
                                   .advertise = o->advertise, .listen = o->listen, .port = &port,
                                   .secret = o->secret, .secret_len = o->secret_len };
-        if (node_register_start(&reg, &ro, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return 2; }
+        if (node_register_start(&reg, &ro, err, sizeof err)) { log_error(NULL, "%s", err); return 2; }
     }
     prefill_node_opts po = {
         .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
@@ -206,7 +208,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .request_ms = o->request_ms, .port_out = &port,
     };
     int rc = 0;
-    if (prefill_node_run(m, &po, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); rc = 1; }
+    if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }
     node_register_stop(reg);
     return rc;
 }
@@ -222,6 +224,19 @@ static int serve_help(int argc, char **argv) {
     return CLI_EXIT_OK;
 }
 
+/* --log-level (every role) and the role named on each log line. 0, or -1
+ * after printing what is wrong. */
+static int serve_log_setup(int *argc, char **argv) {
+    char err[160];
+    if (log_cli_take(argc, argv, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", err); return -1; }
+    for (int i = 0; i + 1 < *argc; i++)
+        if (!strcmp(argv[i], "--role")) {
+            const char *r = argv[i + 1];
+            if (!strcmp(r, "router") || !strcmp(r, "prefill") || !strcmp(r, "decode") || !strcmp(r, "local")) log_set_role(r);
+        }
+    return 0;
+}
+
 int cli_serve(int argc, char **argv) {
     /* Each connection's thread would otherwise get its own malloc arena and
      * keep its freed KV caches mapped: two arenas bound a node's footprint. */
@@ -231,6 +246,7 @@ int cli_serve(int argc, char **argv) {
      * them into the heap after the first free and keep them resident. */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
     if (cliopt_wants_help(argc, argv)) return serve_help(argc, argv);
+    if (serve_log_setup(&argc, argv)) return 2;
     /* decode and local parse their own, larger option set (node_decode.c) */
     for (int i = 0; i + 1 < argc; i++)
         if (!strcmp(argv[i], "--role") && (!strcmp(argv[i + 1], "decode") || !strcmp(argv[i + 1], "local")))
@@ -242,7 +258,7 @@ int cli_serve(int argc, char **argv) {
     if (serve_parse(argc, argv, &o)) return 2;
     char err[512];
     if (cli_load_secret(o.secret_file, &o.secret, &o.secret_len, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: refusing to start a network node: %s\n", err);
+        log_error(NULL, "refusing to start a network node: %s", err);
         return 2;
     }
     serve_signals();
@@ -250,13 +266,13 @@ int cli_serve(int argc, char **argv) {
     model *m = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {   /* err names the file */
-        fprintf(stderr, SERVE ": %s\n", err);
+        log_error(NULL, "%s", err);
         goto out;
     }
     int train = model_get_hparams(m)->n_ctx_train;
     if (!o.n_ctx) o.n_ctx = train > 0 && train < 4096 ? train : 4096;
     else if (train > 0 && o.n_ctx > train)
-        fprintf(stderr, SERVE ": warning: -c %d is beyond the model's trained context of %d tokens\n", o.n_ctx, train);
+        log_warn(NULL, "-c %d is beyond the model's trained context of %d tokens", o.n_ctx, train);
     switch (o.role) {
     case SERVE_PREFILL: rc = serve_prefill(m, &o); break;
     case SERVE_DECODE:

@@ -94,7 +94,7 @@ print()
 if usage: print("usage:", json.dumps(usage))
 '
 echo "== handoff (router log)"
-grep -E "done status|fell back" "$DIR/router.log" | sed -E 's/^router: [^ ]+ //' | tr ' ' '\n' | \
+grep -E "done status|fell back" "$DIR/router.log" | sed -E "s/^.* req=[^ ]+ //" | tr ' ' '\n' | \
     grep -E '^(plan|prefill|prompt|completion|ttft_ms|tpot_ms|computed_remote|computed_local|kv_bytes|wire_bytes|prefill_ms|transfer_ms|fallback)=' | paste -sd' ' -
 echo "== router metrics (excerpt)"
 curl -s "http://127.0.0.1:$RP/metrics" | grep -E '^tandem_router_(prefill_total|kv_bytes_total|wire_bytes_total|ttft_seconds_(sum|count)|decisions_total\{decision="split")'
