@@ -168,3 +168,40 @@ LOG_AT(log_error, LOGL_ERROR)
 LOG_AT(log_warn, LOGL_WARN)
 LOG_AT(log_info, LOGL_INFO)
 LOG_AT(log_debug, LOGL_DEBUG)
+
+/* ==== Refusals, rate-limited ==== */
+
+/* Refused requests cost an attacker one request each: without a bound, a
+ * flood of unsigned or malformed requests grows the log without limit. At
+ * most LOG_REFUSED_PER_S such lines a second; the next line that passes says
+ * how many were left out. 50/s keeps every refusal of a real client and
+ * caps a flood at a few MB an hour. */
+#define LOG_REFUSED_PER_S 50
+
+static struct {
+    pthread_mutex_t mu;
+    time_t second;
+    int used;
+    unsigned long dropped;
+} log_refused_state = { PTHREAD_MUTEX_INITIALIZER, 0, 0, 0 };
+
+void log_refused(const char *req, int status, const char *msg) {
+    if (!log_enabled(LOGL_INFO)) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    unsigned long dropped = 0;
+    pthread_mutex_lock(&log_refused_state.mu);
+    if (ts.tv_sec != log_refused_state.second) { log_refused_state.second = ts.tv_sec; log_refused_state.used = 0; }
+    int pass = log_refused_state.used < LOG_REFUSED_PER_S;
+    if (pass) {
+        log_refused_state.used++;
+        dropped = log_refused_state.dropped;
+        log_refused_state.dropped = 0;
+    } else {
+        log_refused_state.dropped++;
+    }
+    pthread_mutex_unlock(&log_refused_state.mu);
+    if (!pass) return;
+    if (dropped) log_info(req, "refused status=%d error=%s (%lu refusal lines left out before this one)", status, msg, dropped);
+    else log_info(req, "refused status=%d error=%s", status, msg);
+}

@@ -60,4 +60,9 @@ void log_warn(const char *req, const char *fmt, ...) __attribute__((format(print
 void log_info(const char *req, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_debug(const char *req, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* "refused status=N error=MSG" at INFO for a request turned away before it
+ * was served, at most LOG_REFUSED_PER_S (50) lines a second (log.c): a
+ * flood of bad requests cannot grow the log without bound. */
+void log_refused(const char *req, int status, const char *msg);
+
 #endif

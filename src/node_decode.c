@@ -969,7 +969,7 @@ static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned st
                                  const char *msg) {
     char rid[LOG_ID_CHARS + 1];
     dn_request_id(c, rid);
-    log_info(rid, "refused status=%u error=%s", status, msg);
+    log_refused(rid, (int)status, msg);
     return dn_send_error(n, c, status, type, msg);
 }
 

@@ -1338,7 +1338,7 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
 static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
     char rid[LOG_ID_CHARS + 1];
     log_id_format(log_id_new(), rid);
-    if (!r->cfg.quiet) log_info(rid, "refused status=%d error=%s", e->status, e->message);
+    if (!r->cfg.quiet) log_refused(rid, e->status, e->message);
     return rt_send_error(r, c, ep, e);
 }
 
