@@ -425,8 +425,6 @@ static int rt_metrics_init(rt_metrics *m, char *err, size_t errlen) {
     /* the generation endpoints' success series exist from the start */
     metrics_touch(m->requests, (const char *[]){"chat", "200"});
     metrics_touch(m->requests, (const char *[]){"completions", "200"});
-    metrics_touch(m->served, (const char *[]){"local"});
-    metrics_touch(m->served, (const char *[]){"split"});
     return 0;
 }
 
