@@ -256,7 +256,7 @@ static int mt_apply(metrics_family *f, const char *const *lv, int op, double v) 
     if (!f || (f->n_labels && !lv)) return -1;
     if (op == MT_OP_OBSERVE ? f->kind != MT_HISTOGRAM : op != MT_OP_TOUCH && f->kind == MT_HISTOGRAM) return -1;
     if (op == MT_OP_ADD && f->kind == MT_COUNTER && !(v >= 0)) return -1;
-    if (op != MT_OP_TOUCH && isnan(v)) return -1;
+    if (op == MT_OP_SET ? isnan(v) : op != MT_OP_TOUCH && !isfinite(v)) return -1;   /* a sum never becomes Inf */
     pthread_mutex_lock(&f->m->mu);
     mt_series *s = mt_series_get(f, lv);
     if (s) {

@@ -56,7 +56,8 @@ metrics_family *metrics_histogram(metrics *m, const char *name, const char *help
 
 /* Observations. lv: one value per label name, in order (NULL for a family
  * without labels). 0, or -1 when the observation was dropped (NULL family,
- * wrong kind, negative counter increment, series cap, bad label value, out
+ * wrong kind, negative counter increment, NaN, an infinite increment or
+ * observation, series cap, bad label value, out
  * of memory). */
 int metrics_add(metrics_family *f, const char *const *lv, double v);     /* counter (v >= 0) or gauge */
 int metrics_set(metrics_family *f, const char *const *lv, double v);     /* gauge; or a counter copied

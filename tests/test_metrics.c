@@ -325,6 +325,8 @@ static void test_registry(void) {
     CHECK(metrics_add(c, (const char *[]){"x", "y"}, -1) == -1, "negative counter increment refused");
     CHECK(metrics_add(c, (const char *[]){"x", "\xff"}, 1) == -1, "invalid UTF-8 label value refused");
     CHECK(metrics_observe(c, (const char *[]){"x", "y"}, 1) == -1, "observe on a counter refused");
+    CHECK(metrics_observe(h, (const char *[]){"m1"}, INFINITY) == -1 && metrics_add(c, (const char *[]){"x", "y"}, NAN) == -1,
+          "infinite observation and NaN increment refused");
     metrics_set(g, NULL, -2.5);
     metrics_observe(h, (const char *[]){"m1"}, 0.05);
     metrics_observe(h, (const char *[]){"m1"}, 0.5);
