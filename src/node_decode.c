@@ -705,25 +705,26 @@ static const sched_view *dn_job_wait(dn_job *j, int have) {
     }
 }
 
-/* A finished job's outcome, tokens and times (seconds) into /metrics. */
+/* A finished job's tokens and times (seconds), then its outcome and
+ * end-to-end time (last, so a scrape that sees them sees the rest). */
 static void dn_metrics_job(dn_job *j, const char *outcome, double prefill_ms, double gen_ms) {
     dn_metrics *m = &j->n->mt;
     const sched_view *v = j->v;
     const char *const lm[] = {m->model};
-    dn_metrics_outcome(m, outcome);
     metrics_add(m->completion_tokens, lm, v->n_gen);
     if (v->t_admit > 0) {
         metrics_add(m->prompt_tokens, lm, j->n_prompt);
         metrics_add(m->reused_tokens, lm, v->start_pos);
         metrics_add(m->prefills, (const char *[]){m->model, j->remote ? "remote" : "local"}, 1);
         metrics_observe(m->queue, lm, (v->t_admit - j->t_arrive) / 1e3);
-        metrics_observe(m->e2e, lm, (dn_now() - j->t_arrive) / 1e3);
     }
     if (v->t_prompt_done > 0) metrics_observe(m->prefill, lm, prefill_ms / 1e3);
     if (j->remote) metrics_add(m->kv_received, lm, (double)j->hs.kv_bytes);
     if (j->fallback[0]) metrics_add(m->fallbacks, lm, 1);
     if (v->n_gen > 0) metrics_observe(m->ttft, lm, (v->t_first - j->t_arrive) / 1e3);
     if (v->n_gen > 1 && gen_ms > 0) metrics_observe(m->tpot, lm, gen_ms / 1e3 / (v->n_gen - 1));
+    dn_metrics_outcome(m, outcome);
+    if (v->t_admit > 0) metrics_observe(m->e2e, lm, (dn_now() - j->t_arrive) / 1e3);
 }
 
 static void dn_count_job(dn_job *j) {

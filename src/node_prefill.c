@@ -605,19 +605,21 @@ static const char *pn_outcome(const pn_req *r, int rc, int keep) {
     return "error";
 }
 
-/* A request that ran: its outcome and, when it succeeded, its figures. */
+/* A request that ran: when it succeeded, its figures; then its outcome
+ * (last, so a scrape that sees the count sees the rest). */
 static void pn_metrics_request(pnode *node, const pn_req *r, const char *outcome, int computed, double compute_ms,
                                double total_ms, uint64_t wire_bytes) {
     pn_metrics *m = &node->mt;
     const char *const lm[] = {m->model};
+    if (!strcmp(outcome, "ok")) {
+        metrics_add(m->computed, lm, computed);
+        metrics_add(m->sent, lm, r->end - r->start);
+        metrics_add(m->kv_bytes, lm, (double)r->kv_bytes);
+        metrics_add(m->wire_bytes, lm, (double)wire_bytes);
+        if (computed > 0) metrics_observe(m->compute, lm, compute_ms / 1e3);
+        metrics_observe(m->handoff, lm, total_ms / 1e3);
+    }
     pn_metrics_outcome(node, outcome);
-    if (strcmp(outcome, "ok")) return;
-    metrics_add(m->computed, lm, computed);
-    metrics_add(m->sent, lm, r->end - r->start);
-    metrics_add(m->kv_bytes, lm, (double)r->kv_bytes);
-    metrics_add(m->wire_bytes, lm, (double)wire_bytes);
-    if (computed > 0) metrics_observe(m->compute, lm, compute_ms / 1e3);
-    metrics_observe(m->handoff, lm, total_ms / 1e3);
 }
 
 /* GET /metrics on the metrics listener; everything else is 404/405. */
