@@ -914,7 +914,9 @@ static grade_router_counts grade_router_metrics(const grade_opts *o) {
         if (e) *e = 0;
         char *sp = strrchr(l, ' ');
         double v = sp ? atof(sp + 1) : 0;
-        if (!strncmp(l, "tandem_router_prefill_total{mode=\"split\"}", 41)) { rc.split += v; rc.ok = 1; }
+        /* a tandem router: the family is there even before a series is (series appear when first observed) */
+        if (!strcmp(l, "# TYPE tandem_router_prefill_total counter")) rc.ok = 1;
+        else if (!strncmp(l, "tandem_router_prefill_total{mode=\"split\"}", 41)) rc.split += v;
         else if (!strncmp(l, "tandem_router_prefill_total{mode=\"local\"}", 41)) rc.local += v;
         else if (!strncmp(l, "tandem_router_decisions_total{decision=\"split\"", 46)) rc.dec_split += v;
         else if (!strncmp(l, "tandem_router_decisions_total{decision=\"local\"", 46)) rc.dec_local += v;

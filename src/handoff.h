@@ -95,6 +95,13 @@ typedef struct {
     int request_ms;             /* one request (queue wait, compute and send) may take this long
                                  * in all (default 300000) */
     volatile int *port_out;     /* if set, receives the bound port once listening */
+    /* GET /metrics (Prometheus text) over HTTP on an address of its own (the
+     * node's port speaks the wire protocol): off unless metrics_listen is
+     * set. Open like the decode node's /metrics: counts and timings only. */
+    const char *metrics_listen;     /* host:port (port 0 = any free port) */
+    const char *metrics_port_file;  /* if set, the bound metrics port is written there */
+    const char *model_name;         /* the "model" label (default: the node's model file name) */
+    const char *model_path;         /* for that default */
     /* Fault injection for tests only: sleep this long before each KV frame;
      * corrupt one payload byte of the Nth KV frame of every request after
      * its CRC was computed (a checksum error); flip one sealed byte of the

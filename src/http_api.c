@@ -696,6 +696,8 @@ static void api_read_prefill(json_t *p, api_upstream_line *u) {
     u->transfer_ms = json_is_number(t) ? json_number_value(t) : -1;
     u->remote_prefill_ms = api_num(json_object_get(p, "remote_prefill_ms"));
     u->handoff_ms = api_num(json_object_get(p, "handoff_ms"));
+    json_t *qm = json_object_get(p, "queue_ms");
+    u->queue_ms = json_is_number(qm) ? json_number_value(qm) : -1;
     api_copy_str(json_object_get(p, "fallback_reason"), u->fallback_reason, sizeof u->fallback_reason);
 }
 
@@ -708,6 +710,7 @@ static void api_read_error(json_t *v, char *out, size_t outlen) {
 
 int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) {
     memset(u, 0, sizeof *u);
+    u->queue_ms = -1;
     json_t *o = json_loadb(line, len, 0, NULL);
     if (!json_is_object(o)) { json_decref(o); return -1; }
     json_t *tok = json_object_get(o, "token"), *text = json_object_get(o, "text");

@@ -125,6 +125,7 @@ typedef struct {
     double transfer_ms;         /* exposed transfer: "transfer_tail_ms" if reported, else -1 */
     double remote_prefill_ms;   /* compute time on the prefill node (split only) */
     double handoff_ms;          /* request sent -> last KV frame in the cache (split only) */
+    double queue_ms;            /* waited in the decode node's queue: "queue_ms", or -1 */
     char fallback_reason[256];
     char error[320];            /* "error" member (string or object with message) */
 } api_upstream_line;

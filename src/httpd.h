@@ -1,7 +1,8 @@
 /* httpd.h - starting a libmicrohttpd server with limits against slow and
- * numerous clients; shared by the router and the decode node.
+ * numerous clients; shared by the router, the decode node and the prefill
+ * node's metrics listener.
  *
- * Both servers run one thread per connection (their handlers block on
+ * All of them run one thread per connection (their handlers block on
  * generation), so every open connection holds a thread and a slot. A
  * "slow loris" client (one header line every few seconds) never trips
  * MHD's inactivity timeout and, in numbers, used to fill every slot. The

@@ -37,6 +37,8 @@
 #include "scheduler.h"
 #include "httpd.h"
 #include "log.h"
+#include "logsafe.h"
+#include "metrics.h"
 #include "node_auth.h"
 #include "node_register.h"
 #include "sampler.h"
@@ -113,6 +115,15 @@ typedef struct {
     double prefill_tps_local, prefill_tps_remote, decode_tps, ttft_ms, handoff_gbps;
 } dn_stats;
 
+/* /metrics families (metrics.h; docs/router.md lists them). */
+typedef struct {
+    metrics *reg;
+    char model[128];             /* every series' "model" label */
+    metrics_family *requests, *prompt_tokens, *completion_tokens, *reused_tokens, *prefills, *fallbacks, *kv_received;
+    metrics_family *queue, *ttft, *e2e, *prefill, *tpot;
+    metrics_family *slots, *slots_busy, *queued, *queue_cap, *kv_tokens, *kv_capacity, *kv_usage, *steps, *batched;
+} dn_metrics;
+
 typedef struct {
     model *m;
     const decode_node_opts *o;
@@ -131,6 +142,7 @@ typedef struct {
     /* counters (smu) */
     pthread_mutex_t smu;
     dn_stats st;
+    dn_metrics mt;
     /* the vocabulary index for constrained decoding, built at the first
      * request that needs it (gmu) */
     pthread_mutex_t gmu;
@@ -144,6 +156,91 @@ typedef struct {
 static void dn_ema(double *avg, double x) {
     if (!(x > 0) || !isfinite(x)) return;
     *avg = *avg > 0 ? (1 - DN_EMA_ALPHA) * *avg + DN_EMA_ALPHA * x : x;
+}
+
+/* ==== Metrics ==== */
+
+static int dn_metrics_counters(dn_metrics *m, char *err, size_t errlen) {
+    static const char *const lm[] = {"model", NULL};
+    metrics *g = m->reg;
+    return !(m->requests = metrics_counter(g, "tandem_decode_requests_total",
+                                           "POST /v1/generate requests by outcome: ok, error, cancelled (client went away), "
+                                           "rejected (4xx), busy (503).", (const char *[]){"model", "outcome", NULL}, err, errlen)) ||
+           !(m->prompt_tokens = metrics_counter(g, "tandem_decode_prompt_tokens_total", "Prompt tokens of admitted requests.",
+                                                lm, err, errlen)) ||
+           !(m->reused_tokens = metrics_counter(g, "tandem_decode_prompt_tokens_reused_total",
+                                                "Prompt positions taken from a cached prefix instead of computed.", lm, err, errlen)) ||
+           !(m->completion_tokens = metrics_counter(g, "tandem_decode_completion_tokens_total", "Generated tokens.",
+                                                    lm, err, errlen)) ||
+           !(m->prefills = metrics_counter(g, "tandem_decode_prefills_total", "Prompts prefilled, by where: local or remote.",
+                                           (const char *[]){"model", "mode", NULL}, err, errlen)) ||
+           !(m->fallbacks = metrics_counter(g, "tandem_decode_prefill_fallbacks_total",
+                                            "Remote prefills that failed and were done locally.", lm, err, errlen)) ||
+           !(m->kv_received = metrics_counter(g, "tandem_decode_kv_received_bytes_total",
+                                              "KV cache bytes received from prefill nodes.", lm, err, errlen)) ||
+           !(m->steps = metrics_counter(g, "tandem_decode_batch_steps_total", "Model passes of the batching scheduler.",
+                                        lm, err, errlen)) ||
+           !(m->batched = metrics_counter(g, "tandem_decode_batched_tokens_total", "Tokens those passes evaluated.",
+                                          lm, err, errlen));
+}
+
+static int dn_metrics_histograms(dn_metrics *m, char *err, size_t errlen) {
+    static const char *const lm[] = {"model", NULL};
+    metrics *g = m->reg;
+    return !(m->queue = metrics_histogram(g, "tandem_decode_queue_seconds", "Arrival to admission into a generation slot.",
+                                          lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->ttft = metrics_histogram(g, "tandem_decode_ttft_seconds", "Arrival to the first generated token.",
+                                         lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->e2e = metrics_histogram(g, "tandem_decode_request_duration_seconds",
+                                        "Arrival to the end of the request (last byte queued), admitted requests.",
+                                        lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->prefill = metrics_histogram(g, "tandem_decode_prefill_seconds",
+                                            "Admission to the whole prompt in the cache (local or remote).",
+                                            lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->tpot = metrics_histogram(g, "tandem_decode_tpot_seconds", "Time per output token after the first.",
+                                         lm, metrics_buckets_fast, METRICS_N_FAST, err, errlen));
+}
+
+static int dn_metrics_gauges(dn_metrics *m, char *err, size_t errlen) {
+    static const char *const lm[] = {"model", NULL};
+    metrics *g = m->reg;
+    return !(m->slots = metrics_gauge(g, "tandem_decode_slots", "Generation slots (sequences decoded together).",
+                                      lm, err, errlen)) ||
+           !(m->slots_busy = metrics_gauge(g, "tandem_decode_slots_busy", "Slots running a request now.", lm, err, errlen)) ||
+           !(m->queued = metrics_gauge(g, "tandem_decode_queue_depth", "Requests waiting for a slot.", lm, err, errlen)) ||
+           !(m->queue_cap = metrics_gauge(g, "tandem_decode_queue_capacity", "Requests that may wait before 503.",
+                                          lm, err, errlen)) ||
+           !(m->kv_tokens = metrics_gauge(g, "tandem_decode_kv_cache_tokens", "Positions held in the slots' KV caches.",
+                                          lm, err, errlen)) ||
+           !(m->kv_capacity = metrics_gauge(g, "tandem_decode_kv_cache_capacity_tokens",
+                                            "Positions the KV caches can hold (slots x context).", lm, err, errlen)) ||
+           !(m->kv_usage = metrics_gauge(g, "tandem_decode_kv_cache_usage_ratio",
+                                         "kv_cache_tokens / kv_cache_capacity_tokens.", lm, err, errlen));
+}
+
+/* The families, and the series certain to occur created at zero. */
+static int dn_metrics_init(dn_metrics *m, const decode_node_opts *o, char *err, size_t errlen) {
+    if (o->model_name && *o->model_name) snprintf(m->model, sizeof m->model, "%s", o->model_name);
+    else node_register_default_model(o->model_path ? o->model_path : "model", m->model, sizeof m->model);
+    if (!(m->reg = metrics_new())) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (dn_metrics_counters(m, err, errlen) || dn_metrics_histograms(m, err, errlen) || dn_metrics_gauges(m, err, errlen))
+        return -1;
+    const char *const lm[] = {m->model};
+    metrics_family *one[] = {m->prompt_tokens, m->reused_tokens, m->completion_tokens, m->fallbacks, m->kv_received,
+                             m->queue, m->ttft, m->e2e, m->prefill, m->tpot};
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) metrics_touch(one[i], lm);
+    metrics_touch(m->requests, (const char *[]){m->model, "ok"});
+    metrics_touch(m->prefills, (const char *[]){m->model, "local"});
+    return 0;
+}
+
+static void dn_metrics_outcome(dn_metrics *m, const char *outcome) {
+    metrics_add(m->requests, (const char *[]){m->model, outcome}, 1);
+}
+
+/* A refused POST /v1/generate: 503 busy, else rejected (4xx) or error (5xx). */
+static void dn_metrics_refused(dn_metrics *m, unsigned status) {
+    dn_metrics_outcome(m, status == 503 ? "busy" : status < 500 ? "rejected" : "error");
 }
 
 /* ==== Prefill-node connections ==== */
@@ -599,6 +696,28 @@ static const sched_view *dn_job_wait(dn_job *j, int have) {
     }
 }
 
+/* A finished job's tokens and times (seconds), then its outcome and
+ * end-to-end time (last, so a scrape that sees them sees the rest). */
+static void dn_metrics_job(dn_job *j, const char *outcome, double prefill_ms, double gen_ms) {
+    dn_metrics *m = &j->n->mt;
+    const sched_view *v = j->v;
+    const char *const lm[] = {m->model};
+    metrics_add(m->completion_tokens, lm, v->n_gen);
+    if (v->t_admit > 0) {
+        metrics_add(m->prompt_tokens, lm, j->n_prompt);
+        metrics_add(m->reused_tokens, lm, v->start_pos);
+        metrics_add(m->prefills, (const char *[]){m->model, j->remote ? "remote" : "local"}, 1);
+        metrics_observe(m->queue, lm, (v->t_admit - j->t_arrive) / 1e3);
+    }
+    if (v->t_prompt_done > 0) metrics_observe(m->prefill, lm, prefill_ms / 1e3);
+    if (j->remote) metrics_add(m->kv_received, lm, (double)j->hs.kv_bytes);
+    if (j->fallback[0]) metrics_add(m->fallbacks, lm, 1);
+    if (v->n_gen > 0) metrics_observe(m->ttft, lm, (v->t_first - j->t_arrive) / 1e3);
+    if (v->n_gen > 1 && gen_ms > 0) metrics_observe(m->tpot, lm, gen_ms / 1e3 / (v->n_gen - 1));
+    dn_metrics_outcome(m, outcome);
+    if (v->t_admit > 0) metrics_observe(m->e2e, lm, (dn_now() - j->t_arrive) / 1e3);
+}
+
 static void dn_count_job(dn_job *j) {
     dnode *n = j->n;
     const sched_view *v = j->v;
@@ -632,6 +751,7 @@ static void dn_count_job(dn_job *j) {
     if (v->n_gen > 1 && gen_ms > 0) dn_ema(&n->st.decode_tps, (v->n_gen - 1) * 1e3 / gen_ms);
     if (v->n_gen > 0) dn_ema(&n->st.ttft_ms, v->t_first - j->t_arrive);
     pthread_mutex_unlock(&n->smu);
+    dn_metrics_job(j, cancelled ? "cancelled" : failed ? "error" : "ok", prefill_ms, gen_ms);
 }
 
 /* The request's one INFO line: tokens, where the prompt came from, times. */
@@ -808,6 +928,27 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     return dn_send_json(c, 200, o);
 }
 
+/* GET /metrics: the scheduler's gauges copied in, then the registry's text.
+ * Open like /health: counts and timings only. */
+static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
+    dn_metrics *m = &n->mt;
+    const char *const lm[] = {m->model};
+    sched_stats ss;
+    sched_get_stats(n->sc, &ss);
+    metrics_set(m->slots, lm, ss.slots);
+    metrics_set(m->slots_busy, lm, ss.slots_busy);
+    metrics_set(m->queued, lm, ss.queued);
+    metrics_set(m->queue_cap, lm, ss.queue_max);
+    metrics_set(m->kv_tokens, lm, (double)ss.cached_tokens);
+    metrics_set(m->kv_capacity, lm, (double)ss.capacity_tokens);
+    metrics_set(m->kv_usage, lm, ss.capacity_tokens ? (double)ss.cached_tokens / (double)ss.capacity_tokens : 0.0);
+    metrics_set(m->steps, lm, (double)ss.steps);
+    metrics_set(m->batched, lm, (double)ss.batched_tokens);
+    size_t len = 0;
+    char *text = metrics_render(m->reg, &len);
+    return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
+}
+
 static void dn_emit_line(dn_job *j, json_t *o) {
     size_t len = 0;
     char *s = dn_dump(o, &len);
@@ -970,6 +1111,7 @@ static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned st
     char rid[LOG_ID_CHARS + 1];
     dn_request_id(c, rid);
     log_refused(rid, (int)status, msg);
+    dn_metrics_refused(&n->mt, status);
     return dn_send_error(n, c, status, type, msg);
 }
 
@@ -1042,6 +1184,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return get ? dn_handle_health(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/v1/stats")) return get ? dn_handle_stats(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
+    if (!strcmp(url, "/metrics")) return get ? dn_handle_metrics(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/v1/generate")) {
         if (!post) return dn_refuse(n, c, 405, "invalid_request_error", "use POST");
         if (cc->too_big) return dn_refuse(n, c, 413, "invalid_request_error", "request body too large");
@@ -1055,7 +1198,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
         if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
         return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);
     }
-    return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats)");
+    return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats, GET /metrics)");
 }
 
 static void dn_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -1178,6 +1321,7 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     pthread_mutex_init(&n->pmu, NULL);
     pthread_mutex_init(&n->smu, NULL);
     pthread_mutex_init(&n->gmu, NULL);
+    if (dn_metrics_init(&n->mt, o, err, errlen)) return -1;
     n->auth = o->secret && o->secret_len;
     if (n->auth) {
         node_auth_derive(&n->key, o->secret, o->secret_len, NODE_AUTH_LABEL_DECODE_API);
@@ -1202,6 +1346,7 @@ static void dn_cleanup(dnode *n) {
     pthread_mutex_destroy(&n->smu);
     pthread_mutex_destroy(&n->gmu);
     grammar_vocab_free(n->gvocab);
+    metrics_free(n->mt.reg);
     node_auth_replay_free(n->replay);
     node_auth_wipe(&n->key);
 }
@@ -1287,7 +1432,8 @@ void decode_node_usage(FILE *f) {
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
         "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
-        "  --model-name NAME         the model name to register (default: the file name without .gguf)\n"
+        "  --model-name NAME         the model name to register and to label /metrics with\n"
+        "                            (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
         "  --max-conns N             HTTP connections in all (default 4 x per-address + 64)\n"
         "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
@@ -1389,6 +1535,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     }
     c.o.secret = secret;
     c.o.model_path = c.model;
+    c.o.model_name = c.model_name;
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = dn_on_signal;

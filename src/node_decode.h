@@ -5,12 +5,14 @@
  *   POST /v1/generate   generation request; streamed as NDJSON if "stream"
  *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
  *   GET  /v1/stats      counters and moving-average speeds (router cost model)
+ *   GET  /metrics       Prometheus text (docs/router.md lists the families)
  *
  * Authentication: a node with a shared secret takes POST /v1/generate
  * only when signed by a router (node_auth.h, key label "tandem decode-api
  * v1"): anything else gets 401. "prefill_node" (the peer the node will
- * connect to) is refused outright by a node without a secret. GET /health
- * and GET /v1/stats stay open (they act on nothing).
+ * connect to) is refused outright by a node without a secret. GET /health,
+ * GET /v1/stats and GET /metrics stay open (they act on nothing and carry
+ * counts and timings, no prompt, text or key).
  *
  * POST /v1/generate body: exactly one of "prompt" (string; "chat": true
  * wraps it as one user message), "messages" ([{"role","content"}], rendered
@@ -63,6 +65,7 @@ typedef struct {
     size_t secret_len;
     const char *node_id;         /* our name in HELLO (default "decode") */
     const char *model_path;      /* for /health */
+    const char *model_name;      /* the "model" label of /metrics (default: the file name without .gguf) */
     int n_ctx;                   /* per-session context (default: the model's, at most 4096) */
     uint32_t kv_dtype;           /* cache type (default GGML_TYPE_F16) */
     uint32_t wire_dtype;         /* handoff wire type (default: the cache type) */

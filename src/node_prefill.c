@@ -31,7 +31,10 @@
 
 #include "generate.h"
 #include "gguf.h"
+#include "httpd.h"
 #include "log.h"
+#include "metrics.h"
+#include "node_register.h"
 #include "wire.h"
 
 /* Default concurrent authenticated connections: each holds a session (KV
@@ -68,6 +71,14 @@
 typedef struct pnode pnode;
 typedef struct pn_waiter { struct pn_waiter *next; } pn_waiter;
 
+/* /metrics families (metrics.h; docs/router.md lists them). */
+typedef struct {
+    metrics *reg;
+    char model[128];              /* every series' "model" label */
+    metrics_family *requests, *computed, *sent, *kv_bytes, *wire_bytes, *compute, *handoff, *conns, *conns_max;
+    httpd *http;                  /* the metrics listener, or NULL */
+} pn_metrics;
+
 enum pn_state { PN_FREE, PN_PREAUTH, PN_AUTHED };
 
 typedef struct {
@@ -97,6 +108,7 @@ struct pnode {
     int n_authed, n_preauth;      /* slots in each state (evicted ones not counted as pre-auth) */
     unsigned next_conn;
     uint64_t n_requests;
+    pn_metrics mt;
 };
 
 typedef struct { int layer, pos0, n; } pn_job;
@@ -536,6 +548,127 @@ static void pn_req_free(pn_req *r) {
     free(r->tmp);
 }
 
+/* ==== Metrics ==== */
+
+static int pn_write_port(const char *path, int lfd, char *err, size_t errlen);
+
+static int pn_metrics_families(pn_metrics *m, char *err, size_t errlen) {
+    static const char *const lm[] = {"model", NULL};
+    metrics *g = m->reg;
+    return !(m->requests = metrics_counter(g, "tandem_prefill_requests_total",
+                                           "KV requests from decode nodes by outcome: ok, cancelled, timeout, peer_gone, "
+                                           "refused (malformed or out of range), error.",
+                                           (const char *[]){"model", "outcome", NULL}, err, errlen)) ||
+           !(m->computed = metrics_counter(g, "tandem_prefill_tokens_computed_total",
+                                           "Prompt positions evaluated (the rest came from the connection's cache).",
+                                           lm, err, errlen)) ||
+           !(m->sent = metrics_counter(g, "tandem_prefill_positions_sent_total", "Positions whose KV was sent.",
+                                       lm, err, errlen)) ||
+           !(m->kv_bytes = metrics_counter(g, "tandem_prefill_kv_sent_bytes_total", "KV cache bytes sent (wire dtype).",
+                                           lm, err, errlen)) ||
+           !(m->wire_bytes = metrics_counter(g, "tandem_prefill_wire_sent_bytes_total",
+                                             "Bytes put on the wire for requests (frames, headers, seals).", lm, err, errlen)) ||
+           !(m->compute = metrics_histogram(g, "tandem_prefill_compute_seconds", "Model evaluation time of a request.",
+                                            lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->handoff = metrics_histogram(g, "tandem_prefill_handoff_seconds",
+                                            "REQUEST received to DONE sent: queue, compute and transfer.",
+                                            lm, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->conns = metrics_gauge(g, "tandem_prefill_connections", "Authenticated decode-node connections open.",
+                                      lm, err, errlen)) ||
+           !(m->conns_max = metrics_gauge(g, "tandem_prefill_connections_max",
+                                          "Authenticated connections allowed (more get BUSY).", lm, err, errlen));
+}
+
+static int pn_metrics_init(pn_metrics *m, const prefill_node_opts *o, char *err, size_t errlen) {
+    if (o->model_name && *o->model_name) snprintf(m->model, sizeof m->model, "%s", o->model_name);
+    else node_register_default_model(o->model_path ? o->model_path : "model", m->model, sizeof m->model);
+    if (!(m->reg = metrics_new())) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (pn_metrics_families(m, err, errlen)) return -1;
+    const char *const lm[] = {m->model};
+    metrics_family *one[] = {m->computed, m->sent, m->kv_bytes, m->wire_bytes, m->compute, m->handoff};
+    for (size_t i = 0; i < sizeof one / sizeof one[0]; i++) metrics_touch(one[i], lm);
+    metrics_touch(m->requests, (const char *[]){m->model, "ok"});
+    return 0;
+}
+
+static void pn_metrics_outcome(pnode *node, const char *outcome) {
+    metrics_add(node->mt.requests, (const char *[]){node->mt.model, outcome}, 1);
+}
+
+static const char *pn_outcome(const pn_req *r, int rc, int keep) {
+    if (rc == 0 && !r->failed) return keep ? "ok" : "error";
+    if (r->cancelled || r->stopping) return "cancelled";
+    if (r->too_big) return "error";
+    if (r->expired) return "timeout";
+    if (r->failed || r->peer_gone) return "peer_gone";
+    return "error";
+}
+
+/* A request that ran: when it succeeded, its figures; then its outcome
+ * (last, so a scrape that sees the count sees the rest). */
+static void pn_metrics_request(pnode *node, const pn_req *r, const char *outcome, int computed, double compute_ms,
+                               double total_ms, uint64_t wire_bytes) {
+    pn_metrics *m = &node->mt;
+    const char *const lm[] = {m->model};
+    if (!strcmp(outcome, "ok")) {
+        metrics_add(m->computed, lm, computed);
+        metrics_add(m->sent, lm, r->end - r->start);
+        metrics_add(m->kv_bytes, lm, (double)r->kv_bytes);
+        metrics_add(m->wire_bytes, lm, (double)wire_bytes);
+        if (computed > 0) metrics_observe(m->compute, lm, compute_ms / 1e3);
+        metrics_observe(m->handoff, lm, total_ms / 1e3);
+    }
+    pn_metrics_outcome(node, outcome);
+}
+
+/* GET /metrics on the metrics listener; everything else is 404/405. */
+static enum MHD_Result pn_http(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **con_cls) {
+    static int seen;
+    pnode *node = cls;
+    if (!*con_cls) { *con_cls = &seen; return MHD_YES; }   /* headers in; a body is read and dropped */
+    if (*upload_size) { *upload_size = 0; return MHD_YES; }
+    unsigned status = strcmp(url, "/metrics") ? 404 : strcmp(method, "GET") && strcmp(method, "HEAD") ? 405 : 200;
+    char *text = NULL;
+    if (status == 200) {
+        const char *const lm[] = {node->mt.model};
+        pthread_mutex_lock(&node->mu);
+        int conns = node->n_authed;
+        pthread_mutex_unlock(&node->mu);
+        metrics_set(node->mt.conns, lm, conns);
+        metrics_set(node->mt.conns_max, lm, node->max_authed);
+        text = metrics_render(node->mt.reg, NULL);
+        if (!text) status = 500;
+    }
+    if (!text) text = strdup(status == 404 ? "not found (try GET /metrics)\n" : status == 405 ? "use GET\n" : "out of memory\n");
+    if (!text) return MHD_NO;
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    if (!resp) { free(text); return MHD_NO; }
+    MHD_add_response_header(resp, "Content-Type", status == 200 ? METRICS_CONTENT_TYPE : "text/plain");
+    enum MHD_Result rc = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return rc;
+}
+
+/* The metrics listener, when one is asked for: small limits (a scraper or
+ * two), a short deadline to send the request. */
+static int pn_metrics_start(pnode *node, char *err, size_t errlen) {
+    const prefill_node_opts *o = node->o;
+    if (!o->metrics_listen) return 0;
+    int fd = wire_listen(o->metrics_listen, err, errlen);
+    if (fd < 0) return -1;
+    int port = pn_write_port(o->metrics_port_file, fd, err, errlen);
+    if (port < 0) { close(fd); return -1; }
+    httpd_limits lim = { .max_conns = 64, .max_conns_per_ip = 16, .request_deadline_ms = 5000, .idle_timeout_s = 30 };
+    char herr[200];
+    if (httpd_start(&node->mt.http, &lim, fd, pn_http, node, NULL, NULL, herr, sizeof herr)) {
+        snprintf(err, errlen, "metrics listener %s: %s", o->metrics_listen, herr);
+        return -1;
+    }
+    log_info(NULL, "metrics: GET /metrics on port %d", port);
+    return 0;
+}
+
 /* Handles one REQUEST. Returns 0 to keep the connection, -1 to drop it. */
 static int pn_request(pn_conn *pc, uint64_t req) {
     pnode *node = pc->node;
@@ -552,22 +685,26 @@ static int pn_request(pn_conn *pc, uint64_t req) {
                       "(last was %llu)", (unsigned long long)req, (unsigned long long)pc->last_req);
         log_warn(rid, "conn %u (%s): request id %llu refused (last %llu), closing", pc->id, pc->peer,
                  (unsigned long long)req, (unsigned long long)pc->last_req);
+        pn_metrics_outcome(node, "refused");
         return -1;
     }
     pc->last_req = req;
     if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, &q, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_PROTOCOL, "malformed request: %s", err);
         log_warn(rid, "conn %u (%s): malformed request, closing: %s", pc->id, pc->peer, err);
+        pn_metrics_outcome(node, "refused");
         return -1;
     }
     uint32_t send_flags;
     if (pn_validate(pc, req, &q, &send_flags, why, sizeof why)) {
         log_info(rid, "refused: %s", why);
+        pn_metrics_outcome(node, "refused");
         return 0;
     }
     if (pn_conn_session(pc, (int)q.n_tokens, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_INTERNAL, "%s", err);
         log_error(rid, "refused: %s", err);
+        pn_metrics_outcome(node, "error");
         return 0;
     }
     /* Reuse whatever prefix of the previous prompt the session holds. */
@@ -580,7 +717,7 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     uint64_t seq = ++node->n_requests;
     pthread_mutex_unlock(&node->mu);
     pn_req *r = calloc(1, sizeof *r);
-    if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); return 0; }
+    if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); pn_metrics_outcome(node, "error"); return 0; }
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     int n_layer = kv_n_layer(session_kv(pc->s));
@@ -641,6 +778,8 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         log_error(rid, "request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);
         keep = 1;
     }
+    pn_metrics_request(node, r, pn_outcome(r, rc, keep), r->end > have ? r->end - have : 0, ms, gen_now_ms() - t_req,
+                       pc->conn.bytes_out - out0);
     pn_req_free(r);
     free(r);
     return keep ? 0 : -1;
@@ -890,10 +1029,19 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     if (lfd < 0) { free(node.slots); return -1; }
     int port = pn_write_port(o->port_file, lfd, err, errlen);
     if (port < 0) { close(lfd); free(node.slots); return -1; }
-    if (o->port_out) *o->port_out = port;
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.turn_mu, NULL);
     pthread_cond_init(&node.turn_cv, NULL);
+    if (pn_metrics_init(&node.mt, &oo, err, errlen) || pn_metrics_start(&node, err, errlen)) {
+        metrics_free(node.mt.reg);
+        close(lfd);
+        pthread_mutex_destroy(&node.mu);
+        pthread_mutex_destroy(&node.turn_mu);
+        pthread_cond_destroy(&node.turn_cv);
+        free(node.slots);
+        return -1;
+    }
+    if (o->port_out) *o->port_out = port;
     log_info(NULL, "node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
     while (!pn_stopped(&node)) {
         pn_reap(&node, 0);
@@ -908,6 +1056,8 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pthread_mutex_unlock(&node.mu);
     pn_reap(&node, 1);
     log_info(NULL, "shut down after %llu requests", (unsigned long long)node.n_requests);
+    httpd_stop(node.mt.http);
+    metrics_free(node.mt.reg);
     pthread_mutex_destroy(&node.mu);
     pthread_mutex_destroy(&node.turn_mu);
     pthread_cond_destroy(&node.turn_cv);

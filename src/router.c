@@ -32,6 +32,8 @@
 #include "cli.h"
 #include "httpd.h"
 #include "log.h"
+#include "logsafe.h"
+#include "metrics.h"
 #include "node_auth.h"
 #include "tools.h"
 #include "wire.h"
@@ -313,35 +315,106 @@ typedef struct {
 
 /* ==== Metrics ==== */
 
-#define RT_NB 12
-static const double rt_ttft_b[RT_NB] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
-static const double rt_tpot_b[RT_NB] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
-static const double rt_xfer_b[RT_NB] = {0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 5000};
-
-typedef struct { double sum; unsigned long long count, b[RT_NB]; } rt_hist;
-
-static void rt_hist_add(rt_hist *h, const double *bounds, double x) {
-    h->sum += x;
-    h->count++;
-    for (int i = 0; i < RT_NB; i++) if (x <= bounds[i]) h->b[i]++;
-}
-
+/* Families of the router's /metrics (metrics.h; docs/router.md lists
+ * them). Series are created when first observed: a (decision, reason) pair
+ * is exported once a request took it. Histograms are in seconds and carry
+ * the request's model (a name some decode node serves). */
 enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_N };
 static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other"};
-static const int rt_status_codes[] = {200, 400, 401, 404, 405, 409, 413, 429, 500, 502, 503, 504};
-#define RT_NSTATUS ((int)(sizeof rt_status_codes / sizeof rt_status_codes[0]))
-static const char *const rt_reason_keys[] = {"policy", "no_prefill_node", "short_prompt", "cost"};
-#define RT_NREASON 4
+
+/* per-node figures, rebuilt from the registry at each scrape */
+enum { RT_NM_UP, RT_NM_INFLIGHT, RT_NM_QUEUE, RT_NM_PREFILL_TPS, RT_NM_DECODE_TPS, RT_NM_KV_PER_TOKEN,
+       RT_NM_LINK, RT_NM_REQUESTS, RT_NM_FAILURES, RT_NM_N };
 
 typedef struct {
-    unsigned long long requests[RT_EP_N][RT_NSTATUS];
-    unsigned long long decisions[2][RT_NREASON];   /* [split][reason] */
-    unsigned long long served[2];                  /* prefill actually done [local, remote] */
-    unsigned long long fallbacks, retries, cancels, stream_errors;
-    unsigned long long prompt_tokens, completion_tokens;
-    double kv_bytes, wire_bytes;
-    rt_hist ttft, tpot, transfer;
+    metrics *reg;
+    metrics_family *requests, *decisions, *served, *fallbacks, *retries, *cancels, *stream_errors;
+    metrics_family *prompt_tokens, *completion_tokens, *kv_bytes, *wire_bytes, *active;
+    metrics_family *e2e, *queue, *ttft, *tpot, *transfer;
+    metrics_family *node[RT_NM_N];
 } rt_metrics;
+
+static const char *const rt_lbl_model[] = {"model", NULL};
+
+static int rt_metrics_counters(rt_metrics *m, char *err, size_t errlen) {
+    metrics *g = m->reg;
+    return !(m->requests = metrics_counter(g, "tandem_router_requests_total", "HTTP requests answered, by endpoint and status.",
+                                           (const char *[]){"endpoint", "status", NULL}, err, errlen)) ||
+           !(m->decisions = metrics_counter(g, "tandem_router_decisions_total",
+                                            "Routing decisions: split (prefill node) or local, and why; only pairs that occurred.",
+                                            (const char *[]){"decision", "reason", NULL}, err, errlen)) ||
+           !(m->served = metrics_counter(g, "tandem_router_prefill_total",
+                                         "Completed requests by where the prompt was actually prefilled.",
+                                         (const char *[]){"mode", NULL}, err, errlen)) ||
+           !(m->fallbacks = metrics_counter(g, "tandem_router_prefill_fallbacks_total",
+                                            "Split requests whose decode node fell back to local prefill.", NULL, err, errlen)) ||
+           !(m->retries = metrics_counter(g, "tandem_router_retries_total",
+                                          "Attempts retried on another decode node.", NULL, err, errlen)) ||
+           !(m->cancels = metrics_counter(g, "tandem_router_cancelled_total",
+                                          "Generation requests whose client went away.", NULL, err, errlen)) ||
+           !(m->stream_errors = metrics_counter(g, "tandem_router_stream_errors_total",
+                                                "Streams that ended with an error event after the first token.", NULL, err, errlen)) ||
+           !(m->prompt_tokens = metrics_counter(g, "tandem_router_prompt_tokens_total",
+                                                "Prompt tokens of completed requests.", NULL, err, errlen)) ||
+           !(m->completion_tokens = metrics_counter(g, "tandem_router_completion_tokens_total",
+                                                    "Generated tokens of completed requests.", NULL, err, errlen)) ||
+           !(m->kv_bytes = metrics_counter(g, "tandem_router_kv_bytes_total",
+                                           "KV cache bytes handed from prefill to decode nodes (split requests).", NULL, err, errlen)) ||
+           !(m->wire_bytes = metrics_counter(g, "tandem_router_wire_bytes_total",
+                                             "Bytes those handoffs put on the wire.", NULL, err, errlen)) ||
+           !(m->active = metrics_gauge(g, "tandem_router_active_requests", "Generation requests in flight.", NULL, err, errlen));
+}
+
+static int rt_metrics_histograms(rt_metrics *m, char *err, size_t errlen) {
+    metrics *g = m->reg;
+    return !(m->e2e = metrics_histogram(g, "tandem_router_request_duration_seconds",
+                                        "End-to-end time of a generation request, arrival to last byte, by outcome (ok, error, cancelled).",
+                                        (const char *[]){"model", "outcome", NULL}, metrics_buckets_latency, METRICS_N_LATENCY,
+                                        err, errlen)) ||
+           !(m->queue = metrics_histogram(g, "tandem_router_queue_seconds",
+                                          "Time a completed request waited in its decode node's queue, as the node reports it.",
+                                          rt_lbl_model, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->ttft = metrics_histogram(g, "tandem_router_ttft_seconds", "Time to first token seen by the router.",
+                                         rt_lbl_model, metrics_buckets_latency, METRICS_N_LATENCY, err, errlen)) ||
+           !(m->tpot = metrics_histogram(g, "tandem_router_tpot_seconds", "Time per output token after the first.",
+                                         rt_lbl_model, metrics_buckets_fast, METRICS_N_FAST, err, errlen)) ||
+           !(m->transfer = metrics_histogram(g, "tandem_router_kv_transfer_seconds",
+                                             "KV handoff time exposed to the request (split only).",
+                                             rt_lbl_model, metrics_buckets_fast, METRICS_N_FAST, err, errlen));
+}
+
+static int rt_metrics_node_families(rt_metrics *m, char *err, size_t errlen) {
+    static const struct { const char *name, *help; int counter; } d[RT_NM_N] = {
+        {"tandem_node_up", "1 if the node passed its last health check.", 0},
+        {"tandem_node_inflight", "This router's requests on the node now.", 0},
+        {"tandem_node_queue_depth", "Requests running and waiting on the node, as it last reported.", 0},
+        {"tandem_node_prefill_tokens_per_second", "Measured prefill speed (moving average).", 0},
+        {"tandem_node_decode_tokens_per_second", "Measured decode speed (moving average).", 0},
+        {"tandem_node_kv_bytes_per_token", "KV cache bytes per prompt token handed off (prefill nodes).", 0},
+        {"tandem_node_link_bytes_per_second", "Measured handoff link rate, a lower bound (prefill nodes).", 0},
+        {"tandem_node_requests_total", "Requests this router sent to the node.", 1},
+        {"tandem_node_failures_total", "Requests or checks of the node that failed.", 1},
+    };
+    static const char *const lbl[] = {"node", "role", "model", NULL};
+    for (int k = 0; k < RT_NM_N; k++) {
+        m->node[k] = d[k].counter ? metrics_counter(m->reg, d[k].name, d[k].help, lbl, err, errlen)
+                                  : metrics_gauge(m->reg, d[k].name, d[k].help, lbl, err, errlen);
+        if (!m->node[k]) return -1;
+    }
+    return 0;
+}
+
+/* 0, or -1 with err (a bad family definition or out of memory). */
+static int rt_metrics_init(rt_metrics *m, char *err, size_t errlen) {
+    if (!(m->reg = metrics_new())) { rt_errf(err, errlen, "out of memory"); return -1; }
+    if (rt_metrics_counters(m, err, errlen) || rt_metrics_histograms(m, err, errlen) ||
+        rt_metrics_node_families(m, err, errlen))
+        return -1;
+    /* the generation endpoints' success series exist from the start */
+    metrics_touch(m->requests, (const char *[]){"chat", "200"});
+    metrics_touch(m->requests, (const char *[]){"completions", "200"});
+    return 0;
+}
 
 struct router {
     router_config cfg;
@@ -366,15 +439,9 @@ struct router {
 };
 
 static void rt_count_request(router *r, int ep, int status) {
-    pthread_mutex_lock(&r->mu);
-    for (int i = 0; i < RT_NSTATUS; i++)
-        if (rt_status_codes[i] == status) { r->m.requests[ep][i]++; break; }
-    pthread_mutex_unlock(&r->mu);
-}
-
-static int rt_reason_index(const char *key) {
-    for (int i = 0; i < RT_NREASON; i++) if (key && !strcmp(key, rt_reason_keys[i])) return i;
-    return RT_NREASON - 1;
+    char st[8];
+    snprintf(st, sizeof st, "%d", status >= 100 && status <= 599 ? status : 0);
+    metrics_add(r->m.requests, (const char *[]){rt_ep_names[ep], st}, 1);
 }
 
 /* ==== Node selection ==== */
@@ -711,7 +778,7 @@ static int rt_choose(rt_req *q) {
         pn->requests++;
         snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pn->cfg.addr);
     }
-    r->m.decisions[q->dec.split][rt_reason_index(q->dec.key)]++;
+    metrics_add(r->m.decisions, (const char *[]){q->dec.split ? "split" : "local", q->dec.key ? q->dec.key : "unknown"}, 1);
     pthread_mutex_unlock(&r->mu);
     if (!r->cfg.quiet)
         log_debug(q->rid, "model %s -> decode %s, %s%s%s", q->req.model, q->decode_addr, q->dec.reason,
@@ -928,10 +995,27 @@ static int rt_start(rt_req *q, api_error *e) {
             q->busy++;
             rt_mark_full(r, idx);
         }
-        pthread_mutex_lock(&r->mu);
-        r->m.retries++;
-        pthread_mutex_unlock(&r->mu);
+        metrics_add(r->m.retries, NULL, 1);
         log_warn(q->rid, "%s; retrying on another decode node", q->error);
+    }
+}
+
+/* A completed request's figures into the metrics; times in seconds (< 0: unknown). */
+static void rt_observe_done(rt_req *q, double ttft, double tpot, double transfer_ms, int remote) {
+    rt_metrics *m = &q->r->m;
+    const api_upstream_line *f = &q->fin;
+    const char *const model[] = {q->req.model};
+    if (ttft >= 0) metrics_observe(m->ttft, model, ttft);
+    if (tpot >= 0) metrics_observe(m->tpot, model, tpot);
+    if (f->queue_ms >= 0 && isfinite(f->queue_ms)) metrics_observe(m->queue, model, f->queue_ms / 1e3);
+    if (f->prompt_tokens > 0) metrics_add(m->prompt_tokens, NULL, f->prompt_tokens);
+    if (f->completion_tokens > 0) metrics_add(m->completion_tokens, NULL, f->completion_tokens);
+    metrics_add(m->served, (const char *[]){remote ? "split" : "local"}, 1);
+    if (f->fallback_reason[0]) metrics_add(m->fallbacks, NULL, 1);
+    if (remote) {
+        metrics_add(m->kv_bytes, NULL, f->kv_bytes);
+        metrics_add(m->wire_bytes, NULL, f->wire_bytes);
+        if (transfer_ms >= 0 && isfinite(transfer_ms)) metrics_observe(m->transfer, model, transfer_ms / 1e3);
     }
 }
 
@@ -943,18 +1027,8 @@ static void rt_learn(rt_req *q) {
     double tpot = q->n_tokens > 1 ? (q->t_last - q->t_first) / 1e3 / (q->n_tokens - 1) : -1;
     double transfer = f->transfer_ms >= 0 ? f->transfer_ms : (f->ttft_ms > f->prefill_ms ? f->ttft_ms - f->prefill_ms : 0);
     int remote = !strcmp(f->prefill_mode, "remote");
+    rt_observe_done(q, ttft, tpot, transfer, remote);
     pthread_mutex_lock(&r->mu);
-    if (ttft >= 0) rt_hist_add(&r->m.ttft, rt_ttft_b, ttft);
-    if (tpot >= 0) rt_hist_add(&r->m.tpot, rt_tpot_b, tpot);
-    r->m.prompt_tokens += f->prompt_tokens;
-    r->m.completion_tokens += f->completion_tokens;
-    r->m.served[remote]++;
-    if (f->fallback_reason[0]) r->m.fallbacks++;
-    if (remote) {
-        r->m.kv_bytes += f->kv_bytes;
-        r->m.wire_bytes += f->wire_bytes;
-        rt_hist_add(&r->m.transfer, rt_xfer_b, transfer);
-    }
     if (q->decode_idx >= 0) {
         rt_node *d = &r->nodes[q->decode_idx];
         if (q->req.prompt_bytes > 0 && f->prompt_tokens > 0) rt_ewma(&d->bytes_per_token, (double)q->req.prompt_bytes / f->prompt_tokens);
@@ -1078,6 +1152,10 @@ static int rt_client_fd(struct MHD_Connection *c) {
 
 static void rt_req_finish(rt_req *q) {
     router *r = q->r;
+    if (q->counted_active && q->req.model) {
+        const char *outcome = q->status == 200 ? "ok" : q->status == 499 ? "cancelled" : "error";
+        metrics_observe(r->m.e2e, (const char *[]){q->req.model, outcome}, (rt_now_ms() - q->t_start) / 1e3);
+    }
     if (q->have_fin) api_upstream_line_free(&q->fin);
     if (q->have_pending) api_upstream_line_free(&q->pending);
     rt_release_node(q, 0, 0);
@@ -1182,16 +1260,12 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         q->t_first = 0;
         rt_release_node(q, 1, 0);
         log_warn(q->rid, "%s; retrying", q->error);
-        pthread_mutex_lock(&r->mu);
-        r->m.retries++;
-        pthread_mutex_unlock(&r->mu);
+        metrics_add(r->m.retries, NULL, 1);
     }
     q->status = e.status;
     enum MHD_Result mr;
     if (e.status == 499) {
-        pthread_mutex_lock(&r->mu);
-        r->m.cancels++;
-        pthread_mutex_unlock(&r->mu);
+        metrics_add(r->m.cancels, NULL, 1);
         rt_log_done(q, "cancelled");
         mr = MHD_NO;   /* nobody to answer: close the connection */
     } else {
@@ -1271,9 +1345,7 @@ static int rt_stream_produce(rt_req *q) {
     api_error_set(&e, 502, "server_error", "upstream_failed", NULL,
                   "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
     q->status = 502;
-    pthread_mutex_lock(&r->mu);
-    r->m.stream_errors++;
-    pthread_mutex_unlock(&r->mu);
+    metrics_add(r->m.stream_errors, NULL, 1);
     rt_count_request(r, q->ep, 502);
     rt_log_done(q, "stream error");
     return rt_out_set(q, api_render_error_event(&e)) ? -1 : 0;
@@ -1296,9 +1368,7 @@ static void rt_stream_free(void *cls) {
     if (!q->logged) {
         /* The client went away mid-stream (MHD could not write): closing the
          * upstream connection tells the decode node to stop. */
-        pthread_mutex_lock(&q->r->mu);
-        q->r->m.cancels++;
-        pthread_mutex_unlock(&q->r->mu);
+        metrics_add(q->r->m.cancels, NULL, 1);
         if (!q->error[0]) snprintf(q->error, sizeof q->error, "client disconnected");
         q->status = 499;
         rt_log_done(q, "cancelled");
@@ -1483,71 +1553,24 @@ static void rt_sb_printf(rt_sb *b, const char *fmt, ...) {
     }
 }
 
-static void rt_metric_hist(rt_sb *b, const char *name, const char *help, const rt_hist *h, const double *bounds) {
-    rt_sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
-    for (int i = 0; i < RT_NB; i++) rt_sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[i], h->b[i]);
-    rt_sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, h->count, name, h->sum, name, h->count);
-}
-
-static void rt_metrics_requests(rt_sb *b, const rt_metrics *m) {
-    rt_sb_printf(b, "# HELP tandem_router_requests_total HTTP requests answered, by endpoint and status.\n"
-                    "# TYPE tandem_router_requests_total counter\n");
-    for (int e = 0; e < RT_EP_N; e++)
-        for (int s = 0; s < RT_NSTATUS; s++)
-            if (m->requests[e][s] || (s == 0 && e < 2))
-                rt_sb_printf(b, "tandem_router_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n",
-                             rt_ep_names[e], rt_status_codes[s], m->requests[e][s]);
-    rt_sb_printf(b, "# HELP tandem_router_decisions_total Routing decisions: split (prefill node) or local, and why.\n"
-                    "# TYPE tandem_router_decisions_total counter\n");
-    for (int sp = 0; sp < 2; sp++)
-        for (int k = 0; k < RT_NREASON; k++)
-            rt_sb_printf(b, "tandem_router_decisions_total{decision=\"%s\",reason=\"%s\"} %llu\n",
-                         sp ? "split" : "local", rt_reason_keys[k], m->decisions[sp][k]);
-    rt_sb_printf(b, "# HELP tandem_router_prefill_total Completed requests by where the prompt was actually prefilled.\n"
-                    "# TYPE tandem_router_prefill_total counter\n"
-                    "tandem_router_prefill_total{mode=\"local\"} %llu\ntandem_router_prefill_total{mode=\"split\"} %llu\n",
-                 m->served[0], m->served[1]);
-    rt_sb_printf(b, "# TYPE tandem_router_prefill_fallbacks_total counter\ntandem_router_prefill_fallbacks_total %llu\n"
-                    "# TYPE tandem_router_retries_total counter\ntandem_router_retries_total %llu\n"
-                    "# TYPE tandem_router_cancelled_total counter\ntandem_router_cancelled_total %llu\n"
-                    "# TYPE tandem_router_stream_errors_total counter\ntandem_router_stream_errors_total %llu\n"
-                    "# TYPE tandem_router_prompt_tokens_total counter\ntandem_router_prompt_tokens_total %llu\n"
-                    "# TYPE tandem_router_completion_tokens_total counter\ntandem_router_completion_tokens_total %llu\n"
-                    "# TYPE tandem_router_kv_bytes_total counter\ntandem_router_kv_bytes_total %.0f\n"
-                    "# TYPE tandem_router_wire_bytes_total counter\ntandem_router_wire_bytes_total %.0f\n",
-                 m->fallbacks, m->retries, m->cancels, m->stream_errors, m->prompt_tokens, m->completion_tokens,
-                 m->kv_bytes, m->wire_bytes);
-}
-
-static void rt_metrics_nodes(rt_sb *b, const router *r) {
-    static const char *const names[] = {"up", "inflight", "queue_depth", "prefill_tokens_per_second",
-                                        "decode_tokens_per_second", "kv_bytes_per_token", "link_bytes_per_second",
-                                        "requests_total", "failures_total"};
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        rt_sb_printf(b, "# TYPE tandem_node_%s %s\n", names[k], strstr(names[k], "_total") ? "counter" : "gauge");
-        for (int i = 0; i < r->n_nodes; i++) {
-            const rt_node *n = &r->nodes[i];
-            double v[] = {n->up, n->inflight, n->queue_depth, n->prefill_tps, n->decode_tps, n->kv_bytes_per_token,
-                          n->link_Bps, (double)n->requests, (double)n->failures};
-            rt_sb_printf(b, "tandem_node_%s{node=\"%s\",role=\"%s\",model=\"%s\"} %.6g\n", names[k], n->cfg.addr,
-                         n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill", n->cfg.model, v[k]);
-        }
-    }
-}
-
+/* The registry's text, with the gauges that live in the node registry
+ * copied in first (under mu, so two scrapes do not interleave). */
 static enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
-    rt_sb b = {0};
+    rt_metrics *m = &r->m;
     pthread_mutex_lock(&r->mu);
-    rt_metrics_requests(&b, &r->m);
-    rt_sb_printf(&b, "# TYPE tandem_router_active_requests gauge\ntandem_router_active_requests %d\n", r->active);
-    rt_metric_hist(&b, "tandem_router_ttft_seconds", "Time to first token seen by the router.", &r->m.ttft, rt_ttft_b);
-    rt_metric_hist(&b, "tandem_router_tpot_seconds", "Time per output token after the first.", &r->m.tpot, rt_tpot_b);
-    rt_metric_hist(&b, "tandem_router_kv_transfer_ms", "KV handoff time exposed to the request (split only).",
-                   &r->m.transfer, rt_xfer_b);
-    rt_metrics_nodes(&b, r);
+    for (int k = 0; k < RT_NM_N; k++) metrics_clear(m->node[k]);
+    for (int i = 0; i < r->n_nodes; i++) {
+        const rt_node *n = &r->nodes[i];
+        const char *lv[] = {n->cfg.addr, n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill", n->cfg.model};
+        double v[RT_NM_N] = {n->up, n->inflight, n->queue_depth, n->prefill_tps, n->decode_tps, n->kv_bytes_per_token,
+                             n->link_Bps, (double)n->requests, (double)n->failures};
+        for (int k = 0; k < RT_NM_N; k++) metrics_set(m->node[k], lv, v[k]);
+    }
+    metrics_set(m->active, NULL, r->active);
+    char *text = metrics_render(m->reg, NULL);
     pthread_mutex_unlock(&r->mu);
-    rt_count_request(r, RT_EP_OTHER, 200);
-    return rt_send(c, 200, "text/plain; version=0.0.4", b.s);
+    rt_count_request(r, RT_EP_OTHER, text ? 200 : 500);
+    return rt_send(c, text ? 200 : 500, METRICS_CONTENT_TYPE, text);
 }
 
 /* ==== /tokenize and /detokenize: forwarded to a decode node ==== */
@@ -2057,6 +2080,7 @@ int router_start(router **out, const router_config *cfg, char *err, size_t errle
     pthread_cond_init(&r->cv, NULL);
     r->started_unix = (long long)time(NULL);
     if (r->have_secret && !(r->reg_replay = node_auth_replay_new(0))) { rt_errf(err, errlen, "out of memory"); router_stop(r); return -1; }
+    if (rt_metrics_init(&r->m, err, errlen)) { router_stop(r); return -1; }
     for (int i = 0; i < cfg->n_nodes; i++) rt_node_upsert_locked(r, &cfg->nodes[i], 0);
     curl_global_init(CURL_GLOBAL_DEFAULT);
     struct sockaddr_storage ss;
@@ -2099,6 +2123,7 @@ void router_stop(router *r) {
     httpd_stop(r->http);
     router_config_free(&r->cfg);
     node_auth_replay_free(r->reg_replay);
+    metrics_free(r->m.reg);
     node_auth_wipe(&r->api_key);
     node_auth_wipe(&r->reg_key);
     pthread_cond_destroy(&r->cv);

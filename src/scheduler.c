@@ -682,7 +682,11 @@ void sched_get_stats(sched *s, sched_stats *st) {
     memset(st, 0, sizeof *st);
     pthread_mutex_lock(&s->mu);
     st->slots = s->o.n_slots;
-    for (int i = 0; i < s->o.n_slots; i++) st->slots_busy += s->slots[i].job != NULL;
+    for (int i = 0; i < s->o.n_slots; i++) {
+        st->slots_busy += s->slots[i].job != NULL;
+        st->cached_tokens += (uint64_t)s->slots[i].n;
+    }
+    st->capacity_tokens = (uint64_t)s->o.n_slots * (uint64_t)s->o.n_ctx;
     st->queued = s->queued;
     st->queue_max = s->o.queue_max;
     st->sessions_used = s->sessions_used;

@@ -130,6 +130,8 @@ void sched_release(sched *s, sched_job *j);
 typedef struct {
     int slots, slots_busy, queued, queue_max, sessions_used;
     uint64_t steps, batched_tokens;   /* model passes and tokens they carried */
+    uint64_t cached_tokens;           /* positions held in the slots' KV caches */
+    uint64_t capacity_tokens;         /* what they can hold: slots x n_ctx */
 } sched_stats;
 void sched_get_stats(sched *s, sched_stats *st);
 

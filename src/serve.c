@@ -32,6 +32,7 @@ typedef struct {
     enum serve_role role;
     const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file, *backend;
     const char *router, *model_name, *advertise;   /* registration with a router */
+    const char *metrics_listen, *metrics_port_file;  /* prefill role: GET /metrics */
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
@@ -62,7 +63,8 @@ static void serve_usage(FILE *f) {
         "  --port-file FILE     write the bound port there once listening\n"
         "  --max-conns N        concurrent connections (default 16)\n"
         "  --router URL         register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
-        "  --model-name NAME    the model name to register (default: the file name without .gguf)\n"
+        "  --model-name NAME    the model name to register and to label /metrics with\n"
+        "                       (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]  the address the router should use (default: the listen address)\n"
         "  --log-level LEVEL    error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n"
         "Prefill role:\n"
@@ -70,7 +72,9 @@ static void serve_usage(FILE *f) {
         "                       is dropped for a new one)\n"
         "  --handshake-ms N     handshake deadline (default 2000)\n"
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
-        "  --request-ms N       limit on one request, queue wait included (default 300000)\n");
+        "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
+        "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
+        "  --metrics-port-file FILE    write the bound metrics port there\n");
     cli_usage_backend_to(f, 20);
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
@@ -111,6 +115,8 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--router")) bad = cliopt_str(SERVE, a, v, &o->router);
         else if (!strcmp(a, "--model-name")) bad = cliopt_str(SERVE, a, v, &o->model_name);
         else if (!strcmp(a, "--advertise")) bad = cliopt_str(SERVE, a, v, &o->advertise);
+        else if (!strcmp(a, "--metrics-listen")) bad = cliopt_str(SERVE, a, v, &o->metrics_listen);
+        else if (!strcmp(a, "--metrics-port-file")) bad = cliopt_str(SERVE, a, v, &o->metrics_port_file);
         else if (!strcmp(a, "-t")) bad = serve_int(a, v, 1, 256, &o->n_threads);
         else if (!strcmp(a, "-c")) bad = serve_int(a, v, 1, 1 << 24, &o->n_ctx);
         else if (!strcmp(a, "-b")) bad = serve_int(a, v, 1, 1 << 16, &o->n_batch);
@@ -206,6 +212,8 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
         .request_ms = o->request_ms, .port_out = &port,
+        .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
+        .model_name = o->model_name, .model_path = o->model,
     };
     int rc = 0;
     if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }
