@@ -727,6 +727,10 @@ static void rt_release_node(rt_req *q, int failed, int mark_down) {
     q->decode_idx = q->prefill_idx = -1;
 }
 
+/* A split's cost beyond the prefill node's compute until measured: on a
+ * LAN, the request's round trip and the decode node's last position. */
+#define RT_SPLIT_OVERHEAD_MS 2.0
+
 /* Prompt length from its bytes, for when the decode node cannot count it:
  * the bytes per token the decode node's completed requests showed. */
 static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
@@ -791,7 +795,7 @@ static void rt_plan(rt_req *q) {
         .prefill_tps_assumed = !(pn && pn->prefill_tps > 0),
         .link_bytes_per_s = pn && pn->link_Bps > 0 ? pn->link_Bps : r->cfg.link_gbps * 1e9 / 8,
         .kv_bytes_per_token = pn ? pn->kv_bytes_per_token : 0,
-        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : 2.0,
+        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : RT_SPLIT_OVERHEAD_MS,
         /* rt_choose already counted this request in inflight */
         .decode_queue = dn->inflight - 1 > dn->queue_depth ? dn->inflight - 1 : dn->queue_depth,
         .prefill_queue = pn ? rt_node_load(pn) : 0,
@@ -1073,12 +1077,24 @@ static void rt_learn(rt_req *q) {
         if (f->computed_remote >= 16 && pms > 0) rt_ewma(&p->prefill_tps, f->computed_remote / pms * 1e3);
         if (f->positions_received > 0 && f->kv_bytes > 0) rt_ewma(&p->kv_bytes_per_token, f->kv_bytes / f->positions_received);
         /* The frames travel during the whole handoff (overlapped with compute):
-         * bytes over handoff time is a lower bound of the link rate. */
-        if (f->handoff_ms > 0 && f->wire_bytes > 0) rt_ewma(&p->link_Bps, f->wire_bytes / f->handoff_ms * 1e3);
+         * bytes over handoff time is a lower bound of the link rate. It is
+         * the rate itself only when the frames outlasted the compute (the
+         * link was the bottleneck); otherwise it only says the link is at
+         * least that fast, and taking it for the rate would make every
+         * later estimate see a compute-bound link as slow. */
+        if (f->handoff_ms > 0 && f->wire_bytes > 0) {
+            double lb = f->wire_bytes / f->handoff_ms * 1e3;
+            double cur = p->link_Bps > 0 ? p->link_Bps : r->cfg.link_gbps * 1e9 / 8;
+            rt_ewma(&p->link_Bps, transfer > 0.1 * f->handoff_ms || lb > cur ? lb : cur);
+        }
         /* The split's cost beyond the prefill node's compute and the exposed
          * transfer, as the decode node measured it: the request's round
          * trip, writing the frames into its cache, its own last position. */
         double fixed = pms > 0 && f->prefill_ms > pms ? f->prefill_ms - pms - transfer : 0;
+        /* Seeded with the assumed cost, not the first sample: a decode
+         * node's first split also opens its connection to the prefill node
+         * (~100 ms), which later splits reuse. */
+        if (!(p->overhead_ms > 0)) p->overhead_ms = RT_SPLIT_OVERHEAD_MS;
         rt_ewma(&p->overhead_ms, (transfer > 0 ? transfer : 0) + (fixed > 0.1 ? fixed : 0.1));
     }
     if (q->prefill_idx >= 0 && f->fallback_reason[0]) {
