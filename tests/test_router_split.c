@@ -180,11 +180,11 @@ static char *rs_chat(const char *user) {
 
 /* A long user message; tag makes it differ from the first token on, so no
  * node holds a prefix of it. */
-static char *rs_long_text(int tag) {
-    size_t cap = RS_LONG_WORDS * 64 + 64, n = 0;
+static char *rs_long_text(int tag, int words) {
+    size_t cap = (size_t)words * 64 + 64, n = 0;
     char *s = malloc(cap);
     n += (size_t)snprintf(s + n, cap - n, "Report %d. Summarise the following list.", tag);
-    for (int i = 0; i < RS_LONG_WORDS; i++)
+    for (int i = 0; i < words; i++)
         n += (size_t)snprintf(s + n, cap - n, " Item %d-%d is a fine word for the story", tag, i);
     return s;
 }
@@ -243,11 +243,11 @@ static void test_short(int rport) {
  * the sums of the estimated and measured prefill times from the skip-th on
  * (the first's estimate rests on the calibration alone); the last request's
  * body into *last when asked. */
-static void rs_round(int rport, int tag0, int n, int skip, const char *want_plan, const char *want_reason,
+static void rs_round(int rport, int tag0, int n, int words, int skip, const char *want_plan, const char *want_reason,
                      double *est_sum, double *meas_sum, char **last) {
     *est_sum = *meas_sum = 0;
     for (int i = 0; i < n; i++) {
-        char *text = rs_long_text(tag0 + i);
+        char *text = rs_long_text(tag0 + i, words);
         char *body = rs_chat(text);
         rs_reply r;
         rs_post(rport, "/v1/chat/completions", body, &r);
@@ -264,7 +264,7 @@ static void rs_round(int rport, int tag0, int n, int skip, const char *want_plan
         CHECK(r.status == 200 && !strcmp(plan, want_plan) && !strcmp(reason, want_reason) && !strcmp(out, want_plan),
               "long prompt %d: %ld plan %s reason %s outcome %s (want %s, %s)", tag0 + i, r.status, plan, reason, out,
               want_plan, want_reason);
-        CHECK(!strcmp(cnt, "exact") && used > 300 && rs_header_num(&r, "X-Tandem-Prompt-Tokens") == used,
+        CHECK(!strcmp(cnt, "exact") && used > words * 5 && rs_header_num(&r, "X-Tandem-Prompt-Tokens") == used,
               "long prompt %d counted by the tokenizer: %s %.0f vs usage %lld", tag0 + i, cnt,
               rs_header_num(&r, "X-Tandem-Prompt-Tokens"), used);
         if (i >= skip && est > 0 && meas > 0) { *est_sum += est; *meas_sum += meas; }
@@ -276,22 +276,22 @@ static void rs_round(int rport, int tag0, int n, int skip, const char *want_plan
 
 /* rs_round's estimates against the measured times, summed (one prompt's
  * time on a shared machine varies by +-25% with the load, more than the
- * estimate's error). When the load changed under the first round, a second
- * one, with the rates learned in the first, decides. Returns the prompts
- * sent. */
-static int rs_estimates(int rport, int tag0, int n, const char *plan, const char *reason, char **last) {
-    double est, meas;
-    rs_round(rport, tag0, n, 1, plan, reason, &est, &meas, last);
-    double err = meas > 0 ? fabs(est / meas - 1) : 1;
-    printf("test_router_split: %s estimate vs measured over %d prompts: %.1f ms vs %.1f ms (%.0f%% off)\n", plan, n - 1,
-           est, meas, err * 100);
-    int sent = n;
-    if (err > 0.20) {
-        if (last) free(*last);
-        rs_round(rport, tag0 + 50, n - 1, 0, plan, reason, &est, &meas, last);
-        sent += n - 1;
+ * estimate's error). When the load changed under a round (the nodes'
+ * rates follow it with a moving average, a few requests behind), another
+ * round, with the rates learned so far, decides; at most RS_ROUNDS. Returns
+ * the prompts sent. */
+#define RS_ROUNDS 3
+static int rs_estimates(int rport, int tag0, int n, int words, const char *plan, const char *reason, char **last) {
+    double est = 0, meas = 0, err = 1;
+    int sent = 0;
+    for (int round = 0; round < RS_ROUNDS && err > 0.20; round++) {
+        if (last && *last) { free(*last); *last = NULL; }
+        int k = round ? n - 1 : n;
+        rs_round(rport, tag0 + 50 * round, k, words, round ? 0 : 1, plan, reason, &est, &meas, last);
+        sent += k;
         err = meas > 0 ? fabs(est / meas - 1) : 1;
-        printf("test_router_split: second round: %.1f ms vs %.1f ms (%.0f%% off)\n", est, meas, err * 100);
+        printf("test_router_split: %s round %d: estimates vs measured over %d prompts: %.1f ms vs %.1f ms (%.0f%% off)\n",
+               plan, round + 1, n - 1, est, meas, err * 100);
     }
     CHECK(err <= 0.20, "%s estimates within 20%% of the measured prefill: %.1f vs %.1f ms", plan, est, meas);
     return sent;
@@ -373,7 +373,7 @@ static void test_processes(void) {
     if (rport > 0 && rs_wait_rates(rport, pport, dport)) {
         test_short(rport);
         char *last = NULL;
-        int n_split = rs_estimates(rport, 0, RS_LONG_N, "split", "cost", &last);
+        int n_split = rs_estimates(rport, 0, RS_LONG_N, RS_LONG_WORDS, "split", "cost", &last);
         /* the last long prompt again: the decode node holds it */
         rs_reply r;
         rs_post(rport, "/v1/chat/completions", last, &r);
@@ -397,7 +397,8 @@ static void test_processes(void) {
               !strstr(m, "decision=\"split\",reason=\"no_prefill_node\""),
               "only the six decision series that can occur are exported");
         free(m);
-        if (rport2 > 0) rs_estimates(rport2, 100, 4, "local", "policy", NULL);
+        /* shorter prompts: the slow decode node takes ~1 s for 400 tokens */
+        if (rport2 > 0) rs_estimates(rport2, 1000, 4, RS_LONG_WORDS / 2, "local", "policy", NULL);
         test_stream_failure(rport, dn);   /* last: kills the decode node */
     }
     /* pid 0 would signal our own process group: stop only what started */
