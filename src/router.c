@@ -354,6 +354,7 @@ typedef struct {
     double last_heartbeat_ms;
     int inflight;                /* this router's requests on the node now */
     int queue_depth;             /* requests running + waiting, as the node reports it (decode: /v1/stats) */
+    int inflight_at_report;      /* this router's requests on the node when it reported queue_depth */
     int slots;                   /* generation slots (decode: /v1/stats "slots"; 1 when not reported) */
     int queue_max;               /* requests that may wait beyond the slots ... */
     int queue_known;             /* ... if the node reported it */
@@ -778,6 +779,16 @@ static int rt_choose(rt_req *q) {
     return 0;
 }
 
+/* Requests ahead of this one on a decode node: the others' requests as of
+ * its last report (the report also counted ours then in flight, which may
+ * have finished since) plus ours in flight now, less this one (rt_choose
+ * counted it). Caller holds mu. */
+static int rt_decode_ahead(const rt_node *n) {
+    int others = n->queue_depth - n->inflight_at_report;
+    int ahead = (others > 0 ? others : 0) + n->inflight - 1;
+    return ahead > 0 ? ahead : 0;
+}
+
 /* The prefill plan for the chosen decode node: counts the prompt, then the
  * cost model (router_decide) against the best prefill node. */
 static void rt_plan(rt_req *q) {
@@ -796,8 +807,7 @@ static void rt_plan(rt_req *q) {
         .link_bytes_per_s = pn && pn->link_Bps > 0 ? pn->link_Bps : r->cfg.link_gbps * 1e9 / 8,
         .kv_bytes_per_token = pn ? pn->kv_bytes_per_token : 0,
         .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : RT_SPLIT_OVERHEAD_MS,
-        /* rt_choose already counted this request in inflight */
-        .decode_queue = dn->inflight - 1 > dn->queue_depth ? dn->inflight - 1 : dn->queue_depth,
+        .decode_queue = rt_decode_ahead(dn),
         .prefill_queue = pn ? rt_node_load(pn) : 0,
         .have_prefill = pn != NULL,
         .policy = r->cfg.split,
@@ -2126,7 +2136,7 @@ static void rt_health_round(router *r) {
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
             snprintf(nd->chat_format, sizeof nd->chat_format, "%s", p.chat_format);
-            if (p.queue >= 0) nd->queue_depth = p.queue;
+            if (p.queue >= 0) { nd->queue_depth = p.queue; nd->inflight_at_report = nd->inflight; }
             if (cfgs[i].role == ROUTER_NODE_DECODE) {
                 nd->slots = p.slots;
                 nd->queue_max = p.queue_max;
