@@ -27,6 +27,7 @@
 
 #include <zstd.h>
 
+#include "prefill_rate.h"
 #include "wire.h"
 
 static void decode_all(const uint8_t *p, size_t n) {
@@ -41,6 +42,10 @@ static void decode_all(const uint8_t *p, size_t n) {
         /* Decoded strings must be terminated within their fields. */
         if (strnlen(h.node_id, sizeof h.node_id) == sizeof h.node_id) abort();
         if (strnlen(h.model_desc, sizeof h.model_desc) == sizeof h.model_desc) abort();
+        /* The rate a prefill node appends (the router's probe reads it):
+         * none, or within its bounds. */
+        double tps = prefill_rate_parse(h.model_desc);
+        if (tps != -1 && !(tps > 0 && tps < 1e9)) abort();
     }
     (void)wire_decode_auth(p, n, &a, err, sizeof err);
     if (wire_decode_request(p, n, &r, err, sizeof err) == 0) {

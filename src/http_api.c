@@ -688,6 +688,7 @@ static void api_read_prefill(json_t *p, api_upstream_line *u) {
     u->positions_received = api_int(json_object_get(p, "positions_received"));
     u->computed_remote = api_int(json_object_get(p, "computed_remote"));
     u->computed_local = api_int(json_object_get(p, "computed_local"));
+    u->start_pos = api_int(json_object_get(p, "start_pos"));
     u->kv_bytes = api_num(json_object_get(p, "kv_bytes"));
     u->wire_bytes = api_num(json_object_get(p, "wire_bytes"));
     u->prefill_ms = api_num(json_object_get(p, "prefill_ms"));

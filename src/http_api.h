@@ -121,6 +121,7 @@ typedef struct {
     char prefill_mode[16];      /* "remote" / "local" / "" */
     char prefill_node[128];
     int computed_remote, computed_local, positions_received;
+    int start_pos;                       /* prompt positions the decode node already held (prefix reuse) */
     double kv_bytes, wire_bytes, prefill_ms, ttft_ms;
     double transfer_ms;         /* exposed transfer: "transfer_tail_ms" if reported, else -1 */
     double remote_prefill_ms;   /* compute time on the prefill node (split only) */

@@ -43,6 +43,7 @@
 #include "node_register.h"
 #include "sampler.h"
 #include "tok_api.h"
+#include "prefill_rate.h"
 #include "tokenizer.h"
 #include "unicode.h"
 #include "tools.h"
@@ -1146,9 +1147,38 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     return rc;
 }
 
+/* POST /v1/tokenize with a generation request's prompt ("prompt" and
+ * "chat", "messages" with "tools" and "assistant_prefix", or "tokens") in
+ * place of "content": the ids /v1/generate would evaluate, template
+ * included (the router counts a prompt's tokens this way). 1 = not such a
+ * body (tok_api.c answers), else the status sent. */
+static int dn_tokenize_prompt(dnode *n, struct MHD_Connection *c, const char *body, size_t len, enum MHD_Result *mr) {
+    json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
+    int mine = json_is_object(o) && !json_object_get(o, "content") &&
+               (json_object_get(o, "prompt") || json_object_get(o, "messages") || json_object_get(o, "tokens"));
+    if (!mine) { json_decref(o); return 1; }
+    dn_req r;
+    char err[512];
+    memset(&r, 0, sizeof r);
+    if (dn_parse_prompt(n, o, &r, err, sizeof err)) {
+        json_decref(o);
+        dn_req_free(&r);
+        *mr = dn_send_error(n, c, 400, "invalid_request_error", err);
+        return 400;
+    }
+    json_decref(o);
+    json_t *ids = json_array();
+    for (int i = 0; i < r.n_prompt; i++) json_array_append_new(ids, json_integer(r.prompt[i]));
+    dn_req_free(&r);
+    *mr = dn_send_json(c, 200, json_pack("{s:o}", "tokens", ids));
+    return 200;
+}
+
 /* POST /v1/tokenize and /v1/detokenize (tok_api.c). */
 static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int detok, const char *body, size_t len) {
     char err[256], *out = NULL;
+    enum MHD_Result mr;
+    if (!detok && dn_tokenize_prompt(n, c, body, len, &mr) != 1) return mr;
     int st = detok ? tokapi_detokenize(n->tok, body, len, &out, err, sizeof err)
                    : tokapi_tokenize(n->tok, body, len, &out, err, sizeof err);
     if (st != 200) return dn_send_error(n, c, (unsigned)st, st == 400 ? "invalid_request_error" : "server_error", err);
@@ -1330,6 +1360,21 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     return 0;
 }
 
+/* The local prefill rate GET /v1/stats reports before any request ran
+ * (prefill_tps_local): one pass on the loaded model, before the scheduler
+ * owns it. A failure only leaves the rate unknown until the first prompt. */
+static void dn_calibrate(dnode *n) {
+    char err[256];
+    int k = n->n_ctx < PREFILL_RATE_CALIB_TOKENS ? n->n_ctx : PREFILL_RATE_CALIB_TOKENS;
+    double tps = 0;
+    if (prefill_rate_calibrate(n->m, k, n->kv_dtype, &tps, err, sizeof err)) {
+        log_warn(NULL, "calibration failed (no prefill rate until the first prompt): %s", err);
+        return;
+    }
+    n->st.prefill_tps_local = tps;
+    log_info(NULL, "calibration: %d positions at %.0f t/s", k, tps);
+}
+
 /* Starts the scheduler (the node's generation slots). */
 static int dn_start(dnode *n, char *err, size_t errlen) {
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
@@ -1371,7 +1416,9 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     dnode n;
     memset(&n, 0, sizeof n);
     int rc = -1, port = 0, family = AF_INET;
-    if (dn_init(&n, m, &def, err, errlen) || dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
+    if (dn_init(&n, m, &def, err, errlen)) { dn_cleanup(&n); return -1; }
+    dn_calibrate(&n);
+    if (dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
     int fd = dn_listen(o->listen ? o->listen : "127.0.0.1:8080", &port, &family, err, errlen);
     if (fd < 0) { dn_cleanup(&n); return -1; }
     (void)family;

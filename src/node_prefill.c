@@ -35,6 +35,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "node_register.h"
+#include "prefill_rate.h"
 #include "wire.h"
 
 /* Default concurrent authenticated connections: each holds a session (KV
@@ -95,6 +96,8 @@ struct pnode {
     model *m;
     const prefill_node_opts *o;
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
+    char base_desc[256];          /* hello.model_desc without the rate */
+    double prefill_tps;           /* measured rate (mu): calibration, then a moving average of requests */
     /* Compute turns: one pass (at most n_batch tokens) at a time, handed out
      * in arrival order (a FIFO of waiters), so requests in flight interleave
      * chunk by chunk and a long prompt does not hold back a short one. */
@@ -737,6 +740,9 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         wire_buf b = { 0 };
         keep = wire_encode_done(&b, &d) == 0 && wire_send(&pc->conn, WIRE_DONE, req, 0, b.data, b.len, err, sizeof err) == 0;
         wire_buf_free(&b);
+        pthread_mutex_lock(&node->mu);
+        prefill_rate_update(&node->prefill_tps, r->end - have, ms);
+        pthread_mutex_unlock(&node->mu);
         if (keep)
             log_info(rid, "done tokens=%u sent=%d..%d frames=%d cached=%d computed=%d prefill_ms=%.1f total_ms=%.1f "
                      "kv_bytes=%llu wire_bytes=%llu conn=%u seq=%llu", q.n_tokens, r->start, r->end, r->frames, have,
@@ -810,6 +816,10 @@ static int pn_handshake(pn_conn *pc) {
     pnode *node = pc->node;
     wire_hello mine = node->hello, peer;
     char err[512];
+    pthread_mutex_lock(&node->mu);
+    double tps = node->prefill_tps;
+    pthread_mutex_unlock(&node->mu);
+    prefill_rate_format(mine.model_desc, sizeof mine.model_desc, node->base_desc, tps);
     memset(&peer, 0, sizeof peer);
     if (wire_handshake(&pc->conn, &mine, node->o->secret, node->o->secret_len, &peer, err, sizeof err)) {
         /* A router's health probe reads our HELLO and hangs up without one
@@ -992,6 +1002,17 @@ static void pn_accept_one(pnode *node, int lfd) {
     }
 }
 
+/* The rate a router sees before any request: one pass on the loaded model
+ * (a failure only means no rate is reported until the first request). */
+static void pn_calibrate(pnode *node) {
+    char err[256];
+    int n = node->o->n_ctx < PREFILL_RATE_CALIB_TOKENS ? node->o->n_ctx : PREFILL_RATE_CALIB_TOKENS;
+    if (prefill_rate_calibrate(node->m, n, node->o->kv_dtype, &node->prefill_tps, err, sizeof err))
+        log_warn(NULL, "calibration failed (no rate reported until the first request): %s", err);
+    else
+        log_info(NULL, "calibration: %d positions at %.0f t/s", n, node->prefill_tps);
+}
+
 static int pn_write_port(const char *path, int lfd, char *err, size_t errlen) {
     int port = wire_local_port(lfd);
     if (port < 0) { snprintf(err, errlen, "cannot find the listening port: %s", strerror(errno)); return -1; }
@@ -1017,6 +1038,8 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     node.o = &oo;
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
+    snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);
+    pn_calibrate(&node);
     node.max_authed = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
     node.max_preauth = o->max_preauth > 0 ? (o->max_preauth < PN_MAX_CONNS ? o->max_preauth : PN_MAX_CONNS)
                                           : PN_DEFAULT_PREAUTH;

@@ -35,6 +35,7 @@
 #include "logsafe.h"
 #include "metrics.h"
 #include "node_auth.h"
+#include "prefill_rate.h"
 #include "tools.h"
 #include "wire.h"
 
@@ -70,6 +71,10 @@ void router_config_default(router_config *c) {
     c->min_split_tokens = 32;          /* below this a handoff's fixed cost dominates */
     c->link_gbps = 10.0;               /* a datacentre link until measured */
     c->default_prefill_tps = 500.0;    /* order of magnitude of a CPU node on a small model */
+    /* Counting a prompt's tokens on a decode node is one local HTTP round
+     * trip and a tokenizer pass (well under 10 ms for 4k tokens); past this
+     * the router estimates from bytes and says so in the decision. */
+    c->tokenize_timeout_ms = 500;
     api_limits_default(&c->lim);
     c->max_body_bytes = 1 << 20;       /* 1 MiB: far above max_prompt_bytes + JSON overhead */
     c->max_concurrent = 64;
@@ -136,9 +141,35 @@ static int rt_cfg_str(json_t *o, const char *key, char *out, size_t outlen, char
     return 0;
 }
 
+/* Every key of an object must be one the router reads: a misspelled key
+ * (min_split_tokenz) is refused by name rather than silently ignored. */
+static int rt_cfg_known(json_t *o, const char *const *keys, const char *where, char *err, size_t errlen) {
+    const char *k;
+    json_t *v;
+    json_object_foreach(o, k, v) {
+        int found = 0;
+        for (const char *const *p = keys; *p && !found; p++) found = !strcmp(*p, k);
+        if (!found) {
+            rt_errf(err, errlen, "config: unknown key \"%.100s\"%s%s (docs/router.md lists the keys)", k,
+                    where[0] ? " in " : "", where);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static const char *const rt_cfg_root_keys[] = {
+    "listen", "api_key", "secret", "secret_file", "split", "min_split_tokens", "link_gbps", "health_interval_ms",
+    "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes", NULL};
+static const char *const rt_cfg_limit_keys[] = {
+    "max_body_bytes", "max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens", "max_concurrent",
+    "request_timeout_ms", "idle_timeout_ms", "max_connections", "max_connections_per_ip", "request_deadline_ms", NULL};
+static const char *const rt_cfg_node_keys[] = {"role", "model", "addr", NULL};
+
 static int rt_cfg_limits(router_config *c, json_t *l, char *err, size_t errlen) {
     if (!l) return 0;
     if (!json_is_object(l)) { rt_errf(err, errlen, "config: \"limits\" must be an object"); return -1; }
+    if (rt_cfg_known(l, rt_cfg_limit_keys, "\"limits\"", err, errlen)) return -1;
     int body = (int)c->max_body_bytes, prompt = (int)c->lim.max_prompt_bytes;
     if (rt_cfg_int(l, "max_body_bytes", 1024, 1 << 28, &body, err, errlen) ||
         rt_cfg_int(l, "max_prompt_bytes", 1, 1 << 28, &prompt, err, errlen) ||
@@ -192,6 +223,10 @@ static int rt_cfg_nodes(router_config *c, json_t *nodes, char *err, size_t errle
     if (!json_is_array(nodes)) { rt_errf(err, errlen, "config: \"nodes\" must be an array"); return -1; }
     for (size_t i = 0; i < json_array_size(nodes); i++) {
         json_t *n = json_array_get(nodes, i);
+        char where[32];
+        snprintf(where, sizeof where, "nodes[%zu]", i);
+        if (!json_is_object(n)) { rt_errf(err, errlen, "config: %s must be an object", where); return -1; }
+        if (rt_cfg_known(n, rt_cfg_node_keys, where, err, errlen)) return -1;
         const char *role = json_string_value(json_object_get(n, "role"));
         const char *model = json_string_value(json_object_get(n, "model"));
         const char *addr = json_string_value(json_object_get(n, "addr"));
@@ -207,6 +242,7 @@ static int rt_cfg_nodes(router_config *c, json_t *nodes, char *err, size_t errle
 static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen) {
     char split[16] = "";
     double gbps = c->link_gbps;
+    if (rt_cfg_known(root, rt_cfg_root_keys, "", err, errlen)) return -1;
     json_t *g = json_object_get(root, "link_gbps");
     if (g && (!json_is_number(g) || json_number_value(g) <= 0)) {
         rt_errf(err, errlen, "config: \"link_gbps\" must be a positive number");
@@ -222,6 +258,7 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
         rt_cfg_int(root, "down_after", 1, 100, &c->down_after, err, errlen) ||
         rt_cfg_int(root, "heartbeat_ttl_ms", 100, 3600000, &c->heartbeat_ttl_ms, err, errlen) ||
         rt_cfg_int(root, "max_attempts", 1, 16, &c->max_attempts, err, errlen) ||
+        rt_cfg_int(root, "tokenize_timeout_ms", 10, 60000, &c->tokenize_timeout_ms, err, errlen) ||
         rt_cfg_secret(c, root, err, errlen) ||
         rt_cfg_limits(c, json_object_get(root, "limits"), err, errlen) ||
         rt_cfg_nodes(c, json_object_get(root, "nodes"), err, errlen))
@@ -249,6 +286,7 @@ int router_config_load(router_config *c, const char *path, char *err, size_t err
 void router_decide(const router_cost_in *in, router_decision *d) {
     memset(d, 0, sizeof *d);
     int n = in->n_prompt > 0 ? in->n_prompt : 1;
+    const char *cnt = in->count_note && *in->count_note ? in->count_note : "tokenizer";
     double dtps = in->decode_prefill_tps > 0 ? in->decode_prefill_tps : 1;
     double ptps = in->prefill_prefill_tps > 0 ? in->prefill_prefill_tps : 1;
     d->est_local_ms = n / dtps * 1e3;
@@ -278,7 +316,8 @@ void router_decide(const router_cost_in *in, router_decision *d) {
     }
     if (n < in->min_split_tokens) {
         d->key = "short_prompt";
-        snprintf(d->reason, sizeof d->reason, "local: prompt ~%d tokens < min_split_tokens %d", n, in->min_split_tokens);
+        snprintf(d->reason, sizeof d->reason, "local: prompt %d tokens (%s) < min_split_tokens %d", n, cnt,
+                 in->min_split_tokens);
         return;
     }
     /* A busy decode node gains from giving its prefill away: prefer the
@@ -287,9 +326,11 @@ void router_decide(const router_cost_in *in, router_decision *d) {
     d->key = "cost";
     d->split = d->est_split_ms < d->est_local_ms * bias;
     snprintf(d->reason, sizeof d->reason,
-             "%s: est split %.1f ms (%.0f t/s, queue %d, exposed %.1f ms) %s local %.1f ms (%.0f t/s, queue %d), ~%d tokens",
-             d->split ? "split" : "local", d->est_split_ms, ptps, in->prefill_queue, exposed,
-             d->split ? "<" : ">=", d->est_local_ms, dtps, in->decode_queue, n);
+             "%s: est split %.1f ms (prefill node %.0f t/s %s, queue %d, exposed %.1f ms) %s local %.1f ms "
+             "(decode node %.0f t/s %s, queue %d); prompt %d tokens (%s)",
+             d->split ? "split" : "local", d->est_split_ms, ptps, in->prefill_tps_assumed ? "assumed" : "measured",
+             in->prefill_queue, exposed, d->split ? "<" : ">=", d->est_local_ms, dtps,
+             in->decode_tps_assumed ? "assumed" : "measured", in->decode_queue, n, cnt);
 }
 
 /* ==== Registry ==== */
@@ -302,6 +343,7 @@ typedef struct {
     double last_heartbeat_ms;
     int inflight;                /* this router's requests on the node now */
     int queue_depth;             /* requests running + waiting, as the node reports it (decode: /v1/stats) */
+    int inflight_at_report;      /* this router's requests on the node when it reported queue_depth */
     int slots;                   /* generation slots (decode: /v1/stats "slots"; 1 when not reported) */
     int queue_max;               /* requests that may wait beyond the slots ... */
     int queue_known;             /* ... if the node reported it */
@@ -321,6 +363,9 @@ typedef struct {
  * the request's model (a name some decode node serves). */
 enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_N };
 static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other"};
+/* Where a completed request's prompt was prefilled (rt_prefill_outcome). */
+enum { RT_PF_LOCAL, RT_PF_SPLIT, RT_PF_CACHED, RT_PF_N };
+static const char *const rt_pf_names[RT_PF_N] = {"local", "split", "cached"};
 
 /* per-node figures, rebuilt from the registry at each scrape */
 enum { RT_NM_UP, RT_NM_INFLIGHT, RT_NM_QUEUE, RT_NM_PREFILL_TPS, RT_NM_DECODE_TPS, RT_NM_KV_PER_TOKEN,
@@ -652,6 +697,9 @@ typedef struct {
     int decode_idx, prefill_idx;
     char decode_addr[128], prefill_addr[128];
     router_decision dec;
+    int n_prompt;                /* prompt tokens the plan was made for */
+    int count_exact;             /* counted by the decode node's tokenizer (else a byte estimate) */
+    char count_note[200];        /* "tokenizer", "token ids" or "byte estimate: why" */
     int tried[ROUTER_MAX_NODES];
     int attempts;
     int busy;                    /* attempts a node refused as full (503/429) */
@@ -733,43 +781,92 @@ static void rt_release_node(rt_req *q, int failed, int mark_down) {
     q->decode_idx = q->prefill_idx = -1;
 }
 
-/* Prompt length in tokens as the router can know it without a tokenizer. */
+/* A split's cost beyond the prefill node's compute until measured: on a
+ * LAN, the request's round trip and the decode node's last position. */
+#define RT_SPLIT_OVERHEAD_MS 2.0
+
+/* Prompt length from its bytes, for when the decode node cannot count it:
+ * the bytes per token the decode node's completed requests showed. */
 static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
-    if (q->req.tokens) return q->req.n_tokens;
     double bpt = d->bytes_per_token > 0 ? d->bytes_per_token : 4.0;   /* ~4 bytes/token for English BPE */
-    int n = (int)(q->req.prompt_bytes / bpt) + 1;
-    return n;
+    return (int)(q->req.prompt_bytes / bpt) + 1;
 }
 
-/* Chooses a decode node and the prefill plan; -1 when no node is left, -2
- * when the best one left is full with this router's own requests. */
+static int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen);
+
+/* The prompt's tokens as the decode node will evaluate them (its
+ * tokenizer, its chat template); a byte estimate, with why in q->count_note,
+ * when it cannot answer within tokenize_timeout_ms. No lock held. */
+static void rt_count_prompt(rt_req *q) {
+    router *r = q->r;
+    q->count_exact = 1;
+    snprintf(q->count_note, sizeof q->count_note, "tokenizer");
+    if (q->req.tokens) { q->n_prompt = q->req.n_tokens; snprintf(q->count_note, sizeof q->count_note, "token ids"); return; }
+    char err[160];
+    int n = rt_count_tokens(r, q->decode_addr, &q->req, err, sizeof err);
+    if (n > 0) { q->n_prompt = n; return; }
+    pthread_mutex_lock(&r->mu);
+    q->n_prompt = rt_estimate_tokens(q, &r->nodes[q->decode_idx]);
+    pthread_mutex_unlock(&r->mu);
+    q->count_exact = 0;
+    snprintf(q->count_note, sizeof q->count_note, "byte estimate: %s", err);
+}
+
+/* Chooses a decode node; -1 when no node is left, -2 when the best one
+ * left is full with this router's own requests. */
 static int rt_choose(rt_req *q) {
     router *r = q->r;
     pthread_mutex_lock(&r->mu);
     int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
     if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
     if (rt_node_full(&r->nodes[d], 1)) { pthread_mutex_unlock(&r->mu); return -2; }
+    rt_node *dn = &r->nodes[d];
+    q->tried[d] = 1;
+    q->decode_idx = d;
+    dn->inflight++;
+    dn->requests++;
+    snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dn->cfg.addr);
+    q->prefill_idx = -1;
+    q->prefill_addr[0] = 0;
+    pthread_mutex_unlock(&r->mu);
+    return 0;
+}
+
+/* Requests ahead of this one on a decode node: the others' requests as of
+ * its last report (the report also counted ours then in flight, which may
+ * have finished since) plus ours in flight now, less this one (rt_choose
+ * counted it). Caller holds mu. */
+static int rt_decode_ahead(const rt_node *n) {
+    int others = n->queue_depth - n->inflight_at_report;
+    int ahead = (others > 0 ? others : 0) + n->inflight - 1;
+    return ahead > 0 ? ahead : 0;
+}
+
+/* The prefill plan for the chosen decode node: counts the prompt, then the
+ * cost model (router_decide) against the best prefill node. */
+static void rt_plan(rt_req *q) {
+    router *r = q->r;
+    rt_count_prompt(q);
+    pthread_mutex_lock(&r->mu);
     int p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
-    rt_node *dn = &r->nodes[d], *pn = p >= 0 ? &r->nodes[p] : NULL;
+    rt_node *dn = &r->nodes[q->decode_idx], *pn = p >= 0 ? &r->nodes[p] : NULL;
     router_cost_in in = {
-        .n_prompt = rt_estimate_tokens(q, dn),
+        .n_prompt = q->n_prompt,
+        .count_note = q->count_note,
         .decode_prefill_tps = dn->prefill_tps > 0 ? dn->prefill_tps : r->cfg.default_prefill_tps,
         .prefill_prefill_tps = pn && pn->prefill_tps > 0 ? pn->prefill_tps : r->cfg.default_prefill_tps,
+        .decode_tps_assumed = !(dn->prefill_tps > 0),
+        .prefill_tps_assumed = !(pn && pn->prefill_tps > 0),
         .link_bytes_per_s = pn && pn->link_Bps > 0 ? pn->link_Bps : r->cfg.link_gbps * 1e9 / 8,
         .kv_bytes_per_token = pn ? pn->kv_bytes_per_token : 0,
-        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : 2.0,
-        .decode_queue = rt_node_load(dn),
+        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : RT_SPLIT_OVERHEAD_MS,
+        .decode_queue = rt_decode_ahead(dn),
         .prefill_queue = pn ? rt_node_load(pn) : 0,
         .have_prefill = pn != NULL,
         .policy = r->cfg.split,
         .min_split_tokens = r->cfg.min_split_tokens,
     };
     router_decide(&in, &q->dec);
-    q->tried[d] = 1;
-    q->decode_idx = d;
-    dn->inflight++;
-    dn->requests++;
-    snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dn->cfg.addr);
     q->prefill_idx = -1;
     q->prefill_addr[0] = 0;
     if (q->dec.split) {
@@ -783,7 +880,6 @@ static int rt_choose(rt_req *q) {
     if (!r->cfg.quiet)
         log_debug(q->rid, "model %s -> decode %s, %s%s%s", q->req.model, q->decode_addr, q->dec.reason,
                q->dec.split ? " via prefill " : "", q->prefill_addr);
-    return 0;
 }
 
 /* Maps a decode node's 4xx reply to the client's error. */
@@ -908,8 +1004,9 @@ static char *rt_tools_response(rt_req *q, const api_resp_meta *m) {
  * node; -1 = give up with e filled. */
 static int rt_attempt(rt_req *q, api_error *e) {
     router *r = q->r;
-    const char *mode = q->dec.split ? "remote" : "local";
     if (rt_tools_prepare(q, e)) return -1;
+    rt_plan(q);
+    const char *mode = q->dec.split ? "remote" : "local";
     char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
     if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL,
                              q->rid)) {
@@ -1000,6 +1097,16 @@ static int rt_start(rt_req *q, api_error *e) {
     }
 }
 
+/* Where the prompt was prefilled: on the prefill node; on the decode node
+ * because it held the prompt already (prefix reuse: nothing was left for a
+ * prefill node, and no fallback happened); else on the decode node (as
+ * planned, or a fallback: fallback_reason says). */
+static int rt_prefill_outcome(const api_upstream_line *f) {
+    if (!strcmp(f->prefill_mode, "remote")) return RT_PF_SPLIT;
+    if (!f->fallback_reason[0] && f->prompt_tokens > 0 && f->start_pos >= f->prompt_tokens - 1) return RT_PF_CACHED;
+    return RT_PF_LOCAL;
+}
+
 /* A completed request's figures into the metrics; times in seconds (< 0: unknown). */
 static void rt_observe_done(rt_req *q, double ttft, double tpot, double transfer_ms, int remote) {
     rt_metrics *m = &q->r->m;
@@ -1010,7 +1117,7 @@ static void rt_observe_done(rt_req *q, double ttft, double tpot, double transfer
     if (f->queue_ms >= 0 && isfinite(f->queue_ms)) metrics_observe(m->queue, model, f->queue_ms / 1e3);
     if (f->prompt_tokens > 0) metrics_add(m->prompt_tokens, NULL, f->prompt_tokens);
     if (f->completion_tokens > 0) metrics_add(m->completion_tokens, NULL, f->completion_tokens);
-    metrics_add(m->served, (const char *[]){remote ? "split" : "local"}, 1);
+    metrics_add(m->served, (const char *[]){rt_pf_names[rt_prefill_outcome(f)]}, 1);
     if (f->fallback_reason[0]) metrics_add(m->fallbacks, NULL, 1);
     if (remote) {
         metrics_add(m->kv_bytes, NULL, f->kv_bytes);
@@ -1041,9 +1148,25 @@ static void rt_learn(rt_req *q) {
         if (f->computed_remote >= 16 && pms > 0) rt_ewma(&p->prefill_tps, f->computed_remote / pms * 1e3);
         if (f->positions_received > 0 && f->kv_bytes > 0) rt_ewma(&p->kv_bytes_per_token, f->kv_bytes / f->positions_received);
         /* The frames travel during the whole handoff (overlapped with compute):
-         * bytes over handoff time is a lower bound of the link rate. */
-        if (f->handoff_ms > 0 && f->wire_bytes > 0) rt_ewma(&p->link_Bps, f->wire_bytes / f->handoff_ms * 1e3);
-        rt_ewma(&p->overhead_ms, transfer > 0 ? transfer : 0.1);
+         * bytes over handoff time is a lower bound of the link rate. It is
+         * the rate itself only when the frames outlasted the compute (the
+         * link was the bottleneck); otherwise it only says the link is at
+         * least that fast, and taking it for the rate would make every
+         * later estimate see a compute-bound link as slow. */
+        if (f->handoff_ms > 0 && f->wire_bytes > 0) {
+            double lb = f->wire_bytes / f->handoff_ms * 1e3;
+            double cur = p->link_Bps > 0 ? p->link_Bps : r->cfg.link_gbps * 1e9 / 8;
+            rt_ewma(&p->link_Bps, transfer > 0.1 * f->handoff_ms || lb > cur ? lb : cur);
+        }
+        /* The split's cost beyond the prefill node's compute and the exposed
+         * transfer, as the decode node measured it: the request's round
+         * trip, writing the frames into its cache, its own last position. */
+        double fixed = pms > 0 && f->prefill_ms > pms ? f->prefill_ms - pms - transfer : 0;
+        /* Seeded with the assumed cost, not the first sample: a decode
+         * node's first split also opens its connection to the prefill node
+         * (~100 ms), which later splits reuse. */
+        if (!(p->overhead_ms > 0)) p->overhead_ms = RT_SPLIT_OVERHEAD_MS;
+        rt_ewma(&p->overhead_ms, (transfer > 0 ? transfer : 0) + (fixed > 0.1 ? fixed : 0.1));
     }
     if (q->prefill_idx >= 0 && f->fallback_reason[0]) {
         rt_node *p = &r->nodes[q->prefill_idx];
@@ -1065,11 +1188,20 @@ static void rt_log_done(rt_req *q, const char *outcome) {
     double tpot = q->n_tokens > 1 ? (q->t_last - q->t_first) / (q->n_tokens - 1) : 0;
     double transfer = strcmp(f->prefill_mode, "remote") ? 0
                     : f->transfer_ms >= 0 ? f->transfer_ms : (f->ttft_ms > f->prefill_ms ? f->ttft_ms - f->prefill_ms : 0);
-    log_info(q->rid, "%s status=%d id=%s attempts=%d decode=%s plan=%s prefill=%s%s%s prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
-           "computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
+    /* prefill: where it happened; "fallback" when a split plan ended local
+     * because the prefill node failed, "cached" when the decode node held
+     * the prompt already (nothing to compute remotely) */
+    const char *pf = !f->prefill_mode[0] ? "-" : f->fallback_reason[0] ? "fallback" : rt_pf_names[rt_prefill_outcome(f)];
+    /* tokens the client was sent, also when the stream failed before its final line */
+    int completion = f->completion_tokens > q->n_tokens ? f->completion_tokens : q->n_tokens;
+    log_info(q->rid, "%s status=%d id=%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
+           "prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
+           "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
            outcome, q->status, q->id, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
-           f->prefill_mode[0] ? f->prefill_mode : "-", f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, f->completion_tokens, ttft, tpot,
-           f->computed_remote, f->computed_local, f->kv_bytes, f->wire_bytes, f->prefill_ms, transfer,
+           q->dec.key ? q->dec.key : "-", q->dec.split ? q->dec.est_split_ms : q->dec.est_local_ms, q->n_prompt,
+           q->count_exact ? "exact" : "estimate",
+           pf, f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, completion, ttft, tpot,
+           f->start_pos, f->computed_remote, f->computed_local, f->kv_bytes, f->wire_bytes, f->prefill_ms, transfer,
            f->fallback_reason[0] ? " fallback=" : "", f->fallback_reason, q->error[0] ? " error=" : "", q->error);
 }
 
@@ -1186,11 +1318,29 @@ static void rt_meta(const rt_req *q, api_resp_meta *m) {
  * actually prefilled (a split can fall back to local). */
 static void rt_node_headers(struct MHD_Response *resp, const rt_req *q) {
     MHD_add_response_header(resp, "X-Request-Id", q->rid);
+    char v[32];
     MHD_add_response_header(resp, "X-Tandem-Decode-Node", q->decode_addr);
     MHD_add_response_header(resp, "X-Tandem-Prefill-Plan", q->dec.split ? "split" : "local");
     if (q->dec.split) MHD_add_response_header(resp, "X-Tandem-Prefill-Node", q->prefill_addr);
-    if (q->have_fin && q->fin.prefill_mode[0])
+    /* the decision's reason key (as in the metrics), the prompt length it
+     * used and how it was counted, and the plan's estimated prefill time */
+    MHD_add_response_header(resp, "X-Tandem-Prefill-Reason", q->dec.key ? q->dec.key : "-");
+    snprintf(v, sizeof v, "%d", q->n_prompt);
+    MHD_add_response_header(resp, "X-Tandem-Prompt-Tokens", v);
+    MHD_add_response_header(resp, "X-Tandem-Token-Count", q->count_exact ? "exact" : "estimate");
+    snprintf(v, sizeof v, "%.1f", q->dec.split ? q->dec.est_split_ms : q->dec.est_local_ms);
+    MHD_add_response_header(resp, "X-Tandem-Prefill-Estimate-Ms", v);
+    if (q->have_fin && q->fin.prefill_mode[0]) {
         MHD_add_response_header(resp, "X-Tandem-Prefill", strcmp(q->fin.prefill_mode, "remote") ? "local" : "split");
+        MHD_add_response_header(resp, "X-Tandem-Prefill-Outcome", q->fin.fallback_reason[0] ? "fallback"
+                                : rt_pf_names[rt_prefill_outcome(&q->fin)]);
+        snprintf(v, sizeof v, "%.1f", q->fin.prefill_ms);
+        MHD_add_response_header(resp, "X-Tandem-Prefill-Ms", v);
+        if (!strcmp(q->fin.prefill_mode, "remote")) {
+            snprintf(v, sizeof v, "%.1f", q->fin.remote_prefill_ms);
+            MHD_add_response_header(resp, "X-Tandem-Remote-Prefill-Ms", v);
+        }
+    }
 }
 
 /* Non-stream: read everything; a node failing mid-way is retried from scratch
@@ -1889,6 +2039,30 @@ static long rt_http_post(const char *addr, const char *path, const char *body, s
     return code;
 }
 
+/* Tokens of req's prompt on the decode node at addr (POST /v1/tokenize
+ * with the prompt as POST /v1/generate takes it: the chat template
+ * applied); -1 with a short reason. */
+static int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen) {
+    char *body = api_upstream_body(req, "local", NULL);
+    if (!body) { rt_errf(err, errlen, "out of memory"); return -1; }
+    rt_sb b = {0};
+    double t0 = rt_now_ms();
+    long st = rt_http_post(addr, "/v1/tokenize", body, strlen(body), r->cfg.tokenize_timeout_ms, &b);
+    free(body);
+    json_t *o = st == 200 && b.s ? json_loadb(b.s, b.len, 0, NULL) : NULL;
+    json_t *a = json_object_get(o, "tokens");
+    int n = json_is_array(a) && json_array_size(a) > 0 && json_array_size(a) < (1u << 24) ? (int)json_array_size(a) : -1;
+    if (n < 0) {
+        if (st <= 0 && rt_now_ms() - t0 >= r->cfg.tokenize_timeout_ms)
+            rt_errf(err, errlen, "decode node's /v1/tokenize took over %d ms", r->cfg.tokenize_timeout_ms);
+        else if (st <= 0) rt_errf(err, errlen, "decode node's /v1/tokenize did not answer");
+        else rt_errf(err, errlen, "decode node's /v1/tokenize answered HTTP %ld", st);
+    }
+    json_decref(o);
+    free(b.s);
+    return n;
+}
+
 /* First number among keys (the stats format names may vary by version). */
 static double rt_json_num(json_t *o, const char *const *keys) {
     for (; *keys; keys++) {
@@ -1962,7 +2136,10 @@ static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
             snprintf(err, errlen, "no HELLO from a prefill node (got a %s frame)", wire_type_name(h.type));
         } else if (wire_decode_hello(wc.rx.data, wc.rx.len, &hello, err, errlen) == 0) {
             p->ok = hello.role == WIRE_ROLE_PREFILL;
-            if (p->ok) snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
+            if (p->ok) {
+                snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
+                p->prefill_tps = prefill_rate_parse(hello.model_desc);   /* its measured rate (prefill_rate.h) */
+            }
             else snprintf(err, errlen, "a %s node, not a prefill node", wire_role_name(hello.role));
         }
     }
@@ -1996,7 +2173,7 @@ static void rt_health_round(router *r, int startup) {
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
             snprintf(nd->chat_format, sizeof nd->chat_format, "%s", p.chat_format);
-            if (p.queue >= 0) nd->queue_depth = p.queue;
+            if (p.queue >= 0) { nd->queue_depth = p.queue; nd->inflight_at_report = nd->inflight; }
             if (cfgs[i].role == ROUTER_NODE_DECODE) {
                 nd->slots = p.slots;
                 nd->queue_max = p.queue_max;

@@ -39,7 +39,8 @@ typedef struct {
     int split;                   /* enum router_split */
     int min_split_tokens;        /* auto: prompts shorter than this stay local */
     double link_gbps;            /* link rate assumed until measured */
-    double default_prefill_tps;  /* prefill rate assumed for a node until measured */
+    double default_prefill_tps;  /* prefill rate assumed for a node that reports none */
+    int tokenize_timeout_ms;     /* bound on counting a prompt's tokens on a decode node */
     api_limits lim;
     size_t max_body_bytes;
     int max_concurrent;          /* generation requests in flight; more get 429 */
@@ -69,9 +70,12 @@ void router_config_free(router_config *c);
 
 /* ==== Cost model (pure; unit-tested) ==== */
 typedef struct {
-    int n_prompt;                /* prompt tokens (estimated when the router has only text) */
+    int n_prompt;                /* prompt tokens */
+    const char *count_note;      /* how n_prompt was counted, for the reason ("tokenizer", "byte estimate: ...") */
     double decode_prefill_tps;   /* the decode node's own prefill rate */
     double prefill_prefill_tps;  /* the prefill node's rate */
+    int decode_tps_assumed;      /* the rates are default_prefill_tps, not reported by the nodes */
+    int prefill_tps_assumed;
     double link_bytes_per_s;
     double kv_bytes_per_token;   /* 0 = unknown */
     double handoff_overhead_ms;  /* measured fixed cost of a split (connect, last layer, ...) */
@@ -86,7 +90,7 @@ typedef struct {
     int split;                   /* 1: prefill on the prefill node */
     double est_local_ms, est_split_ms;
     const char *key;             /* short reason for metrics: policy, short_prompt, no_prefill_node, cost */
-    char reason[192];
+    char reason[320];
 } router_decision;
 
 void router_decide(const router_cost_in *in, router_decision *d);
