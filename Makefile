@@ -94,15 +94,17 @@ models:
 	@echo "models: fixture set $(FIX) not found (set TANDEM_FIXTURES): F16 test models not generated, the tests that need them are skipped"
 endif
 
+# tests/twohost.sh: README's two-machine recipe in two network namespaces
+# (needs root; otherwise it says "skipped").
 test: all models
-	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS)
+	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
-	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
 
 # libFuzzer targets, linked against the library sources rebuilt with clang.
 fuzz: $(FUZZERS)
