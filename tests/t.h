@@ -54,14 +54,19 @@ static inline int t_need(const char *path) {
     return 0;
 }
 
-/* FIXTURES/rel into buf. The one fixture file the repository carries,
- * models/stories260K.gguf (as assets/stories260K.gguf, the same bytes), comes
- * from assets/ when the fixture set is absent. */
+/* FIXTURES/rel into buf. Where the fixture set is absent, the files the
+ * repository carries stand in for it: models/stories260K.gguf is
+ * assets/stories260K.gguf (the same bytes), and tests/data/fixtures/ holds
+ * stories260K's goldens under their fixture-set names (tests/data/README.md). */
 static inline const char *t_fixture_path(char *buf, size_t cap, const char *rel) {
-    if (!strcmp(rel, "models/stories260K.gguf") && !t_fixtures_present())
-        snprintf(buf, cap, "assets/stories260K.gguf");
-    else
+    if (t_fixtures_present())
         snprintf(buf, cap, "%s/%s", t_fixtures(), rel);
+    else if (!strcmp(rel, "models/stories260K.gguf"))
+        snprintf(buf, cap, "assets/stories260K.gguf");
+    else {
+        snprintf(buf, cap, "tests/data/fixtures/%s", rel);
+        if (access(buf, R_OK)) snprintf(buf, cap, "%s/%s", t_fixtures(), rel);
+    }
     return buf;
 }
 

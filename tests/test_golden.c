@@ -179,7 +179,7 @@ static int cmp_float(const void *a, const void *b) {
 
 static void run_file(const golden_case *gc) {
     char path[1024], mpath[1024];
-    snprintf(path, sizeof path, "%s/%s", t_fixtures(), gc->golden);
+    t_fixture_path(path, sizeof path, gc->golden);
     if (!t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
@@ -231,7 +231,7 @@ static void run_file(const golden_case *gc) {
 
 static void run_story(void) {
     char path[1024], mpath[1024], err[512];
-    snprintf(path, sizeof path, "%s/golden/stories260K_greedy200_expected.txt", t_fixtures());
+    t_fixture_path(path, sizeof path, "golden/stories260K_greedy200_expected.txt");
     t_fixture_path(mpath, sizeof mpath, "models/stories260K.gguf");
     if (!t_need(path)) return;
     FILE *f = fopen(path, "r");

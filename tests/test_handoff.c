@@ -675,7 +675,9 @@ int main(void) {
             snprintf(rel, sizeof rel, "models/%s.gguf", names[i]);
             t_fixture_path(m[i], sizeof m[i], rel);
         }
-        snprintf(g[i], sizeof g[i], "%s/golden/visible/%s.jsonl", fx, names[i]);
+        char grel[128];
+        snprintf(grel, sizeof grel, "golden/visible/%s.jsonl", names[i]);
+        t_fixture_path(g[i], sizeof g[i], grel);
         int kk = g_all ? 8 : g_asan ? (k[i] > 2 ? 2 : 1) : k[i];
         if (g_asan && i >= 5) continue;   /* the other F16/Q4_K files add time, not coverage */
         test_golden_model(m[i], g[i], kk, g_all ? 1 << 30 : 100, g_all || q8[i], secret, i == 2 ? b32 : NULL);

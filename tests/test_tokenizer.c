@@ -303,7 +303,9 @@ static void test_visible(void)
 
 static void model_path(const char *file, char *out, size_t cap)
 {
-    snprintf(out, cap, "%s/models/%s", t_fixtures(), file);
+    char rel[512];
+    snprintf(rel, sizeof rel, "models/%s", file ? file : "");
+    t_fixture_path(out, cap, rel);
     if (access(out, R_OK) != 0)
         snprintf(out, cap, "%s/%s", t_models(), file);
 }
@@ -394,7 +396,7 @@ static void test_golden_file(const char *dir, const char *file)
 static void test_golden(const char *sub)
 {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/%s", t_fixtures(), sub);
+    t_fixture_path(dir, sizeof dir, sub);
     if (!t_need(dir))
         return;
     DIR *d = opendir(dir);
@@ -419,7 +421,7 @@ static void test_golden(const char *sub)
 static void test_stories_stream(void)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/golden/stories260K_greedy200_expected.txt", t_fixtures());
+    t_fixture_path(path, sizeof path, "golden/stories260K_greedy200_expected.txt");
     if (!t_need(path))
         return;
     t_fixture_path(path, sizeof path, "models/stories260K.gguf");
@@ -430,7 +432,7 @@ static void test_stories_stream(void)
     }
     size_t len, dl;
     int64_t n;
-    snprintf(path, sizeof path, "%s/golden/stories260K_greedy200_expected.txt", t_fixtures());
+    t_fixture_path(path, sizeof path, "golden/stories260K_greedy200_expected.txt");
     char *text = read_whole(path, &len);
     CHECK(text != NULL, "missing %s", path);
     if (text) {
