@@ -14,7 +14,8 @@
 # Checks: every node starts; README's request streams an answer; a greedy
 # completion through the router equals `tandem run` on one process; its prompt
 # was prefilled on spark (X-Tandem-Prefill: split, computed_remote > 0); and
-# the KV bytes the router reports crossed the veth (mac's receive counter).
+# the KV bytes the router reports crossed the veth (mac's receive counter);
+# every node exits cleanly on SIGTERM, with no sanitizer report in its log.
 # Prints "twohost: N passed, M failed[, K skipped]" like the C tests
 # (tests/run.sh sums it). Without root or network namespaces it says
 # "skipped: ..." and checks nothing.
@@ -164,4 +165,15 @@ ok $([ "${remote:-0}" -gt 0 ] && [ "${kv:-0}" -gt 0 ]; echo $?) "router log: pos
 ok $([ "${wire:-0}" -gt 0 ] && [ $((rx1 - rx0)) -ge "${wire:-0}" ]; echo $?) \
    "the KV crossed the link: mac received $((rx1 - rx0)) bytes on its veth, wire bytes $wire"
 echo "twohost: model $(basename "$MODEL"): $remote positions prefilled on spark, $kv KV bytes, $wire wire bytes; mac's veth received $((rx1 - rx0)) bytes"
+
+# ==== Stop ====
+# Every process exits on SIGTERM; under the sanitizers (make asan) their
+# reports, leaks included, come out then.
+stopped=0
+for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for p in "${PIDS[@]}"; do wait "$p" || stopped=1; done
+PIDS=()
+ok $stopped "every node exits cleanly on SIGTERM"
+! grep -lE 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' serve*.log
+ok $? "no sanitizer report in the node logs: $(grep -hE -m1 'ERROR: (AddressSanitizer|LeakSanitizer)|runtime error:' serve*.log)"
 done_
