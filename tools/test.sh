@@ -113,7 +113,7 @@ for f in build/fuzz_*; do
         echo "skipped: $name:$missing not found (set TANDEM_FIXTURES)"; fuzz_skip=$((fuzz_skip+1)); continue
     fi
     if [ "$name" = fuzz_grammar ] && [ ! -f "$FIX/vocab/ggml-vocab-qwen2.gguf" ]; then
-        echo "fuzz_grammar: $FIX/vocab/ggml-vocab-qwen2.gguf not found: the schema compiler only, no token masks"
+        echo "fuzz_grammar: $FIX/vocab/ggml-vocab-qwen2.gguf not found: schemas and bytes through the grammar, no token masks"
     fi
     corpus="build/corpus-$name"; mkdir -p "$corpus"
     seeds="build/seeds-$name"; mkdir -p "$seeds"
