@@ -419,8 +419,10 @@ static void gm_usage(FILE *f) {
         "  --preset NAME      qwen3-0.6b, qwen3-1.7b, qwen2-0.5b, qwen3moe-30b-a3b-mini, llama-3.2-1b\n"
         "  --arch ARCH        llama | qwen2 | qwen3 | qwen3moe (default shape: the fixtures' mini)\n"
         "  --type T           f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k (default q8_0)\n"
-        "  --vocab-from FILE  copy tokenizer.* from this GGUF (default for qwen: the fixture\n"
-        "                     models/qwen3-mini-Q8_0.gguf; llama needs it)\n"
+        "  --vocab-from FILE  copy tokenizer.* from this GGUF (any model of the family: a Qwen\n"
+        "                     GGUF for qwen2/qwen3/qwen3moe, a Llama one for llama); for qwen\n"
+        "                     the default is $TANDEM_FIXTURES/models/qwen3-mini-Q8_0.gguf when\n"
+        "                     TANDEM_FIXTURES is set\n"
         "  --n-embd --n-layer --n-head --n-head-kv --head-dim --n-ff --n-expert\n"
         "  --n-expert-used --n-ff-exp --ctx N   shape overrides\n"
         "  --rope-base F --rms-eps F --tied --untied --name NAME\n"
@@ -539,13 +541,13 @@ static double gm_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The vocabulary when --vocab-from is not given: the fixture set's Qwen3
+ * model, only where TANDEM_FIXTURES names the set (no guessed path). */
 static const char *gm_default_vocab(const gm_shape *s, char *buf, size_t len) {
-    if (!strncmp(s->arch, "qwen", 4)) {
-        const char *fx = getenv("TANDEM_FIXTURES");
-        snprintf(buf, len, "%s/models/qwen3-mini-Q8_0.gguf", fx && *fx ? fx : "../shared/fixtures");
-        return buf;
-    }
-    return NULL;
+    const char *fx = getenv("TANDEM_FIXTURES");
+    if (strncmp(s->arch, "qwen", 4) || !fx || !*fx) return NULL;
+    snprintf(buf, len, "%s/models/qwen3-mini-Q8_0.gguf", fx);
+    return buf;
 }
 
 /* Generates every tensor and hands it to the writer. */
@@ -581,7 +583,12 @@ static int gm_make_tensors(gguf_writer *w, gm_list *l, const gm_opts *o, char *e
 static int gm_write_model(const gm_opts *o, char *err, size_t errlen) {
     char vbuf[1024];
     const char *vpath = o->vocab_from ? o->vocab_from : gm_default_vocab(&o->s, vbuf, sizeof vbuf);
-    if (!vpath) { snprintf(err, errlen, "arch %s needs --vocab-from FILE.gguf", o->s.arch); return -1; }
+    if (!vpath) {
+        snprintf(err, errlen, "arch %s needs --vocab-from FILE.gguf (a GGUF %s model whose tokenizer to copy%s)",
+                 o->s.arch, strncmp(o->s.arch, "qwen", 4) ? "Llama" : "Qwen",
+                 strncmp(o->s.arch, "qwen", 4) ? "" : ", or TANDEM_FIXTURES set to the test fixture set");
+        return -1;
+    }
     if (gm_check_shape(&o->s, err, errlen)) return -1;
     gguf_file *src = NULL;
     gguf_writer *w = gguf_writer_new(32);

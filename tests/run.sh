@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs every test binary given on the command line (or build/test_*), then
-# prints the totals as "N passed, M failed". Exit status is non-zero if any
-# check failed or any binary crashed.
+# prints the totals as "N passed, M failed, K skipped" (skipped: test parts
+# whose fixture files are absent, each named on a "skipped:" line above).
+# Exit status is non-zero if any check failed or any binary crashed.
 set -u
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(build/test_*)
-pass=0; fail=0; crashed=0
+pass=0; fail=0; skip=0; crashed=0
 for b in "${bins[@]}"; do
     [ -f "$b" ] && [ -x "$b" ] || continue
     # A hung test must fail, not stall CI: each binary gets TEST_TIMEOUT seconds.
@@ -17,9 +18,10 @@ for b in "${bins[@]}"; do
     fi
     p=$(printf '%s' "$line" | sed -E 's/.*: ([0-9]+) passed.*/\1/')
     f=$(printf '%s' "$line" | sed -E 's/.* ([0-9]+) failed.*/\1/')
-    pass=$((pass+p)); fail=$((fail+f))
+    k=$(printf '%s' "$line" | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+    pass=$((pass+p)); fail=$((fail+f)); skip=$((skip+${k:-0}))
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then echo "CRASH $b (exit $rc)"; crashed=$((crashed+1)); fi
 done
 fail=$((fail+crashed))
-echo "$pass passed, $fail failed"
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]

@@ -2,8 +2,9 @@
  *
  * CHECK(cond, fmt, ...) counts a pass or prints the failure with file:line.
  * Each test binary ends with `return t_done("name");`, which prints
- * "name: N passed, M failed" and returns non-zero if anything failed.
- * tests/run.sh sums the lines into the final "N passed, M failed".
+ * "name: N passed, M failed" (plus ", K skipped" when checks were skipped)
+ * and returns non-zero if anything failed. tests/run.sh sums the lines into
+ * the final "N passed, M failed, K skipped".
  */
 #ifndef TANDEM_T_H
 #define TANDEM_T_H
@@ -11,8 +12,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-static int t_pass, t_fail;
+static int t_pass, t_fail, t_skip;
 
 #define CHECK(cond, ...) do { \
     if (cond) { t_pass++; } else { \
@@ -30,8 +33,53 @@ static inline const char *t_models(void) {
     return e && *e ? e : "build/models";
 }
 
+/* ==== Fixtures ====
+ * The fixture set (models, llama.cpp's outputs, tokenizer vectors; about
+ * 200 MB, README "Correctness") is not part of the repository, and the F16
+ * models in build/models are generated from it. Where its folder is absent
+ * (a fresh clone), a test part that needs one of its files prints
+ * "skipped: FILE not found (set TANDEM_FIXTURES)" on a line of its own and
+ * counts a skip; everything else runs. Where the folder is there, a missing
+ * file is not skipped: the test goes on and fails on it, as it should. */
+static inline int t_fixtures_present(void) {
+    struct stat st;
+    return !stat(t_fixtures(), &st) && S_ISDIR(st.st_mode);
+}
+
+/* 1: use path. 0: path is missing and the fixture set is absent (skip printed). */
+static inline int t_need(const char *path) {
+    if (!access(path, R_OK) || t_fixtures_present()) return 1;
+    printf("skipped: %s not found (set TANDEM_FIXTURES)\n", path);
+    t_skip++;
+    return 0;
+}
+
+/* FIXTURES/rel into buf. Where the fixture set is absent, the files the
+ * repository carries stand in for it: models/stories260K.gguf is
+ * assets/stories260K.gguf (the same bytes), and tests/data/fixtures/ holds
+ * stories260K's goldens under their fixture-set names (tests/data/README.md). */
+static inline const char *t_fixture_path(char *buf, size_t cap, const char *rel) {
+    if (t_fixtures_present())
+        snprintf(buf, cap, "%s/%s", t_fixtures(), rel);
+    else if (!strcmp(rel, "models/stories260K.gguf"))
+        snprintf(buf, cap, "assets/stories260K.gguf");
+    else {
+        snprintf(buf, cap, "tests/data/fixtures/%s", rel);
+        if (access(buf, R_OK)) snprintf(buf, cap, "%s/%s", t_fixtures(), rel);
+    }
+    return buf;
+}
+
+/* t_need for every path of a NULL-terminated list: all, or skip. */
+static inline int t_need_all(const char *const *paths) {
+    int ok = 1;
+    for (int i = 0; paths[i]; i++) ok &= t_need(paths[i]);
+    return ok;
+}
+
 static inline int t_done(const char *name) {
-    printf("%s: %d passed, %d failed\n", name, t_pass, t_fail);
+    if (t_skip) printf("%s: %d passed, %d failed, %d skipped\n", name, t_pass, t_fail, t_skip);
+    else printf("%s: %d passed, %d failed\n", name, t_pass, t_fail);
     return t_fail ? 1 : 0;
 }
 

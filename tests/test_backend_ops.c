@@ -412,8 +412,10 @@ static void print_stats(void) {
 static void check_selection(void) {
     char path[512], err[512];
     snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", t_models());
+    if (!t_need(path)) return;
     FILE *f = fopen(path, "rb");
-    if (!f) { printf("selection checks need %s (make models)\n", path); return; }
+    CHECK(f != NULL, "selection checks need %s (make models)", path);
+    if (!f) return;
     fclose(f);
     model *m = NULL;
     model_opts o = { .n_threads = 1, .backend = "tpu" };

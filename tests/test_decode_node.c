@@ -431,6 +431,10 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     char model[1024];
     snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
+    char gpath[1024];
+    snprintf(gpath, sizeof gpath, "%s/golden/visible/qwen3-mini-F16.jsonl", t_fixtures());
+    const char *need_files[] = { model, gpath, NULL };
+    if (!t_need_all(need_files)) return t_done("test_decode_node");
     static golden g[8];
     static ctx c;
     c.model = model;

@@ -141,14 +141,14 @@ static void run_case(const gm_case *c) {
 
 /* ==== Cases ==== */
 
-static char g_spm[512];
+static char g_spm[512], g_qwen[512];
 
 static void test_models(void) {
     const uint32_t F32 = GGML_TYPE_F32, F16 = GGML_TYPE_F16, Q8 = GGML_TYPE_Q8_0, Q4K = GGML_TYPE_Q4_K,
                    Q6K = GGML_TYPE_Q6_K, Q50 = GGML_TYPE_Q5_0, Q5K = GGML_TYPE_Q5_K;
     /* qwen3, small width (64) against the real 151936-token vocabulary */
     gm_case q3f16 = { "gm-qwen3-f16.gguf",
-        { "--arch", "qwen3", "--n-embd", "64", "--n-layer", "2", "--head-dim", "32", "--n-ff", "128",
+        { "--arch", "qwen3", "--vocab-from", g_qwen, "--n-embd", "64", "--n-layer", "2", "--head-dim", "32", "--n-ff", "128",
           "--type", "f16", NULL },
         "qwen3", 64, 2, 4, 2, 32, 151936, 0,
         { { "token_embd.weight", F16 }, { "blk.0.attn_q_norm.weight", F32 }, { "blk.1.ffn_down.weight", F16 },
@@ -156,14 +156,14 @@ static void test_models(void) {
     /* qwen3 Q4_K_M at n_embd 256 (no fallback): tied embedding -> Q6_K,
      * use_more_bits picks layers 2 and 3 of 4 for attn_v / ffn_down */
     gm_case q3k = { "gm-qwen3-q4km.gguf",
-        { "--arch", "qwen3", "--n-layer", "4", "--head-dim", "64", "--n-ff", "512", "--type", "q4_k_m", NULL },
+        { "--arch", "qwen3", "--vocab-from", g_qwen, "--n-layer", "4", "--head-dim", "64", "--n-ff", "512", "--type", "q4_k_m", NULL },
         "qwen3", 256, 4, 4, 2, 64, 151936, 0,
         { { "token_embd.weight", Q6K }, { "blk.0.attn_v.weight", Q4K }, { "blk.2.attn_v.weight", Q6K },
           { "blk.1.ffn_down.weight", Q4K }, { "blk.3.ffn_down.weight", Q6K }, { "blk.0.attn_q.weight", Q4K },
           { "output_norm.weight", F32 }, { NULL, 0 } }, 15, "output.weight", 0 };
     /* qwen2: biases, untied output, Q8_0 */
     gm_case q2 = { "gm-qwen2-q8.gguf",
-        { "--arch", "qwen2", "--n-embd", "64", "--n-layer", "2", "--head-dim", "16", "--n-ff", "128",
+        { "--arch", "qwen2", "--vocab-from", g_qwen, "--n-embd", "64", "--n-layer", "2", "--head-dim", "16", "--n-ff", "128",
           "--type", "q8_0", NULL },
         "qwen2", 64, 2, 4, 2, 16, 151936, 0,
         { { "output.weight", Q8 }, { "token_embd.weight", Q8 }, { "blk.0.attn_q.bias", F32 },
@@ -172,7 +172,7 @@ static void test_models(void) {
      * (Q4_K -> Q5_0, Q6_K -> Q8_0); 8 experts pin attn_k/attn_v to Q8_0 and
      * lift attn_output to Q5_K, whose fallback is Q8_0 here (no Q5_1) */
     gm_case moe = { "gm-qwen3moe-q4km.gguf",
-        { "--arch", "qwen3moe", "--n-embd", "64", "--n-layer", "2", "--head-dim", "32", "--n-ff-exp", "64",
+        { "--arch", "qwen3moe", "--vocab-from", g_qwen, "--n-embd", "64", "--n-layer", "2", "--head-dim", "32", "--n-ff-exp", "64",
           "--type", "q4_k_m", NULL },
         "qwen3moe", 64, 2, 4, 2, 32, 151936, 8,
         { { "blk.0.ffn_gate_inp.weight", F32 }, { "blk.0.ffn_gate_exps.weight", Q50 },
@@ -189,7 +189,7 @@ static void test_models(void) {
         "blk.0.attn_q.bias", 10000.0f };
     /* presets keep their head layout under width/depth overrides */
     gm_case p06 = { "gm-preset-qwen3.gguf",
-        { "--preset", "qwen3-0.6b", "--n-embd", "64", "--n-layer", "1", "--n-ff", "64", "--type", "bf16", NULL },
+        { "--preset", "qwen3-0.6b", "--vocab-from", g_qwen, "--n-embd", "64", "--n-layer", "1", "--n-ff", "64", "--type", "bf16", NULL },
         "qwen3", 64, 1, 16, 8, 128, 151936, 0,
         { { "blk.0.attn_q.weight", GGML_TYPE_BF16 }, { "token_embd.weight", GGML_TYPE_BF16 }, { NULL, 0 } }, 32,
         "output.weight", 1e6f };
@@ -287,6 +287,12 @@ static void test_errors(void) {
     const char *bad_type[] = { "--arch", "qwen3", "--type", "q3_k", NULL };
     const char *bad_preset[] = { "--preset", "gpt-5", NULL };
     CHECK(gen(p, no_vocab) != 0, "llama without --vocab-from accepted");
+    /* qwen's default vocabulary comes from $TANDEM_FIXTURES only, never from a guessed path */
+    const char *qwen_no_vocab[] = { "--arch", "qwen3", NULL };
+    char *fx = getenv("TANDEM_FIXTURES") ? strdup(getenv("TANDEM_FIXTURES")) : NULL;
+    unsetenv("TANDEM_FIXTURES");
+    CHECK(gen(p, qwen_no_vocab) != 0, "qwen3 without --vocab-from or TANDEM_FIXTURES accepted");
+    if (fx) { setenv("TANDEM_FIXTURES", fx, 1); free(fx); }
     CHECK(gen(p, bad_heads) != 0, "n_head not a multiple of n_head_kv accepted");
     CHECK(gen(p, bad_type) != 0, "unknown type accepted");
     CHECK(gen(p, bad_preset) != 0, "unknown preset accepted");
@@ -299,11 +305,14 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "mkdir -p %s", g_dir);
     if (system(cmd) != 0) { fprintf(stderr, "cannot create %s\n", g_dir); return 1; }
     snprintf(g_spm, sizeof g_spm, "%s/vocab/ggml-vocab-llama-spm.gguf", t_fixtures());
+    snprintf(g_qwen, sizeof g_qwen, "%s/models/qwen3-mini-Q8_0.gguf", t_fixtures());
     test_errors();
-    test_determinism();
-    test_values();
-    test_models();
-    test_bench();
+    if (t_need(g_spm) && t_need(g_qwen)) {
+        test_determinism();
+        test_values();
+        test_models();
+        test_bench();
+    }
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
     return t_done("test_genmodel");

@@ -179,7 +179,8 @@ static int cmp_float(const void *a, const void *b) {
 
 static void run_file(const golden_case *gc) {
     char path[1024], mpath[1024];
-    snprintf(path, sizeof path, "%s/%s", t_fixtures(), gc->golden);
+    t_fixture_path(path, sizeof path, gc->golden);
+    if (!t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
@@ -196,8 +197,11 @@ static void run_file(const golden_case *gc) {
         const char *type = json_string_value(json_object_get(j, "type"));
         if (type && !strcmp(type, "header")) {
             const char *mf = json_string_value(json_object_get(j, "model_file"));
-            if (!strcmp(gc->dir_kind, "fixture")) snprintf(mpath, sizeof mpath, "%s/models/%s", t_fixtures(), mf);
+            char rel[600];
+            snprintf(rel, sizeof rel, "models/%s", mf ? mf : "");
+            if (!strcmp(gc->dir_kind, "fixture")) t_fixture_path(mpath, sizeof mpath, rel);
             else snprintf(mpath, sizeof mpath, "%s/%s", t_models(), mf);
+            if (!t_need(mpath)) { json_decref(j); break; }
             char err[512];
             model_opts mo = { .n_threads = 2, .n_batch = 512, .backend = getenv("TANDEM_BACKEND") };
             CHECK(model_load(&m, mpath, &mo, err, sizeof err) == 0, "load %s: %s", mpath, err);
@@ -227,8 +231,9 @@ static void run_file(const golden_case *gc) {
 
 static void run_story(void) {
     char path[1024], mpath[1024], err[512];
-    snprintf(path, sizeof path, "%s/golden/stories260K_greedy200_expected.txt", t_fixtures());
-    snprintf(mpath, sizeof mpath, "%s/models/stories260K.gguf", t_fixtures());
+    t_fixture_path(path, sizeof path, "golden/stories260K_greedy200_expected.txt");
+    t_fixture_path(mpath, sizeof mpath, "models/stories260K.gguf");
+    if (!t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
@@ -271,7 +276,7 @@ static int backend_missing(void) {
     const char *b = getenv("TANDEM_BACKEND");
     if (!b || !strcmp(b, "cpu")) return 0;
     char mpath[1024], err[512];
-    snprintf(mpath, sizeof mpath, "%s/models/stories260K.gguf", t_fixtures());
+    t_fixture_path(mpath, sizeof mpath, "models/stories260K.gguf");
     model *m = NULL;
     model_opts mo = { .n_threads = 1, .backend = b };
     if (model_load(&m, mpath, &mo, err, sizeof err) == 0) { model_free(m); return 0; }

@@ -562,10 +562,15 @@ int main(void) {
     tg_class();
     tg_cluster c;
     memset(&c, 0, sizeof c);
-    if (tg_start(&c) == 0) {
+    char need_a[1024], need_b[1024];
+    snprintf(need_a, sizeof need_a, "%s/models/qwen3-mini-Q8_0.gguf", t_fixtures());
+    snprintf(need_b, sizeof need_b, "%s/models/qwen2-mini-Q4_0.gguf", t_fixtures());
+    const char *need_models[] = { need_a, need_b, NULL };
+    int have = t_need_all(need_models);
+    if (have && tg_start(&c) == 0) {
         test_class(&c);
         test_kill(&c);
-    } else {
+    } else if (have) {
         CHECK(0, "cluster did not start (see " TG_DIR "/*.log)");
     }
     if (c.r > 0) stop_proc(c.r, 5000);

@@ -330,6 +330,8 @@ static int vocab_load(vocab *vb)
     char path[1024], err[256] = "";
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-qwen2.gguf", t_fixtures());
     memset(vb, 0, sizeof *vb);
+    if (!t_need(path))
+        return -1;
     if (gguf_open_file(&vb->f, path, err, sizeof err) || tokenizer_load(&vb->t, vb->f, err, sizeof err)) {
         CHECK(0, "load %s: %s", path, err);
         return -1;

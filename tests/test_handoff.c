@@ -289,7 +289,7 @@ static int prompt_selected(int i, int count, int k) {
 
 static void test_golden_model(const char *model, const char *golden, int k, int max_ids, int q8,
                               const char *secret, const char *const *node_extra) {
-    if (access(model, R_OK)) { printf("handoff: skipping %s (not present)\n", model); return; }
+    if (!t_need(model) || !t_need(golden)) return;
     FILE *f = fopen(golden, "r");
     CHECK(f != NULL, "golden file %s", golden);
     if (!f) return;
@@ -670,8 +670,14 @@ int main(void) {
         int gen = strstr(names[i], "-F16") && strncmp(names[i], "stories", 7);
         snprintf(m[i], sizeof m[i], "%s/%s.gguf", gen ? md : fx, names[i]);
         if (gen) snprintf(m[i], sizeof m[i], "%s/%s.gguf", md, names[i]);
-        else snprintf(m[i], sizeof m[i], "%s/models/%s.gguf", fx, names[i]);
-        snprintf(g[i], sizeof g[i], "%s/golden/visible/%s.jsonl", fx, names[i]);
+        else {
+            char rel[128];
+            snprintf(rel, sizeof rel, "models/%s.gguf", names[i]);
+            t_fixture_path(m[i], sizeof m[i], rel);
+        }
+        char grel[128];
+        snprintf(grel, sizeof grel, "golden/visible/%s.jsonl", names[i]);
+        t_fixture_path(g[i], sizeof g[i], grel);
         int kk = g_all ? 8 : g_asan ? (k[i] > 2 ? 2 : 1) : k[i];
         if (g_asan && i >= 5) continue;   /* the other F16/Q4_K files add time, not coverage */
         test_golden_model(m[i], g[i], kk, g_all ? 1 << 30 : 100, g_all || q8[i], secret, i == 2 ? b32 : NULL);
@@ -691,9 +697,9 @@ int main(void) {
                       "0.57721566490153 1.61803398874989 2.50290787509589 4.66920160910299 and 42, 1729, 65536.");
     write_file(shortp, "Hi");
     t0 = now_ms();
-    test_faults(m[2], longp, shortp, secret);
-    test_refusals(m[0], m[1], shortp, secret, bad);
-    test_in_process(m[2], g[2], secret);
+    if (t_need(m[2])) test_faults(m[2], longp, shortp, secret);
+    if (t_need(m[0]) && t_need(m[1])) test_refusals(m[0], m[1], shortp, secret, bad);
+    if (t_need(m[2]) && t_need(g[2])) test_in_process(m[2], g[2], secret);
     printf("handoff: fault and load part took %.1f s\n", (now_ms() - t0) / 1e3);
 
     char cmd[600];

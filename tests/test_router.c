@@ -774,10 +774,8 @@ static void test_processes(void) {
     memset(&e, 0, sizeof e);
     snprintf(e.stories, sizeof e.stories, "assets/stories260K.gguf");
     snprintf(e.qwen, sizeof e.qwen, "%s/qwen3-mini-F16.gguf", t_models());
-    if (access(tr_bin(), X_OK) || access(e.qwen, R_OK)) {
-        printf("test_router: SKIP process tests: %s or %s missing\n", tr_bin(), e.qwen);
-        return;
-    }
+    CHECK(access(tr_bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", tr_bin());
+    if (access(tr_bin(), X_OK) || !t_need(e.qwen)) return;
     if (tr_setup(&e) == 0) {
         test_golden(&e);
         test_errors(&e);

@@ -434,10 +434,8 @@ int main(void) {
     tt_env e;
     memset(&e, 0, sizeof e);
     snprintf(e.model, sizeof e.model, "%s/models/qwen3-mini-Q8_0.gguf", t_fixtures());
-    if (access(bin(), X_OK) || access(e.model, R_OK)) {
-        printf("test_router_tools: SKIP: %s or %s missing\n", bin(), e.model);
-        return t_done("test_router_tools");
-    }
+    CHECK(access(bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", bin());
+    if (access(bin(), X_OK) || !t_need(e.model)) return t_done("test_router_tools");
     if (tt_setup(&e) == 0) {
         test_models(&e);
         test_tokenize(&e);

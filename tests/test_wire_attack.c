@@ -574,7 +574,7 @@ int main(void) {
     snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
     FILE *f = fopen(g_secret, "w");
     if (f) { fprintf(f, "%s\n", g_sec); fclose(f); }
-    snprintf(g_model, sizeof g_model, "%s/models/stories260K.gguf", t_fixtures());
+    t_fixture_path(g_model, sizeof g_model, "models/stories260K.gguf");
     char err[512];
     model *m = NULL;
     model_opts mo = { .n_threads = 1, .n_batch = 64 };

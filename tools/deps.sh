@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential clang libclang-rt-14-dev python3 pkg-config
       libjansson-dev libutf8proc-dev libzstd-dev libmicrohttpd-dev libssl-dev libxxhash-dev libcurl4-openssl-dev
-      iproute2 curl)
+      iproute2 curl openssl)
 missing=()
 for p in "${PKGS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -11,7 +11,8 @@
 #
 # usage: tools/netbed.sh [options]
 #   -m MODEL          GGUF model (default build/models/qwen3-0.6b-Q8_0.gguf, generated
-#                     with `tandem gen-model --preset qwen3-0.6b --type q8_0` if missing)
+#                     with `tandem gen-model --preset qwen3-0.6b --type q8_0` if missing,
+#                     the vocabulary from the fixture set's qwen3-mini-Q8_0.gguf)
 #   -o FILE           markdown output (default build/netbed.md)
 #   --rates "R ..."   tc rates (default "10gbit 2500mbit 1gbit")
 #   --lengths L       bench-handoff --lengths (default 128,256,512,1024,2048,4096)
@@ -22,6 +23,7 @@
 # env TANDEM_BIN: the tandem binary (default build/tandem, built with make if missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. tools/netns.sh
 
 BIN=${TANDEM_BIN:-build/tandem}
 MODEL=""
@@ -61,7 +63,8 @@ if [ -z "$MODEL" ]; then
     if [ ! -f "$MODEL" ]; then
         mkdir -p build/models
         log "generating $MODEL (random weights, qwen3-0.6b shape)"
-        "$BIN" gen-model --preset qwen3-0.6b --type q8_0 -q -o "$MODEL.tmp" && mv "$MODEL.tmp" "$MODEL"
+        "$BIN" gen-model --preset qwen3-0.6b --type q8_0 -q -o "$MODEL.tmp" \
+            --vocab-from "${TANDEM_FIXTURES:-../shared/fixtures}/models/qwen3-mini-Q8_0.gguf" && mv "$MODEL.tmp" "$MODEL"
     fi
 fi
 [ -f "$MODEL" ] || { echo "netbed: no model $MODEL" >&2; exit 1; }
@@ -72,10 +75,7 @@ NODE_PID=""
 NETNS=0
 cleanup() {
     if [ -n "$NODE_PID" ]; then kill "$NODE_PID" 2>/dev/null || true; wait "$NODE_PID" 2>/dev/null || true; fi
-    if [ "$NETNS" = 1 ]; then
-        ip netns del "$NS_P" 2>/dev/null || true   # takes its veth end, and so the pair, with it
-        ip netns del "$NS_D" 2>/dev/null || true
-    fi
+    if [ "$NETNS" = 1 ]; then netns_del "$NS_P" "$NS_D"; fi
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -130,14 +130,11 @@ bench() {
 
 # ==== Namespaces ====
 setup_netns() {
-    ip netns add "$NS_P" 2>/dev/null || return 1
+    local rc=0
+    netns_pair "$NS_P" "$NS_D" "$ADDR_P" "$ADDR_D" veth-tp veth-td || rc=$?
+    [ "$rc" = 2 ] && return 1
     NETNS=1
-    ip netns add "$NS_D" || return 1
-    ip link add veth-tp type veth peer name veth-td || return 1
-    ip link set veth-tp netns "$NS_P" && ip link set veth-td netns "$NS_D" || return 1
-    ip -n "$NS_P" addr add "$ADDR_P/24" dev veth-tp && ip -n "$NS_D" addr add "$ADDR_D/24" dev veth-td || return 1
-    for ns in "$NS_P" "$NS_D"; do ip -n "$ns" link set lo up || return 1; done
-    ip -n "$NS_P" link set veth-tp up && ip -n "$NS_D" link set veth-td up || return 1
+    [ "$rc" = 0 ] || return 1
     ip netns exec "$NS_D" ping -c 1 -W 2 "$ADDR_P" >/dev/null 2>&1 || log "(ping unavailable or failed; continuing)"
     return 0
 }
@@ -182,8 +179,7 @@ if [ "$FORCE_LOOPBACK" = 0 ] && [ "$(id -u)" = 0 ] && setup_netns; then
     done
 else
     if [ "$NETNS" = 1 ]; then log "could not set up the namespaces; falling back to loopback"; fi
-    ip netns del "$NS_P" 2>/dev/null || true
-    ip netns del "$NS_D" 2>/dev/null || true
+    [ "$NETNS" = 1 ] && netns_del "$NS_P" "$NS_D"
     NETNS=0
     log "network namespaces not available: measuring plain loopback"
     { echo "## loopback (no network namespaces available: no rate limit)"; echo; } >> "$OUT"

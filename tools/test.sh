@@ -6,7 +6,9 @@
 #   4. every libFuzzer target for a short bounded time
 #   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
 #      and link only: CI has no GPU) and its test's host-side checks
-# The last line printed is the total "N passed, M failed".
+# Without the fixture set (../shared/fixtures or $TANDEM_FIXTURES: README,
+# Correctness) the tests that need its files say "skipped: ..." and the rest
+# runs. The last line printed is the total "N passed, M failed, K skipped".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/deps.sh
@@ -46,18 +48,26 @@ echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 make -j"$JOBS" fuzz >/dev/null
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 # Seeds: the start of real files for the parsers, tiny generated models for model
-# loading, real prompts for the tokenizer.
+# loading, real prompts for the tokenizer (from the fixture set where it is
+# there; stories260K is also assets/stories260K.gguf, the same bytes).
 fuzz_seed() {
     case "$1" in
-    gguf) head -c 16384 "$FIX/models/stories260K.gguf" >"$2/stories-head.gguf"
-          head -c 60000 "$FIX/vocab/ggml-vocab-llama-spm.gguf" >"$2/spm-head.gguf" ;;
+    gguf) head -c 16384 assets/stories260K.gguf >"$2/stories-head.gguf"
+          if [ -f "$FIX/vocab/ggml-vocab-llama-spm.gguf" ]; then
+              head -c 60000 "$FIX/vocab/ggml-vocab-llama-spm.gguf" >"$2/spm-head.gguf"
+          fi ;;
     model) # tiny generated models (about 40-58 KB each, under -max_len), one per architecture
           for a in llama qwen2 qwen3 qwen3moe; do
               moe=(); [ "$a" = qwen3moe ] && moe=(--n-expert 4 --n-expert-used 2 --n-ff-exp 32)
-              build/tandem gen-model --arch "$a" --vocab-from "$FIX/models/stories260K.gguf" --n-embd 32 \
+              build/tandem gen-model --arch "$a" --vocab-from assets/stories260K.gguf --n-embd 32 \
                   --n-layer 1 --n-head 2 --n-head-kv 1 --head-dim 32 --n-ff 32 --ctx 64 "${moe[@]}" -q -o "$2/$a.gguf"
           done ;;
-    tokenizer) python3 -c "
+    tokenizer) if [ ! -f "$FIX/tokenize/visible.jsonl" ]; then
+              printf '\x00Once upon a time, a little girl <|im_start|>user\n  tabs\t\u00e9 \xf0\x9f\x98\x80 12345' >"$2/p0"
+              printf '\x25def f(x):\n    return x+1  # \xe4\xb8\xad\xe6\x96\x87' >"$2/p1"
+              return
+          fi
+          python3 -c "
 import json,sys
 for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     j=json.loads(l)
@@ -90,10 +100,26 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf 'not a schema\0{"a":[1,{"b":null}],"c":"d"}' >"$2/json_object" ;;
     esac
 }
-fuzz_fail=0
+# The fixture files a target cannot start without (it aborts): where the
+# fixture set is absent such a target is skipped and named, like the tests.
+fuzz_needs() {
+    case "$1" in
+    decode_request) echo "$FIX/models/stories260K.gguf $FIX/models/qwen3-mini-Q8_0.gguf" ;;
+    tokenizer) echo "$FIX/vocab/ggml-vocab-qwen2.gguf" ;;
+    esac
+}
+fuzz_fail=0; fuzz_skip=0
 for f in build/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")
+    missing=""
+    for need in $(fuzz_needs "${name#fuzz_}"); do [ -f "$need" ] || missing="$missing $need"; done
+    if [ -n "$missing" ] && [ ! -d "$FIX" ]; then
+        echo "skipped: $name:$missing not found (set TANDEM_FIXTURES)"; fuzz_skip=$((fuzz_skip+1)); continue
+    fi
+    if [ "$name" = fuzz_grammar ] && [ ! -f "$FIX/vocab/ggml-vocab-qwen2.gguf" ]; then
+        echo "fuzz_grammar: $FIX/vocab/ggml-vocab-qwen2.gguf not found: schemas and bytes through the grammar, no token masks"
+    fi
     corpus="build/corpus-$name"; mkdir -p "$corpus"
     seeds="build/seeds-$name"; mkdir -p "$seeds"
     fuzz_seed "${name#fuzz_}" "$seeds"
@@ -111,8 +137,12 @@ p2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -n
 f2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
 p3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
 f3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+s1=$(tail -n 1 build/test.log | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+s2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
 nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
-pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + nf - fuzz_fail ))
+pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + nf - fuzz_fail - fuzz_skip ))
 fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + fuzz_fail ))
-echo "$pass passed, $fail failed"
+skip=$(( ${s1:-0} + ${s2:-0} + fuzz_skip ))
+[ "$skip" -eq 0 ] || echo "($skip test parts skipped: fixture set $FIX not found; set TANDEM_FIXTURES to run them)"
+echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
