@@ -127,7 +127,7 @@ for f in build/fuzz_*; do
     if "$f" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "${args[@]}" >build/"$name".log 2>&1; then
         echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"
     else
-        echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=1
+        echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=$((fuzz_fail+1))
     fi
 done
 # totals over both runs and the fuzzers
