@@ -423,14 +423,21 @@ int api_tools_active(const api_request *r) { return r->tools && r->tool_choice !
 
 /* ==== Request ==== */
 
+/* "n": choices generated from one prompt (computed once, shared by all). */
+static int api_get_n(json_t *root, api_request *r, api_error *e) {
+    json_t *n = json_object_get(root, "n");
+    r->n = 1;
+    if (!n || json_is_null(n)) return 0;
+    if (!json_is_integer(n)) return api_wrong_type(e, "n", "an integer", n);
+    json_int_t v = json_integer_value(n);
+    if (v < 1 || v > API_MAX_N)
+        return api_bad(e, "n", "invalid_value", "'n' must be between 1 and %d (got %lld).", API_MAX_N, (long long)v);
+    r->n = (int)v;
+    return 0;
+}
+
 /* Fields we cannot honour are refused rather than silently ignored. */
 static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e) {
-    json_t *n = json_object_get(root, "n");
-    if (n && !json_is_null(n)) {
-        if (!json_is_integer(n)) return api_wrong_type(e, "n", "an integer", n);
-        if (json_integer_value(n) != 1)
-            return api_bad(e, "n", "invalid_value", "Only n=1 is supported.");
-    }
     /* the deprecated forms of tools; completions take no tools at all */
     static const char *const refused[] = {"functions", "function_call", "tools", "tool_choice", "parallel_tool_calls"};
     size_t n_refused = kind == API_CHAT ? 2 : 5;
@@ -548,6 +555,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
         r->seed = (int64_t)json_integer_value(seed);
     }
     if (api_get_stop(root, lim, r, e)) return -1;
+    if (api_get_n(root, r, e)) return -1;
     if (api_get_bool(root, "stream", &r->stream, e)) return -1;
     if (kind == API_COMPLETION && api_get_bool(root, "echo", &r->echo, e)) return -1;
     if (api_get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
@@ -662,6 +670,7 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         json_object_set_new(o, "stop", arr);
     }
     if (r->ignore_eos) json_object_set_new(o, "ignore_eos", json_true());
+    if (r->n > 1) json_object_set_new(o, "n", json_integer(r->n));
     json_object_set_new(o, "prefill", json_string(prefill_mode ? prefill_mode : "auto"));
     if (prefill_node && *prefill_node) json_object_set_new(o, "prefill_node", json_string(prefill_node));
     /* The router always streams from the node: it learns the first token's
@@ -713,6 +722,7 @@ int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) 
     json_t *tok = json_object_get(o, "token"), *text = json_object_get(o, "text");
     if (json_is_string(text) && !(u->text = strdup(json_string_value(text)))) { json_decref(o); return -1; }
     if (json_is_integer(tok)) { u->is_token = 1; u->token = api_int(tok); }
+    u->index = api_int(json_object_get(o, "index"));
     if (json_is_number(json_object_get(o, "logprob"))) {
         json_t *lp = json_pack("{s:O, s:O*, s:O*}", "logprob", json_object_get(o, "logprob"), "token_text",
                                json_object_get(o, "token_text"), "top_logprobs", json_object_get(o, "top_logprobs"));
@@ -834,16 +844,30 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
                           const char *finish_reason, int prompt_tokens, int completion_tokens) {
     json_t *choice;
     if (kind == API_CHAT)
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", 0, "message", "role", "assistant",
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", m->index, "message", "role", "assistant",
                            "content", api_text(text), "logprobs", api_lp(m), "finish_reason", api_str_or_null(finish_reason));
     else
-        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", m->index, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
                               "object", kind == API_CHAT ? "chat.completion" : "text_completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
                               "usage", api_usage(prompt_tokens, completion_tokens)));
+}
+
+char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int completion_tokens) {
+    json_t *out = n > 0 && bodies[0] ? json_loads(bodies[0], 0, NULL) : NULL;
+    json_t *choices = json_object_get(out, "choices");
+    if (!json_is_array(choices)) { json_decref(out); return NULL; }
+    for (int i = 1; i < n; i++) {
+        json_t *o = bodies[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+        if (!c || json_array_append(choices, c)) { json_decref(o); json_decref(out); return NULL; }
+        json_decref(o);
+    }
+    json_object_set_new(out, "usage", api_usage(prompt_tokens, completion_tokens));
+    return api_dump(out);
 }
 
 /* "data: <json>\n\n" from a malloc'd JSON text, which it frees. */
@@ -865,10 +889,10 @@ char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *t
         json_t *delta = json_object();
         if (first) json_object_set_new(delta, "role", json_string("assistant"));
         if (text || first) json_object_set_new(delta, "content", api_text(text));
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", api_lp(m),
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", m->index, "delta", delta, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     } else {
-        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", m->index, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     }
     if (!choice) return NULL;
@@ -905,12 +929,14 @@ char *api_render_model(const char *id, long long created) {
 static json_t *api_call_id(const api_resp_meta *m, int index) {
     const char *dash = strchr(m->id, '-');
     char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", dash ? dash + 1 : m->id, index);
+    /* choices past the first have calls of their own: ids stay unique */
+    if (m->index > 0) snprintf(id, sizeof id, "call_%s_%d_%d", dash ? dash + 1 : m->id, m->index, index);
+    else snprintf(id, sizeof id, "call_%s_%d", dash ? dash + 1 : m->id, index);
     return json_string(id);
 }
 
 static char *api_tool_chunk(const api_resp_meta *m, json_t *delta) {
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "delta", delta, "logprobs", "finish_reason");
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", m->index, "delta", delta, "logprobs", "finish_reason");
     if (!choice) return NULL;
     return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", m->id, "object", "chat.completion.chunk",
                              "created", (json_int_t)m->created, "model", m->model, "choices", choice));
@@ -987,7 +1013,7 @@ char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *ev
                                int prompt_tokens, int completion_tokens) {
     json_t *msg = api_tool_message(m, evs);
     if (!msg) return NULL;
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "message", msg, "logprobs",
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", m->index, "message", msg, "logprobs",
                                "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",
