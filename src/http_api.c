@@ -1,6 +1,7 @@
 /* http_api.c - OpenAI request parsing/validation and response rendering
  * (see http_api.h). Pure functions over jansson; no I/O. */
 #include "http_api.h"
+#include "grammar.h"
 #include "tools.h"
 
 #include <jansson.h>
@@ -359,6 +360,28 @@ static json_t *api_find_tool(json_t *tools, const char *name) {
     return NULL;
 }
 
+/* A forced function's arguments, constrained so that they always parse: its
+ * "parameters" schema compiled as a grammar (the decode node compiles it
+ * again), or any JSON object when the schema uses what the grammar does not
+ * support; with "strict": true that is a 400 naming the keyword instead. */
+static int api_get_args_format(json_t *fn, api_request *r, api_error *e) {
+    json_t *params = json_object_get(fn, "parameters"), *fmt;
+    grammar *g = NULL;
+    char gerr[300] = "no parameters schema";
+    if (json_is_object(params) && grammar_compile_schema(&g, params, gerr, sizeof gerr) == 0) {
+        fmt = json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema", params);
+    } else {
+        if (json_is_true(json_object_get(fn, "strict")))
+            return api_bad(e, "tools", "invalid_value", "Function '%.64s' is strict but its parameters cannot be enforced: %s.",
+                           r->tool_name, gerr);
+        fmt = json_pack("{s:s}", "type", "json_object");
+    }
+    grammar_free(g);
+    r->tool_args_format = fmt ? json_dumps(fmt, JSON_COMPACT) : NULL;
+    json_decref(fmt);
+    return r->tool_args_format ? 0 : api_bad(e, "tools", NULL, "out of memory");
+}
+
 /* tool_choice: "none" | "auto" | "required" | {"type":"function","function":{"name"}}. */
 static int api_get_tool_choice(json_t *root, json_t *tools, api_request *r, api_error *e) {
     json_t *v = json_object_get(root, "tool_choice");
@@ -391,7 +414,8 @@ static int api_get_tool_choice(json_t *root, json_t *tools, api_request *r, api_
     if (!fn) return api_bad(e, "tool_choice", "invalid_value", "'tool_choice' names '%.64s', which is not in 'tools'.", name);
     r->tool_name = strdup(name);
     r->tool_args_fixed = tools_args_fixed_empty(json_object_get(fn, "parameters"));
-    return r->tool_name ? 0 : api_bad(e, "tool_choice", NULL, "out of memory");
+    if (!r->tool_name) return api_bad(e, "tool_choice", NULL, "out of memory");
+    return r->tool_args_fixed ? 0 : api_get_args_format(fn, r, e);
 }
 
 static int api_get_tools(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
@@ -604,6 +628,7 @@ void api_request_free(api_request *r) {
     }
     free(r->tools);
     free(r->tool_name);
+    free(r->tool_args_format);
     free(r->assistant_prefix);
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -660,6 +685,10 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         if (x) json_object_update(o, x);
         json_decref(x);
     }
+    /* a forced call's arguments follow its function's schema (they replace
+     * any response_format: the output is the call) */
+    if (r->call_suffix && r->tool_args_format)
+        json_object_set_new(o, "response_format", json_loads(r->tool_args_format, 0, NULL));
     if (r->logprobs) json_object_set_new(o, "logprobs", json_integer(r->logprobs - 1));
     /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
     if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));

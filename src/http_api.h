@@ -85,11 +85,18 @@ typedef struct {
     int tool_choice;            /* enum api_tool_choice */
     char *tool_name;            /* API_TOOLS_NAMED, or the only tool under "required" */
     int tool_args_fixed;        /* that function's schema admits only {} as arguments */
+    char *tool_args_format;     /* that function's arguments as a decode node's "response_format"
+                                 * (JSON text): its "parameters" schema when the grammar
+                                 * supports it, else (unless "strict") any JSON object; NULL
+                                 * when no single function is forced or its arguments are fixed */
     int parallel_tool_calls;    /* OpenAI default true */
     /* set by the router per attempt, from the decode node's template */
     char *assistant_prefix;     /* the assistant turn starts with this (a forced call) */
     int prefix_complete;        /* the prefix is a whole call: nothing to generate */
     const char *call_stop;      /* static stop string ending a single call, or NULL */
+    const char *call_suffix;    /* static text closing a forced call whose arguments the node
+                                 * constrained (tool_args_format): the node stops when they are
+                                 * complete, the router's parser reads this after them; or NULL */
 } api_request;
 
 void api_limits_default(api_limits *l);

@@ -845,6 +845,10 @@ static int rt_tools_prepare(rt_req *q, api_error *e) {
      * closing tag then ends the generation */
     int one = (forced && r->tool_name) || !r->parallel_tool_calls;
     r->call_stop = one && fmt == CHAT_CHATML ? "</tool_call>" : NULL;
+    /* a named call's arguments are constrained on the node, which stops
+     * once they are complete: the call's closing is ours to add */
+    r->call_suffix = forced && r->tool_name && r->tool_args_format && !r->prefix_complete
+                   ? (fmt == CHAT_CHATML ? "}\n</tool_call>" : "}") : NULL;
     int ok = 1;
     for (int i = 0; i < r->n; i++) {
         tool_parser_free(q->ch[i].tp);
@@ -872,6 +876,13 @@ static int rt_tools_feed(rt_req *q, rt_choice *c, const char *text, int end, too
     return bad ? -1 : 0;
 }
 
+/* A constrained call's arguments ended the generation ("stop"): its
+ * closing follows them (not when cut by max_tokens). */
+static int rt_tools_close(rt_req *q, rt_choice *c, const char *reason, tool_evs *ev) {
+    if (!q->req.call_suffix || strcmp(reason, "stop")) return 0;
+    return rt_tools_feed(q, c, q->req.call_suffix, 0, ev);
+}
+
 /* OpenAI's finish_reason once calls were made: "tool_calls" unless the
  * generation was cut inside one. Call before the parser's end. */
 static const char *rt_tools_finish(rt_choice *c, const char *reason) {
@@ -889,7 +900,7 @@ static char *rt_tools_chunks(rt_req *q, rt_choice *c, const api_resp_meta *m, co
 static char *rt_tools_response(rt_req *q, rt_choice *c, const api_resp_meta *m) {
     tool_evs ev = {0};
     char *s = NULL;
-    if (rt_tools_feed(q, c, c->text ? c->text : "", 0, &ev) == 0) {
+    if (rt_tools_feed(q, c, c->text ? c->text : "", 0, &ev) == 0 && rt_tools_close(q, c, c->finish_reason, &ev) == 0) {
         const char *finish = rt_tools_finish(c, c->finish_reason);
         if (tool_parser_end(c->tp, &ev) == 0)
             s = api_render_tool_response(m, &ev, finish, q->fin.prompt_tokens, q->fin.completion_tokens);
@@ -1330,7 +1341,12 @@ static char *rt_stream_choice_end(rt_req *q, rt_choice *c, const api_resp_meta *
     if (c->tp) {
         /* the finish reason is decided before the parser's end flushes */
         const char *finish = rt_tools_finish(c, u->finish_reason);
-        char *feed = rt_tools_chunks(q, c, m, u->text, 1);
+        char *feed = rt_tools_chunks(q, c, m, u->text, 0);
+        tool_evs ev = {0};
+        char *close = rt_tools_close(q, c, u->finish_reason, &ev) || tool_parser_end(c->tp, &ev) ? NULL
+                    : api_render_tool_chunks(m, &ev);
+        tool_evs_clear(&ev);
+        feed = api_concat(feed, close);
         s = api_concat(feed, api_render_chunk(q->req.kind, m, NULL, finish, 0));
     } else {
         s = api_render_chunk(q->req.kind, m, NULL, u->finish_reason, 0);

@@ -14,7 +14,10 @@
  *     the n = 1 output for seed + i
  *   - logprobs, stop strings and tool calls per choice; n above the
  *     router's limit or the node's slots is a prompt 400
- *   - the npm `openai` client, n = 2 streamed and not. */
+ *   - the npm `openai` client, n = 2 streamed and not
+ *   - a forced function call's arguments constrained by its "parameters"
+ *     schema: they parse and validate, streamed and not, for every choice;
+ *     "strict" with a keyword the grammar lacks is a 400. */
 #include "proc.h"
 
 #include <jansson.h>
@@ -416,6 +419,93 @@ static void test_tools(rn_env *e) {
     json_decref(o);
 }
 
+/* ==== Tool-call arguments follow the function's schema ==== */
+
+#define RN_WEATHER "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":" \
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":20},\"days\":{\"type\":" \
+    "\"integer\",\"minimum\":1,\"maximum\":7}},\"required\":[\"city\",\"days\"],\"additionalProperties\":false}}}]"
+
+/* 1 if args is JSON valid against RN_WEATHER's parameters. */
+static int rn_weather_ok(const char *args) {
+    json_t *a = json_loads(args, 0, NULL);
+    json_t *city = json_object_get(a, "city"), *days = json_object_get(a, "days");
+    int ok = json_is_object(a) && json_object_size(a) == 2 && json_is_string(city) &&
+             json_string_length(city) <= 20 && json_is_integer(days) && json_integer_value(days) >= 1 &&
+             json_integer_value(days) <= 7;
+    json_decref(a);
+    return ok;
+}
+
+static void test_tool_args_parse(void) {
+    api_limits lim;
+    api_limits_default(&lim);
+    api_request r;
+    api_error e;
+    const char *b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"," RN_WEATHER "}";
+    CHECK(api_parse_request(API_CHAT, b, strlen(b), &lim, &r, &e) == 0 && r.tool_args_format &&
+          strstr(r.tool_args_format, "\"json_schema\"") && strstr(r.tool_args_format, "\"maxLength\":20"),
+          "a forced function's schema becomes its arguments' format: %s", r.tool_args_format ? r.tool_args_format : "(none)");
+    api_request_free(&r);
+    b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\",\"tools\":"
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
+        "{\"id\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}}]}";
+    CHECK(api_parse_request(API_CHAT, b, strlen(b), &lim, &r, &e) == 0 && r.tool_args_format &&
+          strstr(r.tool_args_format, "\"json_object\""), "an unsupported keyword, not strict: any JSON object");
+    api_request_free(&r);
+    char strict[600];
+    snprintf(strict, sizeof strict, "%.*s\"strict\":true,%s", (int)(strstr(b, "\"parameters\"") - b), b, strstr(b, "\"parameters\""));
+    CHECK(api_parse_request(API_CHAT, strict, strlen(strict), &lim, &r, &e) == -1 && e.status == 400 &&
+          !strcmp(e.param, "tools") && strstr(e.message, "pattern"), "strict with an unsupported keyword: 400 (%s)", e.message);
+    b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," RN_WEATHER "}";
+    CHECK(api_parse_request(API_CHAT, b, strlen(b), &lim, &r, &e) == 0 && !r.tool_args_format, "auto: no format");
+    api_request_free(&r);
+}
+
+static void test_tool_args(rn_env *e) {
+    char body[1200];
+    int st, good = 0, total = 0, calls = 0;
+    for (int seed = 1; seed <= 3; seed++) {
+        snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
+                 "\"max_tokens\":120,\"temperature\":1,\"seed\":%d,\"n\":2,\"tool_choice\":\"required\"," RN_WEATHER "}", seed);
+        json_t *o = rn_post(e->prouter, "/v1/chat/completions", body, &st);
+        json_t *ch = json_object_get(o, "choices");
+        for (size_t i = 0; i < json_array_size(ch); i++) {
+            json_t *c = json_array_get(ch, i);
+            json_t *call = json_array_get(json_object_get(json_object_get(c, "message"), "tool_calls"), 0);
+            const char *args = jstr(json_object_get(call, "function"), "arguments", NULL);
+            total++;
+            calls += !strcmp(jstr(c, "finish_reason", NULL), "tool_calls");
+            if (rn_weather_ok(args)) good++;
+            else fprintf(stderr, "seed %d choice %zu: arguments %s (finish %s)\n", seed, i, args, jstr(c, "finish_reason", NULL));
+        }
+        json_decref(o);
+    }
+    CHECK(total == 6 && good == 6 && calls == 6, "sampled forced calls: %d of %d arguments valid, %d finished as tool_calls",
+          good, total, calls);
+    /* streamed: the argument fragments of each choice join into valid JSON */
+    snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
+             "\"max_tokens\":120,\"temperature\":1,\"seed\":7,\"n\":2,\"stream\":true,\"tool_choice\":\"required\"," RN_WEATHER "}");
+    char *out = NULL;
+    st = http(e->prouter, "POST", "/v1/chat/completions", body, &out);
+    char args[2][2048] = {"", ""}, finish[2][16] = {"", ""};
+    for (char *save = NULL, *l = strtok_r(out ? out : (char *)"", "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        json_t *o = strncmp(l, "data: {", 7) ? NULL : json_loads(l + 6, 0, NULL);
+        json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+        long long i = jint(c, "index", NULL);
+        json_t *tc = json_array_get(json_object_get(json_object_get(c, "delta"), "tool_calls"), 0);
+        if (c && i >= 0 && i < 2) {
+            const char *a = jstr(json_object_get(tc, "function"), "arguments", NULL);
+            strncat(args[i], a, sizeof args[i] - strlen(args[i]) - 1);
+            if (json_is_string(json_object_get(c, "finish_reason")))
+                snprintf(finish[i], sizeof finish[i], "%s", jstr(c, "finish_reason", NULL));
+        }
+        json_decref(o);
+    }
+    free(out);
+    CHECK(st == 200 && rn_weather_ok(args[0]) && rn_weather_ok(args[1]) && !strcmp(finish[0], "tool_calls") &&
+          !strcmp(finish[1], "tool_calls"), "streamed forced calls: '%s' (%s) '%s' (%s)", args[0], finish[0], args[1], finish[1]);
+}
+
 /* ==== The npm openai client ==== */
 
 static void test_npm(rn_env *e) {
@@ -450,6 +540,7 @@ static void test_npm(rn_env *e) {
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     test_parse();
+    test_tool_args_parse();
     mkdir("build", 0755);
     mkdir(RN_DIR, 0755);
     rn_env e;
@@ -467,6 +558,7 @@ int main(void) {
         test_seeds(&e);
         test_limits(&e);
         test_tools(&e);
+        test_tool_args(&e);
         test_npm(&e);
     }
     if (e.router) CHECK(stop_proc(e.router, 5000) == 0, "router stops cleanly");
