@@ -645,10 +645,11 @@ static void dn_count_job(dn_job *j) {
     double gen_ms = v->n_gen > 1 ? dn_now() - v->t_first : 0;
     pthread_mutex_lock(&n->smu);
     n->st.completion_tokens += (uint64_t)v->n_gen;
-    if (j->index > 0) {}   /* a sibling choice: its request is counted with choice 0 */
-    else if (cancelled) n->st.cancelled++;
-    else if (failed) n->st.failed++;
-    else n->st.ok++;
+    if (j->index <= 0) {   /* a sibling choice's request is counted with choice 0 */
+        if (cancelled) n->st.cancelled++;
+        else if (failed) n->st.failed++;
+        else n->st.ok++;
+    }
     if (v->t_admit > 0) {
         n->st.prompt_tokens += (uint64_t)j->n_prompt;
         n->st.reused_positions += (uint64_t)v->start_pos;
@@ -864,8 +865,8 @@ static void dn_logprob_fields(dnode *n, const sched_view *v, int k, json_t *o) {
     json_object_set_new(o, "top_logprobs", a);
 }
 
-/* Lines (into out) for the tokens of choice c published since the last
- * call, then its final line once it is done. */
+/* Lines (into out) for the tokens of choice j published since the last
+ * call (its snapshot j->v), then its final line once it is done. */
 static void dn_stream_emit(dn_job *j, dn_str *out) {
     const sched_view *v = j->v;
     /* each token line carries the text that became final with it (text that
