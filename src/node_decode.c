@@ -492,7 +492,8 @@ static int dn_parse_response_format(json_t *o, dn_req *r, char *err, size_t errl
 }
 
 /* "n" (1..DN_MAX_CHOICES, at most the node's slots so that every choice can
- * run at once): n > 1 only streamed, each line tagged with its "index". */
+ * run at once, and its queue): n > 1 only streamed, each line tagged with
+ * its "index". */
 static int dn_parse_choices(dnode *n, json_t *o, dn_req *r, char *err, size_t errlen) {
     long long v = 1;
     if (dn_get_int(o, "n", 1, DN_MAX_CHOICES, &v, err, errlen)) return -1;
@@ -500,6 +501,13 @@ static int dn_parse_choices(dnode *n, json_t *o, dn_req *r, char *err, size_t er
     if (v > n->n_slots) {
         snprintf(err, errlen, "'n' is %lld but this node decodes at most %d sequences at once (--parallel %d)",
                  v, n->n_slots, n->n_slots);
+        return -1;
+    }
+    /* every choice passes through the queue (the siblings wait there for
+     * choice 0's prompt): a queue shorter than n could never take them */
+    if (v > n->queue_max) {
+        snprintf(err, errlen, "'n' is %lld but this node queues at most %d requests (--queue %d)", v, n->queue_max,
+                 n->queue_max);
         return -1;
     }
     if (v > 1 && !r->stream) {

@@ -21,7 +21,7 @@
  * token's log-probability under the model and that many top alternatives,
  * as "logprob" and "top_logprobs": [{"id","text","logprob"}] on each token
  * line, or a "logprobs" array in the non-stream object), "n" (1..8, at most
- * the node's slots; > 1 only with "stream": that many choices sampled from
+ * the node's slots and its queue; > 1 only with "stream": that many choices sampled from
  * the prompt, computed once: choice i > 0 copies choice 0's KV rows and
  * samples with seed + i; every line then carries its choice's "index" and
  * each choice ends with its own "done" line), "prefill": "auto" |

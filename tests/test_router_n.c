@@ -394,6 +394,25 @@ static void test_limits(rn_env *e) {
     o = rn_post(e->prouter, "/v1/completions", "{\"model\":\"qwen3\",\"prompt\":\"x\",\"max_tokens\":4,\"n\":9,\"stream\":true}", &st);
     CHECK(st == 400 && !strcmp(jstr(o, "error", "param"), "n"), "n 9 streamed: %d", st);
     json_decref(o);
+    /* a node whose queue is shorter than n: every choice passes through it */
+    char bn[512], *nq[] = {bn, "serve", "--role", "local", "-m", e->stories, "-t", "1", "--parallel", "4", "--queue", "2",
+                           "--listen", "127.0.0.1:0", "--port-file", RN_DIR "/nq.port", NULL};
+    snprintf(bn, sizeof bn, "%s", bin());
+    pid_t pid;
+    int port;
+    if (rn_start(&pid, &port, nq, "nq") == 0) {
+        char *out = NULL;
+        st = http(port, "POST", "/v1/generate", "{\"prompt\":\"Once\",\"max_tokens\":2,\"n\":3,\"stream\":true}", &out);
+        CHECK(st == 400 && out && strstr(out, "--queue 2"), "n above the node's queue: %d %s", st, out ? out : "");
+        free(out);
+        st = http(port, "POST", "/v1/generate", "{\"prompt\":\"Once\",\"max_tokens\":2,\"n\":2}", &out);
+        CHECK(st == 400 && out && strstr(out, "stream"), "n 2 on the node needs a stream: %d %s", st, out ? out : "");
+        free(out);
+        st = http(port, "POST", "/v1/generate", "{\"prompt\":\"Once\",\"max_tokens\":2,\"n\":2,\"stream\":true}", &out);
+        CHECK(st == 200 && out && strstr(out, "\"index\":1") && strstr(out, "\"index\":0"), "n 2 on the node: %d", st);
+        free(out);
+        stop_proc(pid, 5000);
+    }
     /* the node still serves afterwards */
     o = rn_post(e->prouter, "/v1/completions", "{\"model\":\"qwen3\",\"prompt\":\"x\",\"max_tokens\":4,\"n\":2}", &st);
     CHECK(st == 200 && json_array_size(json_object_get(o, "choices")) == 2, "n 2 after the refusals: %d", st);
