@@ -74,6 +74,8 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
           printf '\x02{"token":42,"text":"hi"}' >"$2/line"
+          printf '\x01{"model":"m","prompt":"Once","n":3,"stream":true,"logprobs":2}' >"$2/n"
+          printf '\x02{"index":1,"done":true,"finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":2}}' >"$2/line-index"
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"required"}' >"$2/tools" ;;
     tools)
           printf '\x08Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' >"$2/qwen"
