@@ -732,12 +732,26 @@ static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
     return n;
 }
 
+/* The decode node for the request: with n > 1 choices, one whose slots
+ * (as it reports them) can run them all, when there is one; else the best
+ * left, whose 400 then names its limit. Caller holds mu. */
+static int rt_pick_decode_locked(rt_req *q) {
+    router *r = q->r;
+    if (q->req.n > 1) {
+        int skip[ROUTER_MAX_NODES];
+        for (int i = 0; i < r->n_nodes; i++) skip[i] = q->tried[i] || rt_node_slots(&r->nodes[i]) < q->req.n;
+        int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, skip);
+        if (d >= 0) return d;
+    }
+    return rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
+}
+
 /* Chooses a decode node and the prefill plan; -1 when no node is left, -2
  * when the best one left is full with this router's own requests. */
 static int rt_choose(rt_req *q) {
     router *r = q->r;
     pthread_mutex_lock(&r->mu);
-    int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
+    int d = rt_pick_decode_locked(q);
     if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
     if (rt_node_full(&r->nodes[d], 1)) { pthread_mutex_unlock(&r->mu); return -2; }
     int p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);

@@ -459,6 +459,63 @@ static void test_crowded(rn_env *e) {
     json_decref(one);
 }
 
+/* Two nodes for one model: the one with more free slots has too few slots
+ * in all for n, the other enough. The router sends n to the latter. */
+typedef struct { int port; } rn_load;
+
+static void *rn_load_main(void *arg) {
+    rn_load *l = arg;
+    char *out = NULL;
+    http(l->port, "POST", "/v1/generate", "{\"prompt\":\"Once upon a time\",\"max_tokens\":160,\"ignore_eos\":true}", &out);
+    free(out);
+    return NULL;
+}
+
+/* The queue depth the router last saw on the node at addr_port. */
+static int rn_node_depth(int router_port, int node_port) {
+    char *out = NULL, addr[32];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", node_port);
+    http(router_port, "GET", "/health", NULL, &out);
+    json_t *o = out ? json_loads(out, 0, NULL) : NULL, *nodes = json_object_get(o, "nodes");
+    free(out);
+    int d = -1;
+    for (size_t i = 0; i < json_array_size(nodes); i++)
+        if (!strcmp(jstr(json_array_get(nodes, i), "addr", NULL), addr)) d = (int)jint(json_array_get(nodes, i), "queue_depth", NULL);
+    json_decref(o);
+    return d;
+}
+
+static void test_pick_slots(rn_env *e) {
+    char b[512], qp[64], bp[64];
+    snprintf(b, sizeof b, "%s", bin());
+    char *big[] = {b, "serve", "--role", "local", "-m", e->qwen, "-t", "1", "--parallel", "4", "--listen", "127.0.0.1:0",
+                   "--port-file", RN_DIR "/big.port", NULL};
+    pid_t pbig = 0, pr = 0;
+    int big_port, rport;
+    if (rn_start(&pbig, &big_port, big, "big")) return;
+    snprintf(qp, sizeof qp, "qwen3=127.0.0.1:%d", e->pqw);
+    snprintf(bp, sizeof bp, "qwen3=127.0.0.1:%d", big_port);
+    char *r2[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", RN_DIR "/secret",
+                  "--decode", qp, "--decode", bp, "--health-interval-ms", "100", "--port-file", RN_DIR "/r2.port", NULL};
+    if (rn_start(&pr, &rport, r2, "r2")) { stop_proc(pbig, 5000); return; }
+    /* three long generations on the big node: 1 slot free there, 2 on the small one */
+    rn_load l = { big_port };
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) pthread_create(&th[i], NULL, rn_load_main, &l);
+    double t0 = now_ms();
+    while (now_ms() - t0 < 10000 && rn_node_depth(rport, big_port) < 3) sleep_ms(20);
+    int depth = rn_node_depth(rport, big_port);
+    int st;
+    json_t *o = rn_post(rport, "/v1/completions", "{\"model\":\"qwen3\",\"prompt\":\"Hi\",\"max_tokens\":4,\"n\":3}", &st);
+    CHECK(depth >= 3 && st == 200 && json_array_size(json_object_get(o, "choices")) == 3,
+          "n 3 goes to the node with 4 slots (3 busy, queue depth %d seen), not the idle one with 2: %d %s", depth, st,
+          jstr(json_object_get(o, "error"), "message", NULL));
+    json_decref(o);
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    stop_proc(pr, 5000);
+    stop_proc(pbig, 5000);
+}
+
 /* Tool calls per choice: forced calls, distinct ids. */
 static void test_tools(rn_env *e) {
     const char *body = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"Weather in Paris?\"}],"
@@ -618,6 +675,7 @@ int main(void) {
         test_seeds(&e);
         test_limits(&e);
         test_crowded(&e);
+        test_pick_slots(&e);
         test_tools(&e);
         test_tool_args(&e);
         test_npm(&e);
