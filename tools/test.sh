@@ -60,7 +60,8 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     decode_request)
           printf '\x00{"prompt":"Once upon a time","max_tokens":4}' >"$2/prompt"
           printf '\x01{"messages":[{"role":"user","content":"hi"}],"stream":true,"prefill":"local"}' >"$2/messages"
-          printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens" ;;
+          printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens"
+          printf '\x00{"prompt":"Once","n":3,"stream":true,"seed":5}' >"$2/n" ;;
     node_auth)
           printf '1700000000000\n00112233445566778899aabbccddeeff\n%064d\nPOST\n/v1/generate\n{"prompt":"x"}' 0 >"$2/request"
           printf 'line\none\x1b[31m\xc2\x9b\xe2\x80\xae\xff' >"$2/log-text" ;;
