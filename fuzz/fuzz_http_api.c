@@ -1,7 +1,8 @@
 /* fuzz_http_api.c - libFuzzer target over the router's request path:
  * OpenAI body parsing/validation for both endpoints, the decode-node body
  * built from a parsed request, the decode node's NDJSON lines and error
- * bodies, and rendering of responses and chunks from what was parsed. */
+ * bodies, and rendering of responses and chunks from what was parsed
+ * (n choices merged into one response). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,10 +12,21 @@
 static void fz_render(const api_request *r) {
     char *up = api_upstream_body(r, "auto", "127.0.0.1:1");
     free(up);
+    if (r->tool_args_format) {   /* a forced call's constrained arguments (set per attempt by the router) */
+        api_request c = *r;
+        c.call_suffix = "}";
+        free(api_upstream_body(&c, "local", NULL));
+    }
     api_resp_meta m = {.id = "x", .created = 1, .model = r->model};
     const char *text = r->prompt ? r->prompt : r->n_messages ? r->messages[0].content : "";
     free(api_render_chunk(r->kind, &m, text, NULL, 1));
-    free(api_render_response(r->kind, &m, text, "stop", 1, 2));
+    char *one = api_render_response(r->kind, &m, text, "stop", 1, 2);
+    m.index = r->n - 1;   /* the last of n choices, merged after the first */
+    char *last = api_render_response(r->kind, &m, text, "length", 1, 2);
+    char *both[2] = {one, last};
+    free(api_merge_responses(both, 2, 1, 4));
+    free(one);
+    free(last);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

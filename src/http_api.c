@@ -1,6 +1,7 @@
 /* http_api.c - OpenAI request parsing/validation and response rendering
  * (see http_api.h). Pure functions over jansson; no I/O. */
 #include "http_api.h"
+#include "grammar.h"
 #include "tools.h"
 
 #include <jansson.h>
@@ -359,6 +360,28 @@ static json_t *api_find_tool(json_t *tools, const char *name) {
     return NULL;
 }
 
+/* A forced function's arguments, constrained so that they always parse: its
+ * "parameters" schema compiled as a grammar (the decode node compiles it
+ * again), or any JSON object when the schema uses what the grammar does not
+ * support; with "strict": true that is a 400 naming the keyword instead. */
+static int api_get_args_format(json_t *fn, api_request *r, api_error *e) {
+    json_t *params = json_object_get(fn, "parameters"), *fmt;
+    grammar *g = NULL;
+    char gerr[300] = "no parameters schema";
+    if (json_is_object(params) && grammar_compile_schema(&g, params, gerr, sizeof gerr) == 0) {
+        fmt = json_pack("{s:s, s:{s:s, s:O}}", "type", "json_schema", "json_schema", "name", "arguments", "schema", params);
+    } else {
+        if (json_is_true(json_object_get(fn, "strict")))
+            return api_bad(e, "tools", "invalid_value", "Function '%.64s' is strict but its parameters cannot be enforced: %s.",
+                           r->tool_name, gerr);
+        fmt = json_pack("{s:s}", "type", "json_object");
+    }
+    grammar_free(g);
+    r->tool_args_format = fmt ? json_dumps(fmt, JSON_COMPACT) : NULL;
+    json_decref(fmt);
+    return r->tool_args_format ? 0 : api_bad(e, "tools", NULL, "out of memory");
+}
+
 /* tool_choice: "none" | "auto" | "required" | {"type":"function","function":{"name"}}. */
 static int api_get_tool_choice(json_t *root, json_t *tools, api_request *r, api_error *e) {
     json_t *v = json_object_get(root, "tool_choice");
@@ -391,7 +414,8 @@ static int api_get_tool_choice(json_t *root, json_t *tools, api_request *r, api_
     if (!fn) return api_bad(e, "tool_choice", "invalid_value", "'tool_choice' names '%.64s', which is not in 'tools'.", name);
     r->tool_name = strdup(name);
     r->tool_args_fixed = tools_args_fixed_empty(json_object_get(fn, "parameters"));
-    return r->tool_name ? 0 : api_bad(e, "tool_choice", NULL, "out of memory");
+    if (!r->tool_name) return api_bad(e, "tool_choice", NULL, "out of memory");
+    return r->tool_args_fixed ? 0 : api_get_args_format(fn, r, e);
 }
 
 static int api_get_tools(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
@@ -423,14 +447,21 @@ int api_tools_active(const api_request *r) { return r->tools && r->tool_choice !
 
 /* ==== Request ==== */
 
+/* "n": choices generated from one prompt (computed once, shared by all). */
+static int api_get_n(json_t *root, api_request *r, api_error *e) {
+    json_t *n = json_object_get(root, "n");
+    r->n = 1;
+    if (!n || json_is_null(n)) return 0;
+    if (!json_is_integer(n)) return api_wrong_type(e, "n", "an integer", n);
+    json_int_t v = json_integer_value(n);
+    if (v < 1 || v > API_MAX_N)
+        return api_bad(e, "n", "invalid_value", "'n' must be between 1 and %d (got %lld).", API_MAX_N, (long long)v);
+    r->n = (int)v;
+    return 0;
+}
+
 /* Fields we cannot honour are refused rather than silently ignored. */
 static int api_check_unsupported(json_t *root, enum api_kind kind, api_error *e) {
-    json_t *n = json_object_get(root, "n");
-    if (n && !json_is_null(n)) {
-        if (!json_is_integer(n)) return api_wrong_type(e, "n", "an integer", n);
-        if (json_integer_value(n) != 1)
-            return api_bad(e, "n", "invalid_value", "Only n=1 is supported.");
-    }
     /* the deprecated forms of tools; completions take no tools at all */
     static const char *const refused[] = {"functions", "function_call", "tools", "tool_choice", "parallel_tool_calls"};
     size_t n_refused = kind == API_CHAT ? 2 : 5;
@@ -548,6 +579,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
         r->seed = (int64_t)json_integer_value(seed);
     }
     if (api_get_stop(root, lim, r, e)) return -1;
+    if (api_get_n(root, r, e)) return -1;
     if (api_get_bool(root, "stream", &r->stream, e)) return -1;
     if (kind == API_COMPLETION && api_get_bool(root, "echo", &r->echo, e)) return -1;
     if (api_get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
@@ -596,6 +628,7 @@ void api_request_free(api_request *r) {
     }
     free(r->tools);
     free(r->tool_name);
+    free(r->tool_args_format);
     free(r->assistant_prefix);
     free(r->messages);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
@@ -652,6 +685,10 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         if (x) json_object_update(o, x);
         json_decref(x);
     }
+    /* a forced call's arguments follow its function's schema (they replace
+     * any response_format: the output is the call) */
+    if (r->call_suffix && r->tool_args_format)
+        json_object_set_new(o, "response_format", json_loads(r->tool_args_format, 0, NULL));
     if (r->logprobs) json_object_set_new(o, "logprobs", json_integer(r->logprobs - 1));
     /* Decode nodes take seeds in [0, 2^63): fold negative OpenAI seeds in. */
     if (r->has_seed) json_object_set_new(o, "seed", json_integer(r->seed < 0 ? (r->seed & INT64_MAX) : r->seed));
@@ -662,6 +699,7 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
         json_object_set_new(o, "stop", arr);
     }
     if (r->ignore_eos) json_object_set_new(o, "ignore_eos", json_true());
+    if (r->n > 1) json_object_set_new(o, "n", json_integer(r->n));
     json_object_set_new(o, "prefill", json_string(prefill_mode ? prefill_mode : "auto"));
     if (prefill_node && *prefill_node) json_object_set_new(o, "prefill_node", json_string(prefill_node));
     /* The router always streams from the node: it learns the first token's
@@ -717,6 +755,7 @@ int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) 
     json_t *tok = json_object_get(o, "token"), *text = json_object_get(o, "text");
     if (json_is_string(text) && !(u->text = strdup(json_string_value(text)))) { json_decref(o); return -1; }
     if (json_is_integer(tok)) { u->is_token = 1; u->token = api_int(tok); }
+    u->index = api_int(json_object_get(o, "index"));
     if (json_is_number(json_object_get(o, "logprob"))) {
         json_t *lp = json_pack("{s:O, s:O*, s:O*}", "logprob", json_object_get(o, "logprob"), "token_text",
                                json_object_get(o, "token_text"), "top_logprobs", json_object_get(o, "top_logprobs"));
@@ -838,16 +877,30 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
                           const char *finish_reason, int prompt_tokens, int completion_tokens) {
     json_t *choice;
     if (kind == API_CHAT)
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", 0, "message", "role", "assistant",
+        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:o}", "index", m->index, "message", "role", "assistant",
                            "content", api_text(text), "logprobs", api_lp(m), "finish_reason", api_str_or_null(finish_reason));
     else
-        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", m->index, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
                               "object", kind == API_CHAT ? "chat.completion" : "text_completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
                               "usage", api_usage(prompt_tokens, completion_tokens)));
+}
+
+char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int completion_tokens) {
+    json_t *out = n > 0 && bodies[0] ? json_loads(bodies[0], 0, NULL) : NULL;
+    json_t *choices = json_object_get(out, "choices");
+    if (!json_is_array(choices)) { json_decref(out); return NULL; }
+    for (int i = 1; i < n; i++) {
+        json_t *o = bodies[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        json_t *c = json_array_get(json_object_get(o, "choices"), 0);
+        if (!c || json_array_append(choices, c)) { json_decref(o); json_decref(out); return NULL; }
+        json_decref(o);
+    }
+    json_object_set_new(out, "usage", api_usage(prompt_tokens, completion_tokens));
+    return api_dump(out);
 }
 
 /* "data: <json>\n\n" from a malloc'd JSON text, which it frees. */
@@ -869,10 +922,10 @@ char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *t
         json_t *delta = json_object();
         if (first) json_object_set_new(delta, "role", json_string("assistant"));
         if (text || first) json_object_set_new(delta, "content", api_text(text));
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs", api_lp(m),
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", m->index, "delta", delta, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     } else {
-        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", 0, "logprobs", api_lp(m),
+        choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", m->index, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     }
     if (!choice) return NULL;
@@ -909,12 +962,14 @@ char *api_render_model(const char *id, long long created) {
 static json_t *api_call_id(const api_resp_meta *m, int index) {
     const char *dash = strchr(m->id, '-');
     char id[96];
-    snprintf(id, sizeof id, "call_%s_%d", dash ? dash + 1 : m->id, index);
+    /* choices past the first have calls of their own: ids stay unique */
+    if (m->index > 0) snprintf(id, sizeof id, "call_%s_%d_%d", dash ? dash + 1 : m->id, m->index, index);
+    else snprintf(id, sizeof id, "call_%s_%d", dash ? dash + 1 : m->id, index);
     return json_string(id);
 }
 
 static char *api_tool_chunk(const api_resp_meta *m, json_t *delta) {
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", 0, "delta", delta, "logprobs", "finish_reason");
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:n}", "index", m->index, "delta", delta, "logprobs", "finish_reason");
     if (!choice) return NULL;
     return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", m->id, "object", "chat.completion.chunk",
                              "created", (json_int_t)m->created, "model", m->model, "choices", choice));
@@ -991,7 +1046,7 @@ char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *ev
                                int prompt_tokens, int completion_tokens) {
     json_t *msg = api_tool_message(m, evs);
     if (!msg) return NULL;
-    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "message", msg, "logprobs",
+    json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", m->index, "message", msg, "logprobs",
                                "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",

@@ -34,6 +34,11 @@ typedef struct {
     int max_stop;               /* OpenAI allows up to 4 stop sequences */
 } api_limits;
 
+/* Largest "n" (choices per request) the router accepts: each choice is a
+ * sequence in its own decode-node slot, so more would crowd out other
+ * requests (a node also refuses n above its --parallel slots). */
+#define API_MAX_N 8
+
 /* One chat message. tool_calls: an assistant turn's calls as a JSON array
  * text [{"id", "type", "function": {"name", "arguments"}}], or NULL;
  * tool_call_id: a tool result's call id, or NULL. */
@@ -62,6 +67,7 @@ typedef struct {
     int64_t seed;
     char **stop;
     int n_stop;
+    int n;                      /* choices: 1..API_MAX_N (siblings share the prompt's KV) */
     int stream;
     int include_usage;          /* stream_options.include_usage */
     int echo;                   /* completions: echo the prompt (only with a text prompt) */
@@ -79,11 +85,18 @@ typedef struct {
     int tool_choice;            /* enum api_tool_choice */
     char *tool_name;            /* API_TOOLS_NAMED, or the only tool under "required" */
     int tool_args_fixed;        /* that function's schema admits only {} as arguments */
+    char *tool_args_format;     /* that function's arguments as a decode node's "response_format"
+                                 * (JSON text): its "parameters" schema when the grammar
+                                 * supports it, else (unless "strict") any JSON object; NULL
+                                 * when no single function is forced or its arguments are fixed */
     int parallel_tool_calls;    /* OpenAI default true */
     /* set by the router per attempt, from the decode node's template */
     char *assistant_prefix;     /* the assistant turn starts with this (a forced call) */
     int prefix_complete;        /* the prefix is a whole call: nothing to generate */
     const char *call_stop;      /* static stop string ending a single call, or NULL */
+    const char *call_suffix;    /* static text closing a forced call whose arguments the node
+                                 * constrained (tool_args_format): the node stops when they are
+                                 * complete, the router's parser reads this after them; or NULL */
 } api_request;
 
 void api_limits_default(api_limits *l);
@@ -109,6 +122,7 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
 
 /* One parsed NDJSON line (or the whole non-stream reply) from a decode node. */
 typedef struct {
+    int index;                  /* choice ("index" member; 0 when absent, i.e. n = 1) */
     int is_token;               /* {"token": id, "text": ...} */
     int token;
     char *text;                 /* token text, or full text of a non-stream reply */
@@ -144,6 +158,7 @@ typedef struct {
     long long created;          /* unix seconds */
     const char *model;
     const char *logprobs;       /* the choice's OpenAI "logprobs" object as JSON text, or NULL */
+    int index;                  /* the choice's "index" (0..n-1) */
 } api_resp_meta;
 
 /* The OpenAI "logprobs" object for n tokens, from the decode node's
@@ -159,6 +174,11 @@ int api_tools_active(const api_request *r);
 /* A complete non-stream response. */
 char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char *text,
                           const char *finish_reason, int prompt_tokens, int completion_tokens);
+/* One response of n choices from n single-choice responses (each rendered
+ * with its meta's index): their choices in order, usage computed once from
+ * the figures given (the prompt counts once, completions summed). Frees
+ * nothing; NULL on out of memory or malformed input. */
+char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int completion_tokens);
 /* One SSE event "data: {...}\n\n" carrying a chunk: text (may be NULL),
  * finish_reason (NULL = null). For chat, first != 0 adds the assistant role delta. */
 char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *text,

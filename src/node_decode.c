@@ -60,6 +60,7 @@
 #define DN_MAX_MESSAGES 1024      /* chat messages per request */
 #define DN_MIN_REUSE 32            /* shared tokens worth truncating another session's cache for */
 #define DN_MAX_DEFAULT_SLOTS 8     /* default --parallel ceiling (memory permitting) */
+#define DN_MAX_CHOICES 8           /* "n": choices per request, one slot each (the router's API_MAX_N) */
 
 enum { DN_PF_AUTO = 0, DN_PF_REMOTE, DN_PF_LOCAL };
 
@@ -292,6 +293,7 @@ typedef struct {
     int n_stop;
     char node[256];
     grammar *grammar;            /* response_format: constrained decoding, or NULL */
+    int n_choices;               /* "n": sequences sampled from the one prompt */
 } dn_req;
 
 static void dn_req_free(dn_req *r) {
@@ -574,6 +576,32 @@ static int dn_parse_response_format(json_t *o, dn_req *r, char *err, size_t errl
     return 0;
 }
 
+/* "n" (1..DN_MAX_CHOICES, at most the node's slots so that every choice can
+ * run at once, and its queue): n > 1 only streamed, each line tagged with
+ * its "index". */
+static int dn_parse_choices(dnode *n, json_t *o, dn_req *r, char *err, size_t errlen) {
+    long long v = 1;
+    if (dn_get_int(o, "n", 1, DN_MAX_CHOICES, &v, err, errlen)) return -1;
+    r->n_choices = (int)v;
+    if (v > n->n_slots) {
+        snprintf(err, errlen, "'n' is %lld but this node decodes at most %d sequences at once (--parallel %d)",
+                 v, n->n_slots, n->n_slots);
+        return -1;
+    }
+    /* every choice passes through the queue (the siblings wait there for
+     * choice 0's prompt): a queue shorter than n could never take them */
+    if (v > n->queue_max) {
+        snprintf(err, errlen, "'n' is %lld but this node queues at most %d requests (--queue %d)", v, n->queue_max,
+                 n->queue_max);
+        return -1;
+    }
+    if (v > 1 && !r->stream) {
+        snprintf(err, errlen, "'n' > 1 needs \"stream\": true");
+        return -1;
+    }
+    return 0;
+}
+
 /* 0, or -1 with a message for a 400 response. */
 static int dn_parse_request(dnode *n, const char *body, size_t len, dn_req *r, char *err, size_t errlen) {
     memset(r, 0, sizeof *r);
@@ -584,7 +612,7 @@ static int dn_parse_request(dnode *n, const char *body, size_t len, dn_req *r, c
     if (!json_is_object(o)) { snprintf(err, errlen, "the request body must be a JSON object"); goto out; }
     if (dn_parse_sampling(o, r, err, errlen) || dn_parse_penalties(o, r, err, errlen) ||
         dn_parse_logit_bias(n, o, r, err, errlen) || dn_parse_response_format(o, r, err, errlen) ||
-        dn_parse_stop(o, r, err, errlen) ||
+        dn_parse_stop(o, r, err, errlen) || dn_parse_choices(n, o, r, err, errlen) ||
         dn_parse_prefill(n, o, r, err, errlen) || dn_parse_prompt(n, o, r, err, errlen))
         goto out;
     rc = 0;
@@ -597,8 +625,10 @@ out:
 /* ==== Generation jobs ==== */
 
 /* One request on its connection thread: the scheduler job plus what the
- * request reports (prefill mode, node, fallback) and its stream state. */
-typedef struct {
+ * request reports (prefill mode, node, fallback) and its stream state.
+ * With n > 1 choices this is choice 0 and holds the siblings: jobs of
+ * their own on the same prompt that copy its KV once it is computed. */
+typedef struct dn_job {
     dnode *n;
     sched_job *sj;
     const sched_view *v;         /* latest snapshot */
@@ -615,6 +645,11 @@ typedef struct {
     dn_str out;
     size_t out_off;
     int sent, done_sent;
+    /* choices (n > 1) */
+    int index;                   /* this choice's index; -1: n = 1 (lines carry no "index") */
+    int fin_sent;                /* this choice's final line is out */
+    int n_sib;
+    struct dn_job *sib[DN_MAX_CHOICES - 1];
 } dn_job;
 
 static double dn_now(void) { return gen_now_ms(); }
@@ -728,9 +763,11 @@ static void dn_count_job(dn_job *j) {
     double gen_ms = v->n_gen > 1 ? dn_now() - v->t_first : 0;
     pthread_mutex_lock(&n->smu);
     n->st.completion_tokens += (uint64_t)v->n_gen;
-    if (cancelled) n->st.cancelled++;
-    else if (failed) n->st.failed++;
-    else n->st.ok++;
+    if (j->index <= 0) {   /* a sibling choice's request is counted with choice 0 */
+        if (cancelled) n->st.cancelled++;
+        else if (failed) n->st.failed++;
+        else n->st.ok++;
+    }
     if (v->t_admit > 0) {
         n->st.prompt_tokens += (uint64_t)j->n_prompt;
         n->st.reused_positions += (uint64_t)v->start_pos;
@@ -771,6 +808,7 @@ static void dn_log_job(dn_job *j) {
  * if it still runs: the client went away), frees the request. */
 static void dn_job_free(dn_job *j) {
     if (!j) return;
+    for (int i = 0; i < j->n_sib; i++) dn_job_free(j->sib[i]);
     if (j->sj) {
         j->v = sched_wait(j->n->sc, j->sj, INT32_MAX, 0);
         dn_count_job(j);
@@ -950,10 +988,10 @@ static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
     return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
 }
 
-static void dn_emit_line(dn_job *j, json_t *o) {
+static void dn_emit_line(dn_str *out, json_t *o) {
     size_t len = 0;
     char *s = dn_dump(o, &len);
-    if (s) { dn_str_add(&j->out, s, len); dn_str_add(&j->out, "\n", 1); }
+    if (s) { dn_str_add(out, s, len); dn_str_add(out, "\n", 1); }
     free(s);
 }
 
@@ -980,23 +1018,25 @@ static void dn_logprob_fields(dnode *n, const sched_view *v, int k, json_t *o) {
     json_object_set_new(o, "top_logprobs", a);
 }
 
-/* Lines for the tokens the scheduler published since the last call, then
- * the final line once the job is done. */
-static void dn_stream_fill(dn_job *j) {
-    const sched_view *v = dn_job_wait(j, j->sent);
+/* Lines (into out) for the tokens of choice j published since the last
+ * call (its snapshot j->v), then its final line once it is done. */
+static void dn_stream_emit(dn_job *j, dn_str *out) {
+    const sched_view *v = j->v;
     /* each token line carries the text that became final with it (text that
      * may still start a stop string waits; a stop string is never sent) */
     for (; j->sent < v->n_gen; j->sent++) {
         size_t a = j->sent ? v->stable_end[j->sent - 1] : 0, b = v->stable_end[j->sent];
         json_t *o = json_object();
+        if (j->index >= 0) json_object_set_new(o, "index", json_integer(j->index));
         json_object_set_new(o, "token", json_integer(v->gen[j->sent]));
         json_object_set_new(o, "text", dn_json_text(v->text + a, b - a));
         if (v->lp) dn_logprob_fields(j->n, v, j->sent, o);
-        dn_emit_line(j, o);
+        dn_emit_line(out, o);
     }
     if (v->state != SJ_DONE && !j->n->stopping) return;
     size_t end = v->n_gen ? v->stable_end[v->n_gen - 1] : 0;
     json_t *o = json_object();
+    if (j->index >= 0) json_object_set_new(o, "index", json_integer(j->index));
     json_object_set_new(o, "done", json_true());
     if (v->text_keep > end) json_object_set_new(o, "text", dn_json_text(v->text + end, v->text_keep - end));
     if (v->state != SJ_DONE) {
@@ -1010,8 +1050,35 @@ static void dn_stream_fill(dn_job *j) {
     } else {
         dn_result_fields(j, o);
     }
-    dn_emit_line(j, o);
-    j->done_sent = 1;
+    dn_emit_line(out, o);
+    j->fin_sent = 1;
+}
+
+/* Lines for what the scheduler published since the last call: one choice,
+ * or all of them (n > 1: they decode in the same steps, so waiting for the
+ * first unfinished one and then taking every choice's news loses nothing). */
+static void dn_stream_fill(dn_job *j) {
+    if (!j->n_sib) {
+        dn_job_wait(j, j->sent);
+        dn_stream_emit(j, &j->out);
+        j->done_sent = j->fin_sent;
+        return;
+    }
+    dn_job *w = NULL;
+    for (int i = -1; i < j->n_sib && !w; i++) {
+        dn_job *c = i < 0 ? j : j->sib[i];
+        if (!c->fin_sent) w = c;
+    }
+    dn_job_wait(w, w->sent);
+    int all = 1;
+    for (int i = -1; i < j->n_sib; i++) {
+        dn_job *c = i < 0 ? j : j->sib[i];
+        if (c->fin_sent) continue;
+        if (c != w) c->v = sched_wait(j->n->sc, c->sj, INT32_MAX, 0);
+        dn_stream_emit(c, &j->out);
+        all &= c->fin_sent;
+    }
+    j->done_sent = all;
 }
 
 /* MHD's content reader: blocks (thread per connection) until there is
@@ -1056,6 +1123,50 @@ static enum MHD_Result dn_generate_full(dn_job *j, struct MHD_Connection *c) {
     return dn_send_json(c, status, o);
 }
 
+/* Choice i (> 0) of a request: the body parsed again (the prompt, stop
+ * strings and grammar are each job's own), sampled with seed0 + i (a given
+ * seed replays every choice; temperature > 0 makes them differ), never
+ * prefilled remotely: the scheduler holds it until choice 0 has computed
+ * the prompt, then copies those KV rows. 0, or the HTTP status with err. */
+static unsigned dn_sibling_submit(dnode *n, dn_job *j, const char *body, size_t len, int i, uint64_t seed0,
+                                  char *err, size_t errlen, const char **type) {
+    dn_req r;
+    if (dn_parse_request(n, body, len, &r, err, errlen)) { *type = "invalid_request_error"; return 400; }
+    dn_job *c = calloc(1, sizeof *c);
+    const grammar_vocab *gv = r.grammar ? dn_grammar_vocab(n, err, errlen) : NULL;
+    if (!c || (r.grammar && !gv)) {
+        free(c);
+        dn_req_free(&r);
+        *type = "server_error";
+        if (!gv) snprintf(err, errlen, "out of memory");
+        return 500;
+    }
+    c->n = n;
+    c->t_arrive = j->t_arrive;
+    c->n_prompt = r.n_prompt;
+    c->stream = r.stream;
+    c->max_tokens = r.max_tokens;
+    c->index = i;
+    r.sp.seed = (seed0 + (uint64_t)i) & (uint64_t)INT64_MAX;
+    sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
+                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .logprobs = r.logprobs,
+                     .grammar = r.grammar, .gvocab = gv, .sibling = 1 };
+    for (int k = 0; k < r.n_stop; k++) sr.stop[k] = r.stop[k];
+    sampler_bias *bias = r.bias;
+    memset(&r, 0, sizeof r);
+    int a = sched_submit(n->sc, &sr, &c->sj);
+    free(bias);
+    if (a) {
+        free(c);
+        *type = a == -1 ? "busy" : "unavailable";
+        if (a == -1) snprintf(err, errlen, "too many requests waiting to queue choice %d; try again later", i);
+        else snprintf(err, errlen, "the server is shutting down");
+        return 503;
+    }
+    j->sib[j->n_sib++] = c;
+    return 0;
+}
+
 /* Parses the request and hands it to the scheduler; *out receives the job.
  * Returns 0, or the HTTP status of the error already described in err. */
 static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, dn_job **out,
@@ -1084,6 +1195,8 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
                      .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv };
     for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
     sampler_bias *bias = r.bias;      /* copied by the job's sampler */
+    int r_choices = r.n_choices;
+    uint64_t seed0 = r.sp.seed;
     memset(&r, 0, sizeof r);          /* the scheduler owns the prompt, stop strings and grammar now */
     int a = sched_submit(n->sc, &sr, &j->sj);
     free(bias);
@@ -1092,6 +1205,11 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
         *type = a == -1 ? "busy" : "unavailable";
         snprintf(err, errlen, a == -1 ? "too many requests waiting; try again later" : "the server is shutting down");
         return 503;
+    }
+    j->index = r_choices > 1 ? 0 : -1;
+    for (int i = 1; i < r_choices; i++) {
+        unsigned st = dn_sibling_submit(n, j, body, len, i, seed0, err, errlen, type);
+        if (st) { dn_job_free(j); return st; }
     }
     *out = j;
     return 0;

@@ -22,7 +22,11 @@
  * "ignore_eos", "stop" (string or up to 8 strings), "logprobs" (0..20: each
  * token's log-probability under the model and that many top alternatives,
  * as "logprob" and "top_logprobs": [{"id","text","logprob"}] on each token
- * line, or a "logprobs" array in the non-stream object), "prefill": "auto" |
+ * line, or a "logprobs" array in the non-stream object), "n" (1..8, at most
+ * the node's slots and its queue; > 1 only with "stream": that many choices sampled from
+ * the prompt, computed once: choice i > 0 copies choice 0's KV rows and
+ * samples with seed + i; every line then carries its choice's "index" and
+ * each choice ends with its own "done" line), "prefill": "auto" |
  * "remote" | "local", "prefill_node": "host:port", "stream". Answer: NDJSON
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
  * "prefill": {"mode", "node", "fallback_reason", "start_pos",

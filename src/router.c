@@ -685,6 +685,22 @@ static int rt_up_line(rt_up *u, double deadline_ms, int client_fd, char **line, 
 
 /* ==== A generation request ==== */
 
+/* One choice's output: n > 1 choices are sibling sequences on the decode
+ * node, their lines tagged with an index. */
+typedef struct {
+    int n_tokens;                /* tokens received */
+    char *text;                  /* accumulated (non-stream) */
+    size_t text_len, text_cap;
+    char **lps;                  /* logprobs (non-stream): each token's entry from the node, in order */
+    int n_lps, cap_lps;
+    size_t lp_offset;            /* completions' text_offset of the next streamed token */
+    tool_parser *tp;             /* tool calls: the output parsed per the node's template */
+    int tp_prefix_fed;
+    int done;                    /* its final line came */
+    char finish_reason[16];
+    int completion_tokens;
+} rt_choice;
+
 typedef struct {
     router *r;
     int ep;
@@ -707,13 +723,14 @@ typedef struct {
     int have_up;
     /* progress */
     double t_start, t_first, t_last;
-    int n_tokens;
-    char *text;                  /* accumulated (non-stream) */
-    size_t text_len, text_cap;
+    int n_tokens;                /* choice 0's tokens (TTFT, TPOT) */
     api_upstream_line pending;   /* first line read while choosing a node */
     int have_pending;
-    api_upstream_line fin;
+    api_upstream_line fin;       /* choice 0's final line (the prefill figures); once every
+                                  * choice is done its completion_tokens is their sum */
     int have_fin;
+    rt_choice ch[API_MAX_N];     /* [req.n] */
+    int n_done;                  /* choices whose final line came */
     /* stream output */
     char *out;
     size_t out_len, out_off;
@@ -722,47 +739,80 @@ typedef struct {
     char error[800];
     int logged;
     int counted_active;
-    /* tool calls: the model's output parsed per the node's template */
-    tool_parser *tp;
-    int tp_prefix_fed;
-    /* logprobs (non-stream): each token's entry from the node, in order */
-    char **lps;
-    int n_lps, cap_lps;
-    size_t lp_offset;            /* completions' text_offset of the next streamed token */
 } rt_req;
 
-static int rt_text_add(rt_req *q, const char *s) {
+static int rt_text_add(rt_choice *c, const char *s) {
     size_t n = s ? strlen(s) : 0;
-    if (q->text_len + n + 1 > q->text_cap) {
-        size_t cap = q->text_cap ? q->text_cap * 2 : 256;
-        while (cap < q->text_len + n + 1) cap *= 2;
-        char *t = realloc(q->text, cap);
+    if (c->text_len + n + 1 > c->text_cap) {
+        size_t cap = c->text_cap ? c->text_cap * 2 : 256;
+        while (cap < c->text_len + n + 1) cap *= 2;
+        char *t = realloc(c->text, cap);
         if (!t) return -1;
-        q->text = t;
-        q->text_cap = cap;
+        c->text = t;
+        c->text_cap = cap;
     }
-    if (n) memcpy(q->text + q->text_len, s, n);
-    q->text_len += n;
-    q->text[q->text_len] = 0;
+    if (n) memcpy(c->text + c->text_len, s, n);
+    c->text_len += n;
+    c->text[c->text_len] = 0;
     return 0;
 }
 
 /* Keeps a token's logprob entry for the non-stream reply (takes it from u). */
-static void rt_lp_add(rt_req *q, api_upstream_line *u) {
-    if (q->n_lps == q->cap_lps) {
-        int cap = q->cap_lps ? q->cap_lps * 2 : 64;
-        char **p = realloc(q->lps, sizeof *p * (size_t)cap);
+static void rt_lp_add(rt_choice *c, api_upstream_line *u) {
+    if (c->n_lps == c->cap_lps) {
+        int cap = c->cap_lps ? c->cap_lps * 2 : 64;
+        char **p = realloc(c->lps, sizeof *p * (size_t)cap);
         if (!p) return;
-        q->lps = p;
-        q->cap_lps = cap;
+        c->lps = p;
+        c->cap_lps = cap;
     }
-    q->lps[q->n_lps++] = u->logprob;
+    c->lps[c->n_lps++] = u->logprob;
     u->logprob = NULL;
 }
 
-static void rt_lp_clear(rt_req *q) {
-    for (int i = 0; i < q->n_lps; i++) free(q->lps[i]);
-    q->n_lps = 0;
+static void rt_lp_clear(rt_choice *c) {
+    for (int i = 0; i < c->n_lps; i++) free(c->lps[i]);
+    c->n_lps = 0;
+}
+
+/* The choice a line is for; NULL (with q->error) for an index out of range. */
+static rt_choice *rt_choice_of(rt_req *q, const api_upstream_line *u) {
+    if (u->index >= 0 && u->index < q->req.n && !q->ch[u->index].done) return &q->ch[u->index];
+    snprintf(q->error, sizeof q->error, "decode node %s sent a line for choice %d of %d", q->decode_addr, u->index, q->req.n);
+    return NULL;
+}
+
+/* A choice's final line: its figures, and choice 0's line kept as q->fin
+ * (taken from u). Once every choice is done, fin's completion_tokens
+ * become their sum (usage counts the prompt once, as OpenAI does). */
+static void rt_choice_end(rt_req *q, rt_choice *c, api_upstream_line *u) {
+    c->done = 1;
+    q->n_done++;
+    snprintf(c->finish_reason, sizeof c->finish_reason, "%s", u->finish_reason);
+    c->completion_tokens = u->completion_tokens;
+    if (u->index == 0) {
+        q->fin = *u;
+        q->have_fin = 1;
+        memset(u, 0, sizeof *u);
+    }
+    if (q->n_done == q->req.n && q->have_fin) {
+        int sum = 0;
+        for (int i = 0; i < q->req.n; i++) sum += q->ch[i].completion_tokens;
+        q->fin.completion_tokens = sum;
+    }
+}
+
+/* Forgets every choice's output (a retry starts from scratch). */
+static void rt_choices_reset(rt_req *q) {
+    for (int i = 0; i < q->req.n; i++) {
+        rt_choice *c = &q->ch[i];
+        c->text_len = 0;
+        rt_lp_clear(c);
+        c->n_tokens = c->done = c->completion_tokens = 0;
+        c->lp_offset = 0;
+        c->finish_reason[0] = 0;
+    }
+    q->n_done = 0;
 }
 
 /* Release the current attempt's node; failed: count a failure against it. */
@@ -812,12 +862,26 @@ static void rt_count_prompt(rt_req *q) {
     snprintf(q->count_note, sizeof q->count_note, "byte estimate: %s", err);
 }
 
+/* The decode node for the request: with n > 1 choices, one whose slots
+ * (as it reports them) can run them all, when there is one; else the best
+ * left, whose 400 then names its limit. Caller holds mu. */
+static int rt_pick_decode_locked(rt_req *q) {
+    router *r = q->r;
+    if (q->req.n > 1) {
+        int skip[ROUTER_MAX_NODES];
+        for (int i = 0; i < r->n_nodes; i++) skip[i] = q->tried[i] || rt_node_slots(&r->nodes[i]) < q->req.n;
+        int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, skip);
+        if (d >= 0) return d;
+    }
+    return rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
+}
+
 /* Chooses a decode node; -1 when no node is left, -2 when the best one
  * left is full with this router's own requests. */
 static int rt_choose(rt_req *q) {
     router *r = q->r;
     pthread_mutex_lock(&r->mu);
-    int d = rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
+    int d = rt_pick_decode_locked(q);
     if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
     if (rt_node_full(&r->nodes[d], 1)) { pthread_mutex_unlock(&r->mu); return -2; }
     rt_node *dn = &r->nodes[d];
@@ -950,10 +1014,18 @@ static int rt_tools_prepare(rt_req *q, api_error *e) {
      * closing tag then ends the generation */
     int one = (forced && r->tool_name) || !r->parallel_tool_calls;
     r->call_stop = one && fmt == CHAT_CHATML ? "</tool_call>" : NULL;
-    tool_parser_free(q->tp);
-    q->tp = tool_parser_new(fmt, one ? 1 : 0);
-    q->tp_prefix_fed = 0;
-    if (!q->tp || (forced && !r->assistant_prefix)) {
+    /* a named call's arguments are constrained on the node, which stops
+     * once they are complete: the call's closing is ours to add */
+    r->call_suffix = forced && r->tool_name && r->tool_args_format && !r->prefix_complete
+                   ? (fmt == CHAT_CHATML ? "}\n</tool_call>" : "}") : NULL;
+    int ok = 1;
+    for (int i = 0; i < r->n; i++) {
+        tool_parser_free(q->ch[i].tp);
+        q->ch[i].tp = tool_parser_new(fmt, one ? 1 : 0);
+        q->ch[i].tp_prefix_fed = 0;
+        ok &= q->ch[i].tp != NULL;
+    }
+    if (!ok || (forced && !r->assistant_prefix)) {
         api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         return -1;
     }
@@ -962,37 +1034,44 @@ static int rt_tools_prepare(rt_req *q, api_error *e) {
 
 /* Parses output text (the prefix first: it is the start of the assistant's
  * message); end flushes. Events into ev; 0 or -1. */
-static int rt_tools_feed(rt_req *q, const char *text, int end, tool_evs *ev) {
+static int rt_tools_feed(rt_req *q, rt_choice *c, const char *text, int end, tool_evs *ev) {
     int bad = 0;
-    if (!q->tp_prefix_fed) {
-        q->tp_prefix_fed = 1;
-        if (q->req.assistant_prefix) bad |= tool_parser_feed(q->tp, q->req.assistant_prefix, strlen(q->req.assistant_prefix), ev);
+    if (!c->tp_prefix_fed) {
+        c->tp_prefix_fed = 1;
+        if (q->req.assistant_prefix) bad |= tool_parser_feed(c->tp, q->req.assistant_prefix, strlen(q->req.assistant_prefix), ev);
     }
-    if (text) bad |= tool_parser_feed(q->tp, text, strlen(text), ev);
-    if (end) bad |= tool_parser_end(q->tp, ev);
+    if (text) bad |= tool_parser_feed(c->tp, text, strlen(text), ev);
+    if (end) bad |= tool_parser_end(c->tp, ev);
     return bad ? -1 : 0;
+}
+
+/* A constrained call's arguments ended the generation ("stop"): its
+ * closing follows them (not when cut by max_tokens). */
+static int rt_tools_close(rt_req *q, rt_choice *c, const char *reason, tool_evs *ev) {
+    if (!q->req.call_suffix || strcmp(reason, "stop")) return 0;
+    return rt_tools_feed(q, c, q->req.call_suffix, 0, ev);
 }
 
 /* OpenAI's finish_reason once calls were made: "tool_calls" unless the
  * generation was cut inside one. Call before the parser's end. */
-static const char *rt_tools_finish(rt_req *q, const char *reason) {
-    if (!q->tp || tool_parser_calls(q->tp) == 0) return reason;
-    return !strcmp(reason, "stop") || tool_parser_done(q->tp) ? "tool_calls" : reason;
+static const char *rt_tools_finish(rt_choice *c, const char *reason) {
+    if (!c->tp || tool_parser_calls(c->tp) == 0) return reason;
+    return !strcmp(reason, "stop") || tool_parser_done(c->tp) ? "tool_calls" : reason;
 }
 
-static char *rt_tools_chunks(rt_req *q, const api_resp_meta *m, const char *text, int end) {
+static char *rt_tools_chunks(rt_req *q, rt_choice *c, const api_resp_meta *m, const char *text, int end) {
     tool_evs ev = {0};
-    char *s = rt_tools_feed(q, text, end, &ev) ? NULL : api_render_tool_chunks(m, &ev);
+    char *s = rt_tools_feed(q, c, text, end, &ev) ? NULL : api_render_tool_chunks(m, &ev);
     tool_evs_clear(&ev);
     return s;
 }
 
-static char *rt_tools_response(rt_req *q, const api_resp_meta *m) {
+static char *rt_tools_response(rt_req *q, rt_choice *c, const api_resp_meta *m) {
     tool_evs ev = {0};
     char *s = NULL;
-    if (rt_tools_feed(q, q->text ? q->text : "", 0, &ev) == 0) {
-        const char *finish = rt_tools_finish(q, q->fin.finish_reason);
-        if (tool_parser_end(q->tp, &ev) == 0)
+    if (rt_tools_feed(q, c, c->text ? c->text : "", 0, &ev) == 0 && rt_tools_close(q, c, c->finish_reason, &ev) == 0) {
+        const char *finish = rt_tools_finish(c, c->finish_reason);
+        if (tool_parser_end(c->tp, &ev) == 0)
             s = api_render_tool_response(m, &ev, finish, q->fin.prompt_tokens, q->fin.completion_tokens);
     }
     tool_evs_clear(&ev);
@@ -1291,11 +1370,13 @@ static void rt_req_finish(rt_req *q) {
     if (q->have_fin) api_upstream_line_free(&q->fin);
     if (q->have_pending) api_upstream_line_free(&q->pending);
     rt_release_node(q, 0, 0);
+    for (int i = 0; i < API_MAX_N; i++) {
+        tool_parser_free(q->ch[i].tp);
+        free(q->ch[i].text);
+        rt_lp_clear(&q->ch[i]);
+        free(q->ch[i].lps);
+    }
     api_request_free(&q->req);
-    tool_parser_free(q->tp);
-    free(q->text);
-    rt_lp_clear(q);
-    free(q->lps);
     free(q->out);
     if (q->counted_active) {
         pthread_mutex_lock(&r->mu);
@@ -1343,6 +1424,68 @@ static void rt_node_headers(struct MHD_Response *resp, const rt_req *q) {
     }
 }
 
+/* Takes one line of a non-stream attempt (freeing it): 1 read on, 0 every
+ * choice is done, -1 the attempt failed (q->error says why when it can). */
+static int rt_collect(rt_req *q, api_upstream_line *u) {
+    rt_choice *c = rt_choice_of(q, u);
+    int rc = 1;
+    if (!c) {
+        rc = -1;
+    } else if (u->is_token) {
+        if (u->index == 0) rt_on_token(q, u);
+        c->n_tokens++;
+        rt_text_add(c, u->text);
+        if (u->logprob) rt_lp_add(c, u);
+    } else if (!strcmp(u->finish_reason, "error")) {
+        rc = -1;
+        if (!q->have_fin) { q->fin = *u; q->have_fin = 1; memset(u, 0, sizeof *u); }   /* its figures for the log */
+    } else {
+        /* the final line releases text held back while it could have
+         * started a stop string, and the detokenizer's last bytes */
+        rt_text_add(c, u->text);
+        rt_choice_end(q, c, u);
+        rc = q->n_done < q->req.n;
+    }
+    api_upstream_line_free(u);
+    return rc;
+}
+
+/* One choice of the non-stream reply (its meta's index set by the caller). */
+static char *rt_render_choice(rt_req *q, rt_choice *c, api_resp_meta *m) {
+    if (q->req.echo) {
+        char *t = c->text;
+        c->text = NULL; c->text_len = c->text_cap = 0;
+        rt_text_add(c, q->req.prompt);
+        rt_text_add(c, t);
+        free(t);
+    }
+    char *lp = c->n_lps ? api_render_logprobs(q->req.kind, c->lps, c->n_lps,
+                                              q->req.echo && q->req.prompt ? strlen(q->req.prompt) : 0) : NULL;
+    m->logprobs = lp;
+    char *body = c->tp ? rt_tools_response(q, c, m)
+               : api_render_response(q->req.kind, m, c->text ? c->text : "", c->finish_reason,
+                                     q->fin.prompt_tokens, q->fin.completion_tokens);
+    free(lp);
+    m->logprobs = NULL;
+    return body;
+}
+
+/* The whole non-stream reply: n choices rendered one by one, then merged. */
+static char *rt_render_reply(rt_req *q) {
+    api_resp_meta m;
+    rt_meta(q, &m);
+    char *bodies[API_MAX_N] = {0};
+    int ok = 1;
+    for (int i = 0; i < q->req.n; i++) {
+        m.index = i;
+        ok &= (bodies[i] = rt_render_choice(q, &q->ch[i], &m)) != NULL;
+    }
+    if (q->req.n == 1) return bodies[0];
+    char *body = ok ? api_merge_responses(bodies, q->req.n, q->fin.prompt_tokens, q->fin.completion_tokens) : NULL;
+    for (int i = 0; i < q->req.n; i++) free(bodies[i]);
+    return body;
+}
+
 /* Non-stream: read everything; a node failing mid-way is retried from scratch
  * (the client has seen nothing yet). */
 static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
@@ -1351,40 +1494,11 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
     for (;;) {
         if (rt_start(q, &e)) break;
         api_upstream_line u;
-        int rc;
-        while ((rc = rt_next(q, &u)) == 1) {
-            if (u.is_token) {
-                rt_on_token(q, &u);
-                rt_text_add(q, u.text);
-                if (u.logprob) rt_lp_add(q, &u);
-                api_upstream_line_free(&u);
-                continue;
-            }
-            q->fin = u;
-            q->have_fin = 1;
-            /* the final line releases text held back while it could have
-             * started a stop string, and the detokenizer's last bytes */
-            if (strcmp(u.finish_reason, "error")) rt_text_add(q, u.text);
-            break;
-        }
-        if (q->have_fin && strcmp(q->fin.finish_reason, "error")) {
+        int rc = 1, more = 1;
+        while (more > 0 && (rc = rt_next(q, &u)) == 1) more = rt_collect(q, &u);
+        if (more == 0) {
             rt_learn(q);
-            api_resp_meta m;
-            rt_meta(q, &m);
-            if (q->req.echo) {
-                char *t = q->text;
-                q->text = NULL; q->text_len = q->text_cap = 0;
-                rt_text_add(q, q->req.prompt);
-                rt_text_add(q, t);
-                free(t);
-            }
-            char *lp = q->n_lps ? api_render_logprobs(q->req.kind, q->lps, q->n_lps,
-                                                      q->req.echo && q->req.prompt ? strlen(q->req.prompt) : 0) : NULL;
-            m.logprobs = lp;
-            char *body = q->tp ? rt_tools_response(q, &m)
-                       : api_render_response(q->req.kind, &m, q->text ? q->text : "", q->fin.finish_reason,
-                                             q->fin.prompt_tokens, q->fin.completion_tokens);
-            free(lp);
+            char *body = rt_render_reply(q);
             q->status = 200;
             rt_count_request(r, q->ep, 200);
             rt_log_done(q, "done");
@@ -1404,8 +1518,7 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         }
         /* failed mid-way: drop what we have and retry */
         if (q->have_fin) { api_upstream_line_free(&q->fin); q->have_fin = 0; memset(&q->fin, 0, sizeof q->fin); }
-        q->text_len = 0;
-        rt_lp_clear(q);
+        rt_choices_reset(q);
         q->n_tokens = 0;
         q->t_first = 0;
         rt_release_node(q, 1, 0);
@@ -1437,6 +1550,47 @@ static int rt_out_set(rt_req *q, char *s) {
 }
 
 
+/* A streamed token of choice c: its chunk (the role delta first for chat,
+ * the echoed prompt first for completions). */
+static char *rt_stream_token(rt_req *q, rt_choice *c, const api_resp_meta *m, api_upstream_line *u) {
+    int first = c->n_tokens == 0;
+    if (u->index == 0) rt_on_token(q, u);
+    c->n_tokens++;
+    char *lp = u->logprob && !c->tp ? api_render_logprobs(q->req.kind, &u->logprob, 1, c->lp_offset) : NULL;
+    api_resp_meta ml = *m;
+    ml.logprobs = lp;
+    char *s = c->tp ? rt_tools_chunks(q, c, m, u->text, 0) : api_render_chunk(q->req.kind, &ml, u->text ? u->text : "", NULL, 0);
+    free(lp);
+    c->lp_offset += u->text ? strlen(u->text) : 0;
+    if (first && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, m, "", NULL, 1), s);
+    if (first && q->req.echo) s = api_concat(api_render_chunk(API_COMPLETION, m, q->req.prompt, NULL, 0), s);
+    return s;
+}
+
+/* Choice c's final line: the text it released, then its finish chunk. */
+static char *rt_stream_choice_end(rt_req *q, rt_choice *c, const api_resp_meta *m, api_upstream_line *u) {
+    char *s;
+    if (c->tp) {
+        /* the finish reason is decided before the parser's end flushes */
+        const char *finish = rt_tools_finish(c, u->finish_reason);
+        char *feed = rt_tools_chunks(q, c, m, u->text, 0);
+        tool_evs ev = {0};
+        char *close = rt_tools_close(q, c, u->finish_reason, &ev) || tool_parser_end(c->tp, &ev) ? NULL
+                    : api_render_tool_chunks(m, &ev);
+        tool_evs_clear(&ev);
+        feed = api_concat(feed, close);
+        s = api_concat(feed, api_render_chunk(q->req.kind, m, NULL, finish, 0));
+    } else {
+        s = api_render_chunk(q->req.kind, m, NULL, u->finish_reason, 0);
+        /* text released by the final line (held back while it could have
+         * started a stop string) goes out before the finish chunk */
+        if (u->text && *u->text) s = api_concat(api_render_chunk(q->req.kind, m, u->text, NULL, 0), s);
+    }
+    if (c->n_tokens == 0 && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, m, "", NULL, 1), s);
+    rt_choice_end(q, c, u);
+    return s;
+}
+
 /* Produces the next SSE bytes into q->out; 0, or -1 at the end of stream. */
 static int rt_stream_produce(rt_req *q) {
     if (q->phase == 1) return -1;
@@ -1444,39 +1598,21 @@ static int rt_stream_produce(rt_req *q) {
     rt_meta(q, &m);
     api_upstream_line u;
     int rc = rt_next(q, &u);
+    rt_choice *c = NULL;
+    if (rc == 1 && !(c = rt_choice_of(q, &u))) { api_upstream_line_free(&u); rc = 0; }
+    if (c) m.index = u.index;
     if (rc == 1 && u.is_token) {
-        int first = q->n_tokens == 0;
-        rt_on_token(q, &u);
-        char *lp = u.logprob && !q->tp ? api_render_logprobs(q->req.kind, &u.logprob, 1, q->lp_offset) : NULL;
-        api_resp_meta ml = m;
-        ml.logprobs = lp;
-        char *s = q->tp ? rt_tools_chunks(q, &m, u.text, 0) : api_render_chunk(q->req.kind, &ml, u.text ? u.text : "", NULL, 0);
-        free(lp);
-        q->lp_offset += u.text ? strlen(u.text) : 0;
-        if (first && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
-        if (first && q->req.echo) s = api_concat(api_render_chunk(API_COMPLETION, &m, q->req.prompt, NULL, 0), s);
+        char *s = rt_stream_token(q, c, &m, &u);
         api_upstream_line_free(&u);
         return rt_out_set(q, s) ? -1 : 0;
     }
-    q->phase = 1;
     router *r = q->r;
     if (rc == 1 && strcmp(u.finish_reason, "error")) {
-        q->fin = u;
-        q->have_fin = 1;
+        char *s = rt_stream_choice_end(q, c, &m, &u);
+        api_upstream_line_free(&u);
+        if (q->n_done < q->req.n) return rt_out_set(q, s) ? -1 : 0;
+        q->phase = 1;
         rt_learn(q);
-        char *s;
-        if (q->tp) {
-            /* the finish reason is decided before the parser's end flushes */
-            const char *finish = rt_tools_finish(q, q->fin.finish_reason);
-            char *feed = rt_tools_chunks(q, &m, q->fin.text, 1);
-            s = api_concat(feed, api_render_chunk(q->req.kind, &m, NULL, finish, 0));
-        } else {
-            s = api_render_chunk(q->req.kind, &m, NULL, q->fin.finish_reason, 0);
-            /* text released by the final line (held back while it could have
-             * started a stop string) goes out before the finish chunk */
-            if (q->fin.text && *q->fin.text) s = api_concat(api_render_chunk(q->req.kind, &m, q->fin.text, NULL, 0), s);
-        }
-        if (q->n_tokens == 0 && q->req.kind == API_CHAT) s = api_concat(api_render_chunk(API_CHAT, &m, "", NULL, 1), s);
         if (q->req.include_usage)
             s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
         s = api_concat(s, strdup("data: [DONE]\n\n"));
@@ -1485,7 +1621,11 @@ static int rt_stream_produce(rt_req *q) {
         rt_log_done(q, "done");
         return rt_out_set(q, s) ? -1 : 0;
     }
-    if (rc == 1) { q->fin = u; q->have_fin = 1; }
+    q->phase = 1;
+    if (rc == 1) {
+        if (!q->have_fin) { q->fin = u; q->have_fin = 1; }   /* its figures for the log */
+        else api_upstream_line_free(&u);
+    }
     if (rc < 0) {
         snprintf(q->error, sizeof q->error, "client disconnected");
         return -1;

@@ -227,7 +227,7 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     int own = sched_common_prefix(sl->tokens, sl->n, p, n), other = 0;
     sched_slot *donor = sched_slot_donor(s, sl, p, n, &other);
     int keep = own;
-    if (donor && other > own && other >= s->o.min_reuse) {
+    if (donor && other > own && other >= (j->r.sibling ? 1 : s->o.min_reuse)) {
         int len = other < n - 1 ? other : n - 1;
         if (!kv_copy_prefix(session_kv(sl->s), session_kv(donor->s), len, err, errlen)) {
             memcpy(sl->tokens, donor->tokens, sizeof(int32_t) * (size_t)len);
@@ -269,7 +269,7 @@ static int sched_should_wait(sched *s, const sched_job *j) {
         }
     }
     if (pending > j->r.n_prompt - 1) pending = j->r.n_prompt - 1;
-    return pending >= have + s->o.min_reuse;
+    return pending >= have + (j->r.sibling ? 1 : s->o.min_reuse);
 }
 
 /* Drops queued jobs whose owners left (caller holds mu). */

@@ -60,6 +60,10 @@ typedef struct {
     grammar *grammar;        /* owned by the job: constrained decoding (masks every
                               * token that cannot continue a valid output), or NULL */
     const grammar_vocab *gvocab;   /* the model's vocabulary index, with grammar */
+    int sibling;             /* one of a request's n > 1 choices after the first: it
+                              * waits for a same-prompt job computing its prompt and
+                              * copies any shared prefix, however short (others only
+                              * from min_reuse tokens), so the prompt is computed once */
 } sched_req;
 
 #define SCHED_MAX_TOP_LOGPROBS 20

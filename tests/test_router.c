@@ -94,7 +94,7 @@ static void test_parse(void) {
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"temperature\":3}", 400, "temperature", NULL);
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"top_p\":-1}", 400, "top_p", NULL);
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stream\":\"yes\"}", 400, "stream", "invalid_type");
-    tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"n\":2}", 400, "n", NULL);
+    tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"n\":0}", 400, "n", NULL);
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", 400, "stop", NULL);
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":\"x\",\"seed\":1.5}", 400, "seed", "invalid_type");
     tr_expect_bad(API_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", 400, "prompt", NULL);

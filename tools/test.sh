@@ -75,7 +75,8 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
     decode_request)
           printf '\x00{"prompt":"Once upon a time","max_tokens":4}' >"$2/prompt"
           printf '\x01{"messages":[{"role":"user","content":"hi"}],"stream":true,"prefill":"local"}' >"$2/messages"
-          printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens" ;;
+          printf '\x01{"tokens":[1,2,3],"temperature":0.5,"stop":["x"]}' >"$2/tokens"
+          printf '\x00{"prompt":"Once","n":3,"stream":true,"seed":5}' >"$2/n" ;;
     node_auth)
           printf '1700000000000\n00112233445566778899aabbccddeeff\n%064d\nPOST\n/v1/generate\n{"prompt":"x"}' 0 >"$2/request"
           printf 'line\none\x1b[31m\xc2\x9b\xe2\x80\xae\xff' >"$2/log-text" ;;
@@ -89,6 +90,8 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":8}' >"$2/chat"
           printf '\x01{"model":"m","prompt":"Once","stop":["."],"seed":3}' >"$2/completion"
           printf '\x02{"token":42,"text":"hi"}' >"$2/line"
+          printf '\x01{"model":"m","prompt":"Once","n":3,"stream":true,"logprobs":2}' >"$2/n"
+          printf '\x02{"index":1,"done":true,"finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":2}}' >"$2/line-index"
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"required"}' >"$2/tools" ;;
     tools)
           printf '\x08Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' >"$2/qwen"
