@@ -11,6 +11,7 @@
  * leading/trailing whitespace, as its template (and llama.cpp) does; ChatML
  * content is used verbatim.
  */
+#include "strbuf.h"
 #include "tokenizer.h"
 
 #include <stdarg.h>
@@ -45,71 +46,42 @@ enum chat_format chat_detect(const gguf_file *f, char *err, size_t errlen)
 
 /* ==== Rendering ==== */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} chat_buf;
-
-static void chat_put(chat_buf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        while (nc < b->n + n + 1)
-            nc *= 2;
-        char *np = realloc(b->p, nc);
-        if (!np) {
-            b->oom = 1;
-            return;
-        }
-        b->p = np;
-        b->cap = nc;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void chat_puts(chat_buf *b, const char *s) { chat_put(b, s, strlen(s)); }
-
 static int chat_is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
-static void chat_put_trimmed(chat_buf *b, const char *s)
+static void chat_put_trimmed(strbuf *b, const char *s)
 {
     size_t n = strlen(s), i = 0;
     while (i < n && chat_is_ws(s[i]))
         i++;
     while (n > i && chat_is_ws(s[n - 1]))
         n--;
-    chat_put(b, s + i, n - i);
+    strbuf_put(b, s + i, n - i);
 }
 
-static void chat_render_chatml(chat_buf *b, const chat_msg *m, int n, int gen)
+static void chat_render_chatml(strbuf *b, const chat_msg *m, int n, int gen)
 {
     for (int i = 0; i < n; i++) {
-        chat_puts(b, "<|im_start|>");
-        chat_puts(b, m[i].role);
-        chat_puts(b, "\n");
-        chat_puts(b, m[i].content);
-        chat_puts(b, "<|im_end|>\n");
+        strbuf_puts(b, "<|im_start|>");
+        strbuf_puts(b, m[i].role);
+        strbuf_puts(b, "\n");
+        strbuf_puts(b, m[i].content);
+        strbuf_puts(b, "<|im_end|>\n");
     }
     if (gen)
-        chat_puts(b, "<|im_start|>assistant\n");
+        strbuf_puts(b, "<|im_start|>assistant\n");
 }
 
-static void chat_render_llama3(chat_buf *b, const chat_msg *m, int n, int gen)
+static void chat_render_llama3(strbuf *b, const chat_msg *m, int n, int gen)
 {
     for (int i = 0; i < n; i++) {
-        chat_puts(b, "<|start_header_id|>");
-        chat_puts(b, m[i].role);
-        chat_puts(b, "<|end_header_id|>\n\n");
+        strbuf_puts(b, "<|start_header_id|>");
+        strbuf_puts(b, m[i].role);
+        strbuf_puts(b, "<|end_header_id|>\n\n");
         chat_put_trimmed(b, m[i].content);
-        chat_puts(b, "<|eot_id|>");
+        strbuf_puts(b, "<|eot_id|>");
     }
     if (gen)
-        chat_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 char *chat_render(enum chat_format fmt, const chat_msg *msgs, int n, int add_generation_prompt)
@@ -119,15 +91,10 @@ char *chat_render(enum chat_format fmt, const chat_msg *msgs, int n, int add_gen
     for (int i = 0; i < n; i++)
         if (!msgs[i].role || !msgs[i].content)
             return NULL;
-    chat_buf b = { 0 };
-    chat_put(&b, "", 0);              /* an empty conversation still yields "" */
+    strbuf b = { 0 };
     if (fmt == CHAT_CHATML)
         chat_render_chatml(&b, msgs, n, add_generation_prompt);
     else
         chat_render_llama3(&b, msgs, n, add_generation_prompt);
-    if (b.oom) {
-        free(b.p);
-        return NULL;
-    }
-    return b.p;
+    return strbuf_take(&b, NULL);     /* an empty conversation still yields "" */
 }

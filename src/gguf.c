@@ -22,6 +22,7 @@
  * and alignment do not matter.
  */
 #include "gguf.h"
+#include "strbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -942,39 +943,13 @@ struct gguf_writer {
 };
 
 /* Growable byte buffer for value encodings. */
-typedef struct { uint8_t *p; size_t n, cap; int oom; } gguf_buf;
-
-static void buf_put(gguf_buf *b, const void *src, size_t n)
-{
-    if (b->oom || n == 0)
-        return;
-    if (n > SIZE_MAX - b->n) {
-        b->oom = 1;
-        return;
-    }
-    if (b->n + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 64;
-        while (cap < b->n + n)
-            cap = cap > SIZE_MAX / 2 ? b->n + n : cap * 2;
-        uint8_t *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->n, src, n);
-    b->n += n;
-}
-
-static void buf_u32(gguf_buf *b, uint32_t v)
+static void buf_u32(strbuf *b, uint32_t v)
 {
     uint8_t x[4] = { (uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24) };
-    buf_put(b, x, 4);
+    strbuf_put(b, x, 4);
 }
 
-static void buf_u64(gguf_buf *b, uint64_t v)
+static void buf_u64(strbuf *b, uint64_t v)
 {
     buf_u32(b, (uint32_t)v);
     buf_u32(b, (uint32_t)(v >> 32));
@@ -1016,14 +991,14 @@ static int gguf_writer_has_key(const gguf_writer *w, const char *key)
 }
 
 /* Takes ownership of val (freed on failure). */
-static int gguf_writer_push(gguf_writer *w, const char *key, uint32_t type, gguf_buf *val)
+static int gguf_writer_push(gguf_writer *w, const char *key, uint32_t type, strbuf *val)
 {
     size_t klen = key ? strlen(key) : 0;
     if (!w || val->oom || klen == 0 || klen > GGUF_MAX_KEY_LEN || gguf_writer_has_key(w, key))
         goto fail;
     if (strcmp(key, "general.alignment") == 0) {
         /* The file's alignment follows this key: it must be a valid U32. */
-        uint32_t a = type == GGUF_VT_U32 && val->n == 4 ? gguf_load_u32(val->p) : 0;
+        uint32_t a = type == GGUF_VT_U32 && val->len == 4 ? gguf_load_u32((const uint8_t *)val->p) : 0;
         if (!gguf_alignment_ok(a))
             goto fail;
         w->alignment = a;
@@ -1040,20 +1015,20 @@ static int gguf_writer_push(gguf_writer *w, const char *key, uint32_t type, gguf
     char *k = strdup(key);
     if (!k)
         goto fail;
-    w->kv[w->n_kv++] = (gguf_wkv){ k, type, val->p, val->n };
+    w->kv[w->n_kv++] = (gguf_wkv){ k, type, (uint8_t *)val->p, val->len };
     return 0;
 fail:
-    free(val->p);
+    strbuf_free(val);
     return -1;
 }
 
 static int gguf_writer_add_scalar(gguf_writer *w, const char *key, uint32_t type, uint64_t bits)
 {
-    gguf_buf b = {0};
+    strbuf b = {0};
     uint64_t n = gguf_vtype_size(type);
     for (uint64_t i = 0; i < n; i++) {
         uint8_t x = (uint8_t)(bits >> (8 * i));
-        buf_put(&b, &x, 1);
+        strbuf_put(&b, &x, 1);
     }
     return gguf_writer_push(w, key, type, &b);
 }
@@ -1084,10 +1059,10 @@ int gguf_writer_add_str(gguf_writer *w, const char *key, const char *v)
 {
     if (!v)
         return -1;
-    gguf_buf b = {0};
+    strbuf b = {0};
     size_t n = strlen(v);
     buf_u64(&b, n);
-    buf_put(&b, v, n);
+    strbuf_put(&b, v, n);
     return gguf_writer_push(w, key, GGUF_VT_STR, &b);
 }
 
@@ -1096,10 +1071,10 @@ int gguf_writer_add_arr(gguf_writer *w, const char *key, uint32_t elem_type, con
     uint64_t es = gguf_vtype_size(elem_type);
     if (es == 0 || (n && !data) || n > SIZE_MAX / es)
         return -1;
-    gguf_buf b = {0};
+    strbuf b = {0};
     buf_u32(&b, elem_type);
     buf_u64(&b, n);
-    buf_put(&b, data, (size_t)(n * es));   /* host is little-endian (x86-64, arm64) */
+    strbuf_put(&b, data, (size_t)(n * es));   /* host is little-endian (x86-64, arm64) */
     return gguf_writer_push(w, key, GGUF_VT_ARR, &b);
 }
 
@@ -1107,17 +1082,17 @@ int gguf_writer_add_str_arr(gguf_writer *w, const char *key, const char *const *
 {
     if (n && !v)
         return -1;
-    gguf_buf b = {0};
+    strbuf b = {0};
     buf_u32(&b, GGUF_VT_STR);
     buf_u64(&b, n);
     for (uint64_t i = 0; i < n; i++) {
         uint64_t len = lens ? lens[i] : (v[i] ? strlen(v[i]) : 0);
         if (len && !v[i]) {
-            free(b.p);
+            strbuf_free(&b);
             return -1;
         }
         buf_u64(&b, len);
-        buf_put(&b, v[i], (size_t)len);
+        strbuf_put(&b, v[i], (size_t)len);
     }
     return gguf_writer_push(w, key, GGUF_VT_ARR, &b);
 }
@@ -1138,8 +1113,8 @@ int gguf_writer_copy_kv(gguf_writer *w, const gguf_file *src, int64_t i)
         return -1;
     }
     /* The validated value encoding is copied byte for byte. */
-    gguf_buf b = {0};
-    buf_put(&b, e->val, (size_t)e->val_len);
+    strbuf b = {0};
+    strbuf_put(&b, e->val, (size_t)e->val_len);
     int rc = gguf_writer_push(w, key, e->type, &b);
     free(key);
     return rc;

@@ -13,6 +13,7 @@
  */
 #include "cli.h"
 #include "grade.h"
+#include "strbuf.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -20,7 +21,6 @@
 #include <math.h>
 #include <openssl/evp.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -270,36 +270,8 @@ static int grade_walk(const char *root, const char *rel, int depth, grade_paths 
     return rc;
 }
 
-typedef struct { char *s; size_t len, cap; } grade_sb;
-
-static int grade_sb_add(grade_sb *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *x = realloc(b->s, cap);
-        if (!x) return -1;
-        b->s = x;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
-static int grade_sb_printf(grade_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int grade_sb_printf(grade_sb *b, const char *fmt, ...) {
-    char tmp[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n < 0) return -1;
-    return grade_sb_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
 /* Appends one file as a numbered listing; binary files are noted, not sent. */
-static int grade_list_file(grade_sub *s, const char *full, const char *rel, grade_sb *b, EVP_MD_CTX *h,
+static int grade_list_file(grade_sub *s, const char *full, const char *rel, strbuf *b, EVP_MD_CTX *h,
                            size_t max_bytes) {
     size_t n = 0;
     char *raw = cli_read_file(full, &n);
@@ -321,15 +293,15 @@ static int grade_list_file(grade_sub *s, const char *full, const char *rel, grad
     if (!text) { snprintf(s->error, sizeof s->error, "out of memory"); return -1; }
     int lines = 0;
     for (const char *p = text; *p; lines++) { const char *e = strchr(p, '\n'); p = e ? e + 1 : p + strlen(p); }
-    grade_sb_printf(b, "%s--- File: %s (%d lines) ---\n", b->len ? "\n" : "", rel, lines);
+    strbuf_printf(b, "%s--- File: %s (%d lines) ---\n", b->len ? "\n" : "", rel, lines);
     int ln = 1;
     for (const char *p = text; *p; ln++) {
         const char *e = strchr(p, '\n');
         size_t l = e ? (size_t)(e - p) : strlen(p);
         if (l && p[l - 1] == '\r') l--;
-        grade_sb_printf(b, "%4d | ", ln);
-        grade_sb_add(b, p, l);
-        grade_sb_add(b, "\n", 1);
+        strbuf_printf(b, "%4d | ", ln);
+        strbuf_put(b, p, l);
+        strbuf_put(b, "\n", 1);
         p = e ? e + 1 : p + strlen(p);
     }
     free(text);
@@ -358,7 +330,7 @@ static void grade_sub_load(grade_sub *s, size_t max_bytes) {
         grade_paths_add(&ps, base);
     }
     EVP_MD_CTX *h = EVP_MD_CTX_new();
-    grade_sb b = {0};
+    strbuf b = {0};
     if (!h) { snprintf(s->error, sizeof s->error, "out of memory"); goto out; }
     EVP_DigestInit_ex(h, EVP_sha256(), NULL);
     int rc = 0;
@@ -372,8 +344,9 @@ static void grade_sub_load(grade_sub *s, size_t max_bytes) {
     if (!rc && b.len == 0) snprintf(s->error, sizeof s->error, "no text file to grade in %s", s->path);
     else if (!rc && b.len > max_bytes)
         snprintf(s->error, sizeof s->error, "the listing is %zu bytes (the limit is %zu, --max-bytes)", b.len, max_bytes);
-    if (!rc && !s->error[0]) { s->listing = b.s; b.s = NULL; }
-    free(b.s);
+    if (!rc && b.oom) snprintf(s->error, sizeof s->error, "out of memory");
+    if (!rc && !s->error[0]) s->listing = strbuf_take(&b, NULL);
+    strbuf_free(&b);
 out:
     for (int i = 0; i < ps.n; i++) free(ps.v[i]);
     free(ps.v);
@@ -416,7 +389,7 @@ typedef struct {
     CURL *h;
     /* result of the last attempt */
     long status;
-    grade_sb text, buf;
+    strbuf text, buf;
     int prompt_tokens, completion_tokens, chunks, done, attempts;
     double t_send, t_first, t_last, t_end, retry_after_s;
     char finish[16];
@@ -468,7 +441,7 @@ static void grade_on_event(grade_call *c, const char *data) {
         c->t_last = now;
         c->chunks++;
         if (c->text.len + strlen(t) > GRADE_MAX_TEXT) { snprintf(c->error, sizeof c->error, "answer too long"); c->failed = 1; }
-        else grade_sb_add(&c->text, t, strlen(t));
+        else strbuf_put(&c->text, t, strlen(t));
     }
     const char *fr = json_string_value(json_object_get(ch, "finish_reason"));
     if (fr) snprintf(c->finish, sizeof c->finish, "%s", fr);
@@ -482,16 +455,16 @@ static void grade_on_event(grade_call *c, const char *data) {
 
 static void grade_sse_drain(grade_call *c) {
     char *ev;
-    while (!c->failed && c->buf.s && (ev = strstr(c->buf.s, "\n\n"))) {
+    while (!c->failed && c->buf.p && (ev = strstr(c->buf.p, "\n\n"))) {
         *ev = 0;
-        for (char *line = c->buf.s; line && *line;) {
+        for (char *line = c->buf.p; line && *line;) {
             char *nl = strchr(line, '\n');
             if (nl) *nl = 0;
             if (!strncmp(line, "data: ", 6)) grade_on_event(c, line + 6);
             line = nl ? nl + 1 : NULL;
         }
-        size_t used = (size_t)(ev + 2 - c->buf.s);
-        memmove(c->buf.s, ev + 2, c->buf.len - used + 1);
+        size_t used = (size_t)(ev + 2 - c->buf.p);
+        memmove(c->buf.p, ev + 2, c->buf.len - used + 1);
         c->buf.len -= used;
     }
 }
@@ -508,14 +481,14 @@ static size_t grade_on_body(char *p, size_t sz, size_t nm, void *ud) {
         return 0;
     }
     int oom = 0;
-    if (c->status != 200) oom = grade_sb_add(&c->buf, p, n);
+    if (c->status != 200) oom = strbuf_put(&c->buf, p, n);
     /* SSE lines may end in CRLF (other servers): events are parsed without CR */
     for (size_t i = 0, j; c->status == 200 && i < n && !oom; i = j) {
         for (j = i; j < n && p[j] != '\r'; j++) {}
-        oom = grade_sb_add(&c->buf, p + i, j - i);
+        oom = strbuf_put(&c->buf, p + i, j - i);
         if (j < n) j++;
     }
-    if (oom) { snprintf(c->error, sizeof c->error, "out of memory"); c->failed = 1; return 0; }
+    if (oom || c->text.oom) { snprintf(c->error, sizeof c->error, "out of memory"); c->failed = 1; return 0; }
     if (c->status == 200) grade_sse_drain(c);
     return c->failed ? 0 : n;
 }
@@ -523,8 +496,8 @@ static size_t grade_on_body(char *p, size_t sz, size_t nm, void *ud) {
 /* One attempt; fills c. */
 static void grade_attempt(grade_call *c, CURL *h, const char *url, struct curl_slist *hl) {
     c->status = 0;
-    c->text.len = c->buf.len = 0;
-    if (c->text.s) c->text.s[0] = 0;
+    strbuf_reset(&c->text);
+    strbuf_reset(&c->buf);
     c->prompt_tokens = c->completion_tokens = c->chunks = c->done = c->failed = 0;
     c->t_first = c->t_last = 0;
     c->retry_after_s = 0;
@@ -552,14 +525,14 @@ static void grade_attempt(grade_call *c, CURL *h, const char *url, struct curl_s
     }
     if (c->failed) return;
     if (c->status != 200) {
-        json_t *o = c->buf.s ? json_loads(c->buf.s, 0, NULL) : NULL;
+        json_t *o = c->buf.p ? json_loads(c->buf.p, 0, NULL) : NULL;
         const char *m = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
-        snprintf(c->error, sizeof c->error, "HTTP %ld: %.400s", c->status, m ? m : c->buf.s ? c->buf.s : "");
+        snprintf(c->error, sizeof c->error, "HTTP %ld: %.400s", c->status, m ? m : c->buf.p ? c->buf.p : "");
         json_decref(o);
         c->failed = 1;
         return;
     }
-    if (c->buf.len) { grade_sb_add(&c->buf, "\n\n", 2); grade_sse_drain(c); }
+    if (c->buf.len) { strbuf_put(&c->buf, "\n\n", 2); grade_sse_drain(c); }
     if (!c->failed && !c->done) { snprintf(c->error, sizeof c->error, "the stream ended before [DONE]"); c->failed = 1; }
     if (!c->completion_tokens) c->completion_tokens = c->chunks;
 }
@@ -597,8 +570,8 @@ static int grade_call_run(grade_call *c) {
 
 static void grade_call_free(grade_call *c) {
     free(c->body);
-    free(c->text.s);
-    free(c->buf.s);
+    strbuf_free(&c->text);
+    strbuf_free(&c->buf);
 }
 
 /* ==== The class ==== */
@@ -704,13 +677,13 @@ static json_t *grade_call_nodes(const grade_call *c) {
 /* Scores, total and the analysis (or the analysis error) into rec. */
 static void grade_fill_analysis(const grade_class *g, json_t *rec, const grade_call *c) {
     char err[512];
-    json_t *a = grade_analysis_parse(&g->rubric, g->schema, c->text.s ? c->text.s : "", err, sizeof err);
+    json_t *a = grade_analysis_parse(&g->rubric, g->schema, c->text.p ? c->text.p : "", err, sizeof err);
     json_object_set_new(rec, "analysis_valid", json_boolean(a != NULL));
     if (!a) {
         if (!strcmp(c->finish, "length")) strncat(err, " (the answer was cut at max_tokens)", sizeof err - strlen(err) - 1);
         json_object_set_new(rec, "analysis", json_null());
         json_object_set_new(rec, "analysis_error", json_pack("{s:o, s:o}", "message", grade_json_text(err),
-                                                             "raw", grade_json_text(c->text.s ? c->text.s : "")));
+                                                             "raw", grade_json_text(c->text.p ? c->text.p : "")));
         json_object_set_new(rec, "scores", json_null());
         json_object_set_new(rec, "total", json_null());
         return;
@@ -791,7 +764,7 @@ static void grade_one(grade_class *g, grade_sub *s) {
         if (!ok) snprintf(s->error, sizeof s->error, "%s%.240s%s%s%.240s", c[0].failed ? "analysis: " : "", c[0].failed ? c[0].error : "",
                           c[0].failed && c[1].failed ? "; " : "", c[1].failed ? "feedback: " : "", c[1].failed ? c[1].error : "");
         if (!c[0].failed) grade_fill_analysis(g, rec, &c[0]);
-        json_object_set_new(rec, "feedback", !c[1].failed && c[1].text.s ? json_string(c[1].text.s) : json_null());
+        json_object_set_new(rec, "feedback", !c[1].failed && c[1].text.p ? json_string(c[1].text.p) : json_null());
         json_object_set_new(rec, "timings", json_pack("{s:f, s:o, s:o}", "latency_ms", grade_now_ms() - t0,
                                                       "analysis", grade_call_timing(&c[0], g->t0),
                                                       "feedback", grade_call_timing(&c[1], g->t0)));
@@ -884,9 +857,9 @@ static void grade_progress(grade_class *g, int tty) {
 typedef struct { double split, local, dec_split, dec_local; int ok; } grade_router_counts;
 
 static size_t grade_sink(char *p, size_t sz, size_t nm, void *ud) {
-    grade_sb *b = ud;
+    strbuf *b = ud;
     size_t n = sz * nm;
-    if (b->len + n > (4u << 20) || grade_sb_add(b, p, n)) return 0;
+    if (b->len + n > (4u << 20) || strbuf_put(b, p, n)) return 0;
     return n;
 }
 
@@ -896,7 +869,7 @@ static grade_router_counts grade_router_metrics(const grade_opts *o) {
     char url[2048], auth[600];
     snprintf(url, sizeof url, "%s/metrics", o->router);
     CURL *h = curl_easy_init();
-    grade_sb b = {0};
+    strbuf b = {0};
     struct curl_slist *hl = NULL;
     if (o->api_key) { snprintf(auth, sizeof auth, "Authorization: Bearer %s", o->api_key); hl = curl_slist_append(hl, auth); }
     long st = 0;
@@ -909,7 +882,7 @@ static grade_router_counts grade_router_metrics(const grade_opts *o) {
         curl_easy_setopt(h, CURLOPT_TIMEOUT, 10L);
         if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &st);
     }
-    for (char *l = st == 200 ? b.s : NULL; l && *l;) {
+    for (char *l = st == 200 ? b.p : NULL; l && *l;) {
         char *e = strchr(l, '\n');
         if (e) *e = 0;
         char *sp = strrchr(l, ' ');
@@ -924,7 +897,7 @@ static grade_router_counts grade_router_metrics(const grade_opts *o) {
     }
     curl_easy_cleanup(h);
     curl_slist_free_all(hl);
-    free(b.s);
+    strbuf_free(&b);
     return rc;
 }
 
@@ -990,38 +963,38 @@ static char *grade_bench_rubric(void) {
     static const char *const items[] = {"Correctness", "Error handling", "Structure and naming", "Testing",
                                         "Efficiency", "Documentation"};
     static const int pts[] = {30, 15, 15, 15, 10, 15};
-    grade_sb b = {0};
+    strbuf b = {0};
     unsigned seed = 12345;
-    grade_sb_printf(&b, "# Assignment 4: the inventory service\n\nStudents write a small inventory service: load "
+    strbuf_printf(&b, "# Assignment 4: the inventory service\n\nStudents write a small inventory service: load "
                         "orders from a file, update stock levels, and print a report. Grade each item below.\n");
     for (int i = 0; i < 6; i++) {
-        grade_sb_printf(&b, "\n## %s (%d points)\n\n", items[i], pts[i]);
+        strbuf_printf(&b, "\n## %s (%d points)\n\n", items[i], pts[i]);
         for (int k = 0; k < 7; k++)
-            grade_sb_printf(&b, "- Full marks when every %s %s is %s against the %s %s; deduct points when the %s "
+            strbuf_printf(&b, "- Full marks when every %s %s is %s against the %s %s; deduct points when the %s "
                                 "%s is not %s or when the %s of a %s is ignored.\n",
                             grade_word(&seed), grade_word(&seed), grade_word(&seed), grade_word(&seed), grade_word(&seed),
                             grade_word(&seed), grade_word(&seed), grade_word(&seed), grade_word(&seed), grade_word(&seed));
     }
-    return b.s;
+    return strbuf_take(&b, NULL);
 }
 
 /* Python-like code of about `bytes` bytes: identifiers of common words,
  * digits, indentation. */
 static char *grade_bench_code(unsigned seed, size_t bytes) {
-    grade_sb b = {0};
-    grade_sb_printf(&b, "\"\"\"Inventory service, submission %u.\"\"\"\nimport json\nimport sys\n", seed);
-    for (int f = 0; b.len < bytes; f++) {
+    strbuf b = {0};
+    strbuf_printf(&b, "\"\"\"Inventory service, submission %u.\"\"\"\nimport json\nimport sys\n", seed);
+    for (int f = 0; b.len < bytes && !b.oom; f++) {
         const char *a = grade_word(&seed), *c = grade_word(&seed), *d = grade_word(&seed);
-        grade_sb_printf(&b, "\n\ndef %s_%s_%d(%ss, limit=%u):\n", a, c, f, d, grade_rand(&seed) % 100);
-        grade_sb_printf(&b, "    \"\"\"%s the %s of each %s and return the %s.\"\"\"\n", a, c, d, grade_word(&seed));
-        grade_sb_printf(&b, "    total = 0\n    for %s in %ss:\n", d, d);
+        strbuf_printf(&b, "\n\ndef %s_%s_%d(%ss, limit=%u):\n", a, c, f, d, grade_rand(&seed) % 100);
+        strbuf_printf(&b, "    \"\"\"%s the %s of each %s and return the %s.\"\"\"\n", a, c, d, grade_word(&seed));
+        strbuf_printf(&b, "    total = 0\n    for %s in %ss:\n", d, d);
         int n = 2 + (int)(grade_rand(&seed) % 5);
         for (int k = 0; k < n; k++)
-            grade_sb_printf(&b, "        if %s.%s > limit:\n            total += %s.%s - %u\n", d, grade_word(&seed), d,
+            strbuf_printf(&b, "        if %s.%s > limit:\n            total += %s.%s - %u\n", d, grade_word(&seed), d,
                             grade_word(&seed), grade_rand(&seed) % 10);
-        grade_sb_printf(&b, "    return total\n");
+        strbuf_printf(&b, "    return total\n");
     }
-    return b.s;
+    return strbuf_take(&b, NULL);
 }
 
 /* Writes DIR/bench-input/rubric.md and N submissions; sets the paths. */
@@ -1087,11 +1060,11 @@ static int grade_setup_rubric(grade_class *g, const char *path) {
     if (rc) { fprintf(stderr, "tandem grade: rubric %s: %s\n", path, err); return -1; }
     g->schema = grade_rubric_schema(&g->rubric);
     g->schema_text = g->schema ? json_dumps(g->schema, JSON_COMPACT) : NULL;
-    grade_sb items = {0};
+    strbuf items = {0};
     for (int i = 0; i < g->rubric.n_items; i++)
-        grade_sb_printf(&items, "%s\"%s\" for %s, %d points", i ? "; " : "", g->rubric.items[i].key,
+        strbuf_printf(&items, "%s\"%s\" for %s, %d points", i ? "; " : "", g->rubric.items[i].key,
                         g->rubric.items[i].name, g->rubric.items[i].max_points);
-    g->items_text = items.s;
+    g->items_text = strbuf_take(&items, NULL);
     snprintf(g->max_total_text, sizeof g->max_total_text, "%d", g->rubric.max_total);
     grade_sha256_str(g->rubric.text, g->rubric_sha);
     if (!g->schema_text || !g->items_text) { fprintf(stderr, "tandem grade: out of memory\n"); return -1; }

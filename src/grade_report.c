@@ -4,10 +4,10 @@
  * from the per-submission records. Every string from a record (names,
  * model output, error messages) is escaped for where it goes. */
 #include "grade.h"
+#include "strbuf.h"
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,70 +15,41 @@
 #include <time.h>
 #include <unistd.h>
 
-/* ==== Buffers and escaping ==== */
+/* ==== Escaping ==== */
 
-typedef struct { char *s; size_t len, cap; int oom; } rp_sb;
-
-static void rp_add(rp_sb *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 8192;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *x = realloc(b->s, cap);
-        if (!x) { b->oom = 1; return; }
-        b->s = x;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-static void rp_str(rp_sb *b, const char *s) { rp_add(b, s, strlen(s)); }
-
-static void rp_printf(rp_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void rp_printf(rp_sb *b, const char *fmt, ...) {
-    char tmp[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0) rp_add(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-static void rp_html(rp_sb *b, const char *s) {
+static void rp_html(strbuf *b, const char *s) {
     for (; s && *s; s++) {
         switch (*s) {
-        case '&': rp_str(b, "&amp;"); break;
-        case '<': rp_str(b, "&lt;"); break;
-        case '>': rp_str(b, "&gt;"); break;
-        case '"': rp_str(b, "&quot;"); break;
-        case '\'': rp_str(b, "&#39;"); break;
-        default: rp_add(b, s, 1);
+        case '&': strbuf_puts(b, "&amp;"); break;
+        case '<': strbuf_puts(b, "&lt;"); break;
+        case '>': strbuf_puts(b, "&gt;"); break;
+        case '"': strbuf_puts(b, "&quot;"); break;
+        case '\'': strbuf_puts(b, "&#39;"); break;
+        default: strbuf_put(b, s, 1);
         }
     }
 }
 
 /* One Markdown table cell: no line breaks, no pipes, no raw HTML. */
-static void rp_md_cell(rp_sb *b, const char *s, size_t max) {
+static void rp_md_cell(strbuf *b, const char *s, size_t max) {
     size_t n = 0;
     for (; s && *s && n < max; s++, n++) {
-        if (*s == '|') rp_str(b, "\\|");
-        else if (*s == '\n' || *s == '\r') rp_str(b, " ");
-        else if (*s == '<') rp_str(b, "&lt;");
-        else if (*s == '>') rp_str(b, "&gt;");
-        else rp_add(b, s, 1);
+        if (*s == '|') strbuf_puts(b, "\\|");
+        else if (*s == '\n' || *s == '\r') strbuf_puts(b, " ");
+        else if (*s == '<') strbuf_puts(b, "&lt;");
+        else if (*s == '>') strbuf_puts(b, "&gt;");
+        else strbuf_put(b, s, 1);
     }
-    if (s && *s) rp_str(b, "...");
+    if (s && *s) strbuf_puts(b, "...");
 }
 
-static int rp_write(const char *dir, const char *name, const rp_sb *b, char *err, size_t errlen) {
+static int rp_write(const char *dir, const char *name, const strbuf *b, char *err, size_t errlen) {
     char path[4200], tmp[4300];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (b->oom) { snprintf(err, errlen, "out of memory rendering %s", name); return -1; }
     FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(b->s ? b->s : "", 1, b->len, f) == b->len;
+    int ok = f && fwrite(b->p ? b->p : "", 1, b->len, f) == b->len;
     if (f) ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path)) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
@@ -120,35 +91,34 @@ char *grade_report_svg(const grade_rubric *r, json_t *const *recs, int n) {
         graded++;
     }
     for (int k = 0; k < nb; k++) if (counts[k] > peak) peak = counts[k];
-    rp_sb b = {0};
-    rp_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
+    strbuf b = {0};
+    strbuf_printf(&b, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" viewBox=\"0 0 %d %d\" "
                   "role=\"img\" aria-label=\"Distribution of totals\" font-family=\"sans-serif\" font-size=\"12\">\n",
               W, H, W, H);
-    rp_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
-    rp_printf(&b, "<text x=\"%d\" y=\"20\" font-size=\"14\" font-weight=\"bold\">Distribution of totals "
+    strbuf_printf(&b, "<rect width=\"%d\" height=\"%d\" fill=\"#ffffff\"/>\n", W, H);
+    strbuf_printf(&b, "<text x=\"%d\" y=\"20\" font-size=\"14\" font-weight=\"bold\">Distribution of totals "
                   "(%d %s, out of %d points)</text>\n", L, graded, graded == 1 ? "total" : "totals", r->max_total);
     int ph = H - T - B, pw = W - L - R;
-    rp_printf(&b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#333\"/>\n", L, T + ph, L + pw, T + ph);
-    rp_printf(&b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#333\"/>\n", L, T, L, T + ph);
-    rp_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%d</text>\n", L - 6, T + 4, peak);
-    rp_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n", L - 6, T + ph + 4);
+    strbuf_printf(&b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#333\"/>\n", L, T + ph, L + pw, T + ph);
+    strbuf_printf(&b, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#333\"/>\n", L, T, L, T + ph);
+    strbuf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">%d</text>\n", L - 6, T + 4, peak);
+    strbuf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\">0</text>\n", L - 6, T + ph + 4);
     double bw = (double)pw / nb;
     for (int k = 0; k < nb; k++) {
         int lo = (int)ceil((double)k * (r->max_total + 1) / nb);
         int hi = (int)ceil((double)(k + 1) * (r->max_total + 1) / nb) - 1;
         double h = peak ? (double)counts[k] / peak * (ph - 4) : 0;
         double x = L + k * bw + 3;
-        rp_printf(&b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#3b6ea8\"><title>%d-%d: %d</title></rect>\n",
+        strbuf_printf(&b, "<rect class=\"bar\" x=\"%.1f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" fill=\"#3b6ea8\"><title>%d-%d: %d</title></rect>\n",
                   x, T + ph - h, bw - 6, h, lo, hi, counts[k]);
-        if (counts[k]) rp_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x + (bw - 6) / 2, T + ph - h - 4, counts[k]);
-        if (lo == hi) rp_printf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x + (bw - 6) / 2, T + ph + 16, lo);
-        else rp_printf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d-%d</text>\n", x + (bw - 6) / 2, T + ph + 16, lo, hi);
+        if (counts[k]) strbuf_printf(&b, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%d</text>\n", x + (bw - 6) / 2, T + ph - h - 4, counts[k]);
+        if (lo == hi) strbuf_printf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d</text>\n", x + (bw - 6) / 2, T + ph + 16, lo);
+        else strbuf_printf(&b, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%d-%d</text>\n", x + (bw - 6) / 2, T + ph + 16, lo, hi);
     }
-    rp_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">total points</text>\n", L + pw / 2, H - 8);
-    if (!graded) rp_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#888\">no totals yet</text>\n", L + pw / 2, T + ph / 2);
-    rp_str(&b, "</svg>\n");
-    if (b.oom) { free(b.s); return NULL; }
-    return b.s;
+    strbuf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">total points</text>\n", L + pw / 2, H - 8);
+    if (!graded) strbuf_printf(&b, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\" fill=\"#888\">no totals yet</text>\n", L + pw / 2, T + ph / 2);
+    strbuf_puts(&b, "</svg>\n");
+    return strbuf_take(&b, NULL);
 }
 
 /* ==== Figures ==== */
@@ -181,73 +151,73 @@ static rp_stats rp_figures(json_t *const *recs, int n) {
 
 /* ==== Markdown ==== */
 
-static void rp_md_row(rp_sb *b, const grade_rubric *r, json_t *rec) {
+static void rp_md_row(strbuf *b, const grade_rubric *r, json_t *rec) {
     char stem[256];
     rp_stem(rec, stem, sizeof stem);
-    rp_str(b, "| ");
+    strbuf_puts(b, "| ");
     rp_md_cell(b, rp_get_str(rec, "submission"), 120);
     json_t *scores = json_object_get(rec, "scores");
     for (int k = 0; k < r->n_items; k++) {
         json_t *sc = json_object_get(json_object_get(scores, r->items[k].key), "score");
-        if (json_is_integer(sc)) rp_printf(b, " | %lld", (long long)json_integer_value(sc));
-        else rp_str(b, " | -");
+        if (json_is_integer(sc)) strbuf_printf(b, " | %lld", (long long)json_integer_value(sc));
+        else strbuf_puts(b, " | -");
     }
-    if (rp_has_total(rec)) rp_printf(b, " | **%lld**", (long long)json_integer_value(json_object_get(rec, "total")));
-    else rp_str(b, " | -");
-    rp_str(b, " | ");
-    if (!rp_graded(rec)) { rp_str(b, "failed: "); rp_md_cell(b, rp_get_str(rec, "error"), 160); }
+    if (rp_has_total(rec)) strbuf_printf(b, " | **%lld**", (long long)json_integer_value(json_object_get(rec, "total")));
+    else strbuf_puts(b, " | -");
+    strbuf_puts(b, " | ");
+    if (!rp_graded(rec)) { strbuf_puts(b, "failed: "); rp_md_cell(b, rp_get_str(rec, "error"), 160); }
     else {
-        if (json_is_string(json_object_get(rec, "feedback"))) rp_printf(b, "[feedback](feedback/%s.md)", stem);
+        if (json_is_string(json_object_get(rec, "feedback"))) strbuf_printf(b, "[feedback](feedback/%s.md)", stem);
         if (!json_is_true(json_object_get(rec, "analysis_valid"))) {
-            rp_str(b, "; analysis invalid: ");
+            strbuf_puts(b, "; analysis invalid: ");
             rp_md_cell(b, rp_get_str(json_object_get(rec, "analysis_error"), "message"), 120);
         }
     }
-    rp_str(b, " |\n");
+    strbuf_puts(b, " |\n");
 }
 
-static void rp_markdown(rp_sb *b, const grade_rubric *r, json_t *const *recs, int n, const rp_stats *s, const char *when) {
-    rp_str(b, "# Class report");
-    if (r->title[0]) { rp_str(b, ": "); rp_md_cell(b, r->title, 160); }
-    rp_printf(b, "\n\n%d submissions: %d graded, %d failed", n, s->graded, s->failed);
-    if (s->invalid) rp_printf(b, " (%d graded without valid scores: the analysis did not follow the schema)", s->invalid);
-    rp_printf(b, ". Generated %s.\n\n", when);
-    rp_str(b, "| Student");
+static void rp_markdown(strbuf *b, const grade_rubric *r, json_t *const *recs, int n, const rp_stats *s, const char *when) {
+    strbuf_puts(b, "# Class report");
+    if (r->title[0]) { strbuf_puts(b, ": "); rp_md_cell(b, r->title, 160); }
+    strbuf_printf(b, "\n\n%d submissions: %d graded, %d failed", n, s->graded, s->failed);
+    if (s->invalid) strbuf_printf(b, " (%d graded without valid scores: the analysis did not follow the schema)", s->invalid);
+    strbuf_printf(b, ". Generated %s.\n\n", when);
+    strbuf_puts(b, "| Student");
     for (int k = 0; k < r->n_items; k++) {
-        rp_str(b, " | ");
+        strbuf_puts(b, " | ");
         rp_md_cell(b, r->items[k].name, 60);
-        rp_printf(b, " (%d)", r->items[k].max_points);
+        strbuf_printf(b, " (%d)", r->items[k].max_points);
     }
-    rp_printf(b, " | Total (%d) | Feedback |\n|---", r->max_total);
-    for (int k = 0; k < r->n_items; k++) rp_str(b, "|---:");
-    rp_str(b, "|---:|---|\n");
+    strbuf_printf(b, " | Total (%d) | Feedback |\n|---", r->max_total);
+    for (int k = 0; k < r->n_items; k++) strbuf_puts(b, "|---:");
+    strbuf_puts(b, "|---:|---|\n");
     for (int i = 0; i < n; i++) rp_md_row(b, r, recs[i]);
-    rp_str(b, "\n## Distribution of totals\n\n![Distribution of totals](totals.svg)\n\n");
+    strbuf_puts(b, "\n## Distribution of totals\n\n![Distribution of totals](totals.svg)\n\n");
     if (s->with_total)
-        rp_printf(b, "Mean %.1f, median %.1f, lowest %d, highest %d (of %d points; %d totals).\n",
+        strbuf_printf(b, "Mean %.1f, median %.1f, lowest %d, highest %d (of %d points; %d totals).\n",
                   s->mean, s->median, s->min, s->max, r->max_total, s->with_total);
     else
-        rp_str(b, "No totals yet.\n");
+        strbuf_puts(b, "No totals yet.\n");
 }
 
-static void rp_feedback_md(rp_sb *b, const grade_rubric *r, json_t *rec) {
-    rp_str(b, "# Feedback: ");
+static void rp_feedback_md(strbuf *b, const grade_rubric *r, json_t *rec) {
+    strbuf_puts(b, "# Feedback: ");
     rp_md_cell(b, rp_get_str(rec, "submission"), 200);
-    rp_str(b, "\n\n");
-    rp_str(b, rp_get_str(rec, "feedback"));
-    rp_str(b, "\n");
+    strbuf_puts(b, "\n\n");
+    strbuf_puts(b, rp_get_str(rec, "feedback"));
+    strbuf_puts(b, "\n");
     json_t *scores = json_object_get(rec, "scores");
     if (!json_is_object(scores)) return;
-    rp_str(b, "\n## Scores\n\n");
+    strbuf_puts(b, "\n## Scores\n\n");
     for (int k = 0; k < r->n_items; k++) {
         json_t *x = json_object_get(scores, r->items[k].key);
-        rp_str(b, "- ");
+        strbuf_puts(b, "- ");
         rp_md_cell(b, r->items[k].name, 80);
-        rp_printf(b, ": %lld / %d. ", (long long)json_integer_value(json_object_get(x, "score")), r->items[k].max_points);
+        strbuf_printf(b, ": %lld / %d. ", (long long)json_integer_value(json_object_get(x, "score")), r->items[k].max_points);
         rp_md_cell(b, rp_get_str(x, "justification"), 2000);
-        rp_str(b, "\n");
+        strbuf_puts(b, "\n");
     }
-    rp_printf(b, "\nTotal: %lld / %d\n", (long long)json_integer_value(json_object_get(rec, "total")), r->max_total);
+    strbuf_printf(b, "\nTotal: %lld / %d\n", (long long)json_integer_value(json_object_get(rec, "total")), r->max_total);
 }
 
 /* ==== HTML ==== */
@@ -259,109 +229,109 @@ static const char rp_css[] =
     "section.student{border-top:1px solid #ccc;margin-top:1.5em}.feedback{white-space:pre-wrap;background:#f7f7f7;"
     "padding:.8em;border-radius:4px}.muted{color:#666}";
 
-static void rp_html_row(rp_sb *b, const grade_rubric *r, json_t *rec) {
+static void rp_html_row(strbuf *b, const grade_rubric *r, json_t *rec) {
     char stem[256];
     rp_stem(rec, stem, sizeof stem);
     int graded = rp_graded(rec), total = rp_has_total(rec);
-    rp_printf(b, "<tr class=\"%s\"><td><a href=\"#student-", !graded ? "failed" : total ? "ok" : "invalid");
+    strbuf_printf(b, "<tr class=\"%s\"><td><a href=\"#student-", !graded ? "failed" : total ? "ok" : "invalid");
     rp_html(b, stem);
-    rp_str(b, "\">");
+    strbuf_puts(b, "\">");
     rp_html(b, rp_get_str(rec, "submission"));
-    rp_str(b, "</a></td>");
+    strbuf_puts(b, "</a></td>");
     json_t *scores = json_object_get(rec, "scores");
     for (int k = 0; k < r->n_items; k++) {
         json_t *sc = json_object_get(json_object_get(scores, r->items[k].key), "score");
-        if (json_is_integer(sc)) rp_printf(b, "<td class=\"n\">%lld</td>", (long long)json_integer_value(sc));
-        else rp_str(b, "<td class=\"n muted\">-</td>");
+        if (json_is_integer(sc)) strbuf_printf(b, "<td class=\"n\">%lld</td>", (long long)json_integer_value(sc));
+        else strbuf_puts(b, "<td class=\"n muted\">-</td>");
     }
-    if (total) rp_printf(b, "<td class=\"n\"><b>%lld</b></td><td>", (long long)json_integer_value(json_object_get(rec, "total")));
-    else rp_str(b, "<td class=\"n muted\">-</td><td>");
-    if (!graded) { rp_str(b, "failed: "); rp_html(b, rp_get_str(rec, "error")); }
-    else if (!total) rp_str(b, "analysis did not follow the schema");
-    else rp_str(b, "graded");
-    rp_str(b, "</td></tr>\n");
+    if (total) strbuf_printf(b, "<td class=\"n\"><b>%lld</b></td><td>", (long long)json_integer_value(json_object_get(rec, "total")));
+    else strbuf_puts(b, "<td class=\"n muted\">-</td><td>");
+    if (!graded) { strbuf_puts(b, "failed: "); rp_html(b, rp_get_str(rec, "error")); }
+    else if (!total) strbuf_puts(b, "analysis did not follow the schema");
+    else strbuf_puts(b, "graded");
+    strbuf_puts(b, "</td></tr>\n");
 }
 
-static void rp_html_student(rp_sb *b, const grade_rubric *r, json_t *rec) {
+static void rp_html_student(strbuf *b, const grade_rubric *r, json_t *rec) {
     char stem[256];
     rp_stem(rec, stem, sizeof stem);
-    rp_str(b, "<section class=\"student\" id=\"student-");
+    strbuf_puts(b, "<section class=\"student\" id=\"student-");
     rp_html(b, stem);
-    rp_str(b, "\"><h3>");
+    strbuf_puts(b, "\"><h3>");
     rp_html(b, rp_get_str(rec, "submission"));
-    rp_str(b, "</h3>\n");
+    strbuf_puts(b, "</h3>\n");
     if (!rp_graded(rec)) {
-        rp_str(b, "<p>Not graded: ");
+        strbuf_puts(b, "<p>Not graded: ");
         rp_html(b, rp_get_str(rec, "error"));
-        rp_str(b, "</p>\n");
+        strbuf_puts(b, "</p>\n");
     }
     if (json_is_string(json_object_get(rec, "feedback"))) {
-        rp_str(b, "<h4>Feedback</h4>\n<div class=\"feedback\">");
+        strbuf_puts(b, "<h4>Feedback</h4>\n<div class=\"feedback\">");
         rp_html(b, rp_get_str(rec, "feedback"));
-        rp_str(b, "</div>\n");
+        strbuf_puts(b, "</div>\n");
     }
     json_t *scores = json_object_get(rec, "scores");
     if (json_is_object(scores)) {
-        rp_str(b, "<h4>Scores</h4>\n<ul>\n");
+        strbuf_puts(b, "<h4>Scores</h4>\n<ul>\n");
         for (int k = 0; k < r->n_items; k++) {
             json_t *x = json_object_get(scores, r->items[k].key);
-            rp_str(b, "<li><b>");
+            strbuf_puts(b, "<li><b>");
             rp_html(b, r->items[k].name);
-            rp_printf(b, "</b>: %lld / %d. ", (long long)json_integer_value(json_object_get(x, "score")), r->items[k].max_points);
+            strbuf_printf(b, "</b>: %lld / %d. ", (long long)json_integer_value(json_object_get(x, "score")), r->items[k].max_points);
             rp_html(b, rp_get_str(x, "justification"));
-            rp_str(b, "</li>\n");
+            strbuf_puts(b, "</li>\n");
         }
-        rp_str(b, "</ul>\n");
+        strbuf_puts(b, "</ul>\n");
         json_t *probs = json_object_get(json_object_get(rec, "analysis"), "problems");
         if (json_array_size(probs)) {
-            rp_str(b, "<h4>Problems found</h4>\n<ul>\n");
+            strbuf_puts(b, "<h4>Problems found</h4>\n<ul>\n");
             size_t i;
             json_t *p;
             json_array_foreach(probs, i, p) {
-                rp_str(b, "<li>");
+                strbuf_puts(b, "<li>");
                 rp_html(b, rp_get_str(p, "file"));
-                rp_printf(b, ":%lld: ", (long long)json_integer_value(json_object_get(p, "line")));
+                strbuf_printf(b, ":%lld: ", (long long)json_integer_value(json_object_get(p, "line")));
                 rp_html(b, rp_get_str(p, "description"));
-                rp_str(b, "</li>\n");
+                strbuf_puts(b, "</li>\n");
             }
-            rp_str(b, "</ul>\n");
+            strbuf_puts(b, "</ul>\n");
         }
     } else if (rp_graded(rec)) {
-        rp_str(b, "<p class=\"muted\">No scores: the analysis did not follow the schema (");
+        strbuf_puts(b, "<p class=\"muted\">No scores: the analysis did not follow the schema (");
         rp_html(b, rp_get_str(json_object_get(rec, "analysis_error"), "message"));
-        rp_str(b, ").</p>\n");
+        strbuf_puts(b, ").</p>\n");
     }
-    rp_str(b, "<p class=\"muted\">Record: <a href=\"");
+    strbuf_puts(b, "<p class=\"muted\">Record: <a href=\"");
     rp_html(b, stem);
-    rp_str(b, ".json\">");
+    strbuf_puts(b, ".json\">");
     rp_html(b, stem);
-    rp_str(b, ".json</a> &middot; <a href=\"#top\">back to the table</a></p>\n</section>\n");
+    strbuf_puts(b, ".json</a> &middot; <a href=\"#top\">back to the table</a></p>\n</section>\n");
 }
 
-static void rp_html_page(rp_sb *b, const grade_rubric *r, json_t *const *recs, int n, const rp_stats *s,
+static void rp_html_page(strbuf *b, const grade_rubric *r, json_t *const *recs, int n, const rp_stats *s,
                          const char *svg, const char *when) {
-    rp_str(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>Class report");
-    if (r->title[0]) { rp_str(b, ": "); rp_html(b, r->title); }
-    rp_printf(b, "</title>\n<style>%s</style>\n</head><body>\n<h1 id=\"top\">Class report", rp_css);
-    if (r->title[0]) { rp_str(b, ": "); rp_html(b, r->title); }
-    rp_printf(b, "</h1>\n<p>%d submissions: %d graded, %d failed", n, s->graded, s->failed);
-    if (s->invalid) rp_printf(b, " (%d graded without valid scores)", s->invalid);
-    rp_printf(b, ". Generated %s.</p>\n<table>\n<tr><th>Student</th>", when);
+    strbuf_puts(b, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>Class report");
+    if (r->title[0]) { strbuf_puts(b, ": "); rp_html(b, r->title); }
+    strbuf_printf(b, "</title>\n<style>%s</style>\n</head><body>\n<h1 id=\"top\">Class report", rp_css);
+    if (r->title[0]) { strbuf_puts(b, ": "); rp_html(b, r->title); }
+    strbuf_printf(b, "</h1>\n<p>%d submissions: %d graded, %d failed", n, s->graded, s->failed);
+    if (s->invalid) strbuf_printf(b, " (%d graded without valid scores)", s->invalid);
+    strbuf_printf(b, ". Generated %s.</p>\n<table>\n<tr><th>Student</th>", when);
     for (int k = 0; k < r->n_items; k++) {
-        rp_str(b, "<th>");
+        strbuf_puts(b, "<th>");
         rp_html(b, r->items[k].name);
-        rp_printf(b, " (%d)</th>", r->items[k].max_points);
+        strbuf_printf(b, " (%d)</th>", r->items[k].max_points);
     }
-    rp_printf(b, "<th>Total (%d)</th><th>Status</th></tr>\n", r->max_total);
+    strbuf_printf(b, "<th>Total (%d)</th><th>Status</th></tr>\n", r->max_total);
     for (int i = 0; i < n; i++) rp_html_row(b, r, recs[i]);
-    rp_str(b, "</table>\n<h2>Distribution of totals</h2>\n<figure id=\"chart\">\n");
-    rp_str(b, svg ? svg : "");
+    strbuf_puts(b, "</table>\n<h2>Distribution of totals</h2>\n<figure id=\"chart\">\n");
+    strbuf_puts(b, svg ? svg : "");
     if (s->with_total)
-        rp_printf(b, "<figcaption>Mean %.1f, median %.1f, lowest %d, highest %d (of %d points).</figcaption>\n",
+        strbuf_printf(b, "<figcaption>Mean %.1f, median %.1f, lowest %d, highest %d (of %d points).</figcaption>\n",
                   s->mean, s->median, s->min, s->max, r->max_total);
-    rp_str(b, "</figure>\n<h2>Students</h2>\n");
+    strbuf_puts(b, "</figure>\n<h2>Students</h2>\n");
     for (int i = 0; i < n; i++) rp_html_student(b, r, recs[i]);
-    rp_str(b, "</body></html>\n");
+    strbuf_puts(b, "</body></html>\n");
 }
 
 /* ==== Entry ==== */
@@ -373,10 +343,10 @@ int grade_report_write(const char *dir, const grade_rubric *r, json_t *const *re
     strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", gmtime_r(&now, &tm));
     rp_stats s = rp_figures(recs, n);
     char *svg = grade_report_svg(r, recs, n);
-    rp_sb md = {0}, html = {0}, svgb = {0};
+    strbuf md = {0}, html = {0}, svgb = {0};
     rp_markdown(&md, r, recs, n, &s, when);
     rp_html_page(&html, r, recs, n, &s, svg, when);
-    if (svg) rp_str(&svgb, svg);
+    if (svg) strbuf_puts(&svgb, svg);
     else svgb.oom = 1;
     int rc = rp_write(dir, "report.md", &md, err, errlen) || rp_write(dir, "report.html", &html, err, errlen) ||
              rp_write(dir, "totals.svg", &svgb, err, errlen) ? -1 : 0;
@@ -384,17 +354,17 @@ int grade_report_write(const char *dir, const grade_rubric *r, json_t *const *re
     if (!rc && mkdir(fdir, 0755) && errno != EEXIST) { snprintf(err, errlen, "cannot create %s: %s", fdir, strerror(errno)); rc = -1; }
     for (int i = 0; i < n && !rc; i++) {
         if (!rp_graded(recs[i]) || !json_is_string(json_object_get(recs[i], "feedback"))) continue;
-        rp_sb fb = {0};
+        strbuf fb = {0};
         char stem[256], name[300];
         rp_stem(recs[i], stem, sizeof stem);
         snprintf(name, sizeof name, "%s.md", stem);
         rp_feedback_md(&fb, r, recs[i]);
         rc = rp_write(fdir, name, &fb, err, errlen);
-        free(fb.s);
+        strbuf_free(&fb);
     }
     free(svg);
-    free(md.s);
-    free(html.s);
-    free(svgb.s);
+    strbuf_free(&md);
+    strbuf_free(&html);
+    strbuf_free(&svgb);
     return rc;
 }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "strbuf.h"
 #include "unicode.h"
 
 const double metrics_buckets_latency[METRICS_N_LATENCY] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
@@ -288,38 +289,19 @@ void metrics_clear(metrics_family *f) {
 
 /* ==== Exposition text ==== */
 
-typedef struct { char *p; size_t len, cap; int oom; } mt_buf;
-
-static void mt_put(mt_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
-static void mt_puts(mt_buf *b, const char *s) { mt_put(b, s, strlen(s)); }
-
 /* Help text escapes '\' and newline; label values also '"'. */
-static void mt_put_escaped(mt_buf *b, const char *s, int quote) {
+static void mt_put_escaped(strbuf *b, const char *s, int quote) {
     for (; *s; s++) {
-        if (*s == '\\') mt_puts(b, "\\\\");
-        else if (*s == '\n') mt_puts(b, "\\n");
-        else if (quote && *s == '"') mt_puts(b, "\\\"");
-        else mt_put(b, s, 1);
+        if (*s == '\\') strbuf_puts(b, "\\\\");
+        else if (*s == '\n') strbuf_puts(b, "\\n");
+        else if (quote && *s == '"') strbuf_puts(b, "\\\"");
+        else strbuf_put(b, s, 1);
     }
 }
 
 /* A float as Prometheus reads it: integers plainly, others in the fewest
  * digits (15, else 17) that read back the same value. */
-static void mt_put_num(mt_buf *b, double v) {
+static void mt_put_num(strbuf *b, double v) {
     char s[40];
     if (isnan(v)) snprintf(s, sizeof s, "NaN");
     else if (isinf(v)) snprintf(s, sizeof s, v > 0 ? "+Inf" : "-Inf");
@@ -328,60 +310,60 @@ static void mt_put_num(mt_buf *b, double v) {
         snprintf(s, sizeof s, "%.15g", v);
         if (strtod(s, NULL) != v) snprintf(s, sizeof s, "%.17g", v);
     }
-    mt_puts(b, s);
+    strbuf_puts(b, s);
 }
 
 /* name{l1="v1",...[,le="x"]} value */
-static void mt_put_sample(mt_buf *b, const metrics_family *f, const char *suffix, const mt_series *s,
+static void mt_put_sample(strbuf *b, const metrics_family *f, const char *suffix, const mt_series *s,
                           const char *le, double v) {
-    mt_puts(b, f->name);
-    mt_puts(b, suffix);
+    strbuf_puts(b, f->name);
+    strbuf_puts(b, suffix);
     if (f->n_labels || le) {
-        mt_puts(b, "{");
+        strbuf_puts(b, "{");
         for (int k = 0; k < f->n_labels; k++) {
-            if (k) mt_puts(b, ",");
-            mt_puts(b, f->labels[k]);
-            mt_puts(b, "=\"");
+            if (k) strbuf_puts(b, ",");
+            strbuf_puts(b, f->labels[k]);
+            strbuf_puts(b, "=\"");
             mt_put_escaped(b, s->lv[k], 1);
-            mt_puts(b, "\"");
+            strbuf_puts(b, "\"");
         }
         if (le) {
-            mt_puts(b, f->n_labels ? ",le=\"" : "le=\"");
-            mt_puts(b, le);
-            mt_puts(b, "\"");
+            strbuf_puts(b, f->n_labels ? ",le=\"" : "le=\"");
+            strbuf_puts(b, le);
+            strbuf_puts(b, "\"");
         }
-        mt_puts(b, "}");
+        strbuf_puts(b, "}");
     }
-    mt_puts(b, " ");
+    strbuf_puts(b, " ");
     mt_put_num(b, v);
-    mt_puts(b, "\n");
+    strbuf_puts(b, "\n");
 }
 
-static void mt_render_histogram(mt_buf *b, const metrics_family *f, const mt_series *s) {
+static void mt_render_histogram(strbuf *b, const metrics_family *f, const mt_series *s) {
     unsigned long long cum = 0;
     for (int i = 0; i < f->n_bounds; i++) {
-        mt_buf le = { 0 };
+        strbuf le = { 0 };
         mt_put_num(&le, f->bounds[i]);
         cum += s->b[i];
         mt_put_sample(b, f, "_bucket", s, le.p ? le.p : "", (double)cum);
-        free(le.p);
+        strbuf_free(&le);
     }
     mt_put_sample(b, f, "_bucket", s, "+Inf", (double)s->count);
     mt_put_sample(b, f, "_sum", s, NULL, s->sum);
     mt_put_sample(b, f, "_count", s, NULL, (double)s->count);
 }
 
-static void mt_render_family(mt_buf *b, const metrics_family *f) {
+static void mt_render_family(strbuf *b, const metrics_family *f) {
     static const char *const kinds[] = {"counter", "gauge", "histogram"};
-    mt_puts(b, "# HELP ");
-    mt_puts(b, f->name);
-    mt_puts(b, " ");
+    strbuf_puts(b, "# HELP ");
+    strbuf_puts(b, f->name);
+    strbuf_puts(b, " ");
     mt_put_escaped(b, f->help, 0);
-    mt_puts(b, "\n# TYPE ");
-    mt_puts(b, f->name);
-    mt_puts(b, " ");
-    mt_puts(b, kinds[f->kind]);
-    mt_puts(b, "\n");
+    strbuf_puts(b, "\n# TYPE ");
+    strbuf_puts(b, f->name);
+    strbuf_puts(b, " ");
+    strbuf_puts(b, kinds[f->kind]);
+    strbuf_puts(b, "\n");
     for (int i = 0; i < f->n; i++) {
         if (f->kind == MT_HISTOGRAM) mt_render_histogram(b, f, f->s[i]);
         else mt_put_sample(b, f, "", f->s[i], NULL, f->s[i]->value);
@@ -389,12 +371,9 @@ static void mt_render_family(mt_buf *b, const metrics_family *f) {
 }
 
 char *metrics_render(metrics *m, size_t *len) {
-    mt_buf b = { 0 };
-    mt_puts(&b, "");
+    strbuf b = { 0 };
     pthread_mutex_lock(&m->mu);
     for (int i = 0; i < m->n; i++) mt_render_family(&b, m->f[i]);
     pthread_mutex_unlock(&m->mu);
-    if (b.oom) { free(b.p); return NULL; }
-    if (len) *len = b.len;
-    return b.p;
+    return strbuf_take(&b, len);
 }

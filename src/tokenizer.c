@@ -20,6 +20,7 @@
  * byte; SPM falls back to byte tokens), so decoding gives the input back.
  */
 #include "tokenizer.h"
+#include "strbuf.h"
 #include "unicode.h"
 
 #include <stdarg.h>
@@ -104,40 +105,6 @@ static void ivec_push(ivec *a, int32_t x)
         a->cap = nc;
     }
     a->v[a->n++] = x;
-}
-
-/* Growable byte buffer (scratch for mapped words, merge keys, SPM text). */
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} bbuf;
-
-static int bbuf_reserve(bbuf *b, size_t need)
-{
-    if (b->oom)
-        return -1;
-    if (need <= b->cap)
-        return 0;
-    size_t nc = b->cap ? b->cap : 256;
-    while (nc < need)
-        nc *= 2;
-    char *np = realloc(b->p, nc);
-    if (!np) {
-        b->oom = 1;
-        return -1;
-    }
-    b->p = np;
-    b->cap = nc;
-    return 0;
-}
-
-static void bbuf_put(bbuf *b, const char *s, size_t n)
-{
-    if (bbuf_reserve(b, b->n + n))
-        return;
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
 }
 
 /* ==== Byte map ==== */
@@ -735,8 +702,8 @@ typedef struct {
     ivec out;
     symvec sym;
     bheap heap;
-    bbuf text;           /* SPM escaped text or BPE mapped word */
-    bbuf key;            /* merge lookup key */
+    strbuf text;           /* SPM escaped text or BPE mapped word */
+    strbuf key;            /* merge lookup key */
     uint32_t *cp;        /* BPE: code points of the fragment */
     uint8_t *cls;        /* BPE: their classes */
     uint32_t *cpoff;     /* BPE: byte offset of each code point (n + 1 entries) */
@@ -817,18 +784,18 @@ static void spm_emit_symbol(session *ss, const symbol *y)
 static void spm_encode_fragment(session *ss, const char *s, size_t n, int prefix_space)
 {
     static const char lower_block[3] = { (char)0xE2, (char)0x96, (char)0x81 };   /* U+2581 */
-    ss->text.n = 0;
+    ss->text.len = 0;
     if (prefix_space)
-        bbuf_put(&ss->text, lower_block, 3);
+        strbuf_put(&ss->text, lower_block, 3);
     for (size_t i = 0; i < n; i++) {
         if (s[i] == ' ')
-            bbuf_put(&ss->text, lower_block, 3);
+            strbuf_put(&ss->text, lower_block, 3);
         else
-            bbuf_put(&ss->text, s + i, 1);
+            strbuf_put(&ss->text, s + i, 1);
     }
-    if (session_failed(ss) || ss->text.n == 0)
+    if (session_failed(ss) || ss->text.len == 0)
         return;
-    session_split_symbols(ss, ss->text.p, ss->text.n);
+    session_split_symbols(ss, ss->text.p, ss->text.len);
     ss->heap.n = 0;
     for (size_t i = 1; i < ss->sym.n; i++)
         spm_try_bigram(ss, (int32_t)i - 1, (int32_t)i);
@@ -955,13 +922,13 @@ static int64_t bpe_rank(session *ss, const char *l, size_t ln, const char *r, si
      * first byte; a left part containing a later space can never match. */
     if (ln > 1 && memchr(l + 1, ' ', ln - 1))
         return -1;
-    ss->key.n = 0;
-    bbuf_put(&ss->key, l, ln);
-    bbuf_put(&ss->key, " ", 1);
-    bbuf_put(&ss->key, r, rn);
+    ss->key.len = 0;
+    strbuf_put(&ss->key, l, ln);
+    strbuf_put(&ss->key, " ", 1);
+    strbuf_put(&ss->key, r, rn);
     if (ss->key.oom)
         return -1;
-    return strtab_find(&ss->t->merges, ss->key.p, ss->key.n);
+    return strtab_find(&ss->t->merges, ss->key.p, ss->key.len);
 }
 
 static void bpe_try_bigram(session *ss, int32_t left, int32_t right)
@@ -995,22 +962,21 @@ static void bpe_emit_symbol(session *ss, const symbol *y)
 static void bpe_encode_word(session *ss, const char *s, size_t n)
 {
     const byte_map *m = &ss->t->bmap;
-    ss->text.n = 0;
-    if (bbuf_reserve(&ss->text, 2 * n + 1))
-        return;
+    ss->text.len = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char b = (unsigned char)s[i];
-        memcpy(ss->text.p + ss->text.n, m->enc[b], m->enc_len[b]);
-        ss->text.n += m->enc_len[b];
+        strbuf_put(&ss->text, m->enc[b], m->enc_len[b]);
     }
+    if (ss->text.oom)
+        return;
     if (ss->t->ignore_merges) {
-        int32_t id = tok_find(ss->t, ss->text.p, ss->text.n);
+        int32_t id = tok_find(ss->t, ss->text.p, ss->text.len);
         if (id >= 0) {
             ivec_push(&ss->out, id);
             return;
         }
     }
-    session_split_symbols(ss, ss->text.p, ss->text.n);
+    session_split_symbols(ss, ss->text.p, ss->text.len);
     ss->heap.n = 0;
     for (size_t i = 1; i < ss->sym.n; i++)
         bpe_try_bigram(ss, (int32_t)i - 1, (int32_t)i);
@@ -1171,8 +1137,8 @@ static void session_free(session *ss)
     free(ss->out.v);
     free(ss->sym.s);
     free(ss->heap.h);
-    free(ss->text.p);
-    free(ss->key.p);
+    strbuf_free(&ss->text);
+    strbuf_free(&ss->key);
     free(ss->cp);
     free(ss->cls);
     free(ss->cpoff);

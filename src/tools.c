@@ -10,58 +10,37 @@
  */
 #include "tools.h"
 
+#include "strbuf.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ==== Buffers ==== */
 
-typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
-} tl_buf;
-
-static void tl_put(tl_buf *b, const char *s, size_t n) {
-    if (b->oom) return;
-    if (b->n + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->n + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) { b->oom = 1; return; }
-        b->p = p;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void tl_puts(tl_buf *b, const char *s) { tl_put(b, s, strlen(s)); }
-
 /* Drops the first n bytes. */
-static void tl_consume(tl_buf *b, size_t n) {
-    if (n >= b->n) { b->n = 0; if (b->p) b->p[0] = 0; return; }
-    memmove(b->p, b->p + n, b->n - n);
-    b->n -= n;
-    b->p[b->n] = 0;
+static void tl_consume(strbuf *b, size_t n) {
+    if (n >= b->len) { b->len = 0; if (b->p) b->p[0] = 0; return; }
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+    b->p[b->len] = 0;
 }
 
 static int tl_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 /* Jinja's trim: Python str.strip() of whitespace. */
-static void tl_put_trimmed(tl_buf *b, const char *s) {
+static void tl_put_trimmed(strbuf *b, const char *s) {
     size_t n = strlen(s), i = 0;
     while (i < n && (tl_ws(s[i]) || s[i] == '\v' || s[i] == '\f')) i++;
     while (n > i && (tl_ws(s[n - 1]) || s[n - 1] == '\v' || s[n - 1] == '\f')) n--;
-    tl_put(b, s + i, n - i);
+    strbuf_put(b, s + i, n - i);
 }
 
 /* Python's json.dumps(v, ensure_ascii=False[, indent=4]). */
-static void tl_put_json(tl_buf *b, json_t *v, int indent) {
+static void tl_put_json(strbuf *b, json_t *v, int indent) {
     char *s = json_dumps(v, JSON_ENCODE_ANY | (indent ? JSON_INDENT(indent) : 0));
     if (!s) { b->oom = 1; return; }
-    tl_puts(b, s);
+    strbuf_puts(b, s);
     free(s);
 }
 
@@ -153,10 +132,10 @@ static size_t tl_n_calls(json_t *m) {
 /* Arguments as the template writes them: Qwen3 writes a string verbatim;
  * the other templates run tojson on an object, so the OpenAI string is
  * parsed first (as llama.cpp does) and written back with Python's spacing. */
-static void tl_put_arguments(tl_buf *b, const char *args, int verbatim) {
+static void tl_put_arguments(strbuf *b, const char *args, int verbatim) {
     json_t *v = verbatim ? NULL : json_loads(args, JSON_DECODE_ANY, NULL);
     if (v) tl_put_json(b, v, 0);
-    else tl_puts(b, args);
+    else strbuf_puts(b, args);
     json_decref(v);
 }
 
@@ -169,25 +148,25 @@ static void tl_put_arguments(tl_buf *b, const char *args, int verbatim) {
     "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
 #define TL_QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
-static void tl_chatml_system(tl_buf *b, const chat_style *st, json_t *messages, json_t *tools) {
+static void tl_chatml_system(strbuf *b, const chat_style *st, json_t *messages, json_t *tools) {
     json_t *m0 = json_array_get(messages, 0);
     int has_sys = !strcmp(tl_role(m0), "system");
     if (tools) {
-        tl_puts(b, "<|im_start|>system\n");
+        strbuf_puts(b, "<|im_start|>system\n");
         if (has_sys || st->qwen_default_system) {
-            tl_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
-            tl_puts(b, "\n\n");
+            strbuf_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
+            strbuf_puts(b, "\n\n");
         }
-        tl_puts(b, TL_QWEN_TOOLS_HEAD);
+        strbuf_puts(b, TL_QWEN_TOOLS_HEAD);
         for (size_t i = 0; i < json_array_size(tools); i++) {
-            tl_puts(b, "\n");
+            strbuf_puts(b, "\n");
             tl_put_json(b, json_array_get(tools, i), 0);
         }
-        tl_puts(b, TL_QWEN_TOOLS_TAIL);
+        strbuf_puts(b, TL_QWEN_TOOLS_TAIL);
     } else if (has_sys || st->qwen_default_system) {
-        tl_puts(b, "<|im_start|>system\n");
-        tl_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
-        tl_puts(b, "<|im_end|>\n");
+        strbuf_puts(b, "<|im_start|>system\n");
+        strbuf_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
+        strbuf_puts(b, "<|im_end|>\n");
     }
 }
 
@@ -206,56 +185,56 @@ static long tl_last_query(json_t *messages) {
 }
 
 /* Qwen3 splits "<think>R</think>C" into reasoning R and content C. */
-static void tl_split_think(const char *s, tl_buf *reason, tl_buf *content) {
+static void tl_split_think(const char *s, strbuf *reason, strbuf *content) {
     const char *close = strstr(s, "</think>");
-    if (!close) { tl_puts(content, s); return; }
+    if (!close) { strbuf_puts(content, s); return; }
     const char *last = close, *p;
     while ((p = strstr(last + 8, "</think>"))) last = p;
     const char *c = last + 8;
     while (*c == '\n') c++;
-    tl_puts(content, c);
+    strbuf_puts(content, c);
     /* reasoning: before the first </think>, after its last <think>, trimmed of newlines */
     const char *r = s, *q;
     while ((q = strstr(r, "<think>")) && q < close) r = q + 7;
     const char *e = close;
     while (e > r && e[-1] == '\n') e--;
     while (r < e && *r == '\n') r++;
-    tl_put(reason, r, (size_t)(e - r));
+    strbuf_put(reason, r, (size_t)(e - r));
 }
 
-static void tl_chatml_assistant(tl_buf *b, const chat_style *st, json_t *m, int after_query, int last) {
-    tl_buf reason = {0}, content = {0};
-    tl_puts(&content, "");
+static void tl_chatml_assistant(strbuf *b, const chat_style *st, json_t *m, int after_query, int last) {
+    strbuf reason = {0}, content = {0};
+    strbuf_puts(&content, "");
     if (st->qwen_think) tl_split_think(tl_str(m, "content"), &reason, &content);
-    else tl_puts(&content, tl_str(m, "content"));
-    if (st->qwen_think && after_query && (last || reason.n)) {
-        tl_puts(b, "<|im_start|>assistant\n<think>\n");
-        if (reason.n) tl_put(b, reason.p, reason.n);
-        tl_puts(b, "\n</think>\n\n");
+    else strbuf_puts(&content, tl_str(m, "content"));
+    if (st->qwen_think && after_query && (last || reason.len)) {
+        strbuf_puts(b, "<|im_start|>assistant\n<think>\n");
+        if (reason.len) strbuf_put(b, reason.p, reason.len);
+        strbuf_puts(b, "\n</think>\n\n");
         const char *c = content.p;
         while (*c == '\n') c++;
-        tl_puts(b, c);
+        strbuf_puts(b, c);
     } else {
-        tl_puts(b, "<|im_start|>assistant\n");
-        tl_puts(b, content.p);
+        strbuf_puts(b, "<|im_start|>assistant\n");
+        strbuf_puts(b, content.p);
     }
     json_t *tc = json_object_get(m, "tool_calls");
     for (size_t k = 0; k < tl_n_calls(m); k++) {
         json_t *fn = json_object_get(json_array_get(tc, k), "function");
-        if (k > 0 || content.p[0]) tl_puts(b, "\n");
-        tl_puts(b, "<tool_call>\n{\"name\": \"");
-        tl_puts(b, tl_str(fn, "name"));
-        tl_puts(b, "\", \"arguments\": ");
+        if (k > 0 || content.p[0]) strbuf_puts(b, "\n");
+        strbuf_puts(b, "<tool_call>\n{\"name\": \"");
+        strbuf_puts(b, tl_str(fn, "name"));
+        strbuf_puts(b, "\", \"arguments\": ");
         tl_put_arguments(b, tl_str(fn, "arguments"), st->qwen_think);
-        tl_puts(b, "}\n</tool_call>");
+        strbuf_puts(b, "}\n</tool_call>");
     }
-    tl_puts(b, "<|im_end|>\n");
+    strbuf_puts(b, "<|im_end|>\n");
     if (reason.oom || content.oom) b->oom = 1;
-    free(reason.p);
-    free(content.p);
+    strbuf_free(&reason);
+    strbuf_free(&content);
 }
 
-static void tl_render_chatml(tl_buf *b, const chat_style *st, json_t *messages, json_t *tools) {
+static void tl_render_chatml(strbuf *b, const chat_style *st, json_t *messages, json_t *tools) {
     tl_chatml_system(b, st, messages, tools);
     size_t n = json_array_size(messages);
     long lq = tl_last_query(messages);
@@ -263,23 +242,23 @@ static void tl_render_chatml(tl_buf *b, const chat_style *st, json_t *messages, 
         json_t *m = json_array_get(messages, i);
         const char *role = tl_role(m);
         if (!strcmp(role, "user") || (!strcmp(role, "system") && i > 0)) {
-            tl_puts(b, "<|im_start|>");
-            tl_puts(b, role);
-            tl_puts(b, "\n");
-            tl_puts(b, tl_str(m, "content"));
-            tl_puts(b, "<|im_end|>\n");
+            strbuf_puts(b, "<|im_start|>");
+            strbuf_puts(b, role);
+            strbuf_puts(b, "\n");
+            strbuf_puts(b, tl_str(m, "content"));
+            strbuf_puts(b, "<|im_end|>\n");
         } else if (!strcmp(role, "assistant")) {
             tl_chatml_assistant(b, st, m, (long)i > lq, i + 1 == n);
         } else if (!strcmp(role, "tool")) {
             /* consecutive tool results share one user turn */
-            if (i == 0 || strcmp(tl_role(json_array_get(messages, i - 1)), "tool")) tl_puts(b, "<|im_start|>user");
-            tl_puts(b, "\n<tool_response>\n");
-            tl_puts(b, tl_str(m, "content"));
-            tl_puts(b, "\n</tool_response>");
-            if (i + 1 == n || strcmp(tl_role(json_array_get(messages, i + 1)), "tool")) tl_puts(b, "<|im_end|>\n");
+            if (i == 0 || strcmp(tl_role(json_array_get(messages, i - 1)), "tool")) strbuf_puts(b, "<|im_start|>user");
+            strbuf_puts(b, "\n<tool_response>\n");
+            strbuf_puts(b, tl_str(m, "content"));
+            strbuf_puts(b, "\n</tool_response>");
+            if (i + 1 == n || strcmp(tl_role(json_array_get(messages, i + 1)), "tool")) strbuf_puts(b, "<|im_end|>\n");
         }
     }
-    tl_puts(b, "<|im_start|>assistant\n");
+    strbuf_puts(b, "<|im_start|>assistant\n");
 }
 
 /* ==== Llama 3 / 3.1 ==== */
@@ -290,42 +269,42 @@ static void tl_render_chatml(tl_buf *b, const chat_style *st, json_t *messages, 
     "Respond in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}." \
     "Do not use variables.\n\n"
 
-static void tl_llama_turn(tl_buf *b, const char *role, const char *content) {
-    tl_puts(b, "<|start_header_id|>");
-    tl_puts(b, role);
-    tl_puts(b, "<|end_header_id|>\n\n");
+static void tl_llama_turn(strbuf *b, const char *role, const char *content) {
+    strbuf_puts(b, "<|start_header_id|>");
+    strbuf_puts(b, role);
+    strbuf_puts(b, "<|end_header_id|>\n\n");
     tl_put_trimmed(b, content);
-    tl_puts(b, "<|eot_id|>");
+    strbuf_puts(b, "<|eot_id|>");
 }
 
 /* Llama 3.1's preamble: system block, then the tools in the first user
  * message. Returns the index of the first message still to render, -1 on
  * a conversation the template refuses. */
-static long tl_llama31_head(tl_buf *b, json_t *messages, json_t *tools, char *err, size_t errlen) {
+static long tl_llama31_head(strbuf *b, json_t *messages, json_t *tools, char *err, size_t errlen) {
     size_t i = 0, n = json_array_size(messages);
     const char *sys = "";
     if (!strcmp(tl_role(json_array_get(messages, 0)), "system")) sys = tl_str(json_array_get(messages, i++), "content");
-    tl_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
-    if (tools) tl_puts(b, "Environment: ipython\n");
-    tl_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: " TL_LLAMA_DATE "\n\n");
+    strbuf_puts(b, "<|start_header_id|>system<|end_header_id|>\n\n");
+    if (tools) strbuf_puts(b, "Environment: ipython\n");
+    strbuf_puts(b, "Cutting Knowledge Date: December 2023\nToday Date: " TL_LLAMA_DATE "\n\n");
     tl_put_trimmed(b, sys);
-    tl_puts(b, "<|eot_id|>");
+    strbuf_puts(b, "<|eot_id|>");
     if (!tools) return (long)i;
     if (i >= n) {
         snprintf(err, errlen, "the Llama 3.1 template puts the tools in the first user message: send one");
         return -1;
     }
-    tl_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n" TL_LLAMA_TOOLS_USER);
+    strbuf_puts(b, "<|start_header_id|>user<|end_header_id|>\n\n" TL_LLAMA_TOOLS_USER);
     for (size_t k = 0; k < json_array_size(tools); k++) {
         tl_put_json(b, json_array_get(tools, k), 4);
-        tl_puts(b, "\n\n");
+        strbuf_puts(b, "\n\n");
     }
     tl_put_trimmed(b, tl_str(json_array_get(messages, i), "content"));
-    tl_puts(b, "<|eot_id|>");
+    strbuf_puts(b, "<|eot_id|>");
     return (long)i + 1;
 }
 
-static int tl_render_llama(tl_buf *b, const chat_style *st, json_t *messages, json_t *tools,
+static int tl_render_llama(strbuf *b, const chat_style *st, json_t *messages, json_t *tools,
                            char *err, size_t errlen) {
     size_t n = json_array_size(messages);
     long start = 0;
@@ -344,24 +323,24 @@ static int tl_render_llama(tl_buf *b, const chat_style *st, json_t *messages, js
                 return -1;
             }
             json_t *fn = json_object_get(json_array_get(json_object_get(m, "tool_calls"), 0), "function");
-            tl_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
-            tl_puts(b, tl_str(fn, "name"));
-            tl_puts(b, "\", \"parameters\": ");
+            strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"");
+            strbuf_puts(b, tl_str(fn, "name"));
+            strbuf_puts(b, "\", \"parameters\": ");
             tl_put_arguments(b, tl_str(fn, "arguments"), 0);
-            tl_puts(b, "}<|eot_id|>");
+            strbuf_puts(b, "}<|eot_id|>");
         } else if (!strcmp(role, "tool")) {
             /* the template runs tojson on the content: a string is quoted */
             json_t *s = json_string(tl_str(m, "content"));
-            tl_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+            strbuf_puts(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
             if (s) tl_put_json(b, s, 0);
-            else tl_puts(b, tl_str(m, "content"));
+            else strbuf_puts(b, tl_str(m, "content"));
             json_decref(s);
-            tl_puts(b, "<|eot_id|>");
+            strbuf_puts(b, "<|eot_id|>");
         } else {
             tl_llama_turn(b, role, tl_str(m, "content"));
         }
     }
-    tl_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    strbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return 0;
 }
 
@@ -374,20 +353,19 @@ char *tools_render(const chat_style *st, json_t *messages, json_t *tools, const 
         snprintf(err, errlen, "this model's Llama 3 chat template has no tool calls");
         return NULL;
     }
-    tl_buf b = {0};
-    tl_puts(&b, "");
+    strbuf b = {0};
     if (st->fmt == CHAT_CHATML) {
         tl_render_chatml(&b, st, messages, tools);
     } else if (st->fmt == CHAT_LLAMA3) {
-        if (tl_render_llama(&b, st, messages, tools, err, errlen)) { free(b.p); return NULL; }
+        if (tl_render_llama(&b, st, messages, tools, err, errlen)) { strbuf_free(&b); return NULL; }
     } else {
         snprintf(err, errlen, "the model has no supported chat template");
-        free(b.p);
         return NULL;
     }
-    if (prefix) tl_puts(&b, prefix);
-    if (b.oom) { free(b.p); snprintf(err, errlen, "out of memory"); return NULL; }
-    return b.p;
+    if (prefix) strbuf_puts(&b, prefix);
+    char *out = strbuf_take(&b, NULL);
+    if (!out) snprintf(err, errlen, "out of memory");
+    return out;
 }
 
 /* ==== Forcing a call ==== */
@@ -403,21 +381,20 @@ int tools_args_fixed_empty(json_t *params) {
 /* Prefixes end right after a "...": so the model's next token starts a
  * value the way its tokenizer split the training text (` {"`, ` "`). */
 char *tools_prefix(enum chat_format fmt, const char *name, int args_fixed) {
-    tl_buf b = {0};
-    if (fmt == CHAT_CHATML) tl_puts(&b, "<tool_call>\n");
+    strbuf b = {0};
+    if (fmt == CHAT_CHATML) strbuf_puts(&b, "<tool_call>\n");
     else if (fmt != CHAT_LLAMA3) return NULL;
     if (!name) {
-        if (fmt == CHAT_LLAMA3) tl_puts(&b, "{\"name\":");
+        if (fmt == CHAT_LLAMA3) strbuf_puts(&b, "{\"name\":");
     } else {
         json_t *s = json_string(name);
-        tl_puts(&b, "{\"name\": ");
+        strbuf_puts(&b, "{\"name\": ");
         if (s) tl_put_json(&b, s, 0); else b.oom = 1;
         json_decref(s);
-        tl_puts(&b, fmt == CHAT_CHATML ? ", \"arguments\":" : ", \"parameters\":");
-        if (args_fixed) tl_puts(&b, fmt == CHAT_CHATML ? " {}}\n</tool_call>" : " {}}");
+        strbuf_puts(&b, fmt == CHAT_CHATML ? ", \"arguments\":" : ", \"parameters\":");
+        if (args_fixed) strbuf_puts(&b, fmt == CHAT_CHATML ? " {}}\n</tool_call>" : " {}}");
     }
-    if (b.oom) { free(b.p); return NULL; }
-    return b.p;
+    return strbuf_take(&b, NULL);
 }
 
 /* ==== Parsing ==== */
@@ -433,8 +410,8 @@ struct tool_parser {
     enum chat_format fmt;
     int max_calls;
     int state;
-    tl_buf buf;                 /* text not yet decided */
-    tl_buf ws;                  /* whitespace before an opening tag: dropped if a call follows */
+    strbuf buf;                 /* text not yet decided */
+    strbuf ws;                  /* whitespace before an opening tag: dropped if a call follows */
     int n_calls;                /* calls started */
     int complete;               /* calls finished */
     /* argument value scanner */
@@ -452,8 +429,8 @@ tool_parser *tool_parser_new(enum chat_format fmt, int max_calls) {
 
 void tool_parser_free(tool_parser *p) {
     if (!p) return;
-    free(p->buf.p);
-    free(p->ws.p);
+    strbuf_free(&p->buf);
+    strbuf_free(&p->ws);
     free(p);
 }
 
@@ -621,29 +598,29 @@ static void tp_after_call(tool_parser *p) { p->state = p->complete >= p->max_cal
 
 /* One step of the state machine on the buffer; 1 progressed, 0 needs more input, -1 oom. */
 static int tp_step(tool_parser *p, tool_evs *out) {
-    tl_buf *b = &p->buf;
+    strbuf *b = &p->buf;
     switch (p->state) {
     case TP_TEXT: {
         if (p->fmt == CHAT_LLAMA3) {
             /* Llama: a call is the whole message, a JSON object (after an optional python tag) */
             size_t i = 0;
-            tp_skip_ws(b->p, b->n, &i);
-            if (i == b->n) return 0;
-            int t = tp_lit(b->p, b->n, &i, TP_PYTHON_TAG);
+            tp_skip_ws(b->p, b->len, &i);
+            if (i == b->len) return 0;
+            int t = tp_lit(b->p, b->len, &i, TP_PYTHON_TAG);
             if (t == 0) return 0;
             if (t == 1) { tl_consume(b, i); return 1; }
             p->state = b->p[i] == '{' && p->n_calls == 0 ? TP_HEAD : TP_PLAIN;
             return 1;
         }
-        char *at = b->n ? memmem(b->p, b->n, TP_OPEN, strlen(TP_OPEN)) : NULL;
-        size_t upto = at ? (size_t)(at - b->p) : b->n - tp_partial(b->p, b->n, TP_OPEN);
+        char *at = b->len ? memmem(b->p, b->len, TP_OPEN, strlen(TP_OPEN)) : NULL;
+        size_t upto = at ? (size_t)(at - b->p) : b->len - tp_partial(b->p, b->len, TP_OPEN);
         /* whitespace right before a call is dropped: hold it until it is followed by text */
         size_t e = upto;
         while (e > 0 && tl_ws(b->p[e - 1])) e--;
         if (tp_emit(out, TOOL_EV_CONTENT, 0, b->p, e)) return -1;
         if (!at) { tl_consume(b, e); return 0; }
-        p->ws.n = 0;
-        tl_put(&p->ws, b->p + e, upto - e);
+        strbuf_reset(&p->ws);
+        strbuf_put(&p->ws, b->p + e, upto - e);
         if (p->ws.oom) return -1;
         tl_consume(b, upto + strlen(TP_OPEN));
         p->state = TP_HEAD;
@@ -652,7 +629,7 @@ static int tp_step(tool_parser *p, tool_evs *out) {
     case TP_HEAD: {
         size_t used = 0;
         char *name = NULL;
-        int r = tp_head(p, b->p ? b->p : "", b->n, &used, &name);
+        int r = tp_head(p, b->p ? b->p : "", b->len, &used, &name);
         if (r == 0) return 0;
         if (r < 0) { p->state = TP_RAW; return 1; }
         int bad = tp_emit(out, TOOL_EV_CALL, p->n_calls, name, strlen(name));
@@ -666,7 +643,7 @@ static int tp_step(tool_parser *p, tool_evs *out) {
     }
     case TP_ARGS: {
         int end = 0, oom = 0;
-        size_t used = tp_scan_args(p, b->p ? b->p : "", b->n, out, &end, &oom);
+        size_t used = tp_scan_args(p, b->p ? b->p : "", b->len, out, &end, &oom);
         if (oom) return -1;
         tl_consume(b, used);
         if (!end) return 0;
@@ -676,7 +653,7 @@ static int tp_step(tool_parser *p, tool_evs *out) {
     }
     case TP_TAIL: {
         if (p->fmt == CHAT_LLAMA3) { p->state = TP_DONE; return 1; }   /* one call per message */
-        char *at = b->n ? memmem(b->p, b->n, TP_CLOSE, strlen(TP_CLOSE)) : NULL;
+        char *at = b->len ? memmem(b->p, b->len, TP_CLOSE, strlen(TP_CLOSE)) : NULL;
         if (!at) return 0;
         tl_consume(b, (size_t)(at - b->p) + strlen(TP_CLOSE));
         tp_after_call(p);
@@ -684,12 +661,12 @@ static int tp_step(tool_parser *p, tool_evs *out) {
     }
     case TP_RAW: {
         if (p->fmt == CHAT_LLAMA3) return 0;   /* decided at the end */
-        char *at = b->n ? memmem(b->p, b->n, TP_CLOSE, strlen(TP_CLOSE)) : NULL;
+        char *at = b->len ? memmem(b->p, b->len, TP_CLOSE, strlen(TP_CLOSE)) : NULL;
         if (!at) return 0;
         size_t body = (size_t)(at - b->p);
         int r = tp_whole_call(p, b->p, body, out);
         if (r == -2) return -1;
-        if (r < 0 && (tp_emit(out, TOOL_EV_CONTENT, 0, p->ws.p, p->ws.n) ||
+        if (r < 0 && (tp_emit(out, TOOL_EV_CONTENT, 0, p->ws.p, p->ws.len) ||
                       tp_emit(out, TOOL_EV_CONTENT, 0, TP_OPEN, strlen(TP_OPEN)) ||
                       tp_emit(out, TOOL_EV_CONTENT, 0, b->p, body + strlen(TP_CLOSE))))
             return -1;
@@ -698,17 +675,17 @@ static int tp_step(tool_parser *p, tool_evs *out) {
         return 1;
     }
     case TP_PLAIN:
-        if (tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->n)) return -1;
-        tl_consume(b, b->n);
+        if (tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->len)) return -1;
+        tl_consume(b, b->len);
         return 0;
     default:   /* TP_DONE */
-        tl_consume(b, b->n);
+        tl_consume(b, b->len);
         return 0;
     }
 }
 
 int tool_parser_feed(tool_parser *p, const char *s, size_t n, tool_evs *out) {
-    tl_put(&p->buf, s, n);
+    strbuf_put(&p->buf, s, n);
     if (p->buf.oom) return -1;
     int r;
     while ((r = tp_step(p, out)) == 1) {}
@@ -716,28 +693,28 @@ int tool_parser_feed(tool_parser *p, const char *s, size_t n, tool_evs *out) {
 }
 
 int tool_parser_end(tool_parser *p, tool_evs *out) {
-    tl_buf *b = &p->buf;
+    strbuf *b = &p->buf;
     if (tool_parser_feed(p, "", 0, out)) return -1;
     int rc = 0;
     switch (p->state) {
     case TP_TEXT:
         /* trailing whitespace: content unless the message ended in calls */
-        if (p->n_calls == 0 || p->fmt == CHAT_LLAMA3) rc = tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->n);
+        if (p->n_calls == 0 || p->fmt == CHAT_LLAMA3) rc = tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->len);
         break;
     case TP_HEAD:
     case TP_RAW: {
-        int r = tp_whole_call(p, b->p ? b->p : "", b->n, out);
+        int r = tp_whole_call(p, b->p ? b->p : "", b->len, out);
         if (r == -2) rc = -1;
         else if (r < 0)
-            rc = (p->fmt == CHAT_CHATML && (tp_emit(out, TOOL_EV_CONTENT, 0, p->ws.p, p->ws.n) ||
+            rc = (p->fmt == CHAT_CHATML && (tp_emit(out, TOOL_EV_CONTENT, 0, p->ws.p, p->ws.len) ||
                                             tp_emit(out, TOOL_EV_CONTENT, 0, TP_OPEN, strlen(TP_OPEN)))) ||
-                 tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->n);
+                 tp_emit(out, TOOL_EV_CONTENT, 0, b->p, b->len);
         break;
     }
     default:
         break;   /* an unfinished call keeps what was streamed; finish_reason says why */
     }
-    tl_consume(b, b->n);
+    tl_consume(b, b->len);
     p->state = TP_DONE;
     return rc ? -1 : 0;
 }
