@@ -22,6 +22,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* C linkage for the CUDA backend, which nvcc compiles as C++ */
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 enum log_level { LOGL_ERROR = 0, LOGL_WARN, LOGL_INFO, LOGL_DEBUG };
 
 #define LOG_ID_CHARS 8              /* a request id: 32 bits in hex */
@@ -64,5 +69,9 @@ void log_debug(const char *req, const char *fmt, ...) __attribute__((format(prin
  * was served, at most LOG_REFUSED_PER_S (50) lines a second (log.c): a
  * flood of bad requests cannot grow the log without bound. */
 void log_refused(const char *req, int status, const char *msg);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -30,6 +30,7 @@
 #include <microhttpd.h>
 
 #include "cli.h"
+#include "cliopt.h"
 #include "generate.h"
 #include "gguf.h"
 #include "grammar.h"
@@ -1608,12 +1609,21 @@ void decode_node_usage(FILE *f) {
 
 static void dn_usage(void) { decode_node_usage(stderr); }
 
-static int dn_cli_int(const char *s, int lo, int hi, int *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : 0;
-    if (!s || errno || *end || end == s || v < lo || v > hi) return -1;
-    *out = (int)v;
+#define DN_CMD "tandem serve"
+
+static int dn_cli_int(const char *opt, const char *v, int lo, int hi, int *out) {
+    return cliopt_int(DN_CMD, opt, v, lo, hi, out);
+}
+
+/* the names cli_kv_type knows */
+static const char *const dn_cli_kv_names[] = { "f16", "bf16", "q8_0", NULL };
+static const char *const dn_cli_roles[] = { "decode", "local", NULL };
+
+/* A value that must be one of names, kept as its string. */
+static int dn_cli_choice(const char *opt, const char *v, const char *const *names, const char **out) {
+    int k;
+    if (cliopt_choice(DN_CMD, opt, v, names, &k)) return -1;
+    *out = names[k];
     return 0;
 }
 
@@ -1624,44 +1634,55 @@ typedef struct {
     int threads, batch;
 } dn_cli;
 
+/* One more --prefill-node HOST:PORT. */
+static int dn_cli_prefill_node(dn_cli *c, const char *opt, const char *v) {
+    const char *node;
+    if (cliopt_str(DN_CMD, opt, v, &node)) return -1;
+    if (c->o.n_prefill_nodes == DECODE_MAX_PREFILL_NODES) {
+        fprintf(stderr, DN_CMD ": %s: at most %d prefill nodes\n", opt, DECODE_MAX_PREFILL_NODES);
+        return -1;
+    }
+    c->o.prefill_nodes[c->o.n_prefill_nodes++] = node;
+    return 0;
+}
+
+/* Parses the options; 0, or -1 after printing what is wrong (cliopt.h:
+ * each bad value is named with its valid range). */
 static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
     for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int bad = 0, takes = 1;
-        if (!strcmp(a, "--role")) {}
-        else if (!strcmp(a, "-m")) c->model = v;
-        else if (!strcmp(a, "--listen")) c->o.listen = v;
-        else if (!strcmp(a, "--port-file")) c->o.port_file = v;
-        else if (!strcmp(a, "--secret-file")) c->secret_file = v;
-        else if (!strcmp(a, "--node-id")) c->o.node_id = v;
-        else if (!strcmp(a, "--kv-type")) c->kv = v;
-        else if (!strcmp(a, "--wire-dtype")) c->wire = v;
-        else if (!strcmp(a, "--prefill-node")) {
-            bad = !v || c->o.n_prefill_nodes == DECODE_MAX_PREFILL_NODES;
-            if (!bad) c->o.prefill_nodes[c->o.n_prefill_nodes++] = v;
-        }
-        else if (!strcmp(a, "-t")) bad = dn_cli_int(v, 1, 256, &c->threads);
-        else if (!strcmp(a, "-c")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.n_ctx);
-        else if (!strcmp(a, "-b")) bad = dn_cli_int(v, 1, 1 << 16, &c->batch);
-        else if (!strcmp(a, "--parallel") || !strcmp(a, "--sessions")) bad = dn_cli_int(v, 1, 256, &c->o.n_sessions);
-        else if (!strcmp(a, "--prefill-budget")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.prefill_budget);
-        else if (!strcmp(a, "--queue")) bad = dn_cli_int(v, 1, 4096, &c->o.queue_max);
-        else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(v, 1, 1 << 20, &c->o.min_split_tokens);
-        else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(v, 1, 3600000, &c->o.timeout_ms);
-        else if (!strcmp(a, "--zstd")) { c->o.zstd = 1; takes = 0; }
-        else if (!strcmp(a, "--router")) c->router = v;
-        else if (!strcmp(a, "--model-name")) c->model_name = v;
-        else if (!strcmp(a, "--advertise")) c->advertise = v;
-        else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(v, 1, 100000, &c->o.max_conns);
-        else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(v, 1, 100000, &c->o.max_conns_per_ip);
-        else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(v, 100, 3600000, &c->o.request_deadline_ms);
-        else { fprintf(stderr, "tandem serve: unknown option %s\n", a); dn_usage(); return -1; }
-        if (takes && (!v || bad)) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
-        i += takes;
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *role;
+        int bad = 0;
+        if (!strcmp(a, "--zstd")) { c->o.zstd = 1; continue; }
+        if (!strcmp(a, "--role")) bad = dn_cli_choice(a, v, dn_cli_roles, &role);
+        else if (!strcmp(a, "-m")) bad = cliopt_str(DN_CMD, a, v, &c->model);
+        else if (!strcmp(a, "--listen")) bad = cliopt_str(DN_CMD, a, v, &c->o.listen);
+        else if (!strcmp(a, "--port-file")) bad = cliopt_str(DN_CMD, a, v, &c->o.port_file);
+        else if (!strcmp(a, "--secret-file")) bad = cliopt_str(DN_CMD, a, v, &c->secret_file);
+        else if (!strcmp(a, "--node-id")) bad = cliopt_str(DN_CMD, a, v, &c->o.node_id);
+        else if (!strcmp(a, "--kv-type")) bad = dn_cli_choice(a, v, dn_cli_kv_names, &c->kv);
+        else if (!strcmp(a, "--wire-dtype")) bad = dn_cli_choice(a, v, dn_cli_kv_names, &c->wire);
+        else if (!strcmp(a, "--prefill-node")) bad = dn_cli_prefill_node(c, a, v);
+        else if (!strcmp(a, "-t")) bad = dn_cli_int(a, v, 1, 256, &c->threads);
+        else if (!strcmp(a, "-c")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.n_ctx);
+        else if (!strcmp(a, "-b")) bad = dn_cli_int(a, v, 1, 1 << 16, &c->batch);
+        else if (!strcmp(a, "--parallel") || !strcmp(a, "--sessions")) bad = dn_cli_int(a, v, 1, 256, &c->o.n_sessions);
+        else if (!strcmp(a, "--prefill-budget")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.prefill_budget);
+        else if (!strcmp(a, "--queue")) bad = dn_cli_int(a, v, 1, 4096, &c->o.queue_max);
+        else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.min_split_tokens);
+        else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
+        else if (!strcmp(a, "--router")) bad = cliopt_str(DN_CMD, a, v, &c->router);
+        else if (!strcmp(a, "--model-name")) bad = cliopt_str(DN_CMD, a, v, &c->model_name);
+        else if (!strcmp(a, "--advertise")) bad = cliopt_str(DN_CMD, a, v, &c->advertise);
+        else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns);
+        else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
+        else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(a, v, 100, 3600000, &c->o.request_deadline_ms);
+        else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
+        if (bad) return -1;   /* cliopt said what is wrong */
+        i++;
     }
-    if (!c->model) { dn_usage(); return -1; }
+    if (!c->model) { fprintf(stderr, DN_CMD ": give -m MODEL.gguf\n"); dn_usage(); return -1; }
     if (c->o.local_only && c->o.n_prefill_nodes) {
-        fprintf(stderr, "tandem serve: --role local uses no prefill node\n");
+        fprintf(stderr, DN_CMD ": --role local uses no prefill node\n");
         return -1;
     }
     return 0;

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "cliopt.h"
 #include "httpd.h"
 #include "log.h"
 #include "logsafe.h"
@@ -2475,14 +2476,21 @@ void router_usage(FILE *f) {
 
 static void rt_usage(void) { router_usage(stderr); }
 
-static int rt_cli_node(router_config *c, const char *role, const char *v) {
+#define RT_CMD "tandem serve"
+
+/* --decode / --prefill MODEL=HOST:PORT. */
+static int rt_cli_node(router_config *c, const char *opt, const char *role, const char *v) {
     char buf[300], err[256];
-    const char *eq = v ? strchr(v, '=') : NULL;
-    if (!eq || strlen(v) >= sizeof buf) return -1;
+    if (cliopt_str(RT_CMD, opt, v, &v)) return -1;
+    const char *eq = strchr(v, '=');
+    if (!eq || eq == v || strlen(v) >= sizeof buf) {
+        fprintf(stderr, RT_CMD ": %s: '%s' is not MODEL=HOST:PORT (at most %zu bytes)\n", opt, v, sizeof buf - 1);
+        return -1;
+    }
     snprintf(buf, sizeof buf, "%s", v);
     buf[eq - v] = 0;
     if (router_config_add_node(c, role, buf, buf + (eq - v) + 1, err, sizeof err)) {
-        fprintf(stderr, "tandem serve: %s\n", err);
+        fprintf(stderr, RT_CMD ": %s: %s\n", opt, err);
         return -1;
     }
     return 0;
@@ -2499,28 +2507,48 @@ static int rt_cli_file_str(const char *path, char *out, size_t outlen) {
     return bad ? -1 : 0;
 }
 
+/* --api-key-file FILE: the key is the file's text, 1 to 255 bytes. */
+static int rt_cli_api_key(router_config *c, const char *opt, const char *v) {
+    if (cliopt_str(RT_CMD, opt, v, &v)) return -1;
+    if (!rt_cli_file_str(v, c->api_key, sizeof c->api_key)) return 0;
+    fprintf(stderr, RT_CMD ": %s: cannot read %s, or its key is not 1 to %zu bytes\n", opt, v, sizeof c->api_key - 1);
+    return -1;
+}
+
+static int rt_cli_config(router_config *c, const char *opt, const char *v) {
+    char err[256];
+    if (cliopt_str(RT_CMD, opt, v, &v)) return -1;
+    if (!router_config_load(c, v, err, sizeof err)) return 0;
+    fprintf(stderr, RT_CMD ": %s: %s\n", opt, err);
+    return -1;
+}
+
+/* the order of enum router_split */
+static const char *const rt_cli_splits[] = { "auto", "always", "never", NULL };
+static const char *const rt_cli_roles[] = { "router", NULL };
+
+/* Parses the options; 0, or -1 after printing what is wrong (cliopt.h:
+ * each bad value is named with its valid range). */
 static int rt_cli_parse(int argc, char **argv, router_config *c, const char **port_file) {
-    const char *listen = NULL, *secret_file = NULL, *split = NULL;
+    const char *listen = NULL, *secret_file = NULL;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        char err[256];
-        int bad = 0;
+        int bad = 0, k;
         if (!strcmp(a, "--quiet")) { c->quiet = 1; continue; }
-        if (!strcmp(a, "--role")) bad = !v || strcmp(v, "router");
-        else if (!strcmp(a, "--config")) {
-            if (!v || router_config_load(c, v, err, sizeof err)) { fprintf(stderr, "tandem serve: %s\n", v ? err : "--config needs a file"); return -1; }
-        }
-        else if (!strcmp(a, "--listen")) bad = !(listen = v);
-        else if (!strcmp(a, "--decode")) bad = rt_cli_node(c, "decode", v);
-        else if (!strcmp(a, "--prefill")) bad = rt_cli_node(c, "prefill", v);
-        else if (!strcmp(a, "--split")) bad = !(split = v) || rt_cfg_split(v, &c->split);
-        else if (!strcmp(a, "--secret-file")) bad = !(secret_file = v);
-        else if (!strcmp(a, "--api-key-file")) bad = !v || rt_cli_file_str(v, c->api_key, sizeof c->api_key);
-        else if (!strcmp(a, "--port-file")) bad = !(*port_file = v);
-        else if (!strcmp(a, "--max-concurrent")) bad = !v || (c->max_concurrent = atoi(v)) < 1;
-        else if (!strcmp(a, "--health-interval-ms")) bad = !v || (c->health_interval_ms = atoi(v)) < 50;
-        else { fprintf(stderr, "tandem serve: unknown router option %s\n", a); rt_usage(); return -1; }
-        if (bad) { fprintf(stderr, "tandem serve: option %s needs a valid value\n", a); return -1; }
+        if (!strcmp(a, "--role")) bad = cliopt_choice(RT_CMD, a, v, rt_cli_roles, &k);
+        else if (!strcmp(a, "--config")) bad = rt_cli_config(c, a, v);
+        else if (!strcmp(a, "--listen")) bad = cliopt_str(RT_CMD, a, v, &listen);
+        else if (!strcmp(a, "--decode")) bad = rt_cli_node(c, a, "decode", v);
+        else if (!strcmp(a, "--prefill")) bad = rt_cli_node(c, a, "prefill", v);
+        else if (!strcmp(a, "--split")) { bad = cliopt_choice(RT_CMD, a, v, rt_cli_splits, &k); if (!bad) c->split = k; }
+        else if (!strcmp(a, "--secret-file")) bad = cliopt_str(RT_CMD, a, v, &secret_file);
+        else if (!strcmp(a, "--api-key-file")) bad = rt_cli_api_key(c, a, v);
+        else if (!strcmp(a, "--port-file")) bad = cliopt_str(RT_CMD, a, v, port_file);
+        /* the same ranges as the config file's keys */
+        else if (!strcmp(a, "--max-concurrent")) bad = cliopt_int(RT_CMD, a, v, 1, 100000, &c->max_concurrent);
+        else if (!strcmp(a, "--health-interval-ms")) bad = cliopt_int(RT_CMD, a, v, 50, 600000, &c->health_interval_ms);
+        else { fprintf(stderr, RT_CMD ": unknown router option %s\n", a); rt_usage(); return -1; }
+        if (bad) return -1;   /* cliopt or the helper said what is wrong */
         i++;
     }
     if (listen) snprintf(c->listen, sizeof c->listen, "%s", listen);
@@ -2528,7 +2556,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
     if (secret_file || (!c->secret && getenv("TANDEM_SECRET"))) {
         router_config_free(c);
         if (cli_load_secret(secret_file, &c->secret, &c->secret_len, err, sizeof err)) {
-            fprintf(stderr, "tandem serve: %s\n", err);
+            fprintf(stderr, RT_CMD ": %s\n", err);
             return -1;
         }
     }

@@ -102,7 +102,7 @@ static int serve_role_parse(const char *s, enum serve_role *r) {
 static int serve_parse(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_threads = 2; o->n_batch = 512; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) {   /* every option here takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strcmp(a, "--role")) bad = serve_role_parse(v, &o->role);
@@ -133,7 +133,6 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--request-ms")) bad = serve_int(a, v, 1, 86400000, &o->request_ms);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
-        i++;
     }
     if (!o->role || !o->model) {
         if (argc) fprintf(stderr, SERVE ": %s\n", !o->role ? "give --role prefill|decode|local|router" : "give -m MODEL.gguf");

@@ -14,6 +14,7 @@
 #include <jansson.h>
 
 #include "cliopt.h"
+#include "node_decode.h"
 #include "t.h"
 
 #define TC_DIR "/tmp/tandem-test-cli"
@@ -172,6 +173,48 @@ static void test_bad_values(const char *model) {
     /* a router that could learn of no node must not sit on a port */
     r = RUN(NULL, 20, "serve", "--role", "router", "--listen", "127.0.0.1:0");
     CHECK(r.status == 2 && strstr(r.err, "the router has no nodes"), "router without nodes: %d '%s'", r.status, r.err);
+    tc_free(&r);
+}
+
+/* decode, local and router parse their own options (node_decode.c,
+ * router.c): each bad value is refused with its range, exit 2, before any
+ * model is loaded or port bound. */
+static void test_serve_bad_values(const char *model) {
+    static const struct { const char *role, *opt, *val, *want; } bad[] = {
+        { "decode", "--parallel", "0", "tandem serve: --parallel: 0 is out of range [1, 256]" },
+        { "decode", "--queue", "5000", "tandem serve: --queue: 5000 is out of range [1, 4096]" },
+        { "decode", "--request-deadline-ms", "50", "tandem serve: --request-deadline-ms: 50 is out of range [100, 3600000]" },
+        { "decode", "-t", "abc", "tandem serve: -t needs a whole number, got 'abc'" },
+        { "decode", "--kv-type", "q4_0", "tandem serve: --kv-type: 'q4_0' is not one of f16|bf16|q8_0" },
+        { "decode", "--wire-dtype", "f32", "tandem serve: --wire-dtype: 'f32' is not one of f16|bf16|q8_0" },
+        { "local", "--max-conns", "0", "tandem serve: --max-conns: 0 is out of range [1, 100000]" },
+        { "local", "-c", "99999999", "tandem serve: -c: 99999999 is out of range [1, 1048576]" },
+        { "local", "--timeout-ms", NULL, "tandem serve: --timeout-ms needs a value" },
+        { "router", "--max-concurrent", "0", "tandem serve: --max-concurrent: 0 is out of range [1, 100000]" },
+        { "router", "--max-concurrent", "12abc", "tandem serve: --max-concurrent needs a whole number, got '12abc'" },
+        { "router", "--health-interval-ms", "10", "tandem serve: --health-interval-ms: 10 is out of range [50, 600000]" },
+        { "router", "--split", "sometimes", "tandem serve: --split: 'sometimes' is not one of auto|always|never" },
+        { "router", "--decode", "127.0.0.1:1", "tandem serve: --decode: '127.0.0.1:1' is not MODEL=HOST:PORT" },
+        { "router", "--listen", NULL, "tandem serve: --listen needs a value" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int router = !strcmp(bad[i].role, "router");
+        /* the router takes no -m; the value (or its absence) comes last */
+        tc_res r = router ? RUN(NULL, 30, "serve", "--role", "router", (char *)bad[i].opt, (char *)bad[i].val)
+                          : RUN(NULL, 30, "serve", "--role", (char *)bad[i].role, "-m", (char *)model, (char *)bad[i].opt,
+                                (char *)bad[i].val);
+        CHECK(r.status == 2 && strstr(r.err, bad[i].want) && !strstr(r.err, "needs a valid value"),
+              "serve --role %s %s %s: exit %d, stderr '%s'", bad[i].role, bad[i].opt, bad[i].val ? bad[i].val : "(none)",
+              r.status, r.err);
+        tc_free(&r);
+    }
+    /* more prefill nodes than a decode node keeps */
+    char *args[64] = { "serve", "--role", "decode", "-m", (char *)model };
+    int n = 5;
+    for (int k = 0; k <= DECODE_MAX_PREFILL_NODES && n + 2 < 63; k++) { args[n++] = "--prefill-node"; args[n++] = "127.0.0.1:1"; }
+    args[n] = NULL;
+    tc_res r = tc_run(NULL, 30, args);
+    CHECK(r.status == 2 && strstr(r.err, "--prefill-node: at most "), "too many --prefill-node: %d '%s'", r.status, r.err);
     tc_free(&r);
 }
 
@@ -384,6 +427,7 @@ int main(void) {
         return t_done("test_cli");
     }
     test_bad_values(model);
+    test_serve_bad_values(model);
     test_bench_formats(model);
     test_run_stdin(model);
     test_run_context_full(model);

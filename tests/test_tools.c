@@ -70,9 +70,10 @@ static const char *const tt_convs[] = {
     "{\"id\":\"x\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
     "{\"role\":\"tool\",\"tool_call_id\":\"x\",\"content\":\"42\"},{\"role\":\"assistant\",\"content\":\"It is 42.\"}],"
     "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}}]}",
-    /* a later system turn, a user turn that is a wrapped tool response */
-    "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"late\"},"
-    "{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"<tool_response>\\nr\\n</tool_response>\"}]}",
+    /* a later system turn, a user turn that is a wrapped tool response
+     * (parenthesised: one conversation in two literals, not a missing comma) */
+    ("{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"late\"},"
+     "{\"role\":\"assistant\",\"content\":\"b\"},{\"role\":\"user\",\"content\":\"<tool_response>\\nr\\n</tool_response>\"}]}"),
 };
 
 static void test_render_oracle(void) {

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+#include "log.h"
 
 /* Device memory left free at load when deciding whether a quantized weight
  * may be dequantized to F16: KV mirrors and activations come later. */
@@ -35,7 +36,7 @@ static void cu_fail(cu_impl *c, const char *what, const char *msg) {
     if (c->failed) return;
     c->failed = 1;
     snprintf(c->err, sizeof c->err, "%.60s: %.180s", what, msg);
-    fprintf(stderr, "tandem: CUDA backend: %s\n", c->err);
+    log_error(NULL, "CUDA backend: %s", c->err);
 }
 
 int cu_check(cu_impl *c, cudaError_t e, const char *what) {
