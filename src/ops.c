@@ -60,7 +60,7 @@ int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
                      size_t pr_stride, int grp, int hd, float *out);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out);
+                       size_t pr_stride, int grp, int hd, float *out, float *vf);
 int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx512_max(const float *x, size_t n, float *m);
 int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
@@ -70,13 +70,14 @@ int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int n
 
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp) {
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp))
+        return;
     if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
 }
 
-/* the AVX-512 version converts blocks of 128 keys to f32 (ops_avx512.c) */
-size_t ops_attn_scores_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
+/* the AVX-512 versions convert blocks of 128 keys or 64 V rows to f32 (ops_avx512.c) */
+size_t ops_attn_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
 
 void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
                      int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {

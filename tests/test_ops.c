@@ -110,9 +110,9 @@ static void test_small(void) {
 /* Attention's P x V for F16 and BF16 V rows: the vector version must equal
  * the reference bit for bit (same products, same order, unfused). */
 static void test_attn_pv(void) {
-    enum { HD = 128, NPOS = 77, GRP = 6, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
+    enum { HD = 128, NPOS = 150, GRP = 11, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
     static uint16_t vrow[NPOS * STRIDE / 2];
-    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[HD];
+    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[128 * HD];
     const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
     for (int ti = 0; ti < 2; ti++) {
         for (size_t i = 0; i < sizeof vrow / 2; i++) {

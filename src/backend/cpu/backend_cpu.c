@@ -292,7 +292,7 @@ typedef struct {
 
 /* Bytes of scratch one item of nq query vectors needs over npos positions. */
 static size_t attn_scratch_bytes(int nq, size_t npos, int hd) {
-    return sizeof(float) * ((size_t)nq * npos + 2 * (size_t)nq * hd + (size_t)hd + 32 + ops_attn_scores_tmp(hd));
+    return sizeof(float) * ((size_t)nq * npos + 2 * (size_t)nq * hd + (size_t)hd + 32 + ops_attn_tmp(hd));
 }
 
 /* Query tokens [t0, t0 + nt) of sequence sq against KV head kvh. */
@@ -329,7 +329,7 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
         /* masked positions weigh exactly 0: adding 0 * V leaves a sum unchanged */
         if (npos < ss) memset(s + npos, 0, sizeof(float) * (ss - npos));
     }
-    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, p_end, S, ss, nq, hd, O, tmp);
+    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, p_end, S, ss, nq, hd, O, kt);
     for (int i = 0; i < nt; i++)
         memcpy(j->out + (((size_t)sq->t0 + t0 + i) * j->n_head + (size_t)kvh * grp) * hd,
                O + (size_t)i * grp * hd, sizeof(float) * (size_t)grp * hd);

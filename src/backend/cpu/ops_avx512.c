@@ -25,7 +25,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out);
+                       size_t pr_stride, int grp, int hd, float *out, float *vf);
 int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx512_max(const float *x, size_t n, float *m);
 int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
@@ -111,8 +111,73 @@ OPS_INLINE void ops_pv_block128(uint32_t dt, int G, const uint8_t *v, size_t v_s
         for (int c = 0; c < 8; c++) _mm512_storeu_ps(out + (size_t)g * hd + d + 16 * c, acc[g][c]);
 }
 
+/* Positions per converted V block in the prefill walk: 64 rows of a
+ * 128-wide head are 32 KiB of f32 (L1), reused by every query row. */
+#define OPS_PVB 64
+
+/* Prefill, by blocks of positions: the block's V rows are converted to f32
+ * once (vf, [OPS_PVB][hd]) and then serve all query rows, G (<= 8) rows x
+ * 32 columns at a time, the partial sums carried in out between blocks.
+ * Each output is still 0 + p_0 v_0 + p_1 v_1 + ... rounded step by step in
+ * position order: the same value as one walk over all positions. */
+OPS_INLINE void ops_pv_vf32(int G, const float *vf, int np, int hd, const float *pr, size_t pr_stride, int first,
+                            int d, float *out) {
+    __m512 acc[8][2];
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < G; g++) {
+        acc[g][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d);
+        acc[g][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d + 16);
+    }
+    for (int p = 0; p < np; p++) {
+        __m512 lo = _mm512_loadu_ps(vf + (size_t)p * hd + d), hi = _mm512_loadu_ps(vf + (size_t)p * hd + d + 16);
+        _Pragma("GCC unroll 8")
+        for (int g = 0; g < G; g++) {
+            __m512 a = _mm512_set1_ps(pr[(size_t)g * pr_stride + (size_t)p]);
+            acc[g][0] = _mm512_add_ps(acc[g][0], _mm512_mul_ps(a, lo));
+            acc[g][1] = _mm512_add_ps(acc[g][1], _mm512_mul_ps(a, hi));
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < G; g++) {
+        _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
+        _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
+    }
+}
+
+static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                           size_t pr_stride, int grp, int hd, float *out, float *vf) {
+    for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
+        int np = npos - p0 < OPS_PVB ? npos - p0 : OPS_PVB;
+        for (int p = 0; p < np; p++)
+            for (int d = 0; d < hd; d += 32) {
+                __m512 lo, hi;
+                ops_load_v32(dt, v + (size_t)(p0 + p) * v_stride, d, &lo, &hi);
+                _mm512_storeu_ps(vf + (size_t)p * hd + d, lo);
+                _mm512_storeu_ps(vf + (size_t)p * hd + d + 16, hi);
+            }
+        for (int g0 = 0; g0 < grp; g0 += 8) {
+            int G = grp - g0 < 8 ? grp - g0 : 8;
+            const float *pg = pr + (size_t)g0 * pr_stride + p0;
+            float *og = out + (size_t)g0 * hd;
+            for (int d = 0; d < hd; d += 32) {
+                switch (G) {
+                case 1: ops_pv_vf32(1, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 2: ops_pv_vf32(2, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 3: ops_pv_vf32(3, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 4: ops_pv_vf32(4, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 5: ops_pv_vf32(5, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 6: ops_pv_vf32(6, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 7: ops_pv_vf32(7, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                default: ops_pv_vf32(8, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                }
+            }
+        }
+    }
+}
+
+/* vf: OPS_PVB * hd floats of scratch, or NULL (then one walk per 32 columns). */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out) {
+                       size_t pr_stride, int grp, int hd, float *out, float *vf) {
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 32) return 0;
     if (grp <= 4 && hd % 128 == 0) {
         /* a few rows (decode): one sequential pass over V per pair of rows */
@@ -124,6 +189,10 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
                 else ops_pv_block128(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og);
             }
         }
+        return 1;
+    }
+    if (vf && npos > 0) {
+        ops_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
         return 1;
     }
     for (int g0 = 0; g0 < grp; g0 += 8) {
@@ -380,7 +449,7 @@ int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int n
 }
 #else
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out) { return 0; }
+                       size_t pr_stride, int grp, int hd, float *out, float *vf) { return 0; }
 int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) { return 0; }
 int ops_avx512_max(const float *x, size_t n, float *m) { return 0; }
 int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
