@@ -320,6 +320,7 @@ QA_TILE_B32(Q5_0)
 #define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 72 KiB (stack) */
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
 #define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
+#define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
 
 /* rows [0, 16) of w, blocks [b0, b0 + nb): wq[b][g] (u8 = w + 128), wd[b] */
 static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t nb, __m512i *wq, __m512 *wd) {
@@ -430,31 +431,37 @@ static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int 
     const int64_t nbt = n / 32;
     __m512i wq[QA_R16_MAXB * 8];
     __m512 wd[QA_R16_MAXB];
-    int32_t cs[QA_R16_ACTS][QA_R16_MAXB];
+    int32_t cs[QA_R16_JC][QA_R16_MAXB];
     for (int64_t b0 = 0; b0 < nbt; b0 += QA_R16_MAXB) {
         int64_t nb = nbt - b0 < QA_R16_MAXB ? nbt - b0 : QA_R16_MAXB;
-        for (int i0 = 0; i0 < nw16; i0 += 16) {
-            qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, wq, wd);
-            for (int j0 = 0; j0 < na; j0 += QA_R16_ACTS) {
-                int RA = na - j0 < QA_R16_ACTS ? na - j0 : QA_R16_ACTS;
-                const block_q8_0 *ar[QA_R16_ACTS];
-                const int32_t *cp[QA_R16_ACTS];
-                for (int r = 0; r < RA; r++) {
-                    ar[r] = (const block_q8_0 *)((const uint8_t *)a + (size_t)(j0 + r) * a_stride) + b0;
-                    cp[r] = cs[r];
-                    /* recomputed per row group: cheap beside 8 x 8 dot instructions per block */
-                    for (int64_t b = 0; b < nb; b++) cs[r][b] = qa_r16_corr(&ar[r][b]);
-                }
-                float *o = out + (size_t)j0 * out_stride + (size_t)i0;
-                switch (RA) {
-                case 1: qa_r16_walk(1, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 2: qa_r16_walk(2, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 3: qa_r16_walk(3, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 4: qa_r16_walk(4, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 5: qa_r16_walk(5, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 6: qa_r16_walk(6, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                case 7: qa_r16_walk(7, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                default: qa_r16_walk(8, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+        for (int jc = 0; jc < na; jc += QA_R16_JC) {
+            int nj = na - jc < QA_R16_JC ? na - jc : QA_R16_JC;
+            /* the activations' offset corrections, once for all row groups */
+            for (int r = 0; r < nj; r++) {
+                const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + r) * a_stride) + b0;
+                for (int64_t b = 0; b < nb; b++) cs[r][b] = qa_r16_corr(&y[b]);
+            }
+            for (int i0 = 0; i0 < nw16; i0 += 16) {
+                qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, wq, wd);
+                for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
+                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
+                    const block_q8_0 *ar[QA_R16_ACTS];
+                    const int32_t *cp[QA_R16_ACTS];
+                    for (int r = 0; r < RA; r++) {
+                        ar[r] = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + j0 + r) * a_stride) + b0;
+                        cp[r] = cs[j0 + r];
+                    }
+                    float *o = out + (size_t)(jc + j0) * out_stride + (size_t)i0;
+                    switch (RA) {
+                    case 1: qa_r16_walk(1, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 2: qa_r16_walk(2, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 3: qa_r16_walk(3, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 4: qa_r16_walk(4, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 5: qa_r16_walk(5, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 6: qa_r16_walk(6, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 7: qa_r16_walk(7, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    default: qa_r16_walk(8, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    }
                 }
             }
         }
