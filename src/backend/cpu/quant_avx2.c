@@ -14,6 +14,12 @@
 #include "quant.h"
 #include "quant_kernels.h"
 
+/* multiply then add stay two roundings where written so (the 16-row Q8_0
+ * kernel replays the reference's arithmetic); GCC's ISO modes never fuse */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #ifndef QA_SET
 #define QA_SET avx2
 #define QA_SET_OK 1     /* the includers say whether the build has their extensions */
