@@ -60,15 +60,32 @@ int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
                      size_t pr_stride, int grp, int hd, float *out);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out);
+                       size_t pr_stride, int grp, int hd, float *out, float *vf);
+int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
+int ops_avx512_max(const float *x, size_t n, float *m);
+int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
+                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
 
 /* ==== Public entry points ==== */
 
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp) {
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp))
+        return;
     if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
+}
+
+/* the AVX-512 versions convert blocks of 128 keys or 64 V rows to f32 (ops_avx512.c) */
+size_t ops_attn_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
+
+void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
+                     int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
+    if (quant_kernel_vec_ops() >= 2 && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
+        ops_avx512_attn_scores(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp))
+        return;
+    quant_mul_mat_tile(dt, hd, k, k_stride, nk, q, q_stride, nq, s, s_stride);
+    for (int r = 0; r < nq; r++) ops_scale(s + (size_t)r * s_stride, scale, (size_t)nk);
 }
 
 int ops_vectorised(void) {
@@ -78,6 +95,7 @@ int ops_vectorised(void) {
 
 double ops_exp_sum(const float *x, float sub, float *y, size_t n) {
     double sum;
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_exp_sum(x, sub, y, n, &sum)) return sum;
     if (ops_use_avx2() && ops_avx2_exp_sum(x, sub, y, n, &sum)) return sum;
     return ops_ref_exp_sum(x, sub, y, n);
 }
@@ -107,6 +125,7 @@ void ops_scale(float *x, float a, size_t n) {
 
 float ops_max(const float *x, size_t n) {
     float m = x[0];
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_max(x, n, &m)) return m;
     for (size_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }

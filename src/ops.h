@@ -39,12 +39,23 @@ void ops_scale(float *x, float a, size_t n);
 /* Attention's weighted sum of V rows for grp query heads at once:
  * out[g][d] = sum_p pr[g * pr_stride + p] * V_p[d] for p < npos, d < hd,
  * where V_p is the row of type dt (F16, BF16 or anything quant.h dequantises)
- * at v + p * v_stride. Positions are summed in order, one multiply-add each.
- * tmp: hd floats of scratch (used by the dequantising path). */
+ * at v + p * v_stride. Positions are summed in order, one multiply then one
+ * add each. tmp: ops_attn_tmp(hd) floats of scratch. */
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp);
 void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                      int grp, int hd, float *out, float *tmp);
+
+/* Attention scores: s[r * s_stride + i] = (0 + dot(q_r, K_i)) * scale for
+ * query rows r < nq (at q + r * q_stride, in quant_vec_dot_type(dt)) and
+ * keys i < nk (rows of type dt at k + i * k_stride, hd values each), the dot
+ * being exactly what quant_mul_mat_tile computes with the K rows as weight
+ * rows (the AVX-512 version reproduces the float tile bit for bit).
+ * tmp: ops_attn_tmp(hd) floats of scratch. */
+void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
+                     int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
+/* floats of scratch ops_attn_scores and ops_attn_pv need (>= hd) */
+size_t ops_attn_tmp(int hd);
 
 /* 1 if the vector versions are in use */
 int ops_vectorised(void);

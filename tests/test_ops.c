@@ -110,9 +110,9 @@ static void test_small(void) {
 /* Attention's P x V for F16 and BF16 V rows: the vector version must equal
  * the reference bit for bit (same products, same order, unfused). */
 static void test_attn_pv(void) {
-    enum { HD = 128, NPOS = 77, GRP = 6, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
+    enum { HD = 128, NPOS = 150, GRP = 11, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
     static uint16_t vrow[NPOS * STRIDE / 2];
-    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[HD];
+    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[128 * HD];
     const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
     for (int ti = 0; ti < 2; ti++) {
         for (size_t i = 0; i < sizeof vrow / 2; i++) {
@@ -126,6 +126,64 @@ static void test_attn_pv(void) {
             ops_ref_attn_pv(types[ti], v, STRIDE, NPOS, pr, NPOS, grp, HD, ref, tmp);
             CHECK(!memcmp(out, ref, sizeof(float) * grp * HD), "attn_pv type %u grp %d differs", types[ti], grp);
         }
+    }
+}
+
+/* Attention scores for F16 and BF16 K rows: the set's version must equal
+ * the tile kernel (quant_mul_mat_tile, then the scale) bit for bit, across
+ * key counts that cross the 8-key tiles and the 128-key blocks, and query
+ * counts on both the decode (<= 4) and the prefill path. */
+static void test_attn_scores(void) {
+    enum { MAXK = 300, MAXQ = 19, STRIDE = 2 * 128 * 3 };   /* rows of 3 heads: take head 1 */
+    static uint16_t krow[MAXK * STRIDE / 2];
+    static float q[MAXQ * 128], s[MAXQ * MAXK], ref[MAXQ * MAXK], tmp[128 * 128];
+    const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
+    const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[6] = { 1, 2, 3, 5, 8, MAXQ }, hds[2] = { 128, 64 };
+    for (int ti = 0; ti < 2; ti++) {
+        for (size_t i = 0; i < sizeof krow / 2; i++) {
+            float f = frand(-2.0f, 2.0f);
+            krow[i] = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f) : f32_to_bf16(f);
+        }
+        for (int i = 0; i < MAXQ * 128; i++) q[i] = frand(-3.0f, 3.0f);
+        for (int hi = 0; hi < 2; hi++)
+            for (int a = 0; a < 6; a++)
+                for (int b = 0; b < 6; b++) {
+                    int hd = hds[hi], nk = nks[a], nq = nqs[b];
+                    const uint8_t *k = (const uint8_t *)krow + 2 * 128;
+                    size_t qs = (size_t)hd * 4;
+                    for (int i = 0; i < MAXQ * MAXK; i++) s[i] = ref[i] = -7.0f;
+                    ops_attn_scores(types[ti], k, STRIDE, nk, q, qs, nq, hd, 0.125f, s, MAXK, tmp);
+                    quant_mul_mat_tile(types[ti], hd, k, STRIDE, nk, q, qs, nq, ref, MAXK);
+                    for (int r = 0; r < nq; r++)
+                        for (int i = 0; i < nk; i++) ref[r * MAXK + i] *= 0.125f;
+                    CHECK(!memcmp(s, ref, sizeof s), "attn_scores type %u hd %d nk %d nq %d differs", types[ti], hd,
+                          nk, nq);
+                }
+    }
+}
+
+/* The AVX-512 exp and sum replays the AVX2 one lane for lane: the same
+ * values and the same double sum, bit for bit, tails included. */
+static void test_exp_sets_agree(const char *const *sets, int n_sets) {
+    int has2 = 0, has512 = 0;
+    for (int i = 0; i < n_sets; i++) {
+        has2 |= !strcmp(sets[i], "avx2");
+        has512 |= !strcmp(sets[i], "avx512");
+    }
+    if (!has2 || !has512) return;
+    enum { N = 1000 };
+    static float x[N], y2[N], y5[N];
+    for (int i = 0; i < N; i++) x[i] = frand(-90.0f, 10.0f);
+    const size_t ns[5] = { 1, 7, 8, 37, N };
+    for (int k = 0; k < 5; k++) {
+        quant_use_kernels("avx2");
+        double s2 = ops_exp_sum(x, 1.5f, y2, ns[k]);
+        float m2 = ops_max(x, ns[k]);
+        quant_use_kernels("avx512");
+        double s5 = ops_exp_sum(x, 1.5f, y5, ns[k]);
+        float m5 = ops_max(x, ns[k]);
+        CHECK(s2 == s5 && !memcmp(y2, y5, sizeof(float) * ns[k]), "exp_sum avx2 vs avx512 n=%zu", ns[k]);
+        CHECK(m2 == m5, "max avx2 vs avx512 n=%zu", ns[k]);
     }
 }
 
@@ -174,7 +232,9 @@ int main(void) {
         test_rms_norm();
         test_small();
         test_attn_pv();
+        test_attn_scores();
     }
+    test_exp_sets_agree(sets, n_sets < 16 ? n_sets : 16);
     quant_use_kernels(best);
     test_pool_chunks();
     return t_done("test_ops");

@@ -406,6 +406,53 @@ static void test_kernel_set(void) {
 
 /* Every kernel set this CPU runs, each against the reference; then the
  * selection itself. */
+/* Q8_0 prefill tiles of many rows (the avx512 set gathers 16 rows across
+ * the lanes): every set within the tile tolerance of the reference, and the
+ * avx512 set's 16-row groups equal to it bit for bit (they replay the
+ * reference's per-block float arithmetic). 37 rows leave 5 for the pair
+ * tile; 130
+ * blocks cross the 128-block packing pass. */
+static void test_q8_many_rows(void) {
+    enum { NW = 37, NA = 70 };   /* 70: past the 64 activation rows whose corrections are kept */
+    const int64_t lens[3] = { 32, 1024, 130 * 32 };
+    const int nas[6] = { 1, 3, 4, 9, 13, NA };   /* the decode (< 4) and the gathering paths */
+    int64_t nmax = lens[2];
+    size_t wrb = row_bytes(GGML_TYPE_Q8_0, nmax) + 34, arb = row_bytes(GGML_TYPE_Q8_0, nmax);
+    float *tmp = malloc(sizeof(float) * nmax * (NW > NA ? NW : NA));
+    uint8_t *w = malloc(wrb * NW), *a = malloc(arb * NA);
+    static float out[NA * (NW + 3)], ref[NA * (NW + 3)];
+    int exact = !strcmp(quant_kernel_name(), "avx512"), ok = 1;
+    for (int li = 0; li < 3; li++) {
+        int64_t n = lens[li];
+        size_t rb = row_bytes(GGML_TYPE_Q8_0, n);
+        for (int64_t i = 0; i < n * NW; i++) tmp[i] = rng_normal();
+        for (int i = 0; i < NW; i++) quant_quantize_weight_rows(GGML_TYPE_Q8_0, tmp + i * n, w + wrb * i, 1, n);
+        for (int64_t i = 0; i < n * NA; i++) tmp[i] = rng_normal();
+        for (int r = 0; r < NA; r++) quant_ref_quantize_act_row(GGML_TYPE_Q8_0, tmp + r * n, a + arb * r, n);
+        (void)rb;
+        for (int c = 0; c < 6; c++) {
+            int na = nas[c];
+            size_t os = NW + 3;
+            for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;
+            quant_mul_mat_tile(GGML_TYPE_Q8_0, n, w, wrb, NW, a, arb, na, out, os);
+            for (int j = 0; j < na; j++)
+                for (int i = 0; i < NW; i++) quant_ref_vec_dot(GGML_TYPE_Q8_0, n, &ref[j * os + i], w + wrb * i, a + arb * j);
+            for (int j = 0; j < na; j++)
+                for (int i = 0; i < (int)os; i++) {
+                    float f = out[j * os + i], r = ref[j * os + i];
+                    /* rows past the last 16 take the pair tile: tolerance there */
+                    int good = (exact && i < NW / 16 * 16) || i >= NW
+                                   ? f == r : fabsf(f - r) <= 1e-4f * (1.0f + fabsf(r)) * sqrtf((float)n);
+                    if (!good && ok) fprintf(stderr, "  q8_0 %d rows x %d n=%lld [%d,%d]: %.9g vs %.9g\n", NW, na,
+                                             (long long)n, j, i, f, r);
+                    ok &= good;
+                }
+        }
+    }
+    CHECK(ok, "%s Q8_0 tiles of %d rows vs reference (%s)", quant_kernel_name(), NW, exact ? "bit for bit" : "tolerance");
+    free(tmp); free(w); free(a);
+}
+
 static void test_kernels(void) {
     const char *names[16];
     int n = quant_kernel_sets(names, 16);
@@ -425,6 +472,7 @@ static void test_kernels(void) {
         CHECK(quant_use_kernels(names[i]) == 0 && strcmp(quant_kernel_name(), names[i]) == 0, "select %s", names[i]);
         test_act_quant();
         test_kernel_set();
+        test_q8_many_rows();
     }
     CHECK(quant_use_kernels("no-such-set") == -1, "unknown set refused");
     quant_force_reference(1);

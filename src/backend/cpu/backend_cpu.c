@@ -292,7 +292,7 @@ typedef struct {
 
 /* Bytes of scratch one item of nq query vectors needs over npos positions. */
 static size_t attn_scratch_bytes(int nq, size_t npos, int hd) {
-    return sizeof(float) * ((size_t)nq * npos + 2 * (size_t)nq * hd + (size_t)hd + 16);
+    return sizeof(float) * ((size_t)nq * npos + 2 * (size_t)nq * hd + (size_t)hd + 32 + ops_attn_tmp(hd));
 }
 
 /* Query tokens [t0, t0 + nt) of sequence sq against KV head kvh. */
@@ -307,28 +307,29 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
     float *O = S + (size_t)nq * ss;                       /* [nq][hd] outputs */
     float *tmp = O + (size_t)nq * hd;                     /* [hd] */
     uint8_t *qc = (uint8_t *)(tmp + hd);                  /* nq rows of q in vt (<= 4 bytes a value) */
+                                                          /* then ops_attn_scores' scratch */
     /* query vector r = i * grp + g: token t0 + i, head kvh * grp + g (contiguous in q) */
     const float *q0 = j->q + (((size_t)sq->t0 + t0) * j->n_head + (size_t)kvh * grp) * hd;
     const size_t qstride = (size_t)j->n_head * hd, qrow = gguf_row_bytes(vt, (uint64_t)hd);
     for (int i = 0; i < nt; i++)
         for (int g = 0; g < grp; g++)
             quant_quantize_act_row(vt, q0 + i * qstride + (size_t)g * hd, qc + (size_t)(i * grp + g) * qrow, hd);
-    /* scores: the last rows' causal triangle is computed and then ignored */
+    /* scaled scores: the last rows' causal triangle is computed and then ignored */
+    float *kt = (float *)(qc + ((size_t)nq * qrow + 63) / 64 * 64);
     for (int k0 = 0; k0 < p_end; k0 += ATT_KB) {
         int kb = p_end - k0 < ATT_KB ? p_end - k0 : ATT_KB;
-        quant_mul_mat_tile(dt, hd, kv_k_row_c(kv, j->layer, k0) + head_off, rb, kb, qc, qrow, nq, S + k0, ss);
+        ops_attn_scores(dt, kv_k_row_c(kv, j->layer, k0) + head_off, rb, kb, qc, qrow, nq, hd, j->scale, S + k0, ss, kt);
     }
     for (int r = 0; r < nq; r++) {
         float *s = S + (size_t)r * ss;
         size_t npos = (size_t)(p_first + r / grp + 1);
-        ops_scale(s, j->scale, npos);
         float mx = ops_max(s, npos);
         double sum = ops_exp_sum(s, mx, s, npos);
         ops_scale(s, (float)(1.0 / sum), npos);
         /* masked positions weigh exactly 0: adding 0 * V leaves a sum unchanged */
         if (npos < ss) memset(s + npos, 0, sizeof(float) * (ss - npos));
     }
-    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, p_end, S, ss, nq, hd, O, tmp);
+    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, p_end, S, ss, nq, hd, O, kt);
     for (int i = 0; i < nt; i++)
         memcpy(j->out + (((size_t)sq->t0 + t0 + i) * j->n_head + (size_t)kvh * grp) * hd,
                O + (size_t)i * grp * hd, sizeof(float) * (size_t)grp * hd);

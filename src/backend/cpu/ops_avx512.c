@@ -1,9 +1,20 @@
-/* ops_avx512.c - attention's weighted sum of V rows (ops_attn_pv) on zmm
- * registers: 32 columns of up to 4 query rows per walk over the positions,
- * twice the ymm version's width. Built with the avx512 kernel set's flags
- * and used with that set (quant_kernel_vec_ops() == 2). Each output element
- * is still one multiply then one add per position, in position order, so
- * the result is bit-identical to the reference and the AVX2 version. */
+/* ops_avx512.c - attention's inner kernels on zmm registers: the scores
+ * (ops_attn_scores), the softmax pieces (max, exp and sum) and the weighted
+ * sum of V rows (ops_attn_pv). Built with the avx512 kernel set's flags and
+ * used with that set (quant_kernel_vec_ops() == 2).
+ *
+ * Every kernel here computes each value with the same operations in the
+ * same order as the version it replaces, so results are bit-identical:
+ *   - scores: the ymm float tile of quant_avx2.c keeps eight partial sums per
+ *     (key, query) and adds them in a fixed tree; here one zmm register holds
+ *     the eight partial sums of two keys side by side, so each lane sees the
+ *     same fused multiply-adds, and the tree is replayed with shuffles;
+ *   - exp: the double-precision polynomial of ops_avx2.c, eight lanes at once;
+ *   - V sum: one multiply then one add per position, in position order (the
+ *     reference), for up to 8 query rows per walk (prefill) or all 128
+ *     columns of 2 rows (decode: each V row segment read once, prefetched).
+ * The quantised golden tests sit close to their tolerances and move with
+ * any change of rounding, which is why exactness is kept. */
 #include "ops.h"
 #include "quant.h"
 
@@ -13,15 +24,22 @@
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out);
+                       size_t pr_stride, int grp, int hd, float *out, float *vf);
+int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
+int ops_avx512_max(const float *x, size_t n, float *m);
+int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
+                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 
+#define OPS_INLINE static inline __attribute__((always_inline))
+
+/* ==== Weighted sum of V rows ==== */
+
 /* 32 values of a V row (F16 or BF16) at element d, as two f32 vectors. */
-static inline void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo, __m512 *hi) {
+OPS_INLINE void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo, __m512 *hi) {
     __m512i h = _mm512_loadu_si512((const void *)(row + 2 * (size_t)d));
     __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
     if (dt == GGML_TYPE_F16) {
@@ -33,33 +51,152 @@ static inline void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *
     }
 }
 
-static inline __attribute__((always_inline)) void ops_pv_block32(uint32_t dt, int G, const uint8_t *v,
-        size_t v_stride, int npos, const float *pr, size_t pr_stride, int hd, int d, float *out) {
-    __m512 acc[4][2];
-    _Pragma("GCC unroll 4")
+/* Prefill: G (<= 8) query rows x 32 columns from d; the accumulators stay
+ * in registers while the positions stream past, and each converted V vector
+ * serves all G rows. */
+OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                               size_t pr_stride, int hd, int d, float *out) {
+    __m512 acc[8][2];
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
     for (int p = 0; p < npos; p++) {
         __m512 lo, hi;
         ops_load_v32(dt, v + (size_t)p * v_stride, d, &lo, &hi);
-        _Pragma("GCC unroll 4")
+        _Pragma("GCC unroll 8")
         for (int g = 0; g < G; g++) {
             __m512 a = _mm512_set1_ps(pr[(size_t)g * pr_stride + (size_t)p]);
             acc[g][0] = _mm512_add_ps(acc[g][0], _mm512_mul_ps(a, lo));
             acc[g][1] = _mm512_add_ps(acc[g][1], _mm512_mul_ps(a, hi));
         }
     }
-    _Pragma("GCC unroll 4")
+    _Pragma("GCC unroll 8")
     for (int g = 0; g < G; g++) {
         _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
         _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
     }
 }
 
+/* Rows ahead that the decode walks prefetch: a head's segment of a cache
+ * row lies a whole row (all heads) away from the next position's, a stride
+ * the hardware prefetchers follow poorly across pages. */
+#define OPS_PF_ROWS 12
+
+OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* Decode: G (1 or 2) query rows x 128 columns from d: each position's
+ * 256-byte V segment is read once, in one pass (16 accumulators). */
+OPS_INLINE void ops_pv_block128(uint32_t dt, int G, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                                size_t pr_stride, int hd, int d, float *out) {
+    __m512 acc[2][8];
+    _Pragma("GCC unroll 8")
+    for (int c = 0; c < 8; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
+    for (int p = 0; p < npos; p++) {
+        const uint8_t *row = v + (size_t)p * v_stride;
+        if (p + OPS_PF_ROWS < npos) ops_prefetch_seg(row + OPS_PF_ROWS * v_stride + 2 * (size_t)d, 256);
+        __m512 x[8];
+        _Pragma("GCC unroll 4")
+        for (int c = 0; c < 4; c++) ops_load_v32(dt, row, d + 32 * c, &x[2 * c], &x[2 * c + 1]);
+        _Pragma("GCC unroll 2")
+        for (int g = 0; g < G; g++) {
+            __m512 a = _mm512_set1_ps(pr[(size_t)g * pr_stride + (size_t)p]);
+            _Pragma("GCC unroll 8")
+            for (int c = 0; c < 8; c++) acc[g][c] = _mm512_add_ps(acc[g][c], _mm512_mul_ps(a, x[c]));
+        }
+    }
+    _Pragma("GCC unroll 2")
+    for (int g = 0; g < G; g++)
+        _Pragma("GCC unroll 8")
+        for (int c = 0; c < 8; c++) _mm512_storeu_ps(out + (size_t)g * hd + d + 16 * c, acc[g][c]);
+}
+
+/* Positions per converted V block in the prefill walk: 64 rows of a
+ * 128-wide head are 32 KiB of f32 (L1), reused by every query row. */
+#define OPS_PVB 64
+
+/* Prefill, by blocks of positions: the block's V rows are converted to f32
+ * once (vf, [OPS_PVB][hd]) and then serve all query rows, G (<= 8) rows x
+ * 32 columns at a time, the partial sums carried in out between blocks.
+ * Each output is still 0 + p_0 v_0 + p_1 v_1 + ... rounded step by step in
+ * position order: the same value as one walk over all positions. */
+OPS_INLINE void ops_pv_vf32(int G, const float *vf, int np, int hd, const float *pr, size_t pr_stride, int first,
+                            int d, float *out) {
+    __m512 acc[8][2];
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < G; g++) {
+        acc[g][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d);
+        acc[g][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d + 16);
+    }
+    for (int p = 0; p < np; p++) {
+        __m512 lo = _mm512_loadu_ps(vf + (size_t)p * hd + d), hi = _mm512_loadu_ps(vf + (size_t)p * hd + d + 16);
+        _Pragma("GCC unroll 8")
+        for (int g = 0; g < G; g++) {
+            __m512 a = _mm512_set1_ps(pr[(size_t)g * pr_stride + (size_t)p]);
+            acc[g][0] = _mm512_add_ps(acc[g][0], _mm512_mul_ps(a, lo));
+            acc[g][1] = _mm512_add_ps(acc[g][1], _mm512_mul_ps(a, hi));
+        }
+    }
+    _Pragma("GCC unroll 8")
+    for (int g = 0; g < G; g++) {
+        _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
+        _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
+    }
+}
+
+static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                           size_t pr_stride, int grp, int hd, float *out, float *vf) {
+    for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
+        int np = npos - p0 < OPS_PVB ? npos - p0 : OPS_PVB;
+        for (int p = 0; p < np; p++)
+            for (int d = 0; d < hd; d += 32) {
+                __m512 lo, hi;
+                ops_load_v32(dt, v + (size_t)(p0 + p) * v_stride, d, &lo, &hi);
+                _mm512_storeu_ps(vf + (size_t)p * hd + d, lo);
+                _mm512_storeu_ps(vf + (size_t)p * hd + d + 16, hi);
+            }
+        for (int g0 = 0; g0 < grp; g0 += 8) {
+            int G = grp - g0 < 8 ? grp - g0 : 8;
+            const float *pg = pr + (size_t)g0 * pr_stride + p0;
+            float *og = out + (size_t)g0 * hd;
+            for (int d = 0; d < hd; d += 32) {
+                switch (G) {
+                case 1: ops_pv_vf32(1, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 2: ops_pv_vf32(2, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 3: ops_pv_vf32(3, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 4: ops_pv_vf32(4, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 5: ops_pv_vf32(5, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 6: ops_pv_vf32(6, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 7: ops_pv_vf32(7, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                default: ops_pv_vf32(8, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                }
+            }
+        }
+    }
+}
+
+/* vf: OPS_PVB * hd floats of scratch, or NULL (then one walk per 32 columns). */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out) {
+                       size_t pr_stride, int grp, int hd, float *out, float *vf) {
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 32) return 0;
-    for (int g0 = 0; g0 < grp; g0 += 4) {
-        int G = grp - g0 < 4 ? grp - g0 : 4;
+    if (grp <= 4 && hd % 128 == 0) {
+        /* a few rows (decode): one sequential pass over V per pair of rows */
+        for (int g0 = 0; g0 < grp; g0 += 2) {
+            const float *pg = pr + (size_t)g0 * pr_stride;
+            float *og = out + (size_t)g0 * hd;
+            for (int d = 0; d < hd; d += 128) {
+                if (grp - g0 == 1) ops_pv_block128(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og);
+                else ops_pv_block128(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og);
+            }
+        }
+        return 1;
+    }
+    if (vf && npos > 0) {
+        ops_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
+        return 1;
+    }
+    for (int g0 = 0; g0 < grp; g0 += 8) {
+        int G = grp - g0 < 8 ? grp - g0 : 8;
         const float *pg = pr + (size_t)g0 * pr_stride;
         float *og = out + (size_t)g0 * hd;
         for (int d = 0; d < hd; d += 32) {
@@ -67,13 +204,254 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
             case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
             case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
             case 3: ops_pv_block32(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            default: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 4: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 5: ops_pv_block32(dt, 5, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 6: ops_pv_block32(dt, 6, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            case 7: ops_pv_block32(dt, 7, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
+            default: ops_pv_block32(dt, 8, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
             }
         }
     }
     return 1;
 }
+
+/* ==== Softmax pieces ==== */
+
+/* exp of 8 doubles: ops_exp4_pd of ops_avx2.c lane for lane (same reduction,
+ * same degree-10 polynomial, same constants), rounded to float. */
+OPS_INLINE __m256 ops_exp8_pd(__m512d x) {
+    const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(0.6931471805599453), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(2.3190468138462996e-17), r);
+    static const double c[11] = { 1.0 / 3628800, 1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720,
+                                  1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0 };
+    __m512d p = _mm512_set1_pd(c[0]);
+    for (int i = 1; i < 11; i++) p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(c[i]));
+    __m256i ni = _mm512_cvtpd_epi32(n);
+    __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(ni), _mm512_set1_epi64(1023)), 52);
+    return _mm512_cvtpd_ps(_mm512_mul_pd(p, _mm512_castsi512_pd(e)));
+}
+
+/* expf of 8 floats (clamped as ops_avx2.c's ops_exp8_precise; NaN stays NaN). */
+OPS_INLINE __m256 ops_exp8_precise512(__m256 x) {
+    const __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-104.0f)), _mm256_set1_ps(88.8f));
+    __m256 y = ops_exp8_pd(_mm512_cvtps_pd(xc));
+    return _mm256_blendv_ps(y, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+/* The sum keeps ops_avx2.c's order: 8 values at a time into two running
+ * quadruples (here the halves of one zmm), those added and reduced, then the
+ * tail one by one. */
+int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) {
+    __m512d acc = _mm512_setzero_pd();
+    const __m256 vs = _mm256_set1_ps(sub);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = ops_exp8_precise512(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
+        _mm256_storeu_ps(y + i, e);
+        acc = _mm512_add_pd(acc, _mm512_cvtps_pd(e));
+    }
+    __m256d q = _mm256_add_pd(_mm512_castpd512_pd256(acc), _mm512_extractf64x4_pd(acc, 1));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(q), _mm256_extractf128_pd(q, 1));
+    double s = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    if (i < n) {
+        __mmask8 m = (__mmask8)((1u << (n - i)) - 1);
+        __m256 t = ops_exp8_precise512(_mm256_sub_ps(_mm256_maskz_loadu_ps(m, x + i), vs));
+        float tout[8];
+        _mm256_storeu_ps(tout, t);
+        for (size_t k = i; k < n; k++) { y[k] = tout[k - i]; s += tout[k - i]; }
+    }
+    *sum = s;
+    return 1;
+}
+
+/* max as the reference's x[i] > m ? x[i] : m (maxps picks its second operand
+ * unless the first is greater). */
+int ops_avx512_max(const float *x, size_t n, float *out) {
+    if (n < 16) return 0;
+    __m512 m = _mm512_loadu_ps(x);
+    size_t i = 16;
+    for (; i + 16 <= n; i += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + i), m);
+    float r = _mm512_reduce_max_ps(m);
+    for (; i < n; i++) r = x[i] > r ? x[i] : r;
+    *out = r;
+    return 1;
+}
+
+/* ==== Scores ==== */
+
+/* Query rows and key pairs per score tile: 4 x 4 accumulators (8 keys). */
+#define OPS_QT 4
+#define OPS_PT 4
+/* Keys per converted block: 128 keys of a 128-wide head are 64 KiB of f32. */
+#define OPS_KBLK 128
+
+/* Eight partial sums of keys 2j and 2j+1 side by side (lanes 0-7, 8-15):
+ * the quarters are [key 2j: lanes 0-3, 4-7 | key 2j+1: lanes 0-3, 4-7].
+ * Reduces acc[0..3] (four pairs, eight keys) in the ymm tile's tree
+ * ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)) and returns the 8 sums in key order. */
+OPS_INLINE __m256 ops_reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+    /* lo128 + hi128 of each key: [k0 k1 k2 k3] as four quadruples */
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(a0, a1, _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(a2, a3, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* [a b c d] -> lane 0: (a + c) + (b + d) */
+    s01 = _mm512_add_ps(s01, _mm512_permute_ps(s01, _MM_SHUFFLE(1, 0, 3, 2)));
+    s23 = _mm512_add_ps(s23, _mm512_permute_ps(s23, _MM_SHUFFLE(1, 0, 3, 2)));
+    s01 = _mm512_add_ps(s01, _mm512_permute_ps(s01, _MM_SHUFFLE(2, 3, 0, 1)));
+    s23 = _mm512_add_ps(s23, _mm512_permute_ps(s23, _MM_SHUFFLE(2, 3, 0, 1)));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutex2var_ps(s01, idx, s23));
+}
+
+/* Store 8 scores (nvalid of them) as the tile path does: (0 + dot) * scale. */
+OPS_INLINE void ops_store_scores(float *s, __m256 r, float scale, int nvalid) {
+    r = _mm256_mul_ps(_mm256_add_ps(_mm256_setzero_ps(), r), _mm256_set1_ps(scale));
+    if (nvalid >= 8) _mm256_storeu_ps(s, r);
+    else _mm256_mask_storeu_ps(s, (__mmask8)((1u << nvalid) - 1), r);
+}
+
+/* Prefill tile: RQ query rows x 8 keys from the converted block kf (layout
+ * [pair][step][16]: keys 2j and 2j+1, 8 values each per step). */
+OPS_INLINE void ops_score_tile_kf(int RQ, const float *kf, int nsteps, const float *const *qr, float scale,
+                                  float *s, size_t s_stride, int nvalid) {
+    __m512 acc[OPS_QT][OPS_PT];
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < RQ; r++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < OPS_PT; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int st = 0; st < nsteps; st++) {
+        __m512 w[OPS_PT];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < OPS_PT; j++) w[j] = _mm512_loadu_ps(kf + ((size_t)j * nsteps + st) * 16);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < RQ; r++) {
+            __m512 a = _mm512_broadcast_f32x8(_mm256_loadu_ps(qr[r] + 8 * st));
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < OPS_PT; j++) acc[r][j] = _mm512_fmadd_ps(w[j], a, acc[r][j]);
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < RQ; r++)
+        ops_store_scores(s + (size_t)r * s_stride, ops_reduce8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), scale,
+                         nvalid);
+}
+
+/* 8 values of keys a and b (F16 or BF16) at step st, as one f32 vector. */
+OPS_INLINE __m512 ops_load_pair(uint32_t dt, const uint8_t *a, const uint8_t *b, int st) {
+    __m256i h = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(a + 16 * st))),
+                                        _mm_loadu_si128((const __m128i *)(b + 16 * st)), 1);
+    if (dt == GGML_TYPE_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Decode tile: RQ (1 or 2) query rows x 8 keys converted as they stream
+ * (each key row read once: conversion is cheaper than a second pass). */
+OPS_INLINE void ops_score_tile_kv(uint32_t dt, int RQ, const uint8_t *const *kr, int nsteps,
+                                  const float *const *qr, float scale, float *s, size_t s_stride, int nvalid) {
+    __m512 acc[2][OPS_PT];
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < RQ; r++)
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < OPS_PT; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int st = 0; st < nsteps; st++) {
+        __m512 w[OPS_PT];
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < OPS_PT; j++) w[j] = ops_load_pair(dt, kr[2 * j], kr[2 * j + 1], st);
+        _Pragma("GCC unroll 2")
+        for (int r = 0; r < RQ; r++) {
+            __m512 a = _mm512_broadcast_f32x8(_mm256_loadu_ps(qr[r] + 8 * st));
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < OPS_PT; j++) acc[r][j] = _mm512_fmadd_ps(w[j], a, acc[r][j]);
+        }
+    }
+    _Pragma("GCC unroll 2")
+    for (int r = 0; r < RQ; r++)
+        ops_store_scores(s + (size_t)r * s_stride, ops_reduce8(acc[r][0], acc[r][1], acc[r][2], acc[r][3]), scale,
+                         nvalid);
+}
+
+/* Convert keys [k0, k0 + nkb) to kf's pair layout; missing keys of the
+ * last pair group are zeros. */
+static void ops_convert_keys(uint32_t dt, const uint8_t *k, size_t k_stride, int k0, int nkb, int hd, float *kf) {
+    const int nsteps = hd / 8, npairs = (nkb + 7) / 8 * 4;
+    for (int j = 0; j < npairs; j++) {
+        int ka = k0 + 2 * j, kb = ka + 1;
+        const uint8_t *ra = 2 * j < nkb ? k + (size_t)ka * k_stride : NULL;
+        const uint8_t *rb = 2 * j + 1 < nkb ? k + (size_t)kb * k_stride : NULL;
+        for (int st = 0; st < nsteps; st++) {
+            __m512 w = ops_load_pair(dt, ra ? ra : rb ? rb : k, rb ? rb : ra ? ra : k, st);
+            if (!ra || !rb)
+                w = _mm512_maskz_mov_ps((__mmask16)((ra ? 0x00ffu : 0) | (rb ? 0xff00u : 0)), w);
+            _mm512_storeu_ps(kf + ((size_t)j * nsteps + st) * 16, w);
+        }
+    }
+}
+
+/* query row r (q_stride is in bytes) */
+OPS_INLINE const float *ops_qrow(const float *q, size_t q_stride, int r) {
+    return (const float *)((const uint8_t *)q + (size_t)r * q_stride);
+}
+
+static void ops_scores_prefill(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q,
+                               size_t q_stride, int nq, int hd, float scale, float *s, size_t s_stride, float *kf) {
+    const int nsteps = hd / 8;
+    for (int k0 = 0; k0 < nk; k0 += OPS_KBLK) {
+        int nkb = nk - k0 < OPS_KBLK ? nk - k0 : OPS_KBLK;
+        ops_convert_keys(dt, k, k_stride, k0, nkb, hd, kf);
+        for (int r0 = 0; r0 < nq; r0 += OPS_QT) {
+            int RQ = nq - r0 < OPS_QT ? nq - r0 : OPS_QT;
+            const float *qr[OPS_QT];
+            for (int r = 0; r < OPS_QT; r++) qr[r] = ops_qrow(q, q_stride, r0 + (r < RQ ? r : 0));
+            float *so = s + (size_t)r0 * s_stride + k0;
+            for (int j0 = 0; j0 < nkb; j0 += 8) {
+                const float *kfj = kf + (size_t)(j0 / 2) * nsteps * 16;
+                int nv = nkb - j0 < 8 ? nkb - j0 : 8;
+                switch (RQ) {
+                case 1: ops_score_tile_kf(1, kfj, nsteps, qr, scale, so + j0, s_stride, nv); break;
+                case 2: ops_score_tile_kf(2, kfj, nsteps, qr, scale, so + j0, s_stride, nv); break;
+                case 3: ops_score_tile_kf(3, kfj, nsteps, qr, scale, so + j0, s_stride, nv); break;
+                default: ops_score_tile_kf(4, kfj, nsteps, qr, scale, so + j0, s_stride, nv); break;
+                }
+            }
+        }
+    }
+}
+
+static void ops_scores_decode(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q,
+                              size_t q_stride, int nq, int hd, float scale, float *s, size_t s_stride) {
+    const int nsteps = hd / 8, seg = hd * 2;
+    for (int r0 = 0; r0 < nq; r0 += 2) {
+        int RQ = nq - r0 < 2 ? nq - r0 : 2;
+        const float *qr[2] = { ops_qrow(q, q_stride, r0), ops_qrow(q, q_stride, r0 + RQ - 1) };
+        for (int j0 = 0; j0 < nk; j0 += 8) {
+            const uint8_t *kr[8];
+            int nv = nk - j0 < 8 ? nk - j0 : 8;
+            for (int j = 0; j < 8; j++) kr[j] = k + (size_t)(j0 + (j < nv ? j : 0)) * k_stride;
+            for (int j = 0; j < 8 && j0 + OPS_PF_ROWS + j < nk; j++)
+                ops_prefetch_seg(k + (size_t)(j0 + OPS_PF_ROWS + j) * k_stride, seg);
+            if (RQ == 1) ops_score_tile_kv(dt, 1, kr, nsteps, qr, scale, s + (size_t)r0 * s_stride + j0, s_stride, nv);
+            else ops_score_tile_kv(dt, 2, kr, nsteps, qr, scale, s + (size_t)r0 * s_stride + j0, s_stride, nv);
+        }
+    }
+}
+
+/* tmp: OPS_KBLK * hd floats (the converted key block), used when nq > 4. */
+int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
+                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
+    /* the ymm tile reduces in one chunk up to 512 values (QA_FCHUNK) */
+    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 8 || hd > 512 || nk < 1 || nq < 1) return 0;
+    if (nq > 4) ops_scores_prefill(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp);
+    else ops_scores_decode(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride);
+    return 1;
+}
 #else
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out) { return 0; }
+                       size_t pr_stride, int grp, int hd, float *out, float *vf) { return 0; }
+int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) { return 0; }
+int ops_avx512_max(const float *x, size_t n, float *m) { return 0; }
+int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
+                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) { return 0; }
 #endif

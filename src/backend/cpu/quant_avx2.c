@@ -14,6 +14,12 @@
 #include "quant.h"
 #include "quant_kernels.h"
 
+/* multiply then add stay two roundings where written so (the 16-row Q8_0
+ * kernel replays the reference's arithmetic); GCC's ISO modes never fuse */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
 #ifndef QA_SET
 #define QA_SET avx2
 #define QA_SET_OK 1     /* the includers say whether the build has their extensions */
@@ -306,11 +312,185 @@ QA_TILE_B32(Q8_0)
 QA_TILE_B32(Q4_0)
 QA_TILE_B32(Q5_0)
 
+#if defined(QA_ZMM)
+/* ==== AVX-512 VNNI: Q8_0 prefill, 16 weight rows across the lanes ====
+ * For several activation rows, sixteen weight rows are first gathered into
+ * lane order: per block, register g holds bytes 4g..4g+3 of the 16 rows
+ * (plus 128, as u8). Eight vpdpbusd with the activation's 4-byte groups
+ * broadcast then give each lane its row's whole integer block dot, so the
+ * float scaling is one convert, multiply and add per 16 rows x 32 values
+ * (the pair tile above spends that per 2 blocks of one row). Each lane
+ * accumulates sumf += (float)sumi * (d_w * d_a) block after block, unfused:
+ * the reference's arithmetic, bit for bit. The gathering is shared by all
+ * the call's activation rows. */
+#define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 72 KiB (stack) */
+#define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
+#define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
+#define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
+
+/* rows [0, 16) of w, blocks [b0, b0 + nb): wq[b][g] (u8 = w + 128), wd[b] */
+static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t nb, __m512i *wq, __m512 *wd) {
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)w_stride));
+    const __m512i off = _mm512_set1_epi8((char)0x80);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *base = w + (size_t)(b0 + b) * sizeof(block_q8_0);
+        __m512i d = _mm512_i32gather_epi32(idx, base, 1);   /* the fp16 scale in the low half */
+        wd[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+        for (int g = 0; g < 8; g++)
+            wq[b * 8 + g] = _mm512_xor_si512(_mm512_i32gather_epi32(idx, base + 2 + 4 * g, 1), off);
+    }
+}
+
+/* RA activation rows x 16 packed rows over nb blocks; acc carried in out
+ * (row-major [act][row]) when `first` is 0. */
+QA_INLINE void qa_r16_walk(int RA, int64_t nb, const __m512i *wq, const __m512 *wd, const block_q8_0 *const *ar,
+                           const int32_t *const *cs, int first, float *out, size_t out_stride) {
+    __m512 acc[QA_R16_ACTS];
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * out_stride);
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i x[8];
+        QA_UNROLL
+        for (int g = 0; g < 8; g++) x[g] = wq[b * 8 + g];
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) {
+            const block_q8_0 *y = &ar[r][b];
+            int32_t q4[8];
+            memcpy(q4, y->qs, 32);
+            __m512i s = _mm512_set1_epi32(cs[r][b]);
+            QA_UNROLL
+            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
+            __m512 sc = _mm512_mul_ps(wd[b], _mm512_set1_ps(qa_h2f(y->d)));
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
+        }
+    }
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
+}
+
+/* -128 * (sum of the block's activations): the u8 weights' offset */
+QA_INLINE int32_t qa_r16_corr(const block_q8_0 *y) {
+    __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)y->qs), _mm256_set1_epi8((char)0x80));
+    __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());   /* four sums of 8 (a + 128) */
+    __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    int64_t sum = _mm_cvtsi128_si64(t) + _mm_extract_epi64(t, 1) - 32 * 128;
+    return (int32_t)(-128 * sum);
+}
+
+/* Decode (a few activation rows): the same per-lane arithmetic without the
+ * gathering. Each of 16 rows' block dots is one ymm vpdpbusd straight from
+ * the row, the 16 eight-lane sums are reduced to one register of 16 (lane =
+ * row) by a tree of horizontal adds, then scaled and accumulated as above, so
+ * a row's result does not depend on how many activation rows share the call
+ * (continuous batching must not change a sequence's logits). */
+QA_INLINE __m512i qa_r16_reduce(const __m256i *v) {
+    __m256i h[8], q[4];
+    QA_UNROLL
+    for (int i = 0; i < 8; i++) h[i] = _mm256_hadd_epi32(v[2 * i], v[2 * i + 1]);
+    QA_UNROLL
+    for (int i = 0; i < 4; i++) q[i] = _mm256_hadd_epi32(h[2 * i], h[2 * i + 1]);
+    /* q[i]: lanes 0-3 rows 4i..4i+3 (elements 0-3), lanes 4-7 the same rows (elements 4-7) */
+    __m128i t[4];
+    QA_UNROLL
+    for (int i = 0; i < 4; i++) t[i] = _mm_add_epi32(_mm256_castsi256_si128(q[i]), _mm256_extracti128_si256(q[i], 1));
+    __m512i r = _mm512_castsi128_si512(t[0]);
+    r = _mm512_inserti32x4(r, t[1], 1);
+    r = _mm512_inserti32x4(r, t[2], 2);
+    return _mm512_inserti32x4(r, t[3], 3);
+}
+
+static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
+                                  size_t a_stride, int na, float *out, size_t out_stride) {
+    const int64_t nb = n / 32;
+    const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                           _mm512_set1_epi32((int)w_stride));
+    const __m256i off = _mm256_set1_epi8((char)0x80);
+    for (int r = 0; r < na; r++) {
+        const block_q8_0 *ar = (const block_q8_0 *)((const uint8_t *)a + (size_t)r * a_stride);
+        for (int i0 = 0; i0 < nw16; i0 += 16) {
+            const uint8_t *w0 = w + (size_t)i0 * w_stride;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *base = w0 + (size_t)b * sizeof(block_q8_0);
+                __m256i y = _mm256_loadu_si256((const __m256i *)ar[b].qs), v[16];
+                QA_UNROLL
+                for (int j = 0; j < 16; j++) {
+                    const uint8_t *wb = base + (size_t)j * w_stride;
+                    _mm_prefetch((const char *)wb + QA_PF, _MM_HINT_T0);
+                    __m256i q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), off);
+                    v[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, y);
+                }
+                __m512i s = _mm512_add_epi32(qa_r16_reduce(v), _mm512_set1_epi32(qa_r16_corr(&ar[b])));
+                __m512 wd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_i32gather_epi32(idx, base, 1)));
+                __m512 sc = _mm512_mul_ps(wd, _mm512_set1_ps(qa_h2f(ar[b].d)));
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
+            }
+            _mm512_storeu_ps(out + (size_t)r * out_stride + (size_t)i0, acc);
+        }
+    }
+}
+
+/* Rows [0, nw16) (a multiple of 16) x all na activation rows. */
+static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
+                              size_t a_stride, int na, float *out, size_t out_stride) {
+    const int64_t nbt = n / 32;
+    __m512i wq[QA_R16_MAXB * 8];
+    __m512 wd[QA_R16_MAXB];
+    int32_t cs[QA_R16_JC][QA_R16_MAXB];
+    for (int64_t b0 = 0; b0 < nbt; b0 += QA_R16_MAXB) {
+        int64_t nb = nbt - b0 < QA_R16_MAXB ? nbt - b0 : QA_R16_MAXB;
+        for (int jc = 0; jc < na; jc += QA_R16_JC) {
+            int nj = na - jc < QA_R16_JC ? na - jc : QA_R16_JC;
+            /* the activations' offset corrections, once for all row groups */
+            for (int r = 0; r < nj; r++) {
+                const block_q8_0 *y = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + r) * a_stride) + b0;
+                for (int64_t b = 0; b < nb; b++) cs[r][b] = qa_r16_corr(&y[b]);
+            }
+            for (int i0 = 0; i0 < nw16; i0 += 16) {
+                qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, wq, wd);
+                for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
+                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
+                    const block_q8_0 *ar[QA_R16_ACTS];
+                    const int32_t *cp[QA_R16_ACTS];
+                    for (int r = 0; r < RA; r++) {
+                        ar[r] = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + j0 + r) * a_stride) + b0;
+                        cp[r] = cs[j0 + r];
+                    }
+                    float *o = out + (size_t)(jc + j0) * out_stride + (size_t)i0;
+                    switch (RA) {
+                    case 1: qa_r16_walk(1, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 2: qa_r16_walk(2, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 3: qa_r16_walk(3, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 4: qa_r16_walk(4, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 5: qa_r16_walk(5, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 6: qa_r16_walk(6, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 7: qa_r16_walk(7, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    default: qa_r16_walk(8, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    }
+                }
+            }
+        }
+    }
+}
+#endif
+
 typedef void (*qa_b32_fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_0 *const *,
                           const float (*)[QA_CHUNK], const __m256i (*)[QA_CHUNK], float *);
 
 static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_stride, int nw,
                            const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+#if defined(QA_ZMM)
+    if (type == GGML_TYPE_Q8_0 && nw >= 16 && w_stride <= (size_t)INT32_MAX / 16) {
+        int nw16 = nw / 16 * 16;
+        if (na >= QA_R16_MIN) qa_mul_mat_q8_r16(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
+        else qa_mul_mat_q8_r16_few(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
+        if (nw16 == nw) return;
+        w = (const uint8_t *)w + (size_t)nw16 * w_stride;   /* the last rows: the pair tile */
+        out += nw16;
+        nw -= nw16;
+    }
+#endif
     qa_b32_fn fn = type == GGML_TYPE_Q8_0 ? qa_tile_b32_Q8_0
                  : type == GGML_TYPE_Q4_0 ? qa_tile_b32_Q4_0 : qa_tile_b32_Q5_0;
     const size_t bs = qa_bsize_b32(type);
