@@ -18,26 +18,6 @@
  */
 #include "proc.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <stdint.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <jansson.h>
-
-#include "node_auth.h"
-
 /* ==== Fixtures ==== */
 
 typedef struct { char *prompt; int32_t ids[2048]; int n; } golden;
@@ -279,9 +259,8 @@ static void test_local_server(ctx *c, const char *dir) {
     snprintf(log, sizeof log, "%s/local.log", dir);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                      "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1", NULL };
-    pid_t pid = spawn(argv, log);
-    int port = wait_port(pf, pid, asan() ? 60000 : 20000);
-    CHECK(port > 0, "local server started (log %s)", log);
+    pid_t pid;
+    int port = start_named(&pid, argv, dir, "local", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(pid, 1000); return; }
     char *body = NULL;
     int st = http(port, "GET", "/health", NULL, &body);
@@ -307,28 +286,24 @@ static void test_local_server(ctx *c, const char *dir) {
 
 /* Split prefill, prefix reuse, and the prefill node dying. */
 static void test_split(ctx *c, const char *dir) {
-    char ppf[1100], dpf[1100], plog[1100], dlog[1100], sec[1100];
+    char ppf[1100], dpf[1100], dlog[1100], sec[1100];
     snprintf(ppf, sizeof ppf, "%s/prefill.port", dir);
     snprintf(dpf, sizeof dpf, "%s/decode.port", dir);
-    snprintf(plog, sizeof plog, "%s/prefill.log", dir);
     snprintf(dlog, sizeof dlog, "%s/decode.log", dir);
     snprintf(sec, sizeof sec, "%s/secret", dir);
-    FILE *f = fopen(sec, "w");
-    if (f) { fputs("test-secret-0123456789\n", f); fclose(f); }
+    write_text(sec, "test-secret-0123456789\n");
     char *pargv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                       "--port-file", ppf, "--secret-file", sec, "-t", "1", "-c", "2048", NULL };
-    pid_t ppid = spawn(pargv, plog);
-    int pport = wait_port(ppf, ppid, asan() ? 60000 : 20000);
-    CHECK(pport > 0, "prefill node started (log %s)", plog);
+    pid_t ppid;
+    int pport = start_named(&ppid, pargv, dir, "prefill", 0, asan() ? 60000 : 20000);
     if (pport <= 0) { stop_proc(ppid, 1000); return; }
     char node[64];
     snprintf(node, sizeof node, "127.0.0.1:%d", pport);
     char *dargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                       "--port-file", dpf, "--secret-file", sec, "--prefill-node", node, "-t", "1", "-c", "2048",
                       "--min-split-tokens", "8", "--timeout-ms", "3000", NULL };
-    pid_t dpid = spawn(dargv, dlog);
-    int port = wait_port(dpf, dpid, asan() ? 60000 : 20000);
-    CHECK(port > 0, "decode node started (log %s)", dlog);
+    pid_t dpid;
+    int port = start_named(&dpid, dargv, dir, "decode", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(dpid, 1000); stop_proc(ppid, 1000); return; }
     /* the node has a secret: anonymous requests are refused, signed ones served */
     int st0;

@@ -131,10 +131,8 @@ static void check_concurrent_equal(req *r, const char *what) {
 }
 
 static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
-    char pf[512], log[512];
+    char pf[512];
     snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
-    unlink(pf);   /* a previous node's port file must not be read as ours */
     char *argv[32];
     int k = 0;
     argv[k++] = (char *)bin();
@@ -143,8 +141,8 @@ static pid_t start_node(const char *dir, const char *name, char *const extra[], 
     argv[k++] = "--port-file";
     argv[k++] = pf;
     argv[k] = NULL;
-    pid_t pid = spawn(argv, log);
-    *port = wait_port(pf, pid, asan() ? 120000 : 30000);
+    pid_t pid;
+    *port = start_named(&pid, argv, dir, name, 0, asan() ? 120000 : 30000);
     return pid;
 }
 
