@@ -154,6 +154,23 @@ PROC_FN int count_str(const char *hay, const char *needle) {
     return n;
 }
 
+/* A growing NUL-terminated buffer. membuf_add has the shape of libcurl's
+ * write and header callbacks: sz * nm bytes at p onto the membuf ud; the
+ * count taken (0 when out of memory, which makes libcurl stop). */
+typedef struct { char *s; size_t len; } membuf;
+
+PROC_FN size_t membuf_add(char *p, size_t sz, size_t nm, void *ud) {
+    membuf *b = ud;
+    size_t n = sz * nm;
+    char *s = realloc(b->s, b->len + n + 1);
+    if (!s) return 0;
+    memcpy(s + b->len, p, n);
+    b->s = s;
+    b->len += n;
+    s[b->len] = 0;
+    return n;
+}
+
 /* ==== Running to the end ==== */
 
 /* Runs argv, returns its stdout (malloc'd) or NULL. */
@@ -357,6 +374,17 @@ PROC_FN int http(int port, const char *method, const char *path, const char *req
     int st = http_send(fd, method, path, req) ? -1 : http_read(fd, body);
     close(fd);
     return st;
+}
+
+/* POSTs req (consumed) as JSON to path and leaves the response unread (a
+ * stream to read, or to walk away from): the socket, or -1. */
+PROC_FN int http_open_json(int port, const char *path, json_t *req) {
+    char *s = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    int fd = s ? http_connect(port) : -1;
+    if (fd >= 0 && http_send(fd, "POST", path, s)) { close(fd); fd = -1; }
+    free(s);
+    return fd;
 }
 
 /* A request with extra header lines (or NULL); the whole response, headers

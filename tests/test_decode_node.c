@@ -198,22 +198,14 @@ static void test_chat(ctx *c, int port) {
  * client disconnecting mid-stream frees the model for the waiting one. */
 static void test_busy_and_disconnect(ctx *c, int port) {
     int32_t *ids = c->g[1].ids;
-    json_t *ra = gen_req(ids, 8, 100000, 1, NULL);
-    char *sa = json_dumps(ra, JSON_COMPACT);
-    json_decref(ra);
-    int a = http_connect(port);
-    CHECK(a >= 0 && !http_send(a, "POST", "/v1/generate", sa), "stream request A sent");
-    free(sa);
+    int a = http_open_json(port, "/v1/generate", gen_req(ids, 8, 100000, 1, NULL));
+    CHECK(a >= 0, "stream request A sent");
     char buf[4096];
     ssize_t got = a >= 0 ? recv(a, buf, sizeof buf - 1, 0) : -1;   /* headers + first token line(s) */
     buf[got > 0 ? got : 0] = 0;
     CHECK(got > 0 && strstr(buf, "200") && strstr(buf, "application/x-ndjson"), "A is streaming: %.200s", buf);
-    json_t *rb = gen_req(ids, 8, 2, 0, NULL);
-    char *sb = json_dumps(rb, JSON_COMPACT);
-    json_decref(rb);
-    int b = http_connect(port);
-    CHECK(b >= 0 && !http_send(b, "POST", "/v1/generate", sb), "request B sent");
-    free(sb);
+    int b = http_open_json(port, "/v1/generate", gen_req(ids, 8, 2, 0, NULL));
+    CHECK(b >= 0, "request B sent");
     long long queued = 0;
     for (int i = 0; i < 200 && queued < 1; i++) {   /* B is parsed on its own thread */
         char *body = NULL;
@@ -272,12 +264,8 @@ static void test_local_server(ctx *c, const char *dir) {
     test_stop(c, port);
     test_busy_and_disconnect(c, port);
     /* SIGTERM while a stream is generating: the stream ends, the server exits cleanly */
-    json_t *r = gen_req(c->g[1].ids, 8, 100000, 1, NULL);
-    char *sr = json_dumps(r, JSON_COMPACT);
-    json_decref(r);
-    int fd = http_connect(port);
-    CHECK(fd >= 0 && !http_send(fd, "POST", "/v1/generate", sr), "long stream sent");
-    free(sr);
+    int fd = http_open_json(port, "/v1/generate", gen_req(c->g[1].ids, 8, 100000, 1, NULL));
+    CHECK(fd >= 0, "long stream sent");
     char buf[1024];
     CHECK(fd >= 0 && recv(fd, buf, sizeof buf, 0) > 0, "long stream started");
     CHECK(stop_proc(pid, 20000) == 0, "local server exits cleanly on SIGTERM mid-stream (log %s)", log);

@@ -95,26 +95,12 @@ static int rs_start(pid_t *pid, char *const argv[], const char *name) {
     return start_named(pid, argv, RS_DIR, name, 1, 60000);
 }
 
-typedef struct { char *s; size_t len; } rs_buf;
-
-static size_t rs_sink(char *p, size_t sz, size_t nm, void *ud) {
-    rs_buf *b = ud;
-    size_t n = sz * nm;
-    char *s = realloc(b->s, b->len + n + 1);
-    if (!s) return 0;
-    memcpy(s + b->len, p, n);
-    b->s = s;
-    b->len += n;
-    s[b->len] = 0;
-    return n;
-}
-
 /* A reply: status, body and the X-Tandem-* headers (as "name: value\r\n" lines). */
-typedef struct { long status; rs_buf body, hdr; } rs_reply;
+typedef struct { long status; membuf body, hdr; } rs_reply;
 
 static size_t rs_hdr(char *p, size_t sz, size_t nm, void *ud) {
     size_t n = sz * nm;
-    if (n > 9 && !strncasecmp(p, "X-Tandem-", 9)) rs_sink(p, 1, n, ud);
+    if (n > 9 && !strncasecmp(p, "X-Tandem-", 9)) membuf_add(p, 1, n, ud);
     return n;
 }
 
@@ -128,7 +114,7 @@ static void rs_post(int port, const char *path, const char *body, rs_reply *r) {
     curl_easy_setopt(h, CURLOPT_URL, url);
     if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rs_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, membuf_add);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &r->body);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, rs_hdr);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &r->hdr);

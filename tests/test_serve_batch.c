@@ -181,14 +181,10 @@ static void test_lifecycle(const char *path, const char *dir) {
     req_run(&keep_alone);
     pthread_t th;
     pthread_create(&th, NULL, req_thread, &keep);
-    int fd = http_connect(port);
-    json_t *q = gen_req(warm[3].prompt, warm[3].n_prompt, 150, 1, NULL);
-    char *s = json_dumps(q, JSON_COMPACT), buf[256];
-    json_decref(q);
-    http_send(fd, "POST", "/v1/generate", s);
-    free(s);
-    ssize_t got = recv(fd, buf, sizeof buf, 0);
-    close(fd);
+    int fd = http_open_json(port, "/v1/generate", gen_req(warm[3].prompt, warm[3].n_prompt, 150, 1, NULL));
+    char buf[256];
+    ssize_t got = fd >= 0 ? recv(fd, buf, sizeof buf, 0) : -1;
+    if (fd >= 0) close(fd);
     pthread_join(th, NULL);
     CHECK(got > 0, "leaving client got nothing before it left");
     CHECK(keep.status == 200 && keep.n_tok == keep_alone.n_tok &&
