@@ -418,13 +418,15 @@ PROC_FN const char *http_header(const char *raw, const char *name, char *out, si
     return out;
 }
 
-/* The value after series (its name and labels, with the trailing space) on
- * the /metrics page, or -1 when the page or the series is missing. */
+/* The value after series (its name and labels, with the trailing space) at
+ * the start of a line of the /metrics page (so "x_total " is not found in
+ * "y_x_total "), or -1 when the page or the series is missing. */
 PROC_FN double metric_value(int port, const char *series) {
     char *m = NULL;
     http(port, "GET", "/metrics", NULL, &m);
     double v = -1;
     char *p = m ? strstr(m, series) : NULL;
+    while (p && p > m && p[-1] != '\n') p = strstr(p + 1, series);
     if (p) v = atof(p + strlen(series));
     free(m);
     return v;
