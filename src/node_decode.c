@@ -36,6 +36,7 @@
 #include "grammar.h"
 #include "handoff.h"
 #include "scheduler.h"
+#include "strbuf.h"
 #include "httpd.h"
 #include "log.h"
 #include "logsafe.h"
@@ -67,33 +68,17 @@ enum { DN_PF_AUTO = 0, DN_PF_REMOTE, DN_PF_LOCAL };
 
 /* ==== Small helpers ==== */
 
-typedef struct { char *p; size_t len, cap; } dn_str;
-
-static int dn_str_add(dn_str *s, const void *d, size_t n) {
-    if (s->len + n + 1 > s->cap) {
-        size_t cap = s->cap ? s->cap : 256;
-        while (cap < s->len + n + 1) cap *= 2;
-        char *np = realloc(s->p, cap);
-        if (!np) return -1;
-        s->p = np; s->cap = cap;
-    }
-    if (n) memcpy(s->p + s->len, d, n);
-    s->len += n;
-    s->p[s->len] = 0;
-    return 0;
-}
-
 /* A JSON string of arbitrary bytes: invalid UTF-8 becomes U+FFFD (a token
  * can end in the middle of a character; JSON cannot carry raw bytes). */
 static json_t *dn_json_text(const char *s, size_t n) {
     json_t *j = json_stringn(s, n);
     if (j) return j;
-    dn_str t = { 0 };
+    strbuf t = { 0 };
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         size_t l = unicode_strict_seq((const unsigned char *)s + i, n - i, &cp);
-        if (l) { dn_str_add(&t, s + i, l); i += l; }
-        else { dn_str_add(&t, "\xEF\xBF\xBD", 3); i++; }
+        if (l) { strbuf_put(&t, s + i, l); i += l; }
+        else { strbuf_put(&t, "\xEF\xBF\xBD", 3); i++; }
     }
     j = json_stringn(t.p ? t.p : "", t.len);
     free(t.p);
@@ -643,7 +628,7 @@ typedef struct dn_job {
     uint32_t rid_num;            /* request id (log.h): the router's X-Request-Id, or our own */
     char rid[LOG_ID_CHARS + 1];
     /* streaming */
-    dn_str out;
+    strbuf out;
     size_t out_off;
     int sent, done_sent;
     /* choices (n > 1) */
@@ -989,10 +974,10 @@ static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
     return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
 }
 
-static void dn_emit_line(dn_str *out, json_t *o) {
+static void dn_emit_line(strbuf *out, json_t *o) {
     size_t len = 0;
     char *s = dn_dump(o, &len);
-    if (s) { dn_str_add(out, s, len); dn_str_add(out, "\n", 1); }
+    if (s) { strbuf_put(out, s, len); strbuf_put(out, "\n", 1); }
     free(s);
 }
 
@@ -1021,7 +1006,7 @@ static void dn_logprob_fields(dnode *n, const sched_view *v, int k, json_t *o) {
 
 /* Lines (into out) for the tokens of choice j published since the last
  * call (its snapshot j->v), then its final line once it is done. */
-static void dn_stream_emit(dn_job *j, dn_str *out) {
+static void dn_stream_emit(dn_job *j, strbuf *out) {
     const sched_view *v = j->v;
     /* each token line carries the text that became final with it (text that
      * may still start a stop string waits; a stop string is never sent) */
@@ -1306,7 +1291,7 @@ static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int 
 
 /* Per-connection request state: the uploaded body. */
 typedef struct {
-    dn_str body;
+    strbuf body;
     int too_big;
 } dn_conn;
 
@@ -1326,7 +1311,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     }
     if (*upload_size) {
         if (cc->body.len + *upload_size > (size_t)n->o->max_body_bytes) cc->too_big = 1;
-        else if (dn_str_add(&cc->body, upload, *upload_size)) cc->too_big = 1;
+        else if (strbuf_put(&cc->body, upload, *upload_size)) cc->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }

@@ -37,6 +37,7 @@
 #include "metrics.h"
 #include "node_auth.h"
 #include "prefill_rate.h"
+#include "strbuf.h"
 #include "tools.h"
 #include "wire.h"
 
@@ -1822,27 +1823,6 @@ static enum MHD_Result rt_health(router *r, struct MHD_Connection *c) {
     return rt_send(c, decode_up ? 200 : 503, "application/json", s);
 }
 
-/* ==== Prometheus text ==== */
-
-typedef struct { char *s; size_t len, cap; } rt_sb;
-
-static void rt_sb_printf(rt_sb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void rt_sb_printf(rt_sb *b, const char *fmt, ...) {
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->s ? b->s + b->len : NULL, b->s ? b->cap - b->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (b->s && b->len + (size_t)n < b->cap) { b->len += (size_t)n; return; }
-        size_t cap = b->cap ? b->cap * 2 : 8192;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *s = realloc(b->s, cap);
-        if (!s) return;
-        b->s = s;
-        b->cap = cap;
-    }
-}
 
 /* The registry's text, with the gauges that live in the node registry
  * copied in first (under mu, so two scrapes do not interleave). */
@@ -1866,7 +1846,7 @@ static enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
 
 /* ==== /tokenize and /detokenize: forwarded to a decode node ==== */
 
-static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, rt_sb *out);
+static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, strbuf *out);
 
 /* The decode node for a tokenizer request: "model" if given, else the only
  * model served. -1 with e filled. */
@@ -1912,15 +1892,15 @@ static enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *c
     int rc = rt_tokens_node(r, o, addr, sizeof addr, &e);
     json_decref(o);
     if (rc) return rt_send_error(r, c, RT_EP_OTHER, &e);
-    rt_sb b = {0};
+    strbuf b = {0};
     long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, r->cfg.request_timeout_ms, &b);
-    if (st <= 0 || !b.s) {
-        free(b.s);
+    if (st <= 0 || !b.p) {
+        free(b.p);
         api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Decode node %s did not answer.", addr);
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
     rt_count_request(r, RT_EP_OTHER, (int)st);
-    return rt_send(c, (int)st, "application/json", b.s);
+    return rt_send(c, (int)st, "application/json", b.p);
 }
 
 /* ==== Node registration ==== */
@@ -2129,15 +2109,14 @@ static void rt_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
 /* ==== Health checks ==== */
 
 static size_t rt_sink(char *p, size_t sz, size_t nm, void *ud) {
-    rt_sb *b = ud;
+    strbuf *b = ud;
     size_t n = sz * nm;
     if (b->len + n > (1u << 20)) return 0;   /* a health reply is tiny */
-    rt_sb_printf(b, "%.*s", (int)n, p);
-    return n;
+    return strbuf_put(b, p, n) ? 0 : n;
 }
 
 /* err (NULL: not wanted): libcurl's reason when no reply came. */
-static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_sb *out, char *err, size_t errlen) {
+static long rt_http_get(const char *addr, const char *path, int timeout_ms, strbuf *out, char *err, size_t errlen) {
     char url[256], cerr[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "http://%s%s", addr, path);
     CURL *h = curl_easy_init();
@@ -2157,7 +2136,7 @@ static long rt_http_get(const char *addr, const char *path, int timeout_ms, rt_s
     return code;
 }
 
-static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, rt_sb *out) {
+static long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, strbuf *out) {
     char url[256];
     snprintf(url, sizeof url, "http://%s%s", addr, path);
     CURL *h = curl_easy_init();
@@ -2186,11 +2165,11 @@ static long rt_http_post(const char *addr, const char *path, const char *body, s
 static int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen) {
     char *body = api_upstream_body(req, "local", NULL);
     if (!body) { rt_errf(err, errlen, "out of memory"); return -1; }
-    rt_sb b = {0};
+    strbuf b = {0};
     double t0 = rt_now_ms();
     long st = rt_http_post(addr, "/v1/tokenize", body, strlen(body), r->cfg.tokenize_timeout_ms, &b);
     free(body);
-    json_t *o = st == 200 && b.s ? json_loadb(b.s, b.len, 0, NULL) : NULL;
+    json_t *o = st == 200 && b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     json_t *a = json_object_get(o, "tokens");
     int n = json_is_array(a) && json_array_size(a) > 0 && json_array_size(a) < (1u << 24) ? (int)json_array_size(a) : -1;
     if (n < 0) {
@@ -2200,7 +2179,7 @@ static int rt_count_tokens(router *r, const char *addr, const api_request *req, 
         else rt_errf(err, errlen, "decode node's /v1/tokenize answered HTTP %ld", st);
     }
     json_decref(o);
-    free(b.s);
+    free(b.p);
     return n;
 }
 
@@ -2223,9 +2202,9 @@ typedef struct {
 } rt_probe;
 
 static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
-    rt_sb b = {0};
+    strbuf b = {0};
     long code = rt_http_get(addr, "/health", timeout_ms, &b, p->err, sizeof p->err);
-    json_t *o = b.s ? json_loadb(b.s, b.len, 0, NULL) : NULL;
+    json_t *o = b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     p->ok = code == 200 && json_is_object(o);
     if (!p->ok && code >= 0) snprintf(p->err, sizeof p->err, "GET /health answered HTTP %ld%s", code, code == 200 ? " without a JSON object" : "");
     const char *model = json_string_value(json_object_get(o, "model"));
@@ -2233,13 +2212,13 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     const char *cf = json_string_value(json_object_get(o, "chat_format"));
     snprintf(p->chat_format, sizeof p->chat_format, "%s", cf ? cf : "");
     json_decref(o);
-    free(b.s);
+    free(b.p);
     p->queue = -1;
     p->prefill_tps = p->decode_tps = -1;
     if (!p->ok) return;
-    rt_sb s = {0};
-    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s, NULL, 0) == 200 && s.s) {
-        json_t *st = json_loadb(s.s, s.len, 0, NULL);
+    strbuf s = {0};
+    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s, NULL, 0) == 200 && s.p) {
+        json_t *st = json_loadb(s.p, s.len, 0, NULL);
         static const char *const qk[] = {"queued", "queue_depth", "waiting", NULL};
         static const char *const pk[] = {"prefill_tps_local", "prefill_tps", NULL};
         static const char *const dk[] = {"decode_tps", "decode_tokens_per_s", "decode_tok_s", NULL};
@@ -2256,7 +2235,7 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
         p->decode_tps = rt_json_num(st, dk);
         json_decref(st);
     }
-    free(s.s);
+    free(s.p);
 }
 
 /* A prefill node speaks only the wire protocol: connect and read its HELLO

@@ -47,21 +47,28 @@ PROC_FN double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* The whole span, even when a signal (a child's SIGCHLD) interrupts it. */
 PROC_FN void sleep_ms(int ms) {
-    struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
-    nanosleep(&ts, NULL);
+    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
+    while (nanosleep(&ts, &ts) && errno == EINTR) {}
 }
 
-/* Starts argv with stdout/stderr appended to log. */
-PROC_FN pid_t spawn(char *const argv[], const char *log) {
+/* Starts argv with stdout/stderr into log: truncated first when trunc,
+ * appended to otherwise. */
+PROC_FN pid_t spawn_log(char *const argv[], const char *log, int trunc) {
     pid_t pid = fork();
     if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        int fd = open(log, O_WRONLY | O_CREAT | (trunc ? O_TRUNC : O_APPEND), 0644);
         if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
         execv(argv[0], argv);
         _exit(127);
     }
     return pid;
+}
+
+/* Starts argv with stdout/stderr appended to log. */
+PROC_FN pid_t spawn(char *const argv[], const char *log) {
+    return spawn_log(argv, log, 0);
 }
 
 /* The port from a port file, waiting for the process to write it. */
@@ -82,8 +89,24 @@ PROC_FN int wait_port(const char *file, pid_t pid, int timeout_ms) {
     return -1;
 }
 
-/* SIGTERM, then the exit status (or -1 if it had to be killed). */
+/* Starts argv, whose --port-file must be DIR/NAME.port, with its output in
+ * DIR/NAME.log (truncated when trunc, else appended); checks that it wrote its
+ * port within timeout_ms. The port, or -1. */
+PROC_FN int start_named(pid_t *pid, char *const argv[], const char *dir, const char *name, int trunc, int timeout_ms) {
+    char pf[512], log[512];
+    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
+    snprintf(log, sizeof log, "%s/%s.log", dir, name);
+    unlink(pf);   /* a previous process's port file must not be read as ours */
+    *pid = spawn_log(argv, log, trunc);
+    int port = wait_port(pf, *pid, timeout_ms);
+    CHECK(port > 0, "%s started (see %s)", name, log);
+    return port;
+}
+
+/* SIGTERM, then the exit status (or -1 if it had to be killed, or if pid
+ * names no child: kill(0 or -1) would signal the whole process group). */
 PROC_FN int stop_proc(pid_t pid, int timeout_ms) {
+    if (pid <= 0) return -1;
     kill(pid, SIGTERM);
     double t0 = now_ms();
     int st;
@@ -95,6 +118,60 @@ PROC_FN int stop_proc(pid_t pid, int timeout_ms) {
     waitpid(pid, &st, 0);
     return -1;
 }
+
+/* ==== Files ==== */
+
+/* A whole file (malloc'd, NUL-terminated), or NULL if it cannot be read. */
+PROC_FN char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, n = 0, r;
+    char *b = malloc(cap);
+    while (b && (r = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (cap - n - 1 == 0) { char *nb = realloc(b, cap * 2); if (!nb) { free(b); b = NULL; break; } b = nb; cap *= 2; }
+    }
+    fclose(f);
+    if (b) b[n] = 0;
+    return b;
+}
+
+/* read_text(), but "" (malloc'd) for a file not there (yet). */
+PROC_FN char *slurp(const char *path) {
+    char *s = read_text(path);
+    return s ? s : strdup("");
+}
+
+PROC_FN void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    if (f) { fputs(text, f); fclose(f); }
+}
+
+/* Occurrences of needle in hay (overlapping ones too; NULL hay: 0). */
+PROC_FN int count_str(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay ? strstr(hay, needle) : NULL; p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+/* A growing NUL-terminated buffer. membuf_add has the shape of libcurl's
+ * write and header callbacks: sz * nm bytes at p onto the membuf ud; the
+ * count taken (0 when out of memory, which makes libcurl stop). */
+typedef struct { char *s; size_t len; } membuf;
+
+PROC_FN size_t membuf_add(char *p, size_t sz, size_t nm, void *ud) {
+    membuf *b = ud;
+    size_t n = sz * nm;
+    char *s = realloc(b->s, b->len + n + 1);
+    if (!s) return 0;
+    memcpy(s + b->len, p, n);
+    b->s = s;
+    b->len += n;
+    s[b->len] = 0;
+    return n;
+}
+
+/* ==== Running to the end ==== */
 
 /* Runs argv, returns its stdout (malloc'd) or NULL. */
 PROC_FN char *run_capture(char *const argv[]) {
@@ -188,6 +265,18 @@ PROC_FN long rss_kb(pid_t pid) {
 
 /* ==== HTTP ==== */
 
+/* A loopback port nothing listens on (bound, then closed), or -1. */
+PROC_FN int dead_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0) close(fd);
+    return port;
+}
+
 PROC_FN int http_connect(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return -1;
@@ -204,8 +293,10 @@ PROC_FN int http_connect(int port) {
  * set while talking to one, requests are signed as the router signs them. */
 static const node_auth_key *sign_key __attribute__((unused));
 
-PROC_FN int http_send(int fd, const char *method, const char *path, const char *body) {
-    char head[768], sh[300] = "";
+/* A request with extra header lines ("Name: v\r\n"..., or NULL) after the
+ * usual ones (and the signature's, with sign_key set). */
+PROC_FN int http_send_hdr(int fd, const char *method, const char *path, const char *extra, const char *body) {
+    char head[1536], sh[300] = "";
     size_t bl = body ? strlen(body) : 0;
     node_auth_sig sig;
     if (sign_key && !node_auth_sign(sign_key, method, path, body ? body : "", bl, node_auth_now_ms(), &sig))
@@ -213,10 +304,30 @@ PROC_FN int http_send(int fd, const char *method, const char *path, const char *
                  sig.nonce, NODE_AUTH_HDR_SIG, sig.sig);
     int hl = snprintf(head, sizeof head,
                       "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n", method, path, bl, sh);
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s%s\r\n", method, path, bl, sh,
+                      extra ? extra : "");
+    if (hl < 0 || hl >= (int)sizeof head) return -1;
     if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
     if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
     return 0;
+}
+
+PROC_FN int http_send(int fd, const char *method, const char *path, const char *body) {
+    return http_send_hdr(fd, method, path, NULL, body);
+}
+
+/* Everything the server sends until it closes (malloc'd), or NULL. */
+PROC_FN char *http_read_all(int fd, size_t *len) {
+    size_t cap = 8192, n = 0;
+    char *buf = malloc(cap);
+    ssize_t r;
+    while (buf && (r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
+        n += (size_t)r;
+        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
+    }
+    if (buf) buf[n] = 0;
+    *len = n;
+    return buf;
 }
 
 /* Decodes a chunked body in place; returns its length. */
@@ -239,16 +350,10 @@ PROC_FN size_t dechunk(char *b, size_t n) {
 
 /* Reads the whole response (the server closes). Returns the status; *body malloc'd. */
 PROC_FN int http_read(int fd, char **body) {
-    size_t cap = 8192, n = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (buf && (r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
-        n += (size_t)r;
-        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
-    }
+    size_t n;
+    char *buf = http_read_all(fd, &n);
     *body = NULL;
     if (!buf) return -1;
-    buf[n] = 0;
     int status = -1;
     char *sep = strstr(buf, "\r\n\r\n");
     if (sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || !sep) { free(buf); return -1; }
@@ -269,6 +374,62 @@ PROC_FN int http(int port, const char *method, const char *path, const char *req
     int st = http_send(fd, method, path, req) ? -1 : http_read(fd, body);
     close(fd);
     return st;
+}
+
+/* POSTs req (consumed) as JSON to path and leaves the response unread (a
+ * stream to read, or to walk away from): the socket, or -1. */
+PROC_FN int http_open_json(int port, const char *path, json_t *req) {
+    char *s = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    int fd = s ? http_connect(port) : -1;
+    if (fd >= 0 && http_send(fd, "POST", path, s)) { close(fd); fd = -1; }
+    free(s);
+    return fd;
+}
+
+/* A request with extra header lines (or NULL); the whole response, headers
+ * and undecoded body, into *raw (malloc'd); the HTTP status. */
+PROC_FN int http_raw(int port, const char *method, const char *path, const char *extra, const char *body, char **raw) {
+    *raw = NULL;
+    int fd = http_connect(port);
+    if (fd < 0) return -1;
+    size_t n;
+    char *buf = http_send_hdr(fd, method, path, extra, body) ? NULL : http_read_all(fd, &n);
+    close(fd);
+    if (!buf) return -1;
+    *raw = buf;
+    int status = -1;
+    return sscanf(buf, "HTTP/1.%*d %d", &status) == 1 ? status : -1;
+}
+
+/* A header's value in a raw response (case-insensitive name) into out, ""
+ * if absent; out. */
+PROC_FN const char *http_header(const char *raw, const char *name, char *out, size_t n) {
+    out[0] = 0;
+    const char *end = raw ? strstr(raw, "\r\n\r\n") : NULL;
+    size_t nl = strlen(name);
+    for (const char *p = raw ? strstr(raw, "\r\n") : NULL; p && p < end; p = strstr(p + 2, "\r\n")) {
+        if (strncasecmp(p + 2, name, nl) || p[2 + nl] != ':') continue;
+        const char *v = p + 3 + nl, *e = strstr(v, "\r\n");
+        while (*v == ' ') v++;
+        snprintf(out, n, "%.*s", (int)(e - v), v);
+        break;
+    }
+    return out;
+}
+
+/* The value after series (its name and labels, with the trailing space) at
+ * the start of a line of the /metrics page (so "x_total " is not found in
+ * "y_x_total "), or -1 when the page or the series is missing. */
+PROC_FN double metric_value(int port, const char *series) {
+    char *m = NULL;
+    http(port, "GET", "/metrics", NULL, &m);
+    double v = -1;
+    char *p = m ? strstr(m, series) : NULL;
+    while (p && p > m && p[-1] != '\n') p = strstr(p + 1, series);
+    if (p) v = atof(p + strlen(series));
+    free(m);
+    return v;
 }
 
 /* ==== JSON helpers ==== */

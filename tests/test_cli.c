@@ -15,14 +15,9 @@
 
 #include "cliopt.h"
 #include "node_decode.h"
-#include "t.h"
+#include "proc.h"
 
-#define TC_DIR "/tmp/tandem-test-cli"
-
-static const char *tc_bin(void) {
-    const char *b = getenv("TANDEM_BIN");
-    return b && *b ? b : "build/tandem";
-}
+#define TC_DIR "build/test_cli.d"   /* under the checkout: two checkouts testing at once never share it */
 
 /* ==== Running the binary ==== */
 
@@ -31,19 +26,13 @@ typedef struct {
     char *out, *err;     /* whole stdout and stderr, NUL-terminated */
 } tc_res;
 
-static char *tc_slurp(const char *path) {
-    size_t len = 0;
-    char *s = cliopt_read_text(path, 64 << 20, &len, (char[128]){ 0 }, 128);
-    return s ? s : calloc(1, 1);
-}
-
 /* Runs `tandem ARGS...` with stdin from the text `in` (NULL: /dev/null);
  * killed after timeout_s. */
 static tc_res tc_run(const char *in, int timeout_s, char *const args[]) {
     tc_res r = { -1, NULL, NULL };
     char *argv[64];
     int n = 0;
-    argv[n++] = (char *)tc_bin();
+    argv[n++] = (char *)bin();
     for (int i = 0; args[i] && n < 63; i++) argv[n++] = args[i];
     argv[n] = NULL;
     const char *inf = TC_DIR "/stdin", *outf = TC_DIR "/stdout", *errf = TC_DIR "/stderr";
@@ -64,18 +53,12 @@ static tc_res tc_run(const char *in, int timeout_s, char *const args[]) {
         if (waited > timeout_s * 1000) { kill(pid, SIGKILL); waitpid(pid, &st, 0); break; }
         nanosleep(&(struct timespec){ 0, 20 * 1000000L }, NULL);
     }
-    r.out = tc_slurp(outf);
-    r.err = tc_slurp(errf);
+    r.out = slurp(outf);
+    r.err = slurp(errf);
     return r;
 }
 
 static void tc_free(tc_res *r) { free(r->out); free(r->err); }
-
-static int tc_count(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
-    return n;
-}
 
 #define RUN(in, t, ...) tc_run(in, t, (char *const[]){ __VA_ARGS__, NULL })
 
@@ -221,15 +204,15 @@ static void test_serve_bad_values(const char *model) {
 static void test_bad_paths(void) {
     const char *dir = TC_DIR;
     tc_res r = RUN(NULL, 30, "run", "-m", (char *)dir, "-p", "hi");
-    CHECK(r.status == 1 && strstr(r.err, "is a directory") && tc_count(r.err, dir) == 1 && !strstr(r.err, "mmap"),
+    CHECK(r.status == 1 && strstr(r.err, "is a directory") && count_str(r.err, dir) == 1 && !strstr(r.err, "mmap"),
           "a directory as -m: exit %d, '%s'", r.status, r.err);
     tc_free(&r);
     const char *none = TC_DIR "/no-such.gguf";
     r = RUN(NULL, 30, "run", "-m", (char *)none, "-p", "hi");
-    CHECK(r.status == 1 && strstr(r.err, "No such file") && tc_count(r.err, none) == 1, "missing -m: exit %d, '%s'", r.status, r.err);
+    CHECK(r.status == 1 && strstr(r.err, "No such file") && count_str(r.err, none) == 1, "missing -m: exit %d, '%s'", r.status, r.err);
     tc_free(&r);
     r = RUN(NULL, 30, "tokenize", "-m", (char *)dir, "-p", "hi");
-    CHECK(r.status == 1 && strstr(r.err, "is a directory") && tc_count(r.err, dir) == 1, "tokenize a directory: %d '%s'",
+    CHECK(r.status == 1 && strstr(r.err, "is a directory") && count_str(r.err, dir) == 1, "tokenize a directory: %d '%s'",
           r.status, r.err);
     tc_free(&r);
     /* a file that is not GGUF: its name once, and what is wrong with it */
@@ -237,7 +220,7 @@ static void test_bad_paths(void) {
     FILE *f = fopen(junk, "wb");
     if (f) { fputs("this is not a gguf file at all", f); fclose(f); }
     r = RUN(NULL, 30, "run", "-m", (char *)junk, "-p", "hi");
-    CHECK(r.status == 1 && tc_count(r.err, junk) == 1, "junk -m: exit %d, '%s'", r.status, r.err);
+    CHECK(r.status == 1 && count_str(r.err, junk) == 1, "junk -m: exit %d, '%s'", r.status, r.err);
     tc_free(&r);
     r = RUN(NULL, 30, "run", "-m", (char *)junk, "-f", TC_DIR "/no-prompt.txt");
     CHECK(r.status == 1 && strstr(r.err, "cannot read " TC_DIR "/no-prompt.txt"), "missing -f: exit %d, '%s'", r.status, r.err);
@@ -267,7 +250,7 @@ static void test_bench_formats(const char *model) {
     const char *hdr = "model,size_bytes,n_params,backend,kernels,n_threads,n_batch,kv_type,test,n_prompt,n_gen,n_depth,reps,"
                       "avg_ts,stddev_ts\n";
     CHECK(r.status == 0 && !strncmp(r.out, hdr, strlen(hdr)), "bench -o csv header: exit %d, '%.200s'", r.status, r.out);
-    int lines = tc_count(r.out, "\n"), fields_ok = 1;
+    int lines = count_str(r.out, "\n"), fields_ok = 1;
     for (char *p = r.out, *nl; (nl = strchr(p, '\n')); p = nl + 1) {
         int commas = 0;
         for (char *q = p; q < nl; q++) commas += *q == ',';
@@ -399,7 +382,7 @@ static char *tc_capture_progress(double stall_s) {
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    return tc_slurp(path);
+    return slurp(path);
 }
 
 static void test_progress(void) {
@@ -407,7 +390,7 @@ static void test_progress(void) {
     CHECK(quick[0] == 0, "a quick stage prints nothing off a terminal: '%s'", quick);
     free(quick);
     char *slow = tc_capture_progress(2.1);
-    int lines = tc_count(slow, "\n");
+    int lines = count_str(slow, "\n");
     CHECK(lines >= 2 && lines <= 11 && strstr(slow, "stage: 100% (") && strstr(slow, "stage: done in "),
           "a slow stage: %d lines, '%s'", lines, slow);
     free(slow);
@@ -415,7 +398,7 @@ static void test_progress(void) {
 
 int main(void) {
     mkdir(TC_DIR, 0755);
-    if (access(tc_bin(), X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", tc_bin()); return t_done("test_cli"); }
+    if (access(bin(), X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", bin()); return t_done("test_cli"); }
     char model[512];
     snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
     test_cliopt();

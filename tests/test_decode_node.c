@@ -18,26 +18,6 @@
  */
 #include "proc.h"
 
-#include <errno.h>
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <signal.h>
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <stdint.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/time.h>
-#include <sys/types.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include <jansson.h>
-
-#include "node_auth.h"
-
 /* ==== Fixtures ==== */
 
 typedef struct { char *prompt; int32_t ids[2048]; int n; } golden;
@@ -218,22 +198,14 @@ static void test_chat(ctx *c, int port) {
  * client disconnecting mid-stream frees the model for the waiting one. */
 static void test_busy_and_disconnect(ctx *c, int port) {
     int32_t *ids = c->g[1].ids;
-    json_t *ra = gen_req(ids, 8, 100000, 1, NULL);
-    char *sa = json_dumps(ra, JSON_COMPACT);
-    json_decref(ra);
-    int a = http_connect(port);
-    CHECK(a >= 0 && !http_send(a, "POST", "/v1/generate", sa), "stream request A sent");
-    free(sa);
+    int a = http_open_json(port, "/v1/generate", gen_req(ids, 8, 100000, 1, NULL));
+    CHECK(a >= 0, "stream request A sent");
     char buf[4096];
     ssize_t got = a >= 0 ? recv(a, buf, sizeof buf - 1, 0) : -1;   /* headers + first token line(s) */
     buf[got > 0 ? got : 0] = 0;
     CHECK(got > 0 && strstr(buf, "200") && strstr(buf, "application/x-ndjson"), "A is streaming: %.200s", buf);
-    json_t *rb = gen_req(ids, 8, 2, 0, NULL);
-    char *sb = json_dumps(rb, JSON_COMPACT);
-    json_decref(rb);
-    int b = http_connect(port);
-    CHECK(b >= 0 && !http_send(b, "POST", "/v1/generate", sb), "request B sent");
-    free(sb);
+    int b = http_open_json(port, "/v1/generate", gen_req(ids, 8, 2, 0, NULL));
+    CHECK(b >= 0, "request B sent");
     long long queued = 0;
     for (int i = 0; i < 200 && queued < 1; i++) {   /* B is parsed on its own thread */
         char *body = NULL;
@@ -279,9 +251,8 @@ static void test_local_server(ctx *c, const char *dir) {
     snprintf(log, sizeof log, "%s/local.log", dir);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                      "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1", NULL };
-    pid_t pid = spawn(argv, log);
-    int port = wait_port(pf, pid, asan() ? 60000 : 20000);
-    CHECK(port > 0, "local server started (log %s)", log);
+    pid_t pid;
+    int port = start_named(&pid, argv, dir, "local", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(pid, 1000); return; }
     char *body = NULL;
     int st = http(port, "GET", "/health", NULL, &body);
@@ -293,12 +264,8 @@ static void test_local_server(ctx *c, const char *dir) {
     test_stop(c, port);
     test_busy_and_disconnect(c, port);
     /* SIGTERM while a stream is generating: the stream ends, the server exits cleanly */
-    json_t *r = gen_req(c->g[1].ids, 8, 100000, 1, NULL);
-    char *sr = json_dumps(r, JSON_COMPACT);
-    json_decref(r);
-    int fd = http_connect(port);
-    CHECK(fd >= 0 && !http_send(fd, "POST", "/v1/generate", sr), "long stream sent");
-    free(sr);
+    int fd = http_open_json(port, "/v1/generate", gen_req(c->g[1].ids, 8, 100000, 1, NULL));
+    CHECK(fd >= 0, "long stream sent");
     char buf[1024];
     CHECK(fd >= 0 && recv(fd, buf, sizeof buf, 0) > 0, "long stream started");
     CHECK(stop_proc(pid, 20000) == 0, "local server exits cleanly on SIGTERM mid-stream (log %s)", log);
@@ -307,28 +274,24 @@ static void test_local_server(ctx *c, const char *dir) {
 
 /* Split prefill, prefix reuse, and the prefill node dying. */
 static void test_split(ctx *c, const char *dir) {
-    char ppf[1100], dpf[1100], plog[1100], dlog[1100], sec[1100];
+    char ppf[1100], dpf[1100], dlog[1100], sec[1100];
     snprintf(ppf, sizeof ppf, "%s/prefill.port", dir);
     snprintf(dpf, sizeof dpf, "%s/decode.port", dir);
-    snprintf(plog, sizeof plog, "%s/prefill.log", dir);
     snprintf(dlog, sizeof dlog, "%s/decode.log", dir);
     snprintf(sec, sizeof sec, "%s/secret", dir);
-    FILE *f = fopen(sec, "w");
-    if (f) { fputs("test-secret-0123456789\n", f); fclose(f); }
+    write_text(sec, "test-secret-0123456789\n");
     char *pargv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                       "--port-file", ppf, "--secret-file", sec, "-t", "1", "-c", "2048", NULL };
-    pid_t ppid = spawn(pargv, plog);
-    int pport = wait_port(ppf, ppid, asan() ? 60000 : 20000);
-    CHECK(pport > 0, "prefill node started (log %s)", plog);
+    pid_t ppid;
+    int pport = start_named(&ppid, pargv, dir, "prefill", 0, asan() ? 60000 : 20000);
     if (pport <= 0) { stop_proc(ppid, 1000); return; }
     char node[64];
     snprintf(node, sizeof node, "127.0.0.1:%d", pport);
     char *dargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                       "--port-file", dpf, "--secret-file", sec, "--prefill-node", node, "-t", "1", "-c", "2048",
                       "--min-split-tokens", "8", "--timeout-ms", "3000", NULL };
-    pid_t dpid = spawn(dargv, dlog);
-    int port = wait_port(dpf, dpid, asan() ? 60000 : 20000);
-    CHECK(port > 0, "decode node started (log %s)", dlog);
+    pid_t dpid;
+    int port = start_named(&dpid, dargv, dir, "decode", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(dpid, 1000); stop_proc(ppid, 1000); return; }
     /* the node has a secret: anonymous requests are refused, signed ones served */
     int st0;

@@ -17,30 +17,6 @@
 
 /* ==== Helpers ==== */
 
-static void tg_write(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    if (f) { fputs(text, f); fclose(f); }
-}
-
-static char *tg_read(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) { free(s); s = NULL; }
-    if (s) s[n] = 0;
-    fclose(f);
-    return s;
-}
-
-static int tg_count(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = hay ? strstr(hay, needle) : NULL; p; p = strstr(p + 1, needle)) n++;
-    return n;
-}
-
 static grade_rubric tg_rubric(const char *text) {
     grade_rubric r;
     char err[256];
@@ -277,21 +253,21 @@ static void test_report(void) {
         json_dump_file(recs[i], path, JSON_INDENT(2));
     }
     CHECK(grade_report_write(TG_DIR "/render", &r, recs, 6, err, sizeof err) == 0, "report written: %s", err);
-    char *html = tg_read(TG_DIR "/render/report.html"), *md = tg_read(TG_DIR "/render/report.md");
-    char *svg = tg_read(TG_DIR "/render/totals.svg"), *fb = tg_read(TG_DIR "/render/feedback/bob.md");
+    char *html = read_text(TG_DIR "/render/report.html"), *md = read_text(TG_DIR "/render/report.md");
+    char *svg = read_text(TG_DIR "/render/totals.svg"), *fb = read_text(TG_DIR "/render/feedback/bob.md");
     CHECK(html && md && svg && fb, "report files exist");
     if (html && md && svg && fb) {
         CHECK(!strstr(html, "<script>") && strstr(html, "dave &lt;script&gt;"), "HTML escapes names");
         CHECK(strstr(html, "HTTP 502 &lt;oops&gt;") && strstr(html, "ok &lt;b&gt;"), "HTML escapes errors and model text");
-        CHECK(tg_count(html, "<tr class=") == 6 && tg_count(html, "<section class=\"student\"") == 6, "one row and section per student");
+        CHECK(count_str(html, "<tr class=") == 6 && count_str(html, "<section class=\"student\"") == 6, "one row and section per student");
         CHECK(strstr(html, "href=\"#student-bob\"") && strstr(html, "id=\"student-bob\"") && strstr(html, "href=\"bob.json\""),
               "links to the student's section and record");
-        CHECK(tg_count(html, "<svg") == 1 && tg_count(html, "class=\"bar\"") == 11, "inline SVG with one bar per point value");
+        CHECK(count_str(html, "<svg") == 1 && count_str(html, "class=\"bar\"") == 11, "inline SVG with one bar per point value");
         /* totals 10, 5, 8, 1: bins 10, 5, 8, 1 hold one each */
         CHECK(strstr(svg, "<title>10-10: 1</title>") && strstr(svg, "<title>0-0: 0</title>") && strstr(svg, "<title>1-1: 1</title>"),
               "bins of the totals");
         CHECK(strstr(svg, "(4 totals, out of 10 points)"), "chart title counts the totals");
-        CHECK(tg_count(md, "\n| ") == 7 && strstr(md, "[feedback](feedback/bob.md)") && strstr(md, "failed: feedback: HTTP 502"),
+        CHECK(count_str(md, "\n| ") == 7 && strstr(md, "[feedback](feedback/bob.md)") && strstr(md, "failed: feedback: HTTP 502"),
               "markdown table");
         CHECK(strstr(md, "Mean 6.0, median 6.5, lowest 1, highest 10"), "figures: %s", strstr(md, "Mean") ? strstr(md, "Mean") : md);
         CHECK(strstr(fb, "Fix line 2.") && strstr(fb, "Total: 5 / 10"), "feedback file");
@@ -306,15 +282,13 @@ static void test_report(void) {
 typedef struct { pid_t a, b, r; int pa, pb, pr; char ma[512], mb[512]; } tg_cluster;
 
 static pid_t tg_node(const char *model, int port, const char *name, int *port_out) {
-    char listen[64], pf[128], log[128];
+    char listen[64], pf[128];
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(pf, sizeof pf, TG_DIR "/%s.port", name);
-    snprintf(log, sizeof log, TG_DIR "/%s.log", name);
-    unlink(pf);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)model, "-t", "1", "-c", "2048",
                      "--parallel", "4", "--listen", listen, "--port-file", pf, NULL };
-    pid_t pid = spawn(argv, log);
-    *port_out = wait_port(pf, pid, asan() ? 120000 : 30000);
+    pid_t pid;
+    *port_out = start_named(&pid, argv, TG_DIR, name, 0, asan() ? 120000 : 30000);
     return pid;
 }
 
@@ -327,11 +301,9 @@ static int tg_start(tg_cluster *c) {
     char da[64], db[64];
     snprintf(da, sizeof da, "coder=127.0.0.1:%d", c->pa);
     snprintf(db, sizeof db, "writer=127.0.0.1:%d", c->pb);
-    unlink(TG_DIR "/router.port");
     char *argv[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--port-file", TG_DIR "/router.port",
                      "--decode", da, "--decode", db, "--health-interval-ms", "100", NULL };
-    c->r = spawn(argv, TG_DIR "/router.log");
-    c->pr = wait_port(TG_DIR "/router.port", c->r, 20000);
+    c->pr = start_named(&c->r, argv, TG_DIR, "router", 0, 20000);
     return c->pr > 0 ? 0 : -1;
 }
 
@@ -340,16 +312,16 @@ static const char *const tg_names[5] = {"alice.py", "bob", "carol.c", "dave.js",
 static void tg_class(void) {
     mkdir(TG_DIR "/class", 0755);
     mkdir(TG_DIR "/class/bob", 0755);
-    tg_write(TG_DIR "/rubric.md", tg_rubric_md);
-    tg_write(TG_DIR "/class/alice.py", "for i in range(1, 16):\n    if i % 15 == 0:\n        print('FizzBuzz')\n"
+    write_text(TG_DIR "/rubric.md", tg_rubric_md);
+    write_text(TG_DIR "/class/alice.py", "for i in range(1, 16):\n    if i % 15 == 0:\n        print('FizzBuzz')\n"
                                        "    elif i % 3 == 0:\n        print('Fizz')\n    else:\n        print(i)\n");
-    tg_write(TG_DIR "/class/bob/fb.py", "def fb(n):\n    return 'Fizz' if n % 3 == 0 else str(n)\n");
-    tg_write(TG_DIR "/class/bob/main.py", "from fb import fb\nfor i in range(20):\n    print(fb(i))\n");
-    tg_write(TG_DIR "/class/bob/.hidden", "not part of the submission\n");
-    tg_write(TG_DIR "/class/carol.c", "#include <stdio.h>\nint main(void) {\n    for (int i = 1; i < 16; i++)\n"
+    write_text(TG_DIR "/class/bob/fb.py", "def fb(n):\n    return 'Fizz' if n % 3 == 0 else str(n)\n");
+    write_text(TG_DIR "/class/bob/main.py", "from fb import fb\nfor i in range(20):\n    print(fb(i))\n");
+    write_text(TG_DIR "/class/bob/.hidden", "not part of the submission\n");
+    write_text(TG_DIR "/class/carol.c", "#include <stdio.h>\nint main(void) {\n    for (int i = 1; i < 16; i++)\n"
                                       "        printf(\"%d\\n\", i);\n}\n");
-    tg_write(TG_DIR "/class/dave.js", "for (let i = 1; i <= 15; i++)\n  console.log(i % 15 ? i % 5 ? i % 3 ? i : 'Fizz' : 'Buzz' : 'FizzBuzz');\n");
-    tg_write(TG_DIR "/class/erin.py", "print('\\n'.join('Fizz' * (i % 3 == 0) + 'Buzz' * (i % 5 == 0) or str(i) for i in range(1, 16)))\n");
+    write_text(TG_DIR "/class/dave.js", "for (let i = 1; i <= 15; i++)\n  console.log(i % 15 ? i % 5 ? i % 3 ? i : 'Fizz' : 'Buzz' : 'FizzBuzz');\n");
+    write_text(TG_DIR "/class/erin.py", "print('\\n'.join('Fizz' * (i % 3 == 0) + 'Buzz' * (i % 5 == 0) or str(i) for i in range(1, 16)))\n");
 }
 
 /* Runs `tandem grade` on the class; stdout into *out (malloc'd); exit status. */
@@ -369,7 +341,7 @@ static int tg_grade(const tg_cluster *c, const char *outdir, const char *a_token
     if (bg) { *bg = pid; return 0; }
     int st = 0;
     waitpid(pid, &st, 0);
-    *out = tg_read(log);
+    *out = read_text(log);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
@@ -463,11 +435,11 @@ static void test_class(tg_cluster *c) {
      * random-weight fixture models write no JSON of their own. */
     CHECK(valid == 5, "analyses that follow the schema: %d of 5", valid);
     json_decref(schema);
-    char *log = tg_read(TG_DIR "/router.log");
+    char *log = read_text(TG_DIR "/router.log");
     int ra = tg_reused(log, c->pa), rb = tg_reused(log, c->pb);
     CHECK(ra >= 3 && rb >= 3, "requests that reused the cached rubric prefix: analysis %d, feedback %d of 5", ra, rb);
     free(log);
-    char *md = tg_read(TG_DIR "/class-out/report.md"), *html = tg_read(TG_DIR "/class-out/report.html");
+    char *md = read_text(TG_DIR "/class-out/report.md"), *html = read_text(TG_DIR "/class-out/report.html");
     int listed = 0;
     for (int i = 0; i < 5; i++) listed += md && html && strstr(md, tg_names[i]) && strstr(html, tg_names[i]);
     CHECK(listed == 5 && html && strstr(html, "<svg"), "the report lists all 5 (%d) with the chart", listed);
@@ -545,8 +517,8 @@ static void test_kill(tg_cluster *c) {
     snprintf(skipped, sizeof skipped, "%d skipped", graded);
     CHECK(rc == 0 && so && strstr(so, want) && strstr(so, skipped), "rerun grades only the failed: %s", so ? so : "");
     free(so);
-    char *html = tg_read(TG_DIR "/kill-out/report.html");
-    CHECK(html && tg_count(html, "<tr class=\"failed\"") == 0, "after the rerun no failure is left in the report");
+    char *html = read_text(TG_DIR "/kill-out/report.html");
+    CHECK(html && count_str(html, "<tr class=\"failed\"") == 0, "after the rerun no failure is left in the report");
     free(html);
 }
 

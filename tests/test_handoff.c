@@ -34,7 +34,7 @@
 #include "handoff.h"
 #include "kvcache.h"
 #include "model.h"
-#include "t.h"
+#include "proc.h"
 
 static char g_tmp[256];
 static const char *g_bin;
@@ -43,37 +43,6 @@ static int g_slow = 1;          /* deadline multiplier (ASan) */
 static int g_q8_first, g_q8_all, g_q8_n, g_f16_prompts;
 
 /* ==== Processes ==== */
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (cap - n - 1 == 0) { char *nb = realloc(b, cap * 2); if (!nb) break; b = nb; cap *= 2; }
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
-static void write_file(const char *path, const char *data) {
-    FILE *f = fopen(path, "wb");
-    if (f) { fputs(data, f); fclose(f); }
-}
 
 typedef struct { char *v[64]; int n; char store[64][512]; } args;
 
@@ -87,7 +56,7 @@ static void arg(args *a, const char *fmt, ...) {
     a->v[++a->n] = NULL;
 }
 
-static pid_t spawn(args *a, const char *out, const char *err) {
+static pid_t spawn_args(args *a, const char *out, const char *err) {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
@@ -121,7 +90,7 @@ static int run(args *a, int timeout_ms, char **out, char **err) {
     char po[300], pe[300];
     snprintf(po, sizeof po, "%s/run.out", g_tmp);
     snprintf(pe, sizeof pe, "%s/run.err", g_tmp);
-    pid_t pid = spawn(a, po, pe);
+    pid_t pid = spawn_args(a, po, pe);
     int rc = wait_for(pid, timeout_ms);
     if (rc == -1) { kill(pid, SIGKILL); waitpid(pid, NULL, 0); }
     if (out) *out = slurp(po);
@@ -144,16 +113,9 @@ static int node_start(tnode *n, const char *model, const char *secret_file, cons
     arg(&a, "--node-id"); arg(&a, "test-prefill-%d", seq);
     for (int i = 0; extra && extra[i]; i++) arg(&a, "%s", extra[i]);
     n->port = 0;
-    n->pid = spawn(&a, "/dev/null", n->log);
-    double t0 = now_ms();
-    while (now_ms() - t0 < 30000.0 * g_slow) {
-        char *p = slurp(pf);
-        int port = atoi(p);
-        free(p);
-        if (port > 0) { n->port = port; return 0; }
-        if (wait_for(n->pid, 0) != -1) break;   /* it died */
-        sleep_ms(10);
-    }
+    n->pid = spawn_args(&a, "/dev/null", n->log);
+    int port = wait_port(pf, n->pid, 30000 * g_slow);
+    if (port > 0) { n->port = port; return 0; }
     char *log = slurp(n->log);
     fprintf(stderr, "prefill node for %s did not start:\n%s\n", model, log);
     free(log);
@@ -174,28 +136,6 @@ static int node_stop(tnode *n) {
 }
 
 static int node_alive(const tnode *n) { return n->pid > 0 && kill(n->pid, 0) == 0; }
-
-static long proc_rss_kb(pid_t pid) {
-    char p[64];
-    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
-    char *s = slurp(p);
-    char *l = strstr(s, "VmRSS:");
-    long kb = l ? atol(l + 6) : -1;
-    free(s);
-    return kb;
-}
-
-static int proc_fds(pid_t pid) {
-    char p[64];
-    snprintf(p, sizeof p, "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(p);
-    if (!d) return -1;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) n += e->d_name[0] != '.';
-    closedir(d);
-    return n;
-}
 
 /* Whether the node's log shows `what` within a few seconds (it may log
  * just after the peer process exits). */
@@ -246,7 +186,7 @@ static void check_prompt(const char *model, const char *name, const char *prompt
                          int port, const char *secret, int q8) {
     char pf[300];
     snprintf(pf, sizeof pf, "%s/prompt.txt", g_tmp);
-    write_file(pf, prompt);
+    write_text(pf, prompt);
     runspec r = { .model = model, .prompt_file = pf };
     args a = { 0 };
     run_args(&a, &r);
@@ -336,7 +276,7 @@ static void test_golden_model(const char *model, const char *golden, int k, int 
 static int wait_conn(const tnode *n, int base, int timeout_ms) {
     double t0 = now_ms();
     while (now_ms() - t0 < timeout_ms) {
-        if (proc_fds(n->pid) > base) return 0;
+        if (count_fds(n->pid) > base) return 0;
         sleep_ms(5);
     }
     return -1;
@@ -351,7 +291,7 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     const char *extra[] = { "-b", "16", "--debug-frame-delay-ms", ds, "-t", "1", NULL };
     tnode n;
     if (node_start(&n, model, secret, extra)) { CHECK(0, "slow prefill node"); return; }
-    int base = proc_fds(n.pid);
+    int base = count_fds(n.pid);
     char po[300], pe[300];
     snprintf(po, sizeof po, "%s/bg.out", g_tmp);
     snprintf(pe, sizeof pe, "%s/bg.err", g_tmp);
@@ -360,7 +300,7 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     runspec r = { .model = model, .prompt_file = long_prompt, .port = n.port, .secret_file = secret };
     args a = { 0 };
     run_args(&a, &r);
-    pid_t dec = spawn(&a, po, pe);
+    pid_t dec = spawn_args(&a, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected");
     sleep_ms(3 * delay);
     kill(dec, SIGKILL);
@@ -385,8 +325,8 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     r.timeout_ms = 1500;
     args c = { 0 };
     run_args(&c, &r);
-    base = proc_fds(n.pid);
-    dec = spawn(&c, po, pe);
+    base = count_fds(n.pid);
+    dec = spawn_args(&c, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected (stall)");
     sleep_ms(2 * delay);
     kill(n.pid, SIGSTOP);
@@ -409,8 +349,8 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     args d = { 0 };
     run_args(&d, &r);
     sleep_ms(200);
-    base = proc_fds(n.pid);
-    dec = spawn(&d, po, pe);
+    base = count_fds(n.pid);
+    dec = spawn_args(&d, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected (kill)");
     sleep_ms(3 * delay);
     kill(n.pid, SIGKILL);
@@ -604,7 +544,7 @@ static void test_in_process(const char *model_path, const char *golden, const ch
     int fd0 = 0, fails = 0;
     double t0 = now_ms();
     for (int i = 0; i < total; i++) {
-        if (i == warm) { rss0 = proc_rss_kb(n.pid); fd0 = proc_fds(n.pid); }
+        if (i == warm) { rss0 = rss_kb(n.pid); fd0 = count_fds(n.pid); }
         int k = i % np;
         if (lens[k] > 200) k = 0;
         c = NULL;
@@ -617,8 +557,8 @@ static void test_in_process(const char *model_path, const char *golden, const ch
         handoff_close(c);
     }
     sleep_ms(300);   /* the node closes its side after we do */
-    long rss1 = proc_rss_kb(n.pid);
-    int fd1 = proc_fds(n.pid);
+    long rss1 = rss_kb(n.pid);
+    int fd1 = count_fds(n.pid);
     CHECK(fails == 0, "%d of %d requests failed", fails, total);
     CHECK(rss1 - rss0 < 4096, "node VmRSS grew %ld kB over %d requests (%ld -> %ld kB)", rss1 - rss0, total - warm, rss0, rss1);
     CHECK(fd1 <= fd0, "node fds %d -> %d", fd0, fd1);
@@ -653,8 +593,8 @@ int main(void) {
     char secret[300], bad[300];
     snprintf(secret, sizeof secret, "%s/secret", g_tmp);
     snprintf(bad, sizeof bad, "%s/bad-secret", g_tmp);
-    write_file(secret, "handoff-test-secret\n");
-    write_file(bad, "not-the-secret\n");
+    write_text(secret, "handoff-test-secret\n");
+    write_text(bad, "not-the-secret\n");
     const char *fx = t_fixtures(), *md = t_models();
     char m[16][512], g[16][512];
     const char *names[] = { "stories260K", "stories260K-F16", "qwen3-mini-Q8_0", "qwen3moe-mini-Q4_K_M",
@@ -693,9 +633,9 @@ int main(void) {
     snprintf(longp, sizeof longp, "%s/long.txt", g_tmp);
     snprintf(shortp, sizeof shortp, "%s/short.txt", g_tmp);
     /* about 95 tokens: six 16-position chunks on the slow node */
-    write_file(longp, "Digits: 3.14159265358979 2.71828182845904 1.41421356237309 1.73205080756887 "
+    write_text(longp, "Digits: 3.14159265358979 2.71828182845904 1.41421356237309 1.73205080756887 "
                       "0.57721566490153 1.61803398874989 2.50290787509589 4.66920160910299 and 42, 1729, 65536.");
-    write_file(shortp, "Hi");
+    write_text(shortp, "Hi");
     t0 = now_ms();
     if (t_need(m[2])) test_faults(m[2], longp, shortp, secret);
     if (t_need(m[0]) && t_need(m[1])) test_refusals(m[0], m[1], shortp, secret, bad);

@@ -32,36 +32,15 @@ static void tl_file(char *out, size_t n, const char *name, const char *ext) {
     snprintf(out, n, "%s/%s.%s", g_dir, name, ext);
 }
 
-static char *tl_slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
 static char *tl_log(const char *name) {
     char p[256];
     tl_file(p, sizeof p, name, "log");
-    return tl_slurp(p);
+    return slurp(p);
 }
 
-/* Starts argv (its --port-file is DIR/name.port, its stderr DIR/name.log). */
+/* Starts argv (its --port-file is DIR/name.port, its stderr DIR/name.log, a new one). */
 static int tl_start(pid_t *pid, char *const argv[], const char *name) {
-    char pf[256], lg[256];
-    tl_file(pf, sizeof pf, name, "port");
-    tl_file(lg, sizeof lg, name, "log");
-    unlink(pf);
-    unlink(lg);
-    *pid = spawn(argv, lg);
-    int port = wait_port(pf, *pid, asan() ? 90000 : 30000);
-    CHECK(port > 0, "%s started (see %s)", name, lg);
-    return port;
+    return start_named(pid, argv, g_dir, name, 1, asan() ? 90000 : 30000);
 }
 
 /* Runs argv to its end with stderr into DIR/name.log; the exit status. */
@@ -73,49 +52,6 @@ static int tl_run(char *const argv[], const char *name) {
     int st = 0;
     if (waitpid(pid, &st, 0) != pid) return -1;
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/* POST with extra header lines ("Name: v\r\n"...); the whole response
- * (headers and body, malloc'd) into *raw; the HTTP status. */
-static int tl_post(int port, const char *path, const char *extra, const char *body, char **raw) {
-    *raw = NULL;
-    int fd = http_connect(port);
-    if (fd < 0) return -1;
-    char head[1024];
-    size_t bl = strlen(body);
-    int hl = snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n", path, bl, extra ? extra : "");
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl || send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) {
-        close(fd);
-        return -1;
-    }
-    size_t cap = 8192, n = 0;
-    char *buf = malloc(cap);
-    ssize_t r;
-    while (buf && (r = recv(fd, buf + n, cap - n - 1, 0)) > 0) {
-        n += (size_t)r;
-        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
-    }
-    close(fd);
-    if (!buf) return -1;
-    buf[n] = 0;
-    *raw = buf;
-    int status = -1;
-    return sscanf(buf, "HTTP/1.%*d %d", &status) == 1 ? status : -1;
-}
-
-/* A response header's value (case-insensitive name) into out, "" if absent. */
-static void tl_header(const char *raw, const char *name, char *out, size_t n) {
-    out[0] = 0;
-    const char *end = raw ? strstr(raw, "\r\n\r\n") : NULL;
-    size_t nl = strlen(name);
-    for (const char *p = raw ? strstr(raw, "\r\n") : NULL; p && p < end; p = strstr(p + 2, "\r\n")) {
-        if (strncasecmp(p + 2, name, nl) || p[2 + nl] != ':') continue;
-        const char *v = p + 3 + nl, *e = strstr(v, "\r\n");
-        while (*v == ' ') v++;
-        snprintf(out, n, "%.*s", (int)(e - v), v);
-        return;
-    }
 }
 
 /* A log line's timestamp within 10 minutes of now, read as UTC. */
@@ -224,7 +160,7 @@ static void test_api(void) {
     close(saved);
     close(fd);
     log_set_role("cli");
-    char *log = tl_slurp(path);
+    char *log = slurp(path);
     int lines = 0;
     CHECK(tl_bad_lines(log, "router", &lines) == 0 && lines == 2, "two well-formed lines (%d): %s", lines, log);
     CHECK(strstr(log, " INFO router req=0badc0de hello\\n2026-01-01T00:00:00.000Z ERROR router req=- \\x1b[2J forged\n") != NULL,
@@ -259,18 +195,6 @@ static void test_bad_level(void) {
     free(log);
 }
 
-/* A port nothing listens on (bound, then closed). */
-static int tl_dead_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t l = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0) close(fd);
-    return port;
-}
-
 static void test_cluster(void) {
     char b[512], secret[256], pport[256], dport[256], rport[256];
     snprintf(b, sizeof b, "%s", bin());
@@ -290,10 +214,10 @@ static void test_cluster(void) {
                    "--listen", "127.0.0.1:0", "--port-file", dport, "--prefill-node", paddr, NULL };
     int dport_n = pport_n > 0 ? tl_start(&dp, da, "decode") : -1;
     snprintf(daddr, sizeof daddr, "127.0.0.1:%d", dport_n);
-    int dead_port = tl_dead_port();
+    int dead_p = dead_port();
     snprintf(pnode, sizeof pnode, "m=%s", paddr);
     snprintf(dnode, sizeof dnode, "m=%s", daddr);
-    snprintf(dead, sizeof dead, "m=127.0.0.1:%d", dead_port);
+    snprintf(dead, sizeof dead, "m=127.0.0.1:%d", dead_p);
     char *ra[] = { b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--port-file", rport, "--secret-file", secret,
                    "--decode", dnode, "--decode", dead, "--prefill", pnode, "--split", "always",
                    "--health-interval-ms", "3000", NULL };   /* probes wait 3 s: a loaded CI machine */
@@ -306,10 +230,10 @@ static void test_cluster(void) {
         };
         for (int i = 0; i < 2; i++) {
             char *raw = NULL;
-            int st = tl_post(rport_n, "/v1/completions", NULL, bodies[i], &raw);
+            int st = http_raw(rport_n, "POST", "/v1/completions", NULL, bodies[i], &raw);
             char plan[32];
-            tl_header(raw, "X-Request-Id", rid[i], sizeof rid[i]);
-            tl_header(raw, "X-Tandem-Prefill-Plan", plan, sizeof plan);
+            http_header(raw, "X-Request-Id", rid[i], sizeof rid[i]);
+            http_header(raw, "X-Tandem-Prefill-Plan", plan, sizeof plan);
             uint32_t id;
             CHECK(st == 200 && log_id_parse(rid[i], &id) == 0 && !strcmp(plan, "split"),
                   "request %d through the router: %d, X-Request-Id %s, plan %s", i, st, rid[i], plan);
@@ -317,7 +241,7 @@ static void test_cluster(void) {
         }
         CHECK(strcmp(rid[0], rid[1]), "two requests, two ids");
         char *raw = NULL;
-        int st = tl_post(rport_n, "/v1/completions", NULL, "{\"model\":\"nope\",\"prompt\":\"x\"}", &raw);
+        int st = http_raw(rport_n, "POST", "/v1/completions", NULL, "{\"model\":\"nope\",\"prompt\":\"x\"}", &raw);
         CHECK(st == 404, "unknown model: %d", st);
         free(raw);
     }
@@ -343,7 +267,7 @@ static void test_cluster(void) {
     CHECK(bad == 0 && n >= 3, "prefill: %d of %d lines break the format", bad, n);
 
     char k[128];
-    snprintf(k, sizeof k, "decode node 127.0.0.1:%d (model m) unreachable at start-up: ", dead_port);
+    snprintf(k, sizeof k, "decode node 127.0.0.1:%d (model m) unreachable at start-up: ", dead_p);
     CHECK(tl_count(rl, " WARN router req=- ", k) == 1 && tl_count(rl, k, "onnect") == 1,
           "the missing decode node is logged at start-up with the connection error");
     snprintf(k, sizeof k, "decode node %s (model m) reachable at start-up", daddr);
@@ -391,11 +315,11 @@ static void test_local(void) {
     int lport = tl_start(&lp, la, "local");
     const char *req = "{\"prompt\":\"Once upon a time\",\"max_tokens\":2}";
     char *raw = NULL;
-    int st1 = lport > 0 ? tl_post(lport, "/v1/generate", "X-Request-Id: 0badc0de\r\n", req, &raw) : -1;
+    int st1 = lport > 0 ? http_raw(lport, "POST", "/v1/generate", "X-Request-Id: 0badc0de\r\n", req, &raw) : -1;
     free(raw);
-    int st2 = lport > 0 ? tl_post(lport, "/v1/generate", "X-Request-Id: not-an-id\r\n", req, &raw) : -1;
+    int st2 = lport > 0 ? http_raw(lport, "POST", "/v1/generate", "X-Request-Id: not-an-id\r\n", req, &raw) : -1;
     free(raw);
-    int st3 = lport > 0 ? tl_post(lport, "/v1/generate", NULL, "{\"prompt\":", &raw) : -1;
+    int st3 = lport > 0 ? http_raw(lport, "POST", "/v1/generate", NULL, "{\"prompt\":", &raw) : -1;
     free(raw);
     CHECK(st1 == 200 && st2 == 200 && st3 == 400, "local node answers: %d %d %d", st1, st2, st3);
     stop_proc(lp, 10000);
@@ -413,7 +337,7 @@ static void test_local(void) {
     char *wa[] = { b, "serve", "--role", "local", "-m", TL_MODEL, "-t", "1", "--listen", "127.0.0.1:0", "--port-file", port,
                    "--log-level", "warn", NULL };
     lport = tl_start(&lp, wa, "local-warn");
-    st1 = lport > 0 ? tl_post(lport, "/v1/generate", NULL, req, &raw) : -1;
+    st1 = lport > 0 ? http_raw(lport, "POST", "/v1/generate", NULL, req, &raw) : -1;
     free(raw);
     CHECK(st1 == 200, "warn-level node answers: %d", st1);
     stop_proc(lp, 10000);
@@ -429,7 +353,7 @@ static void test_local(void) {
     setenv("TANDEM_LOG_LEVEL", "error", 1);
     lport = tl_start(&lp, ea, "local-error");
     unsetenv("TANDEM_LOG_LEVEL");
-    st1 = lport > 0 ? tl_post(lport, "/v1/generate", NULL, req, &raw) : -1;
+    st1 = lport > 0 ? http_raw(lport, "POST", "/v1/generate", NULL, req, &raw) : -1;
     free(raw);
     stop_proc(lp, 10000);
     log = tl_log("local-error");

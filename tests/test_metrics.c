@@ -398,14 +398,9 @@ typedef struct {
     int served;                  /* generation requests answered through the routers */
 } tm_env;
 
-static int tm_start(pid_t *pid, int *port, char *const argv[], const char *name, const char *port_file) {
-    char log[256];
-    snprintf(log, sizeof log, TM_DIR "/%s.log", name);
-    unlink(log);
-    unlink(port_file);
-    *pid = spawn(argv, log);
-    *port = wait_port(port_file, *pid, 60000);
-    CHECK(*port > 0, "%s started (see %s)", name, log);
+/* Its --port-file is TM_DIR/name.port; its log a new one. */
+static int tm_start(pid_t *pid, int *port, char *const argv[], const char *name) {
+    *port = start_named(pid, argv, TM_DIR, name, 1, 60000);
     return *port > 0 ? 0 : -1;
 }
 
@@ -420,22 +415,22 @@ static int tm_setup(tm_env *e) {
     char *pf[] = {b, "serve", "--role", "prefill", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file",
                   TM_DIR "/secret", "--model-name", "stories", "--port-file", TM_DIR "/pf.port",
                   "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", TM_DIR "/pfm.port", NULL};
-    if (tm_start(&e->pf, &e->ppf, pf, "pf", TM_DIR "/pf.port")) return -1;
+    if (tm_start(&e->pf, &e->ppf, pf, "pf")) return -1;
     e->pfm = wait_port(TM_DIR "/pfm.port", e->pf, 10000);
     CHECK(e->pfm > 0, "prefill metrics port");
     snprintf(pp, sizeof pp, "127.0.0.1:%d", e->ppf);
     char *d[] = {b, "serve", "--role", "decode", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file",
                  TM_DIR "/secret", "--model-name", "stories", "--listen", "127.0.0.1:0", "--prefill-node", pp,
                  "--parallel", "2", "--port-file", TM_DIR "/d.port", NULL};
-    if (tm_start(&e->d, &e->pd, d, "d", TM_DIR "/d.port")) return -1;
+    if (tm_start(&e->d, &e->pd, d, "d")) return -1;
     snprintf(dp, sizeof dp, "stories=127.0.0.1:%d", e->pd);
     snprintf(ppr, sizeof ppr, "stories=127.0.0.1:%d", e->ppf);
     char *ra[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", TM_DIR "/secret",
                   "--decode", dp, "--prefill", ppr, "--split", "always", "--quiet", "--port-file", TM_DIR "/ra.port", NULL};
-    if (tm_start(&e->ra, &e->pra, ra, "ra", TM_DIR "/ra.port")) return -1;
+    if (tm_start(&e->ra, &e->pra, ra, "ra")) return -1;
     char *rb[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", TM_DIR "/secret",
                   "--decode", dp, "--quiet", "--port-file", TM_DIR "/rb.port", NULL};
-    return tm_start(&e->rb, &e->prb, rb, "rb", TM_DIR "/rb.port");
+    return tm_start(&e->rb, &e->prb, rb, "rb");
 }
 
 /* The last "prompt_tokens" and "completion_tokens" numbers of a response

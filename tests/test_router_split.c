@@ -90,49 +90,17 @@ static void test_rate_desc(void) {
 
 /* ==== Processes ==== */
 
-/* spawn() with the log truncated first. */
-static pid_t rs_spawn(char *const argv[], const char *log) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
+/* Its log truncated first. */
 static int rs_start(pid_t *pid, char *const argv[], const char *name) {
-    char pf[256], log[256];
-    snprintf(pf, sizeof pf, RS_DIR "/%s.port", name);
-    snprintf(log, sizeof log, RS_DIR "/%s.log", name);
-    unlink(pf);
-    *pid = rs_spawn(argv, log);
-    int port = wait_port(pf, *pid, 60000);
-    CHECK(port > 0, "%s started (see %s)", name, log);
-    return port;
-}
-
-typedef struct { char *s; size_t len; } rs_buf;
-
-static size_t rs_sink(char *p, size_t sz, size_t nm, void *ud) {
-    rs_buf *b = ud;
-    size_t n = sz * nm;
-    char *s = realloc(b->s, b->len + n + 1);
-    if (!s) return 0;
-    memcpy(s + b->len, p, n);
-    b->s = s;
-    b->len += n;
-    s[b->len] = 0;
-    return n;
+    return start_named(pid, argv, RS_DIR, name, 1, 60000);
 }
 
 /* A reply: status, body and the X-Tandem-* headers (as "name: value\r\n" lines). */
-typedef struct { long status; rs_buf body, hdr; } rs_reply;
+typedef struct { long status; membuf body, hdr; } rs_reply;
 
 static size_t rs_hdr(char *p, size_t sz, size_t nm, void *ud) {
     size_t n = sz * nm;
-    if (n > 9 && !strncasecmp(p, "X-Tandem-", 9)) rs_sink(p, 1, n, ud);
+    if (n > 9 && !strncasecmp(p, "X-Tandem-", 9)) membuf_add(p, 1, n, ud);
     return n;
 }
 
@@ -146,7 +114,7 @@ static void rs_post(int port, const char *path, const char *body, rs_reply *r) {
     curl_easy_setopt(h, CURLOPT_URL, url);
     if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rs_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, membuf_add);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &r->body);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, rs_hdr);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &r->hdr);
@@ -211,22 +179,6 @@ static char *rs_long_text(int tag, int words) {
     return s;
 }
 
-static double rs_metric(int port, const char *series) {
-    char *m = NULL;
-    http(port, "GET", "/metrics", NULL, &m);
-    double v = -1;
-    char *p = m ? strstr(m, series) : NULL;
-    if (p) v = atof(p + strlen(series));
-    free(m);
-    return v;
-}
-
-static int rs_count(const char *hay, const char *needle) {
-    int n = 0;
-    for (const char *p = hay; p && (p = strstr(p, needle)); p++) n++;
-    return n;
-}
-
 /* Both nodes' calibrated rates reach the router before any request. */
 static int rs_wait_rates(int rport, int pport, int dport) {
     char ps[160], ds[160];
@@ -234,8 +186,8 @@ static int rs_wait_rates(int rport, int pport, int dport) {
     snprintf(ds, sizeof ds, "tandem_node_prefill_tokens_per_second{node=\"127.0.0.1:%d\",role=\"decode\",model=\"q\"} ", dport);
     double p = 0, d = 0;
     for (int i = 0; i < 100 && (p <= 0 || d <= 0); i++) {
-        p = rs_metric(rport, ps);
-        d = rs_metric(rport, ds);
+        p = metric_value(rport, ps);
+        d = metric_value(rport, ds);
         if (p <= 0 || d <= 0) sleep_ms(100);
     }
     printf("test_router_split: calibrated rates: prefill node %.0f t/s, decode node %.0f t/s\n", p, d);
@@ -408,16 +360,16 @@ static void test_processes(void) {
               "a repeated prompt is prefix reuse, not a fallback: plan %s outcome %s", plan, out);
         rs_reply_free(&r);
         free(last);
-        CHECK(rs_metric(rport, "tandem_router_prefill_total{mode=\"cached\"} ") == 1 &&
-              rs_metric(rport, "tandem_router_prefill_total{mode=\"split\"} ") == n_split &&
-              rs_metric(rport, "tandem_router_prefill_fallbacks_total ") == 0, "metrics: %d split, 1 cached, no fallback", n_split);
-        CHECK(rs_metric(rport, "tandem_router_decisions_total{decision=\"split\",reason=\"cost\"} ") == n_split + 1 &&
-              rs_metric(rport, "tandem_router_decisions_total{decision=\"local\",reason=\"short_prompt\"} ") == 1,
+        CHECK(metric_value(rport, "tandem_router_prefill_total{mode=\"cached\"} ") == 1 &&
+              metric_value(rport, "tandem_router_prefill_total{mode=\"split\"} ") == n_split &&
+              metric_value(rport, "tandem_router_prefill_fallbacks_total ") == 0, "metrics: %d split, 1 cached, no fallback", n_split);
+        CHECK(metric_value(rport, "tandem_router_decisions_total{decision=\"split\",reason=\"cost\"} ") == n_split + 1 &&
+              metric_value(rport, "tandem_router_decisions_total{decision=\"local\",reason=\"short_prompt\"} ") == 1,
               "decision metrics count %d cost splits and 1 short prompt", n_split + 1);
         char *m = NULL;
         http(rport, "GET", "/metrics", NULL, &m);
         /* series exist once observed: exactly the two pairs these requests took */
-        CHECK(m && rs_count(m, "tandem_router_decisions_total{") == 2 &&
+        CHECK(m && count_str(m, "tandem_router_decisions_total{") == 2 &&
               !strstr(m, "decision=\"split\",reason=\"short_prompt\"") &&
               !strstr(m, "decision=\"split\",reason=\"no_prefill_node\""),
               "only the decision series that occurred are exported");

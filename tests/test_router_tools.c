@@ -34,14 +34,9 @@ static json_t *tt_req(int port, const char *method, const char *path, const char
     return o;
 }
 
+/* Its log appended to. */
 static int tt_start(pid_t *pid, int *port, char *const argv[], const char *name) {
-    char pf[256], log[256];
-    snprintf(pf, sizeof pf, TT_DIR "/%s.port", name);
-    snprintf(log, sizeof log, TT_DIR "/%s.log", name);
-    unlink(pf);
-    *pid = spawn(argv, log);
-    *port = wait_port(pf, *pid, 60000);
-    CHECK(*port > 0, "%s started (see %s)", name, log);
+    *port = start_named(pid, argv, TT_DIR, name, 0, 60000);
     return *port > 0 ? 0 : -1;
 }
 
@@ -50,17 +45,6 @@ static const char *tt_s(json_t *o, const char *path1, const char *path2) {
     json_t *v = json_object_get(o, path1);
     if (path2) v = json_object_get(v, path2);
     return json_string_value(v);
-}
-
-/* A loopback port nobody listens on. */
-static int tt_dead_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-    socklen_t l = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* 1 if /v1/models lists id. */
@@ -85,7 +69,7 @@ static int tt_setup(tt_env *e) {
     if (tt_start(&e->spare, &e->pspare, node, "spare")) return -1;
     snprintf(dn, sizeof dn, "qwen3=127.0.0.1:%d", e->pnode);
     snprintf(ds, sizeof ds, "spare=127.0.0.1:%d", e->pspare);
-    snprintf(dg, sizeof dg, "ghost=127.0.0.1:%d", tt_dead_port());
+    snprintf(dg, sizeof dg, "ghost=127.0.0.1:%d", dead_port());
     char *r[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--decode", dn, "--decode", ds, "--decode", dg,
                  "--health-interval-ms", "200", "--port-file", TT_DIR "/router.port", NULL};
     if (tt_start(&e->router, &e->prouter, r, "router")) return -1;

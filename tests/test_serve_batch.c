@@ -131,10 +131,8 @@ static void check_concurrent_equal(req *r, const char *what) {
 }
 
 static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
-    char pf[512], log[512];
+    char pf[512];
     snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
-    snprintf(log, sizeof log, "%s/%s.log", dir, name);
-    unlink(pf);   /* a previous node's port file must not be read as ours */
     char *argv[32];
     int k = 0;
     argv[k++] = (char *)bin();
@@ -143,8 +141,8 @@ static pid_t start_node(const char *dir, const char *name, char *const extra[], 
     argv[k++] = "--port-file";
     argv[k++] = pf;
     argv[k] = NULL;
-    pid_t pid = spawn(argv, log);
-    *port = wait_port(pf, pid, asan() ? 120000 : 30000);
+    pid_t pid;
+    *port = start_named(&pid, argv, dir, name, 0, asan() ? 120000 : 30000);
     return pid;
 }
 
@@ -183,14 +181,10 @@ static void test_lifecycle(const char *path, const char *dir) {
     req_run(&keep_alone);
     pthread_t th;
     pthread_create(&th, NULL, req_thread, &keep);
-    int fd = http_connect(port);
-    json_t *q = gen_req(warm[3].prompt, warm[3].n_prompt, 150, 1, NULL);
-    char *s = json_dumps(q, JSON_COMPACT), buf[256];
-    json_decref(q);
-    http_send(fd, "POST", "/v1/generate", s);
-    free(s);
-    ssize_t got = recv(fd, buf, sizeof buf, 0);
-    close(fd);
+    int fd = http_open_json(port, "/v1/generate", gen_req(warm[3].prompt, warm[3].n_prompt, 150, 1, NULL));
+    char buf[256];
+    ssize_t got = fd >= 0 ? recv(fd, buf, sizeof buf, 0) : -1;
+    if (fd >= 0) close(fd);
     pthread_join(th, NULL);
     CHECK(got > 0, "leaving client got nothing before it left");
     CHECK(keep.status == 200 && keep.n_tok == keep_alone.n_tok &&

@@ -32,7 +32,7 @@
 #include "gguf.h"
 #include "handoff.h"
 #include "model.h"
-#include "t.h"
+#include "proc.h"
 #include "wire.h"
 
 static char g_tmp[256], g_secret[300], g_model[512];
@@ -41,31 +41,6 @@ static int g_slow = 1;           /* deadline multiplier (ASan) */
 static const char *g_sec = "attack-test-secret-0123456789abcdef";
 
 /* ==== Processes ==== */
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
-    while (nanosleep(&ts, &ts) && errno == EINTR) {}
-}
-
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    size_t cap = 1 << 16, n = 0, r;
-    char *b = malloc(cap);
-    while (b && (r = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (n + 1 == cap) { char *nb = realloc(b, cap * 2); if (!nb) break; b = nb; cap *= 2; }
-    }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
 
 typedef struct { pid_t pid; int port; char log[300]; } tnode;
 
@@ -92,15 +67,8 @@ static int node_start(tnode *n, const char *const *extra) {
         execv(v[0], v);
         _exit(127);
     }
-    double t0 = now_ms();
-    while (now_ms() - t0 < 30000.0 * g_slow) {
-        char *p = slurp(pf);
-        n->port = atoi(p);
-        free(p);
-        if (n->port > 0) return 0;
-        if (waitpid(n->pid, NULL, WNOHANG) == n->pid) break;
-        sleep_ms(10);
-    }
+    n->port = wait_port(pf, n->pid, 30000 * g_slow);
+    if (n->port > 0) return 0;
     kill(n->pid, SIGKILL);
     waitpid(n->pid, NULL, 0);
     n->pid = 0;
