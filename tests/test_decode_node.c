@@ -344,15 +344,21 @@ static void test_split(ctx *c, const char *dir) {
     CHECK(same_ids(json_object_get(o, "tokens"), c->ext_ref, c->n_ext_ref), "extension: tokens equal tandem run");
     json_decref(o);
 
-    /* many requests in a row: no growth in open files or memory */
-    int fd0 = settled_fds(dpid);
-    long rss0 = rss_kb(dpid);
-    for (int i = 0; i < (asan() ? 6 : 12); i++) {
-        int32_t ids[24];
-        for (int k = 0; k < 24; k++) ids[k] = c->g[i % 8].ids[k % c->g[i % 8].n] + i;
-        o = post_json(port, gen_req(ids, 24, 2, i & 1, i % 3 ? "remote" : "local"), &st);
-        CHECK(st == 200, "request %d in a row: %d", i, st);
-        json_decref(o);
+    /* many requests in a row: no growth in open files or memory. A first
+     * round touches the slots' KV pages (2 MiB at a time where the cache has
+     * huge pages), so memory is compared over a second round of the same
+     * shapes (other tokens: computed again, not reused from the cache). */
+    int fd0 = 0;
+    long rss0 = 0;
+    for (int round = 0; round < 2; round++) {
+        if (round == 1) { fd0 = settled_fds(dpid); rss0 = rss_kb(dpid); }
+        for (int i = 0; i < (asan() ? 6 : 12); i++) {
+            int32_t ids[24];
+            for (int k = 0; k < 24; k++) ids[k] = c->g[i % 8].ids[k % c->g[i % 8].n] + i + 13 * round;
+            o = post_json(port, gen_req(ids, 24, 2, i & 1, i % 3 ? "remote" : "local"), &st);
+            CHECK(st == 200, "request %d in a row (round %d): %d", i, round, st);
+            json_decref(o);
+        }
     }
     int fd1 = settled_fds(dpid);
     long rss1 = rss_kb(dpid);
