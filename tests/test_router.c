@@ -6,6 +6,7 @@
  * that disconnects mid-stream, a full node (429 with Retry-After, queued
  * requests outliving the idle timeout) and sampling seeds. */
 #include "t.h"
+#include "proc.h"
 
 #include <curl/curl.h>
 #include <errno.h>
@@ -193,61 +194,6 @@ static void test_config(void) {
 
 /* ==== Processes ==== */
 
-static const char *tr_bin(void) {
-    const char *b = getenv("TANDEM_BIN");
-    return b && *b ? b : "build/tandem";
-}
-
-static pid_t tr_spawn(char *const argv[], const char *log) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); close(fd); }
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    return pid;
-}
-
-static int tr_wait_port(const char *path, pid_t pid, int timeout_ms) {
-    for (int t = 0; t < timeout_ms; t += 50) {
-        FILE *f = fopen(path, "r");
-        int port = 0;
-        if (f) { if (fscanf(f, "%d", &port) != 1) port = 0; fclose(f); }
-        if (port > 0) return port;
-        if (waitpid(pid, NULL, WNOHANG) == pid) return -1;
-        usleep(50 * 1000);
-    }
-    return -1;
-}
-
-static int tr_stop(pid_t pid) {
-    if (pid <= 0) return -1;
-    kill(pid, SIGTERM);
-    for (int i = 0; i < 100; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        usleep(50 * 1000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
-}
-
-typedef struct { char *s; size_t len; } tr_buf;
-
-static size_t tr_sink(char *p, size_t sz, size_t nm, void *ud) {
-    tr_buf *b = ud;
-    size_t n = sz * nm;
-    char *s = realloc(b->s, b->len + n + 1);
-    if (!s) return 0;
-    memcpy(s + b->len, p, n);
-    b->s = s;
-    b->len += n;
-    s[b->len] = 0;
-    return n;
-}
-
 /* The decode nodes here have the shared secret: a request the test sends
  * to one directly is signed as the router signs it (node_auth.h). */
 static node_auth_key tr_node_key;
@@ -257,7 +203,7 @@ static long tr_http(const char *method, int port, const char *path, const char *
     char url[256], hdr[300];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
     CURL *h = curl_easy_init();
-    tr_buf b = {0};
+    membuf b = {0};
     struct curl_slist *hl = curl_slist_append(NULL, "Content-Type: application/json");
     if (auth) { snprintf(hdr, sizeof hdr, "Authorization: Bearer %s", auth); hl = curl_slist_append(hl, hdr); }
     node_auth_sig sig;
@@ -268,7 +214,7 @@ static long tr_http(const char *method, int port, const char *path, const char *
     curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, method);
     if (body) curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, hl);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, tr_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, membuf_add);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 120L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -283,7 +229,7 @@ static long tr_http(const char *method, int port, const char *path, const char *
 
 /* Concatenated text of an SSE stream; sets *done if it ended with [DONE]. */
 static char *tr_sse_text(const char *sse, int chat, int *done, int *errors, int *usage) {
-    tr_buf t = {0};
+    membuf t = {0};
     t.s = calloc(1, 1);
     *done = *errors = *usage = 0;
     const char *p = sse;
@@ -298,7 +244,7 @@ static char *tr_sse_text(const char *sse, int chat, int *done, int *errors, int 
         json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
         const char *s = json_string_value(chat ? json_object_get(json_object_get(ch, "delta"), "content")
                                                : json_object_get(ch, "text"));
-        if (s) tr_sink((char *)s, 1, strlen(s), &t);
+        if (s) membuf_add((char *)s, 1, strlen(s), &t);
         json_decref(o);
         p = e;
     }
@@ -319,25 +265,14 @@ static char *tr_json_text(const char *body, int chat) {
 static char *tr_capture(const char *cmd) {
     FILE *p = popen(cmd, "r");
     if (!p) return strdup("");
-    tr_buf b = {0};
+    membuf b = {0};
     char buf[4096];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) tr_sink(buf, 1, n, &b);
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) membuf_add(buf, 1, n, &b);
     pclose(p);
     if (!b.s) return strdup("");
     if (b.len && b.s[b.len - 1] == '\n') b.s[--b.len] = 0;
     return b.s;
-}
-
-static double tr_metric(int port, const char *name) {
-    char *m = NULL;
-    tr_http("GET", port, "/metrics", NULL, NULL, &m);
-    double v = -1;
-    char *p = m ? strstr(m, name) : NULL;
-    while (p && p > m && p[-1] != '\n') p = strstr(p + 1, name);
-    if (p) v = atof(p + strlen(name));
-    free(m);
-    return v;
 }
 
 typedef struct { int port; const char *body; long status; char *resp; char own[1024]; } tr_job;
@@ -355,20 +290,13 @@ typedef struct {
 } tr_env;
 
 static int tr_start_node(pid_t *pid, int *port, char *const argv[], const char *name) {
-    char pf[256], log[256];
-    snprintf(pf, sizeof pf, TR_DIR "/%s.port", name);
-    snprintf(log, sizeof log, TR_DIR "/%s.log", name);
-    unlink(pf);
-    *pid = tr_spawn(argv, log);
-    *port = tr_wait_port(pf, *pid, 60000);
-    CHECK(*port > 0, "%s started (see %s)", name, log);
+    *port = start_named(pid, argv, TR_DIR, name, 1, 60000);
     return *port > 0 ? 0 : -1;
 }
 
 static int tr_setup(tr_env *e) {
-    const char *bin = tr_bin();
     char b[512];
-    snprintf(b, sizeof b, "%s", bin);
+    snprintf(b, sizeof b, "%s", bin());
     FILE *f = fopen(TR_DIR "/secret", "w");
     fputs("router-test-secret\n", f);
     fclose(f);
@@ -414,7 +342,7 @@ static int tr_setup(tr_env *e) {
 /* Golden: the router's greedy text equals `tandem run`'s, streamed and not. */
 static void test_golden(tr_env *e) {
     char cmd[1200];
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 12 -t 1 2>/dev/null", tr_bin(), e->stories);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 12 -t 1 2>/dev/null", bin(), e->stories);
     char *want = tr_capture(cmd);
     char *resp = NULL;
     const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}";
@@ -433,7 +361,7 @@ static void test_golden(tr_env *e) {
     CHECK(st == 200 && done && !errs && usage == 1 && !strcmp(got, want), "streamed completion golden: '%s' vs '%s' (done %d)", got, want, done);
     free(got); free(resp); free(want);
 
-    snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Hello' --chat -n 8 -t 1 2>/dev/null", tr_bin(), e->qwen);
+    snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Hello' --chat -n 8 -t 1 2>/dev/null", bin(), e->qwen);
     want = tr_capture(cmd);
     body = "{\"model\":\"qwen3-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":8,\"temperature\":0}";
     st = tr_http("POST", e->pr1, "/v1/chat/completions", body, NULL, &resp);
@@ -543,8 +471,8 @@ static void test_split_and_prefill_kill(tr_env *e) {
     long st = tr_http("POST", e->pr2, "/v1/completions", tr_long_prompt, NULL, &r);
     char *split_text = tr_json_text(r, 0);
     CHECK(st == 200, "split request: %ld %s", st, r);
-    CHECK(tr_metric(e->pr2, "tandem_router_prefill_total{mode=\"split\"}") == 1, "request was prefilled remotely");
-    CHECK(tr_metric(e->pr2, "tandem_router_kv_bytes_total") > 0, "kv bytes counted");
+    CHECK(metric_value(e->pr2, "tandem_router_prefill_total{mode=\"split\"}") == 1, "request was prefilled remotely");
+    CHECK(metric_value(e->pr2, "tandem_router_kv_bytes_total") > 0, "kv bytes counted");
     free(r);
     /* r1 decides by cost; the decode nodes' local prefill gives the same greedy tokens */
     char dbody[1024];
@@ -583,10 +511,10 @@ static void test_split_and_prefill_kill(tr_env *e) {
         free(jobs[i].resp);
     }
     CHECK(ok == NJ, "all %d requests answered after kill -9 of the prefill node (%d ok)", NJ, ok);
-    CHECK(tr_metric(e->pr2, "tandem_router_prefill_fallbacks_total") >= 1, "fallback to local prefill visible in metrics");
+    CHECK(metric_value(e->pr2, "tandem_router_prefill_fallbacks_total") >= 1, "fallback to local prefill visible in metrics");
     usleep(1000 * 1000);   /* health checks (300 ms, down after 2) mark it down */
     st = tr_http("POST", e->pr2, "/v1/completions", tr_long_prompt, NULL, &r);
-    CHECK(st == 200 && tr_metric(e->pr2, "tandem_router_decisions_total{decision=\"local\",reason=\"no_prefill_node\"}") >= 1,
+    CHECK(st == 200 && metric_value(e->pr2, "tandem_router_decisions_total{decision=\"local\",reason=\"no_prefill_node\"}") >= 1,
           "prefill node down: local by decision (%ld)", st);
     free(r);
 }
@@ -605,13 +533,13 @@ static void test_decode_kill(tr_env *e) {
         free(r);
     }
     CHECK(ok == 4, "4 of 4 answered with a decode node dead (%d)", ok);
-    CHECK(tr_metric(e->pr1, "tandem_router_retries_total") >= 1, "a retry happened");
-    CHECK(tr_metric(e->pr1, "tandem_node_up{node=\"127.0.0.1:") >= 0, "node gauge present");
+    CHECK(metric_value(e->pr1, "tandem_router_retries_total") >= 1, "a retry happened");
+    CHECK(metric_value(e->pr1, "tandem_node_up{node=\"127.0.0.1:") >= 0, "node gauge present");
 }
 
 /* A client that goes away mid-stream cancels its work. */
 static void test_disconnect(tr_env *e) {
-    double before = tr_metric(e->pr1, "tandem_router_cancelled_total");
+    double before = metric_value(e->pr1, "tandem_router_cancelled_total");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)e->pr1), .sin_addr.s_addr = htonl(0x7f000001)};
     CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
@@ -629,7 +557,7 @@ static void test_disconnect(tr_env *e) {
     int cancelled = 0;
     for (int i = 0; i < 100 && !cancelled; i++) {
         usleep(100 * 1000);
-        cancelled = tr_metric(e->pr1, "tandem_router_cancelled_total") > before;
+        cancelled = metric_value(e->pr1, "tandem_router_cancelled_total") > before;
     }
     CHECK(cancelled, "router counted the cancellation");
 }
@@ -642,7 +570,7 @@ static void test_disconnect(tr_env *e) {
 static char *tr_http_raw(int port, const char *path, const char *body) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
-    tr_buf b = {0};
+    membuf b = {0};
     if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) { if (fd >= 0) close(fd); return strdup(""); }
     char req[2048];
     int n = snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
@@ -650,7 +578,7 @@ static char *tr_http_raw(int port, const char *path, const char *body) {
     if (write(fd, req, (size_t)n) == n) {
         char buf[4096];
         ssize_t got;
-        while ((got = read(fd, buf, sizeof buf)) > 0) tr_sink(buf, 1, (size_t)got, &b);
+        while ((got = read(fd, buf, sizeof buf)) > 0) membuf_add(buf, 1, (size_t)got, &b);
     }
     close(fd);
     return b.s ? b.s : strdup("");
@@ -658,17 +586,11 @@ static char *tr_http_raw(int port, const char *path, const char *body) {
 
 typedef struct { int port; const char *body; long status; char *resp; double ms; } tr_stream_job;
 
-static double tr_ms(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 static void *tr_stream_main(void *arg) {
     tr_stream_job *j = arg;
-    double t0 = tr_ms();
+    double t0 = now_ms();
     j->status = tr_http("POST", j->port, "/v1/completions", j->body, NULL, &j->resp);
-    j->ms = tr_ms() - t0;
+    j->ms = now_ms() - t0;
     return NULL;
 }
 
@@ -744,7 +666,7 @@ static void test_seeds(const char *bin, const char *stories, int rport) {
 
 static void test_busy_and_seeds(const char *qwen) {
     char b[512];
-    snprintf(b, sizeof b, "%s", tr_bin());
+    snprintf(b, sizeof b, "%s", bin());
     pid_t dq = 0, ds = 0, rr = 0;
     int pdq = 0, pds = 0, prr = 0;
     char *dqa[] = {b, "serve", "--role", "local", "-m", (char *)qwen, "-t", "1", "--queue", "1", "--parallel", "1", "--listen", "127.0.0.1:0",
@@ -764,9 +686,9 @@ static void test_busy_and_seeds(const char *qwen) {
             test_seeds(b, "assets/stories260K.gguf", prr);
         }
     }
-    CHECK(tr_stop(rr) == 0, "router r4 stops cleanly");
-    tr_stop(dq);
-    tr_stop(ds);
+    CHECK(stop_proc(rr, 5000) == 0, "router r4 stops cleanly");
+    stop_proc(dq, 5000);
+    stop_proc(ds, 5000);
 }
 
 static void test_processes(void) {
@@ -774,8 +696,8 @@ static void test_processes(void) {
     memset(&e, 0, sizeof e);
     snprintf(e.stories, sizeof e.stories, "assets/stories260K.gguf");
     snprintf(e.qwen, sizeof e.qwen, "%s/qwen3-mini-F16.gguf", t_models());
-    CHECK(access(tr_bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", tr_bin());
-    if (access(tr_bin(), X_OK) || !t_need(e.qwen)) return;
+    CHECK(access(bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", bin());
+    if (access(bin(), X_OK) || !t_need(e.qwen)) return;
     if (tr_setup(&e) == 0) {
         test_golden(&e);
         test_errors(&e);
@@ -784,13 +706,13 @@ static void test_processes(void) {
         test_disconnect(&e);
     }
     test_busy_and_seeds(e.qwen);
-    CHECK(tr_stop(e.r1) == 0, "router r1 stops cleanly");
-    CHECK(tr_stop(e.r2) == 0, "router r2 stops cleanly");
-    tr_stop(e.r3);
-    tr_stop(e.pf);
-    tr_stop(e.d1);
-    tr_stop(e.d2);
-    tr_stop(e.dq);
+    CHECK(stop_proc(e.r1, 5000) == 0, "router r1 stops cleanly");
+    CHECK(stop_proc(e.r2, 5000) == 0, "router r2 stops cleanly");
+    stop_proc(e.r3, 5000);
+    stop_proc(e.pf, 5000);
+    stop_proc(e.d1, 5000);
+    stop_proc(e.d2, 5000);
+    stop_proc(e.dq, 5000);
 }
 
 int main(void) {
