@@ -46,8 +46,7 @@ struct httpd {
     pthread_t reaper;
     int reaper_started;
     unsigned long long expired;
-    double log_t0;
-    int log_n, log_dropped;
+    log_limit log_lim;   /* MHD's messages: HD_LOG_BURST per HD_LOG_WINDOW_MS */
 };
 
 static double hd_now(void) {
@@ -83,11 +82,10 @@ static void hd_logger(void *cls, const char *fmt, va_list ap) {
     if (!log_enabled(level)) return;
     pthread_mutex_lock(&h->mu);
     double now = hd_now();
-    int dropped = 0, show = 1;
-    if (now - h->log_t0 > HD_LOG_WINDOW_MS) { dropped = h->log_dropped; h->log_t0 = now; h->log_n = h->log_dropped = 0; }
-    if (++h->log_n > HD_LOG_BURST) { h->log_dropped++; show = 0; }
+    unsigned long dropped;
+    int show = log_limit_take(&h->log_lim, now, &dropped);
     pthread_mutex_unlock(&h->mu);
-    if (dropped) log_warn(NULL, "http: %d similar messages suppressed", dropped);
+    if (dropped) log_warn(NULL, "http: %lu similar messages suppressed", dropped);
     if (show) log_line(level, NULL, "http: %s", raw);
 }
 
@@ -220,7 +218,7 @@ int httpd_start(httpd **out, const httpd_limits *lim, int listen_fd, MHD_AccessH
     h->handler_cls = handler_cls;
     h->completed = completed;
     h->completed_cls = completed_cls;
-    h->log_t0 = hd_now();
+    h->log_lim = (log_limit){ .window_ms = HD_LOG_WINDOW_MS, .burst = HD_LOG_BURST, .t0 = hd_now() };
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     hd_raise_nofile(lim->max_conns);

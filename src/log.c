@@ -178,29 +178,27 @@ LOG_AT(log_debug, LOGL_DEBUG)
  * caps a flood at a few MB an hour. */
 #define LOG_REFUSED_PER_S 50
 
-static struct {
-    pthread_mutex_t mu;
-    time_t second;
-    int used;
-    unsigned long dropped;
-} log_refused_state = { PTHREAD_MUTEX_INITIALIZER, 0, 0, 0 };
+int log_limit_take(log_limit *l, double now_ms, unsigned long *dropped) {
+    *dropped = 0;
+    if (now_ms - l->t0 > l->window_ms) { l->t0 = now_ms; l->n = 0; }
+    if (l->n >= l->burst) { l->dropped++; return 0; }
+    l->n++;
+    *dropped = l->dropped;
+    l->dropped = 0;
+    return 1;
+}
+
+static pthread_mutex_t log_refused_mu = PTHREAD_MUTEX_INITIALIZER;
+static log_limit log_refused_limit = { .window_ms = 1000.0, .burst = LOG_REFUSED_PER_S };
 
 void log_refused(const char *req, int status, const char *msg) {
     if (!log_enabled(LOGL_INFO)) return;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    unsigned long dropped = 0;
-    pthread_mutex_lock(&log_refused_state.mu);
-    if (ts.tv_sec != log_refused_state.second) { log_refused_state.second = ts.tv_sec; log_refused_state.used = 0; }
-    int pass = log_refused_state.used < LOG_REFUSED_PER_S;
-    if (pass) {
-        log_refused_state.used++;
-        dropped = log_refused_state.dropped;
-        log_refused_state.dropped = 0;
-    } else {
-        log_refused_state.dropped++;
-    }
-    pthread_mutex_unlock(&log_refused_state.mu);
+    unsigned long dropped;
+    pthread_mutex_lock(&log_refused_mu);
+    int pass = log_limit_take(&log_refused_limit, ts.tv_sec * 1e3 + ts.tv_nsec / 1e6, &dropped);
+    pthread_mutex_unlock(&log_refused_mu);
     if (!pass) return;
     if (dropped) log_info(req, "refused status=%d error=%s (%lu refusal lines left out before this one)", status, msg, dropped);
     else log_info(req, "refused status=%d error=%s", status, msg);

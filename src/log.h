@@ -65,6 +65,22 @@ void log_warn(const char *req, const char *fmt, ...) __attribute__((format(print
 void log_info(const char *req, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void log_debug(const char *req, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ==== Rate limits ==== */
+
+/* At most `burst` lines per `window_ms`; the caller serialises calls (its
+ * own lock). Zero-initialised state starts a window at the first call. */
+typedef struct {
+    double window_ms;
+    int burst;
+    double t0;              /* start of the current window */
+    int n;                  /* lines let through in it */
+    unsigned long dropped;  /* lines refused since the last one let through */
+} log_limit;
+
+/* 1 when a line may go out at now_ms, with *dropped = lines refused since
+ * the previous one that went out (to say so); 0 when it must not. */
+int log_limit_take(log_limit *l, double now_ms, unsigned long *dropped);
+
 /* "refused status=N error=MSG" at INFO for a request turned away before it
  * was served, at most LOG_REFUSED_PER_S (50) lines a second (log.c): a
  * flood of bad requests cannot grow the log without bound. */

@@ -172,6 +172,19 @@ static void test_api(void) {
 
 /* ==== Processes ==== */
 
+/* log_limit: burst lines per window, the rest counted and reported by the
+ * first line of a later window (httpd's MHD messages, log_refused). */
+static void test_limit(void) {
+    log_limit l = { .window_ms = 1000.0, .burst = 3 };
+    unsigned long dropped = 99;
+    int passed = 0;
+    for (int i = 0; i < 10; i++) passed += log_limit_take(&l, 5000.0 + i, &dropped);
+    CHECK(passed == 3 && dropped == 0, "3 of 10 lines in one window: %d passed", passed);
+    CHECK(log_limit_take(&l, 5999.0, &dropped) == 0, "still the same window at +999 ms");
+    CHECK(log_limit_take(&l, 6001.0, &dropped) == 1 && dropped == 8, "next window: passes, 8 left out before (%lu)", dropped);
+    CHECK(log_limit_take(&l, 6002.0, &dropped) == 1 && dropped == 0, "the count is reported once");
+}
+
 static void test_bad_level(void) {
     char b[512];
     snprintf(b, sizeof b, "%s", bin());
@@ -369,6 +382,7 @@ int main(void) {
                      REG_EXTENDED | REG_NOSUB);
     CHECK(rc == 0, "regex compiles");
     test_api();
+    test_limit();
     if (access(TL_MODEL, R_OK) || access(bin(), X_OK)) {
         printf("test_logs: SKIP process tests: %s or %s missing\n", TL_MODEL, bin());
     } else {
