@@ -405,10 +405,7 @@ int main(void) {
     test_progress();
     test_help();
     test_bad_paths();
-    if (access(model, R_OK)) {
-        printf("skipped: %s is missing (make models)\n", model);
-        return t_done("test_cli");
-    }
+    if (!t_need(model)) return t_done("test_cli");
     test_bad_values(model);
     test_serve_bad_values(model);
     test_bench_formats(model);

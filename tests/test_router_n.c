@@ -664,10 +664,8 @@ int main(void) {
     memset(&e, 0, sizeof e);
     snprintf(e.stories, sizeof e.stories, "assets/stories260K.gguf");
     snprintf(e.qwen, sizeof e.qwen, "%s/qwen3-mini-F16.gguf", t_models());
-    if (access(bin(), X_OK) || access(e.stories, R_OK) || access(e.qwen, R_OK)) {
-        printf("test_router_n: SKIP processes: %s, %s or %s missing\n", bin(), e.stories, e.qwen);
-        return t_done("test_router_n");
-    }
+    CHECK(access(bin(), X_OK) == 0 && access(e.stories, R_OK) == 0, "%s and %s present", bin(), e.stories);
+    if (access(bin(), X_OK) || access(e.stories, R_OK) || !t_need(e.qwen)) return t_done("test_router_n");
     if (rn_setup(&e) == 0) {
         test_greedy_split(&e);
         test_stop(&e);
