@@ -23,7 +23,8 @@ typedef struct {
     int64_t ne[4];          /* ne[0] = row length; ne[1] rows; ne[2] experts */
     size_t row_bytes;       /* bytes of one row of ne[0] elements */
     const void *data;       /* host copy (the mmap) */
-    void *dev;              /* backend-owned copy, if any */
+    void *dev;              /* backend-owned copy, if any (CPU: rows packed for its kernels) */
+    int rows_only;          /* read only by get_rows (the embedding table): no copy for mul_mat */
 } be_weight;
 
 enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };   /* ggml's numbering */
@@ -100,8 +101,9 @@ typedef struct {
     /* y[t] = MoE FFN of x[t] */
     int (*moe_ffn)(backend *be, const be_moe *m, const float *x, int n_tok, float *y);
 
-    /* ==== Optional: NULL for a backend that computes on the host caches (CPU) ==== */
-    /* Copies w to the backend once, at load (sets w->dev); 0 or -1 with a message. */
+    /* ==== Optional: NULL where a backend has no use for them (the CPU has only load_weight) ==== */
+    /* Copies w to the backend once, at load (sets w->dev): device memory, or
+     * the CPU's packed rows (it never fails for want of them); 0 or -1 with a message. */
     int (*load_weight)(backend *be, be_weight *w, char *err, size_t errlen);
     /* A backend that keeps the caches on a device: after this returns, the
      * host caches hold layer `layer`'s K/V rows of every sequence of b (the

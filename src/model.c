@@ -346,6 +346,7 @@ static int model_bind_weights(model *m, char *err, size_t errlen) {
         model_bind_rope_freqs(m, err, errlen))
         return -1;
     if (!m->output.data) m->output = m->tok_embd;     /* tied embeddings */
+    m->tok_embd.rows_only = 1;
     for (int il = 0; il < h->n_layer; il++)
         if (model_bind_attn(m, il, err, errlen) || model_bind_ffn(m, il, err, errlen)) return -1;
     return 0;

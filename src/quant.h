@@ -74,6 +74,34 @@ void quant_mul_mat_tile(uint32_t wtype, int64_t n,
                         const void *a, size_t a_stride, int na,
                         float *out, size_t out_stride);
 
+/* ==== Packed weights ====
+ * A CPU backend may copy a weight at load into an interleaved layout that the
+ * wide kernels stream in one sequential pass (as ik_llama.cpp's -rtr does):
+ * groups of QUANT_PACK_ROWS rows, each group the same number of bytes as the
+ * rows it replaces, so group g starts at g * QUANT_PACK_ROWS * row_bytes and
+ * a 3-D weight's experts stay where they were. Q8_0, per block b of the row:
+ * bytes [544 b, 544 b + 32) the 16 rows' fp16 scales, then 8 runs of 64
+ * bytes: run k holds bytes 4k..4k+3 of each row's block in row order, each
+ * XORed with 0x80 (w + 128 as an unsigned byte: what vpdpbusd multiplies).
+ * Q4_K and Q6_K: see quant.c. Other types have no packed layout. */
+#define QUANT_PACK_ROWS 16
+/* 1 if the active kernel set multiplies packed weights of this type (so
+ * packing them pays); the reference multiplies them too, only slower. */
+int quant_pack_pays(uint32_t wtype);
+/* n_rows (a multiple of QUANT_PACK_ROWS) rows of row_bytes -> packed; 0, or
+ * -1 for a type without a packed layout. */
+int quant_pack_rows(uint32_t wtype, const void *src, size_t row_bytes, int64_t n_rows, void *dst);
+/* Row `lane` (0..15) of one packed group -> a plain row of row_bytes. */
+void quant_unpack_row(uint32_t wtype, const void *group, size_t row_bytes, int lane, void *dst);
+/* quant_mul_mat_tile over packed rows: w is the first row of a group, nw a
+ * multiple of QUANT_PACK_ROWS, w_stride the plain row_bytes. Every set gives
+ * the reference's result bit for bit (a set without packed kernels runs the
+ * plain C walk of the packed layout). */
+void quant_mul_mat_tile_packed(uint32_t wtype, int64_t n,
+                               const void *w, size_t w_stride, int nw,
+                               const void *a, size_t a_stride, int na,
+                               float *out, size_t out_stride);
+
 /* Reference (plain C) versions, always available, used by the tests. */
 void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y);
 void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);

@@ -30,6 +30,11 @@ typedef struct {
     int (*mul_mat_tile)(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                         const void *a, size_t a_stride, int na, float *out, size_t out_stride);
     int (*quantize_act_row)(uint32_t type, const float *x, void *y, int64_t n);
+    /* weights in the packed layout of quant.h (NULL: the set has no packed
+     * kernels), for the types whose bit (1 << type) is in packed_types */
+    uint64_t packed_types;
+    int (*mul_mat_tile_packed)(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                               const void *a, size_t a_stride, int na, float *out, size_t out_stride);
 } quant_kset;
 
 extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon;

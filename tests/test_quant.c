@@ -453,6 +453,66 @@ static void test_q8_many_rows(void) {
     free(tmp); free(w); free(a);
 }
 
+/* Packed weights (quant.h): packing round-trips, and every set's product
+ * over packed rows equals the reference on the plain rows bit for bit, for
+ * decode (1-3 activation rows) and prefill shapes; the longest Q8_0 row
+ * crosses the 128-block pass. */
+static void test_packed_type(uint32_t t, const int64_t lens[3]) {
+    enum { NW = 48, NA = 70 };
+    const int nas[7] = { 1, 2, 3, 5, 9, 13, NA };
+    const uint32_t at = quant_vec_dot_type(t);
+    int64_t nmax = lens[2];
+    size_t rbmax = row_bytes(t, nmax), abmax = row_bytes(at, nmax);
+    float *tmp = malloc(sizeof(float) * nmax * NA);
+    uint8_t *w = malloc(rbmax * NW), *pk = malloc(rbmax * NW), *row = malloc(rbmax), *a = malloc(abmax * NA);
+    static float out[NA * (NW + 3)], ref[NA * (NW + 3)];
+    int ok_rt = 1, ok_mm = 1;
+    for (int li = 0; li < 3; li++) {
+        int64_t n = lens[li];
+        size_t rb = row_bytes(t, n), ab = row_bytes(at, n);
+        for (int64_t i = 0; i < n * NW; i++) tmp[i] = rng_normal();
+        quant_quantize_weight_rows(t, tmp, w, NW, n);
+        for (int64_t i = 0; i < n * NA; i++) tmp[i] = rng_normal();
+        for (int r = 0; r < NA; r++) quant_ref_quantize_act_row(at, tmp + r * n, a + ab * r, n);
+        CHECK(quant_pack_rows(t, w, rb, NW, pk) == 0, "pack %d %s rows of %lld", NW, tname(t), (long long)n);
+        for (int i = 0; i < NW; i++) {
+            quant_unpack_row(t, pk + (size_t)(i / 16) * 16 * rb, rb, i % 16, row);
+            ok_rt &= memcmp(row, w + rb * i, rb) == 0;
+        }
+        for (int c = 0; c < 7; c++) {
+            int na = nas[c];
+            size_t os = NW + 3;
+            for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;
+            quant_mul_mat_tile_packed(t, n, pk, rb, NW, a, ab, na, out, os);
+            for (int j = 0; j < na; j++)
+                for (int i = 0; i < NW; i++) quant_ref_vec_dot(t, n, &ref[j * os + i], w + rb * i, a + ab * j);
+            for (int k = 0; k < NA * (NW + 3); k++) {
+                if (out[k] != ref[k] && ok_mm)
+                    fprintf(stderr, "  packed %s n=%lld na=%d [%d]: %.9g vs %.9g\n", tname(t), (long long)n, na, k,
+                            out[k], ref[k]);
+                ok_mm &= out[k] == ref[k];
+            }
+        }
+    }
+    CHECK(ok_rt, "%s: packed %s rows unpack to the original bytes", quant_kernel_name(), tname(t));
+    CHECK(ok_mm, "%s: products over packed %s rows equal the reference bit for bit", quant_kernel_name(), tname(t));
+    CHECK(quant_pack_rows(t, w, row_bytes(t, lens[0]), 17, pk) == -1, "%s: 17 rows are not whole groups", tname(t));
+    CHECK(quant_pack_pays(t) == !strcmp(quant_kernel_name(), "avx512"),
+          "%s: packing %s pays only where the set has packed kernels", quant_kernel_name(), tname(t));
+    free(tmp); free(w); free(pk); free(row); free(a);
+}
+
+static void test_packed(void) {
+    const int64_t l32[3] = { 32, 1024, 130 * 32 }, lk[3] = { 256, 1024, 17 * 256 };
+    test_packed_type(GGML_TYPE_Q8_0, l32);
+    test_packed_type(GGML_TYPE_Q4_K, lk);
+    test_packed_type(GGML_TYPE_Q6_K, lk);
+    uint8_t w[sizeof(block_q5_K) * 16], pk[sizeof w];
+    memset(w, 0, sizeof w);
+    CHECK(quant_pack_rows(GGML_TYPE_Q5_K, w, sizeof(block_q5_K), 16, pk) == -1, "Q5_K has no packed layout");
+    CHECK(!quant_pack_pays(GGML_TYPE_Q5_K) && !quant_pack_pays(GGML_TYPE_F16), "no packing without a layout");
+}
+
 static void test_kernels(void) {
     const char *names[16];
     int n = quant_kernel_sets(names, 16);
@@ -473,7 +533,10 @@ static void test_kernels(void) {
         test_act_quant();
         test_kernel_set();
         test_q8_many_rows();
+        test_packed();
     }
+    quant_force_reference(1);
+    test_packed();     /* the plain C walk of the packed layout */
     CHECK(quant_use_kernels("no-such-set") == -1, "unknown set refused");
     quant_force_reference(1);
     CHECK(strcmp(quant_kernel_name(), "ref") == 0, "force reference");

@@ -424,7 +424,17 @@ static void test_prefill_interleave(const char *path, const char *dir) {
     pid_t dp = start_node(dir, "decode2", dextra, &dport);
     CHECK(pport > 0 && dport > 0, "interleave: nodes did not start");
     if (pport > 0 && dport > 0) {
+        /* the short request is sent a fifth of the way into the long one's
+         * prefill, timed first alone on another prompt (no shared prefix) */
         int32_t *longp = malloc(sizeof(int32_t) * 1800);
+        for (int i = 0; i < 1800; i++) longp[i] = 600 + (i * 7) % 3000;
+        json_t *wq = gen_req(longp, 1800, 1, 0, "remote");
+        int wst;
+        json_t *wo = post_json(dport, wq, &wst);
+        double alone = json_number_value(json_object_get(json_object_get(wo, "prefill"), "ttft_ms"));
+        CHECK(wst == 200 && alone > 0, "interleave: long request alone %d", wst);
+        json_decref(wo);
+        json_decref(wq);
         for (int i = 0; i < 1800; i++) longp[i] = 500 + (i * 13) % 4000;
         json_t *lq = gen_req(longp, 1800, 1, 0, "remote");
         free(longp);
@@ -435,7 +445,7 @@ static void test_prefill_interleave(const char *path, const char *dir) {
         for (int i = 0; i < 40; i++) shortr.prompt[i] = 700 + i;
         shortr.max_tokens = 1;
         shortr.prefill = "remote";
-        shortr.delay_ms = asan() ? 1500 : 300;
+        shortr.delay_ms = (int)(alone / 5);
         pthread_t th;
         double t0 = now_ms();
         pthread_create(&th, NULL, req_thread, &shortr);
@@ -452,8 +462,8 @@ static void test_prefill_interleave(const char *path, const char *dir) {
         double long_ttft = json_number_value(json_object_get(json_object_get(lo, "prefill"), "ttft_ms"));
         CHECK(shortr.t_done > 0 && shortr.t_done - t0 < long_ttft, "short prompt waited for the long one: done at %.0f ms, "
               "long first token at %.0f ms", shortr.t_done - t0, long_ttft);
-        printf("prefill interleave: long (1800 tokens) first token at %.0f ms, short (40) done at %.0f ms\n", long_ttft,
-               shortr.t_done - t0);
+        printf("prefill interleave: long (1800 tokens) first token at %.0f ms (%.0f ms alone), short (40) sent at "
+               "%d ms, done at %.0f ms\n", long_ttft, alone, shortr.delay_ms, shortr.t_done - t0);
         json_decref(lo);
         (void)t_long;
     }

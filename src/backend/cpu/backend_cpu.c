@@ -30,6 +30,7 @@
  * up, so a thread that loses its core to another process delays the product
  * by at most one chunk. */
 #define CPU_MM_CHUNKS 8
+_Static_assert(CPU_ROW_BLOCK % QUANT_PACK_ROWS == 0, "row blocks must start on a packed group");
 
 typedef struct {
     tpool *pool;
@@ -40,6 +41,8 @@ typedef struct {
     size_t *scratch_size;
     float *moe_buf;         /* MoE gather/scatter scratch */
     size_t moe_size;
+    void **packs;           /* packed weight copies (be_weight.dev), freed with the backend */
+    int n_packs, cap_packs;
 } cpu_impl;
 
 static cpu_impl *cpu_of(backend *be) { return (cpu_impl *)be->impl; }
@@ -145,6 +148,7 @@ typedef struct {
     size_t qrow;
     uint32_t vt;
     int n_tok, n_chunks;
+    int packed;             /* wdata is w->dev: groups of QUANT_PACK_ROWS rows packed */
     float *y;
 } mm_job;
 
@@ -170,9 +174,15 @@ static void mm_compute(void *ctx, int chunk, int tid) {
         int nr = (int)((hi - r0) < CPU_ROW_BLOCK ? (hi - r0) : CPU_ROW_BLOCK);
         for (int t0 = 0; t0 < j->n_tok; t0 += CPU_TOK_BLOCK) {
             int nt = j->n_tok - t0 < CPU_TOK_BLOCK ? j->n_tok - t0 : CPU_TOK_BLOCK;
-            quant_mul_mat_tile(w->type, w->ne[0], j->wdata + r0 * w->row_bytes, w->row_bytes, nr,
-                               j->qx + (size_t)t0 * j->qrow, j->qrow, nt,
-                               j->y + (size_t)t0 * rows + r0, (size_t)rows);
+            int np = j->packed ? nr / QUANT_PACK_ROWS * QUANT_PACK_ROWS : 0;
+            if (np)   /* chunks start on a group: CPU_ROW_BLOCK is a multiple of 16 */
+                quant_mul_mat_tile_packed(w->type, w->ne[0], j->wdata + r0 * w->row_bytes, w->row_bytes, np,
+                                          j->qx + (size_t)t0 * j->qrow, j->qrow, nt,
+                                          j->y + (size_t)t0 * rows + r0, (size_t)rows);
+            if (np < nr)
+                quant_mul_mat_tile(w->type, w->ne[0], j->wdata + (r0 + np) * w->row_bytes, w->row_bytes, nr - np,
+                                   j->qx + (size_t)t0 * j->qrow, j->qrow, nt,
+                                   j->y + (size_t)t0 * rows + r0 + np, (size_t)rows);
         }
     }
 }
@@ -180,7 +190,8 @@ static void mm_compute(void *ctx, int chunk, int tid) {
 static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
     mm_job j = { .w = w, .x = x, .n_tok = n_tok, .y = y };
-    j.wdata = (const uint8_t *)w->data + (size_t)expert * (size_t)w->ne[1] * w->row_bytes;
+    j.packed = w->dev != NULL;
+    j.wdata = (const uint8_t *)(j.packed ? w->dev : w->data) + (size_t)expert * (size_t)w->ne[1] * w->row_bytes;
     j.vt = quant_vec_dot_type(w->type);
     j.qrow = gguf_row_bytes(j.vt, (uint64_t)w->ne[0]);
     if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, j.qrow * (size_t)n_tok)) {
@@ -473,6 +484,31 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     return 0;
 }
 
+/* ==== Packed weights ====
+ * At load, a matrix whose type the active kernel set multiplies packed
+ * (quant_pack_pays) is copied into the interleaved layout of quant.h; the
+ * mmap stays for get_rows and for rows past the last whole group. A copy
+ * that cannot be made (memory) is not an error: the plain rows still work. */
+static int cpu_load_weight(backend *be, be_weight *w, char *err, size_t errlen) {
+    cpu_impl *c = cpu_of(be);
+    int64_t rows = w->ne[1] * (w->ne[2] > 0 ? w->ne[2] : 1);
+    if (w->rows_only || w->dev || !quant_pack_pays(w->type) || w->ne[1] % QUANT_PACK_ROWS || rows <= 0) return 0;
+    size_t bytes = (size_t)rows * w->row_bytes;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) return 0;
+    if (c->n_packs == c->cap_packs) {
+        int cap = c->cap_packs ? 2 * c->cap_packs : 64;
+        void **np = realloc(c->packs, (size_t)cap * sizeof *np);
+        if (!np) { free(p); return 0; }
+        c->packs = np;
+        c->cap_packs = cap;
+    }
+    if (quant_pack_rows(w->type, w->data, w->row_bytes, rows, p)) { free(p); return 0; }
+    c->packs[c->n_packs++] = p;
+    w->dev = p;
+    return 0;
+}
+
 /* ==== Table ==== */
 
 static void cpu_destroy(backend *be) {
@@ -485,6 +521,8 @@ static void cpu_destroy(backend *be) {
         free(c->scratch_size);
         free(c->qbuf);
         free(c->moe_buf);
+        for (int i = 0; i < c->n_packs; i++) free(c->packs[i]);
+        free(c->packs);
         free(c);
     }
     free(be);
@@ -495,6 +533,7 @@ static const backend_ops cpu_ops = {
     .read = cpu_read, .write = cpu_write, .get_rows = cpu_get_rows, .rms_norm = cpu_rms_norm,
     .mul_mat = cpu_mul_mat, .add_bias = cpu_add_bias, .rope = cpu_rope, .attention = cpu_attention,
     .kv_store = cpu_kv_store, .swiglu = cpu_swiglu, .add = cpu_add, .moe_ffn = cpu_moe_ffn,
+    .load_weight = cpu_load_weight,
 };
 
 backend *backend_cpu_create(int n_threads) {

@@ -323,45 +323,66 @@ QA_TILE_B32(Q5_0)
  * accumulates sumf += (float)sumi * (d_w * d_a) block after block, unfused:
  * the reference's arithmetic, bit for bit. The gathering is shared by all
  * the call's activation rows. */
-#define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 72 KiB (stack) */
+#define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 68 KiB (stack) */
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
 #define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
+/* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
+ * (about four blocks) ahead keeps more lines in flight than the hardware
+ * prefetcher alone. */
+#define QA_P16_PF 2048
 
-/* rows [0, 16) of w, blocks [b0, b0 + nb): wq[b][g] (u8 = w + 128), wd[b] */
-static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t nb, __m512i *wq, __m512 *wd) {
+/* rows [0, 16) of w, blocks [b0, b0 + nb) -> the packed layout of quant.h
+ * (544 bytes a block: 16 fp16 scales, then 8 runs of 16 rows x 4 bytes + 128) */
+#define QA_P16_BLOCK 544
+static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t nb, uint8_t *pk) {
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)w_stride));
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, pk += QA_P16_BLOCK) {
         const uint8_t *base = w + (size_t)(b0 + b) * sizeof(block_q8_0);
         __m512i d = _mm512_i32gather_epi32(idx, base, 1);   /* the fp16 scale in the low half */
-        wd[b] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(d));
+        _mm256_storeu_si256((__m256i *)pk, _mm512_cvtepi32_epi16(d));
         for (int g = 0; g < 8; g++)
-            wq[b * 8 + g] = _mm512_xor_si512(_mm512_i32gather_epi32(idx, base + 2 + 4 * g, 1), off);
+            _mm512_storeu_si512(pk + 32 + 64 * g, _mm512_xor_si512(_mm512_i32gather_epi32(idx, base + 2 + 4 * g, 1), off));
     }
 }
 
 /* RA activation rows x 16 packed rows over nb blocks; acc carried in out
- * (row-major [act][row]) when `first` is 0. */
-QA_INLINE void qa_r16_walk(int RA, int64_t nb, const __m512i *wq, const __m512 *wd, const block_q8_0 *const *ar,
+ * (row-major [act][row]) when `first` is 0. With one or two activation rows
+ * each block's eight vpdpbusd are split over two chains (integer sums: the
+ * same result) so that their latency does not bound a decode step. */
+QA_INLINE void qa_r16_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar,
                            const int32_t *const *cs, int first, float *out, size_t out_stride) {
     __m512 acc[QA_R16_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * out_stride);
-    for (int64_t b = 0; b < nb; b++) {
+    for (int64_t b = 0; b < nb; b++, pk += QA_P16_BLOCK) {
         __m512i x[8];
+        if (RA <= 2) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
         QA_UNROLL
-        for (int g = 0; g < 8; g++) x[g] = wq[b * 8 + g];
+        for (int g = 0; g < 8; g++) x[g] = _mm512_loadu_si512(pk + 32 + 64 * g);
+        __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             const block_q8_0 *y = &ar[r][b];
             int32_t q4[8];
             memcpy(q4, y->qs, 32);
             __m512i s = _mm512_set1_epi32(cs[r][b]);
-            QA_UNROLL
-            for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
-            __m512 sc = _mm512_mul_ps(wd[b], _mm512_set1_ps(qa_h2f(y->d)));
+            if (RA <= 2) {
+                __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x[1], _mm512_set1_epi32(q4[1]));
+                s = _mm512_dpbusd_epi32(s, x[0], _mm512_set1_epi32(q4[0]));
+                QA_UNROLL
+                for (int g = 2; g < 8; g += 2) {
+                    s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
+                    s1 = _mm512_dpbusd_epi32(s1, x[g + 1], _mm512_set1_epi32(q4[g + 1]));
+                }
+                s = _mm512_add_epi32(s, s1);
+            } else {
+                QA_UNROLL
+                for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
+            }
+            __m512 sc = _mm512_mul_ps(wd, _mm512_set1_ps(qa_h2f(y->d)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
         }
     }
@@ -431,12 +452,13 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
     }
 }
 
-/* Rows [0, nw16) (a multiple of 16) x all na activation rows. */
+/* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain rows
+ * (packed == 0) are gathered into the packed layout on the stack, 128 blocks
+ * at a time; packed ones are walked where they lie. */
 static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
-                              size_t a_stride, int na, float *out, size_t out_stride) {
+                              size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
-    __m512i wq[QA_R16_MAXB * 8];
-    __m512 wd[QA_R16_MAXB];
+    _Alignas(64) uint8_t pbuf[QA_R16_MAXB * QA_P16_BLOCK];   /* 68 KiB; unused when packed */
     int32_t cs[QA_R16_JC][QA_R16_MAXB];
     for (int64_t b0 = 0; b0 < nbt; b0 += QA_R16_MAXB) {
         int64_t nb = nbt - b0 < QA_R16_MAXB ? nbt - b0 : QA_R16_MAXB;
@@ -448,7 +470,9 @@ static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int 
                 for (int64_t b = 0; b < nb; b++) cs[r][b] = qa_r16_corr(&y[b]);
             }
             for (int i0 = 0; i0 < nw16; i0 += 16) {
-                qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, wq, wd);
+                const uint8_t *pk = pbuf;
+                if (packed) pk = w + (size_t)i0 * w_stride + (size_t)b0 * QA_P16_BLOCK;
+                else qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, pbuf);
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
                     int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
                     const block_q8_0 *ar[QA_R16_ACTS];
@@ -459,20 +483,21 @@ static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int 
                     }
                     float *o = out + (size_t)(jc + j0) * out_stride + (size_t)i0;
                     switch (RA) {
-                    case 1: qa_r16_walk(1, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 2: qa_r16_walk(2, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 3: qa_r16_walk(3, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 4: qa_r16_walk(4, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 5: qa_r16_walk(5, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 6: qa_r16_walk(6, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    case 7: qa_r16_walk(7, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
-                    default: qa_r16_walk(8, nb, wq, wd, ar, cp, b0 == 0, o, out_stride); break;
+                    case 1: qa_r16_walk(1, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 2: qa_r16_walk(2, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 3: qa_r16_walk(3, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 4: qa_r16_walk(4, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 5: qa_r16_walk(5, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 6: qa_r16_walk(6, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    case 7: qa_r16_walk(7, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
+                    default: qa_r16_walk(8, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
                     }
                 }
             }
         }
     }
 }
+
 #endif
 
 typedef void (*qa_b32_fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_0 *const *,
@@ -483,7 +508,7 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #if defined(QA_ZMM)
     if (type == GGML_TYPE_Q8_0 && nw >= 16 && w_stride <= (size_t)INT32_MAX / 16) {
         int nw16 = nw / 16 * 16;
-        if (na >= QA_R16_MIN) qa_mul_mat_q8_r16(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
+        if (na >= QA_R16_MIN) qa_mul_mat_q8_r16(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride, 0);
         else qa_mul_mat_q8_r16_few(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
         if (nw16 == nw) return;
         w = (const uint8_t *)w + (size_t)nw16 * w_stride;   /* the last rows: the pair tile */
@@ -722,6 +747,192 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
     }
 }
 
+#if defined(QA_ZMM)
+/* ==== AVX-512 VNNI: packed K-quants, 16 rows across the lanes ====
+ * Weights in the packed layouts of quant.c: each 64-byte run gives lane i
+ * four bytes of row i, so a vpdpbusd against four broadcast activation bytes
+ * adds four products to each row's sub-block dot. Every lane keeps the
+ * reference's integers (sub-block dots, scaled sums) exactly and then does
+ * its float arithmetic in the reference's order, unfused: results equal
+ * quant_ref_vec_dot's bit for bit, whatever the number of activation rows. */
+#define QA_KP_ACTS 4        /* activation rows per walk */
+#define QA_Q4KP_BLOCK 2304  /* 16 x sizeof(block_q4_K) */
+#define QA_Q6KP_BLOCK 3360  /* 16 x sizeof(block_q6_K) */
+
+QA_INLINE __m512i qa_bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
+
+/* Q4_K: 6-bit scale j (sel 0) or min j (sel 1) of every lane, from the three
+ * scale runs A, B, C (bytes 0-3, 4-7, 8-11 of the row's scales). */
+QA_INLINE __m512i qa_q4k_scale(__m512i A, __m512i B, __m512i C, int j, int sel) {
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+    __m512i lo = sel ? B : A;
+    if (j < 4) return _mm512_and_si512(_mm512_srli_epi32(lo, 8 * j), m6);
+    __m512i c = _mm512_and_si512(_mm512_srli_epi32(C, 8 * (j - 4) + 4 * sel), m4);
+    __m512i h = _mm512_and_si512(_mm512_srli_epi32(lo, 8 * (j - 4) + 6), m2);
+    return _mm512_or_si512(c, _mm512_slli_epi32(h, 4));
+}
+
+QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
+                           size_t out_stride) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512 acc[QA_KP_ACTS];
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += QA_Q4KP_BLOCK) {
+        if (RA <= 2) _mm_prefetch((const char *)pk + QA_Q4KP_BLOCK, _MM_HINT_T0);
+        const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
+        __m512i sumi[QA_KP_ACTS], summ[QA_KP_ACTS];
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) {
+            sumi[r] = _mm512_setzero_si512();
+            summ[r] = _mm512_setzero_si512();
+        }
+        QA_UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m512i dlo[QA_KP_ACTS], dhi[QA_KP_ACTS];
+            QA_UNROLL
+            for (int r = 0; r < RA; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
+            QA_UNROLL
+            for (int g = 0; g < 8; g++) {
+                __m512i v = _mm512_loadu_si512(pk + 256 + 64 * (8 * c + g));
+                __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                QA_UNROLL
+                for (int r = 0; r < RA; r++) {
+                    dlo[r] = _mm512_dpbusd_epi32(dlo[r], lo, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
+                    dhi[r] = _mm512_dpbusd_epi32(dhi[r], hi, qa_bcast4(ar[r][b].qs + 64 * c + 32 + 4 * g));
+                }
+            }
+            const __m512i s0 = qa_q4k_scale(A, B, C, 2 * c, 0), s1 = qa_q4k_scale(A, B, C, 2 * c + 1, 0);
+            const __m512i m0 = qa_q4k_scale(A, B, C, 2 * c, 1), m1 = qa_q4k_scale(A, B, C, 2 * c + 1, 1);
+            QA_UNROLL
+            for (int r = 0; r < RA; r++) {
+                const int16_t *bs = ar[r][b].bsums;
+                sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, dlo[r]),
+                                                                     _mm512_mullo_epi32(s1, dhi[r])));
+                __m512i b0 = _mm512_set1_epi32(bs[4 * c] + bs[4 * c + 1]), b1 = _mm512_set1_epi32(bs[4 * c + 2] + bs[4 * c + 3]);
+                summ[r] = _mm512_add_epi32(summ[r], _mm512_add_epi32(_mm512_mullo_epi32(m0, b0), _mm512_mullo_epi32(m1, b1)));
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk + 32)));
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) {
+            __m512 dy = _mm512_set1_ps(ar[r][b].d);
+            __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dy, d), _mm512_cvtepi32_ps(sumi[r])),
+                                     _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(summ[r])));
+            acc[r] = _mm512_add_ps(acc[r], t);
+        }
+    }
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
+}
+
+/* Q6_K: levels (0..63) of run 8c + g, the low (part 0: elements 64c + 4g..)
+ * or high (part 1: 64c + 32 + 4g..) half, from its nibble run v and its
+ * high-bit run h. */
+QA_INLINE __m512i qa_q6k_levels(__m512i v, __m512i h, int g, int part) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    __m512i lo = part ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+    int sh = 4 * (g & 1) + 2 * part;   /* where this level's two high bits sit */
+    __m512i hb = sh >= 4 ? _mm512_srli_epi16(h, sh - 4) : _mm512_slli_epi16(h, 4 - sh);
+    return _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+}
+
+QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
+                           size_t out_stride) {
+    __m512 acc[QA_KP_ACTS];
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
+        if (RA <= 2) _mm_prefetch((const char *)pk + QA_Q6KP_BLOCK, _MM_HINT_T0);
+        __m512i sumi[QA_KP_ACTS];
+        QA_UNROLL
+        for (int r = 0; r < RA; r++) sumi[r] = _mm512_setzero_si512();
+        QA_UNROLL
+        for (int c = 0; c < 4; c++) {
+            const __m512i S = _mm512_loadu_si512(pk + 32 + 64 * c);   /* scales 4c..4c+3 */
+            QA_UNROLL
+            for (int q = 0; q < 2; q++) {          /* g in [4q, 4q + 4): sub-blocks 4c + q, 4c + 2 + q */
+                __m512i d0[QA_KP_ACTS], d1[QA_KP_ACTS];
+                QA_UNROLL
+                for (int r = 0; r < RA; r++) d0[r] = d1[r] = _mm512_setzero_si512();
+                QA_UNROLL
+                for (int gg = 0; gg < 4; gg++) {
+                    const int g = 4 * q + gg;
+                    __m512i v = _mm512_loadu_si512(pk + 288 + 64 * (8 * c + g));
+                    __m512i h = _mm512_loadu_si512(pk + 2336 + 64 * (4 * c + g / 2));
+                    __m512i l0 = qa_q6k_levels(v, h, g, 0), l1 = qa_q6k_levels(v, h, g, 1);
+                    QA_UNROLL
+                    for (int r = 0; r < RA; r++) {
+                        d0[r] = _mm512_dpbusd_epi32(d0[r], l0, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
+                        d1[r] = _mm512_dpbusd_epi32(d1[r], l1, qa_bcast4(ar[r][b].qs + 64 * c + 32 + 4 * g));
+                    }
+                }
+                /* int8 scales 4c + q and 4c + 2 + q, sign-extended per lane */
+                const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * q), 24);
+                const __m512i sc1 = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * (q + 2)), 24);
+                QA_UNROLL
+                for (int r = 0; r < RA; r++) {
+                    const int16_t *bs = ar[r][b].bsums;   /* levels are value + 32 */
+                    __m512i t0 = _mm512_sub_epi32(d0[r], _mm512_set1_epi32(32 * bs[4 * c + q]));
+                    __m512i t1 = _mm512_sub_epi32(d1[r], _mm512_set1_epi32(32 * bs[4 * c + 2 + q]));
+                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(sc0, t0),
+                                                                         _mm512_mullo_epi32(sc1, t1)));
+                }
+            }
+        }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
+        QA_UNROLL
+        for (int r = 0; r < RA; r++)
+            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(ar[r][b].d), d),
+                                                         _mm512_cvtepi32_ps(sumi[r])));
+    }
+    QA_UNROLL
+    for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
+}
+
+#define QA_KP_WALK(T)                                                                              \
+    static void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, \
+                                float *out, size_t os) {                                           \
+        switch (RA) {                                                                              \
+        case 1: qa_##T##_walk(1, nb, pk, ar, out, os); break;                                      \
+        case 2: qa_##T##_walk(2, nb, pk, ar, out, os); break;                                      \
+        case 3: qa_##T##_walk(3, nb, pk, ar, out, os); break;                                      \
+        default: qa_##T##_walk(4, nb, pk, ar, out, os); break;                                     \
+        }                                                                                          \
+    }
+QA_KP_WALK(q4k)
+QA_KP_WALK(q6k)
+
+/* Groups of 16 packed rows x every activation row, QA_KP_ACTS at a time: a
+ * group's blocks stay in cache while the activation rows pass over them. */
+static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw, const void *a,
+                               size_t a_stride, int na, float *out, size_t out_stride) {
+    const int64_t nb = n / QK_K;
+    for (int i0 = 0; i0 < nw; i0 += 16) {
+        const uint8_t *pk = w + (size_t)i0 * w_stride;
+        for (int j0 = 0; j0 < na; j0 += QA_KP_ACTS) {
+            int RA = na - j0 < QA_KP_ACTS ? na - j0 : QA_KP_ACTS;
+            const block_q8_K *ar[QA_KP_ACTS];
+            for (int r = 0; r < RA; r++) ar[r] = (const block_q8_K *)((const uint8_t *)a + (size_t)(j0 + r) * a_stride);
+            float *o = out + (size_t)j0 * out_stride + (size_t)i0;
+            if (type == GGML_TYPE_Q4_K) qa_q4k_walk_n(RA, nb, pk, ar, o, out_stride);
+            else qa_q6k_walk_n(RA, nb, pk, ar, o, out_stride);
+        }
+    }
+}
+
+static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+    if (nw % 16) return 0;
+    switch (wtype) {
+    case GGML_TYPE_Q8_0: qa_mul_mat_q8_r16(n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1); return 1;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride); return 1;
+    default: return 0;
+    }
+}
+#endif
+
 /* ==== Float formats (F32, F16, BF16) ==== */
 /* Activation rows are converted to f32 once per K-chunk (QA_FCHUNK values)
  * into a stack buffer and reused by every weight row; weights are converted
@@ -956,4 +1167,8 @@ static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
 const quant_kset QA_CAT(quant_kset, QA_SET) = {
     .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = QA_VEC_OPS,
     .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
+#if defined(QA_ZMM)
+    .packed_types = 1ull << GGML_TYPE_Q8_0 | 1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q6_K,
+    .mul_mat_tile_packed = qa_mul_mat_packed,
+#endif
 };
