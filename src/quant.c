@@ -753,6 +753,9 @@ void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const voi
 /* ==== Packed weights ====
  * Layouts (quant.h gives Q8_0's). A "run" is 64 bytes: 4 bytes of each of the
  * 16 rows in row order, so one zmm load gives each lane its row's bytes.
+ * Q4_0, per block (288 bytes = 16 x 18): d x16 (fp16), then 4 runs of qs
+ *   (run g: qs[4g .. 4g + 3]). Q5_0 (352 = 16 x 22): d x16, one run of the
+ *   4 qh bytes, 4 runs of qs.
  * Q4_K, per super-block (2304 bytes = 16 x 144): d x16 (fp16), dmin x16,
  *   3 runs of the 12 scale bytes (run t: bytes 4t..4t+3), then 32 runs of qs
  *   (run 8c + g: qs[32c + 4g .. +3]; low nibbles are sub-block 2c, high 2c+1).
@@ -766,6 +769,8 @@ void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const voi
 static size_t quant_pack_block_bytes(uint32_t wtype) {
     switch (wtype) {
     case GGML_TYPE_Q8_0: return sizeof(block_q8_0);
+    case GGML_TYPE_Q4_0: return sizeof(block_q4_0);
+    case GGML_TYPE_Q5_0: return sizeof(block_q5_0);
     case GGML_TYPE_Q4_K: return sizeof(block_q4_K);
     case GGML_TYPE_Q6_K: return sizeof(block_q6_K);
     default: return 0;
@@ -792,6 +797,15 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
         memcpy(p + 2 * r, &x->d, 2);
         for (int k = 0; k < 8; k++)
             for (int e = 0; e < 4; e++) p[32 + QUANT_RUN * k + 4 * r + e] = (uint8_t)x->qs[4 * k + e] ^ 0x80u;
+    } else if (wtype == GGML_TYPE_Q4_0) {
+        const block_q4_0 *x = blk;
+        memcpy(p + 2 * r, &x->d, 2);
+        for (int g = 0; g < 4; g++) memcpy(p + 32 + QUANT_RUN * g + 4 * r, x->qs + 4 * g, 4);
+    } else if (wtype == GGML_TYPE_Q5_0) {
+        const block_q5_0 *x = blk;
+        memcpy(p + 2 * r, &x->d, 2);
+        memcpy(p + 32 + 4 * r, x->qh, 4);
+        for (int g = 0; g < 4; g++) memcpy(p + 96 + QUANT_RUN * g + 4 * r, x->qs + 4 * g, 4);
     } else if (wtype == GGML_TYPE_Q4_K) {
         const block_q4_K *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
@@ -819,6 +833,15 @@ static void quant_unpack_block(uint32_t wtype, const uint8_t *p, int r, void *bl
         memcpy(&y->d, p + 2 * r, 2);
         for (int k = 0; k < 8; k++)
             for (int e = 0; e < 4; e++) y->qs[4 * k + e] = (int8_t)(p[32 + QUANT_RUN * k + 4 * r + e] ^ 0x80u);
+    } else if (wtype == GGML_TYPE_Q4_0) {
+        block_q4_0 *y = blk;
+        memcpy(&y->d, p + 2 * r, 2);
+        for (int g = 0; g < 4; g++) memcpy(y->qs + 4 * g, p + 32 + QUANT_RUN * g + 4 * r, 4);
+    } else if (wtype == GGML_TYPE_Q5_0) {
+        block_q5_0 *y = blk;
+        memcpy(&y->d, p + 2 * r, 2);
+        memcpy(y->qh, p + 32 + 4 * r, 4);
+        for (int g = 0; g < 4; g++) memcpy(y->qs + 4 * g, p + 96 + QUANT_RUN * g + 4 * r, 4);
     } else if (wtype == GGML_TYPE_Q4_K) {
         block_q4_K *y = blk;
         memcpy(&y->d, p + 2 * r, 2);
@@ -869,7 +892,7 @@ static void quant_ref_mul_mat_packed(uint32_t wtype, int64_t n, const uint8_t *w
                                      const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     const size_t bs = quant_pack_block_bytes(wtype);
     const uint32_t at = quant_vec_dot_type(wtype);
-    const int64_t qk = wtype == GGML_TYPE_Q8_0 ? QK8_0 : QK_K, nb = n / qk;
+    const int64_t qk = at == GGML_TYPE_Q8_0 ? QK8_0 : QK_K, nb = n / qk;
     const size_t abs = at == GGML_TYPE_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q8_K);
     _Alignas(8) uint8_t blk[sizeof(block_q6_K) > sizeof(block_q4_K) ? sizeof(block_q6_K) : sizeof(block_q4_K)];
     for (int j = 0; j < na; j++) {

@@ -505,6 +505,8 @@ static void test_packed_type(uint32_t t, const int64_t lens[3]) {
 static void test_packed(void) {
     const int64_t l32[3] = { 32, 1024, 130 * 32 }, lk[3] = { 256, 1024, 17 * 256 };
     test_packed_type(GGML_TYPE_Q8_0, l32);
+    test_packed_type(GGML_TYPE_Q4_0, l32);
+    test_packed_type(GGML_TYPE_Q5_0, l32);
     test_packed_type(GGML_TYPE_Q4_K, lk);
     test_packed_type(GGML_TYPE_Q6_K, lk);
     uint8_t w[sizeof(block_q5_K) * 16], pk[sizeof w];

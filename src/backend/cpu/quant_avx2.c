@@ -334,12 +334,11 @@ QA_TILE_B32(Q5_0)
 
 /* rows [0, 16) of w, blocks [b0, b0 + nb) -> the packed layout of quant.h
  * (544 bytes a block: 16 fp16 scales, then 8 runs of 16 rows x 4 bytes + 128) */
-#define QA_P16_BLOCK 544
 static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t nb, uint8_t *pk) {
     const __m512i idx = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                            _mm512_set1_epi32((int)w_stride));
     const __m512i off = _mm512_set1_epi8((char)0x80);
-    for (int64_t b = 0; b < nb; b++, pk += QA_P16_BLOCK) {
+    for (int64_t b = 0; b < nb; b++, pk += 544) {
         const uint8_t *base = w + (size_t)(b0 + b) * sizeof(block_q8_0);
         __m512i d = _mm512_i32gather_epi32(idx, base, 1);   /* the fp16 scale in the low half */
         _mm256_storeu_si256((__m256i *)pk, _mm512_cvtepi32_epi16(d));
@@ -348,27 +347,60 @@ static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t n
     }
 }
 
-/* RA activation rows x 16 packed rows over nb blocks; acc carried in out
- * (row-major [act][row]) when `first` is 0. With one or two activation rows
- * each block's eight vpdpbusd are split over two chains (integer sums: the
- * same result) so that their latency does not bound a decode step. */
-QA_INLINE void qa_r16_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar,
+/* Packed bytes per block of 16 rows (quant.c's layouts) */
+#define QA_P16_BSIZE(T) ((T) == GGML_TYPE_Q8_0 ? 544 : (T) == GGML_TYPE_Q4_0 ? 288 : 352)
+
+/* Q4_0 / Q5_0: levels (value + 8, or value + 16) of nibble run g, part 0
+ * (elements 4g..4g+3) or part 1 (16 + 4g..); Q5_0's fifth bits come from
+ * the lane's qh word: bit e of it to bit 4 of byte e - 4g (the multiply
+ * spreads four bits to the four bytes without carries). */
+QA_INLINE __m512i qa_p16_levels(uint32_t T, __m512i v, __m512i qh, int g, int part) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    __m512i l = part ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
+    if (T == GGML_TYPE_Q5_0) {
+        __m512i x = _mm512_and_si512(_mm512_srli_epi32(qh, 16 * part + 4 * g), _mm512_set1_epi32(0xF));
+        x = _mm512_and_si512(_mm512_mullo_epi32(x, _mm512_set1_epi32(0x00204081)), _mm512_set1_epi32(0x01010101));
+        l = _mm512_or_si512(l, _mm512_slli_epi32(x, 4));
+    }
+    return l;
+}
+
+/* RA activation rows x 16 packed rows (type T) over nb blocks; acc carried
+ * in out (row-major [act][row]) when `first` is 0. cs: -128 * the sum of
+ * each activation block (Q8_0's offset; Q4_0 and Q5_0 take a 16th and an
+ * 8th of it). With one or two activation rows each block's products are
+ * split over two chains (integer sums: the same result) so that their
+ * latency does not bound a decode step. */
+QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar,
                            const int32_t *const *cs, int first, float *out, size_t out_stride) {
+    const int bsz = QA_P16_BSIZE(T);
     __m512 acc[QA_R16_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * out_stride);
-    for (int64_t b = 0; b < nb; b++, pk += QA_P16_BLOCK) {
+    for (int64_t b = 0; b < nb; b++, pk += bsz) {
         __m512i x[8];
         if (RA <= 2) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
-        QA_UNROLL
-        for (int g = 0; g < 8; g++) x[g] = _mm512_loadu_si512(pk + 32 + 64 * g);
+        if (T == GGML_TYPE_Q8_0) {
+            QA_UNROLL
+            for (int g = 0; g < 8; g++) x[g] = _mm512_loadu_si512(pk + 32 + 64 * g);
+        } else {   /* x[g]: bytes 4g..4g+3 of the block's 32 levels, as Q8_0's runs */
+            const uint8_t *q = pk + (T == GGML_TYPE_Q5_0 ? 96 : 32);
+            __m512i qh = T == GGML_TYPE_Q5_0 ? _mm512_loadu_si512(pk + 32) : _mm512_setzero_si512();
+            QA_UNROLL
+            for (int g = 0; g < 4; g++) {
+                __m512i v = _mm512_loadu_si512(q + 64 * g);
+                x[g] = qa_p16_levels(T, v, qh, g, 0);
+                x[4 + g] = qa_p16_levels(T, v, qh, g, 1);
+            }
+        }
         __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             const block_q8_0 *y = &ar[r][b];
             int32_t q4[8];
             memcpy(q4, y->qs, 32);
-            __m512i s = _mm512_set1_epi32(cs[r][b]);
+            int32_t c = T == GGML_TYPE_Q8_0 ? cs[r][b] : T == GGML_TYPE_Q4_0 ? cs[r][b] / 16 : cs[r][b] / 8;
+            __m512i s = _mm512_set1_epi32(c);
             if (RA <= 2) {
                 __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x[1], _mm512_set1_epi32(q4[1]));
                 s = _mm512_dpbusd_epi32(s, x[0], _mm512_set1_epi32(q4[0]));
@@ -389,6 +421,26 @@ QA_INLINE void qa_r16_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     QA_UNROLL
     for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
 }
+
+/* one walk per (type, activation rows), so the loops above fully unroll */
+#define QA_R16_WALK(TN)                                                                            \
+    static void qa_r16_walk_##TN(int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar, \
+                                 const int32_t *const *cs, int first, float *out, size_t os) {     \
+        const uint32_t T = GGML_TYPE_##TN;                                                         \
+        switch (RA) {                                                                              \
+        case 1: qa_r16_walk(T, 1, nb, pk, ar, cs, first, out, os); break;                          \
+        case 2: qa_r16_walk(T, 2, nb, pk, ar, cs, first, out, os); break;                          \
+        case 3: qa_r16_walk(T, 3, nb, pk, ar, cs, first, out, os); break;                          \
+        case 4: qa_r16_walk(T, 4, nb, pk, ar, cs, first, out, os); break;                          \
+        case 5: qa_r16_walk(T, 5, nb, pk, ar, cs, first, out, os); break;                          \
+        case 6: qa_r16_walk(T, 6, nb, pk, ar, cs, first, out, os); break;                          \
+        case 7: qa_r16_walk(T, 7, nb, pk, ar, cs, first, out, os); break;                          \
+        default: qa_r16_walk(T, 8, nb, pk, ar, cs, first, out, os); break;                         \
+        }                                                                                          \
+    }
+QA_R16_WALK(Q8_0)
+QA_R16_WALK(Q4_0)
+QA_R16_WALK(Q5_0)
 
 /* -128 * (sum of the block's activations): the u8 weights' offset */
 QA_INLINE int32_t qa_r16_corr(const block_q8_0 *y) {
@@ -452,13 +504,17 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
     }
 }
 
-/* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain rows
- * (packed == 0) are gathered into the packed layout on the stack, 128 blocks
- * at a time; packed ones are walked where they lie. */
-static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
-                              size_t a_stride, int na, float *out, size_t out_stride, int packed) {
+/* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain Q8_0
+ * rows (packed == 0) are gathered into the packed layout on the stack, 128
+ * blocks at a time; packed ones (Q8_0, Q4_0, Q5_0) are walked where they lie. */
+static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
+                           size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
-    _Alignas(64) uint8_t pbuf[QA_R16_MAXB * QA_P16_BLOCK];   /* 68 KiB; unused when packed */
+    const size_t bsz = QA_P16_BSIZE(type);
+    void (*walk)(int, int64_t, const uint8_t *, const block_q8_0 *const *, const int32_t *const *, int, float *,
+                 size_t) = type == GGML_TYPE_Q8_0 ? qa_r16_walk_Q8_0
+                         : type == GGML_TYPE_Q4_0 ? qa_r16_walk_Q4_0 : qa_r16_walk_Q5_0;
+    _Alignas(64) uint8_t pbuf[QA_R16_MAXB * 544];   /* 68 KiB; unused when packed */
     int32_t cs[QA_R16_JC][QA_R16_MAXB];
     for (int64_t b0 = 0; b0 < nbt; b0 += QA_R16_MAXB) {
         int64_t nb = nbt - b0 < QA_R16_MAXB ? nbt - b0 : QA_R16_MAXB;
@@ -471,7 +527,7 @@ static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int 
             }
             for (int i0 = 0; i0 < nw16; i0 += 16) {
                 const uint8_t *pk = pbuf;
-                if (packed) pk = w + (size_t)i0 * w_stride + (size_t)b0 * QA_P16_BLOCK;
+                if (packed) pk = w + (size_t)i0 * w_stride + (size_t)b0 * bsz;
                 else qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, pbuf);
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
                     int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
@@ -481,23 +537,12 @@ static void qa_mul_mat_q8_r16(int64_t n, const uint8_t *w, size_t w_stride, int 
                         ar[r] = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + j0 + r) * a_stride) + b0;
                         cp[r] = cs[j0 + r];
                     }
-                    float *o = out + (size_t)(jc + j0) * out_stride + (size_t)i0;
-                    switch (RA) {
-                    case 1: qa_r16_walk(1, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 2: qa_r16_walk(2, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 3: qa_r16_walk(3, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 4: qa_r16_walk(4, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 5: qa_r16_walk(5, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 6: qa_r16_walk(6, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    case 7: qa_r16_walk(7, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    default: qa_r16_walk(8, nb, pk, ar, cp, b0 == 0, o, out_stride); break;
-                    }
+                    walk(RA, nb, pk, ar, cp, b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0, out_stride);
                 }
             }
         }
     }
 }
-
 #endif
 
 typedef void (*qa_b32_fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_0 *const *,
@@ -508,7 +553,7 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #if defined(QA_ZMM)
     if (type == GGML_TYPE_Q8_0 && nw >= 16 && w_stride <= (size_t)INT32_MAX / 16) {
         int nw16 = nw / 16 * 16;
-        if (na >= QA_R16_MIN) qa_mul_mat_q8_r16(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride, 0);
+        if (na >= QA_R16_MIN) qa_mul_mat_r16(GGML_TYPE_Q8_0, n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride, 0);
         else qa_mul_mat_q8_r16_few(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
         if (nw16 == nw) return;
         w = (const uint8_t *)w + (size_t)nw16 * w_stride;   /* the last rows: the pair tile */
@@ -926,7 +971,9 @@ static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_
                              const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     if (nw % 16) return 0;
     switch (wtype) {
-    case GGML_TYPE_Q8_0: qa_mul_mat_q8_r16(n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1); return 1;
+    case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
+        qa_mul_mat_r16(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1);
+        return 1;
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride); return 1;
     default: return 0;
     }
@@ -1168,7 +1215,8 @@ const quant_kset QA_CAT(quant_kset, QA_SET) = {
     .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = QA_VEC_OPS,
     .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
 #if defined(QA_ZMM)
-    .packed_types = 1ull << GGML_TYPE_Q8_0 | 1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q6_K,
+    .packed_types = 1ull << GGML_TYPE_Q8_0 | 1ull << GGML_TYPE_Q4_0 | 1ull << GGML_TYPE_Q5_0 |
+                    1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q6_K,
     .mul_mat_tile_packed = qa_mul_mat_packed,
 #endif
 };
