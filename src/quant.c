@@ -795,8 +795,12 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
     if (wtype == GGML_TYPE_Q8_0) {
         const block_q8_0 *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
-        for (int k = 0; k < 8; k++)
-            for (int e = 0; e < 4; e++) p[32 + QUANT_RUN * k + 4 * r + e] = (uint8_t)x->qs[4 * k + e] ^ 0x80u;
+        for (int k = 0; k < 8; k++) {
+            uint32_t v;
+            memcpy(&v, x->qs + 4 * k, 4);
+            v ^= 0x80808080u;
+            memcpy(p + 32 + QUANT_RUN * k + 4 * r, &v, 4);
+        }
     } else if (wtype == GGML_TYPE_Q4_0) {
         const block_q4_0 *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
@@ -869,7 +873,7 @@ int quant_pack_rows(uint32_t wtype, const void *src, size_t row_bytes, int64_t n
     if (!bs || n_rows % QUANT_PACK_ROWS || row_bytes % bs) return -1;
     const size_t group = QUANT_PACK_ROWS * row_bytes, pb = QUANT_PACK_ROWS * bs;
     const int64_t nb = (int64_t)(row_bytes / bs);
-    memset(dst, 0, (size_t)n_rows * row_bytes);
+    if (wtype == GGML_TYPE_Q6_K) memset(dst, 0, (size_t)n_rows * row_bytes);   /* its high bits are ORed in */
     for (int64_t g = 0; g < n_rows / QUANT_PACK_ROWS; g++)
         for (int r = 0; r < QUANT_PACK_ROWS; r++)
             for (int64_t b = 0; b < nb; b++)

@@ -89,7 +89,8 @@ void quant_mul_mat_tile(uint32_t wtype, int64_t n,
  * packing them pays); the reference multiplies them too, only slower. */
 int quant_pack_pays(uint32_t wtype);
 /* n_rows (a multiple of QUANT_PACK_ROWS) rows of row_bytes -> packed; 0, or
- * -1 for a type without a packed layout. */
+ * -1 for a type without a packed layout. Groups are independent: threads may
+ * pack disjoint runs of them (src and dst advanced by whole groups). */
 int quant_pack_rows(uint32_t wtype, const void *src, size_t row_bytes, int64_t n_rows, void *dst);
 /* Row `lane` (0..15) of one packed group -> a plain row of row_bytes. */
 void quant_unpack_row(uint32_t wtype, const void *group, size_t row_bytes, int lane, void *dst);

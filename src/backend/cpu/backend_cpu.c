@@ -13,6 +13,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "gguf.h"
 #include "ops.h"
@@ -486,9 +488,42 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
 
 /* ==== Packed weights ====
  * At load, a matrix whose type the active kernel set multiplies packed
- * (quant_pack_pays) is copied into the interleaved layout of quant.h; the
- * mmap stays for get_rows and for rows past the last whole group. A copy
- * that cannot be made (memory) is not an error: the plain rows still work. */
+ * (quant_pack_pays) is copied into the interleaved layout of quant.h by all
+ * the pool's threads; the mmap stays for get_rows and for rows past the last
+ * whole group. A copy that cannot be made (memory) is not an error: the
+ * plain rows still work. */
+typedef struct {
+    const be_weight *w;
+    uint8_t *dst;
+    int64_t groups;
+} pack_job;
+
+static void pack_run(void *ctx, int ith, int nth) {
+    pack_job *j = ctx;
+    long lo, hi;
+    tpool_split(j->groups, ith, nth, &lo, &hi);
+    size_t gb = (size_t)QUANT_PACK_ROWS * j->w->row_bytes;
+    if (hi > lo)
+        quant_pack_rows(j->w->type, (const uint8_t *)j->w->data + (size_t)lo * gb, j->w->row_bytes,
+                        (int64_t)(hi - lo) * QUANT_PACK_ROWS, j->dst + (size_t)lo * gb);
+}
+
+/* The plain rows of a packed weight are not read again: give their pages
+ * back (a file mapping's are re-read from the file if they ever are; any
+ * other memory is swapped, never lost), so a model does not hold its
+ * weights twice. */
+static void cpu_drop_pages(const void *data, size_t bytes) {
+#if defined(MADV_PAGEOUT)
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) return;
+    uintptr_t lo = ((uintptr_t)data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t hi = ((uintptr_t)data + bytes) & ~((uintptr_t)pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_PAGEOUT);
+#else
+    (void)data; (void)bytes;
+#endif
+}
+
 static int cpu_load_weight(backend *be, be_weight *w, char *err, size_t errlen) {
     cpu_impl *c = cpu_of(be);
     int64_t rows = w->ne[1] * (w->ne[2] > 0 ? w->ne[2] : 1);
@@ -503,9 +538,11 @@ static int cpu_load_weight(backend *be, be_weight *w, char *err, size_t errlen) 
         c->packs = np;
         c->cap_packs = cap;
     }
-    if (quant_pack_rows(w->type, w->data, w->row_bytes, rows, p)) { free(p); return 0; }
+    pack_job j = { .w = w, .dst = p, .groups = rows / QUANT_PACK_ROWS };
+    tpool_run(c->pool, pack_run, &j);
     c->packs[c->n_packs++] = p;
     w->dev = p;
+    cpu_drop_pages(w->data, bytes);
     return 0;
 }
 
