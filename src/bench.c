@@ -31,6 +31,7 @@
  * says the CPU has it: the rest of the build targets baseline x86-64. */
 #define BENCH_AVX2 1
 #define BENCH_TARGET_AVX2 __attribute__((target("avx2")))
+#define BENCH_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #endif
 
 #include "cliopt.h"
@@ -486,8 +487,9 @@ static double bench_bandwidth(int n_threads, int mib) {
 /* The matmul kernel itself on cache-resident data, at the backend's tile
  * shape: 16 weight rows x 64 activation rows x K = 512 (weights 8.5 KiB in
  * Q8_0, activations 34 KiB: both fit a 48 KiB L1d; K-quant activations are
- * a little larger and sit in L2). No memory traffic, so this is the most the
- * kernel can do. */
+ * a little larger and sit in L2), packed as the CPU backend packs them at
+ * load where the kernel set does (quant_pack_pays). No memory traffic, so
+ * this is the most the kernel can do. */
 #define CK_ROWS 16
 #define CK_TOK 64
 #define CK_K 512
@@ -513,8 +515,16 @@ static void ck_kernel(void *ctx, int ith, int nth) {
     for (int i = 0; i < CK_K * CK_TOK; i++) x[i] = (float)(bench_rand(&rng) % 2001) / 1000.0f - 1.0f;
     if (quant_quantize_weight_rows(j->wtype, x, w, CK_ROWS, CK_K)) { j->failed = 1; goto out; }
     for (int t = 0; t < CK_TOK; t++) quant_quantize_act_row(vt, x + t * CK_K, a + t * arow, CK_K);
-    for (long it = 0; it < j->iters; it++)
-        quant_mul_mat_tile(j->wtype, CK_K, w, wrow, CK_ROWS, a, arow, CK_TOK, out, CK_ROWS);
+    if (quant_pack_pays(j->wtype)) {
+        uint8_t *pk = aligned_alloc(64, (wrow * CK_ROWS + 63) / 64 * 64);
+        if (!pk || quant_pack_rows(j->wtype, w, wrow, CK_ROWS, pk)) { free(pk); j->failed = 1; goto out; }
+        for (long it = 0; it < j->iters; it++)
+            quant_mul_mat_tile_packed(j->wtype, CK_K, pk, wrow, CK_ROWS, a, arow, CK_TOK, out, CK_ROWS);
+        free(pk);
+    } else {
+        for (long it = 0; it < j->iters; it++)
+            quant_mul_mat_tile(j->wtype, CK_K, w, wrow, CK_ROWS, a, arow, CK_TOK, out, CK_ROWS);
+    }
     j->sink[ith % 64] = out[0];
 out:
     (void)nth;
@@ -528,14 +538,15 @@ static double bench_kernel_peak(uint32_t wtype, int n_threads) {
     if (!pool) return 0;
     ck_job j = { .wtype = wtype, .iters = 20 };
     double best = 0, flop_per_iter = 2.0 * CK_ROWS * CK_TOK * CK_K * n_threads;
-    /* grow the loop until one run takes ~0.2 s, then keep the best of 3 */
-    for (int rep = 0; rep < 12 && !j.failed; rep++) {
+    /* grow the loop until one run takes over 0.15 s, then keep the best of 4
+     * (24 doublings: the zmm kernels run a tile in about a microsecond) */
+    for (int rep = 0, timed = 0; rep < 24 + 4 && timed < 4 && !j.failed; rep++) {
         double t0 = bench_now();
         tpool_run(pool, ck_kernel, &j);
         double dt = bench_now() - t0;
         if (dt > 0.15) {
             if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
-            if (rep >= 8) break;
+            timed++;
         } else {
             j.iters *= 2;
         }
@@ -572,19 +583,40 @@ BENCH_TARGET_AVX2 static void mad_loop(void *ctx, int ith, int nth) {
     j->sink[ith % 64] = _mm256_extract_epi32(s, 0);
 }
 
-/* int8 "FLOP/s" (2 per multiply-add) of the raw instruction sequence. */
-static double bench_int8_peak(int n_threads) {
+/* vpdpbusd on zmm (64 u8 x s8 products summed into 16 i32 lanes): the
+ * multiply-add of the avx512 set's kernels, 8 independent chains. */
+BENCH_TARGET_AVX512 static void mad_loop_vnni(void *ctx, int ith, int nth) {
+    mad_job *j = ctx;
+    (void)nth;
+    __m512i x0 = _mm512_set1_epi8((char)(3 + ith)), x1 = _mm512_set1_epi8(5), x2 = _mm512_set1_epi8(7);
+    __m512i x3 = _mm512_set1_epi8(9), y0 = _mm512_set1_epi8(-2), y1 = _mm512_set1_epi8(3);
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+    for (long i = 0; i < j->iters; i++) {
+        c0 = _mm512_dpbusd_epi32(c0, x0, y0); c1 = _mm512_dpbusd_epi32(c1, x1, y0);
+        c2 = _mm512_dpbusd_epi32(c2, x2, y0); c3 = _mm512_dpbusd_epi32(c3, x3, y0);
+        c4 = _mm512_dpbusd_epi32(c4, x0, y1); c5 = _mm512_dpbusd_epi32(c5, x1, y1);
+        c6 = _mm512_dpbusd_epi32(c6, x2, y1); c7 = _mm512_dpbusd_epi32(c7, x3, y1);
+        __asm__ volatile("" : "+v"(x0), "+v"(x1), "+v"(x2), "+v"(x3), "+v"(y0), "+v"(y1));
+    }
+    __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                                 _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+    j->sink[ith % 64] = _mm_cvtsi128_si32(_mm512_castsi512_si128(s));
+}
+
+/* int8 "FLOP/s" (2 per multiply-add) of the raw instruction sequence: the
+ * zmm vpdpbusd loop where the active set is avx512, else the AVX2 one. */
+static double bench_int8_peak(int n_threads, int vnni) {
     tpool *pool = tpool_create(n_threads);
     if (!pool) return 0;
     mad_job j = { .iters = 1 << 16 };
-    double best = 0, flop_per_iter = 2.0 * 8 * 32 * n_threads;
-    for (int rep = 0; rep < 12; rep++) {
+    double best = 0, flop_per_iter = 2.0 * 8 * (vnni ? 64 : 32) * n_threads;
+    for (int rep = 0, timed = 0; rep < 24 + 4 && timed < 4; rep++) {
         double t0 = bench_now();
-        tpool_run(pool, mad_loop, &j);
+        tpool_run(pool, vnni ? mad_loop_vnni : mad_loop, &j);
         double dt = bench_now() - t0;
         if (dt > 0.15) {
             if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
-            if (rep >= 8) break;
+            timed++;
         } else {
             j.iters *= 2;
         }
@@ -631,8 +663,9 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
     double bw = bench_bandwidth(n_threads, o->bw_mib);
     double kpeak = bench_kernel_peak(bi->main_type, n_threads);
     double ipeak = 0;
+    int vnni = !strcmp(quant_kernel_name(), "avx512");   /* the set runs only where the CPU has it */
 #if defined(BENCH_AVX2)
-    if (__builtin_cpu_supports("avx2")) ipeak = bench_int8_peak(n_threads);
+    if (__builtin_cpu_supports("avx2")) ipeak = bench_int8_peak(n_threads, vnni);
 #endif
     uint64_t wb = model_weight_bytes_per_token(m);
     char v[64];
@@ -666,13 +699,15 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
                2 * bench_attn_macs(h, pp->n, pp->depth) / 1e9, 2.0 * h->n_embd * h->n_vocab / 1e9, pp->n);
         printf("| pp%d measured | %.2f GFLOP/s | %.2f t/s x FLOPs per token |\n", pp->n, rate / 1e9, pp->mean);
         if (kpeak > 0)
-            printf("| matmul kernel ceiling (%s) | %.2f GFLOP/s | quant_mul_mat_tile, %d rows x %d tokens x %d, "
+            printf("| matmul kernel ceiling (%s) | %.2f GFLOP/s | %s, %d rows x %d tokens x %d, "
                    "cache-resident, %d threads; pp%d reaches %.1f%% of it |\n", gguf_type_name(bi->main_type),
-                   kpeak / 1e9, CK_ROWS, CK_TOK, CK_K, n_threads, pp->n, 100.0 * rate / kpeak);
+                   kpeak / 1e9, quant_pack_pays(bi->main_type) ? "quant_mul_mat_tile_packed" : "quant_mul_mat_tile",
+                   CK_ROWS, CK_TOK, CK_K, n_threads, pp->n, 100.0 * rate / kpeak);
         int float_w = bi->main_type == GGML_TYPE_F32 || bi->main_type == GGML_TYPE_F16 || bi->main_type == GGML_TYPE_BF16;
         if (ipeak > 0 && !float_w)   /* float weights use FMA kernels, not int8 */
-            printf("| int8 multiply-add ceiling | %.2f GOP/s | AVX2 vpmaddubsw+vpmaddwd+vpaddd register loop, "
-                   "%d threads (2 ops per multiply-add); pp%d reaches %.1f%% of it |\n", ipeak / 1e9, n_threads,
+            printf("| int8 multiply-add ceiling | %.2f GOP/s | %s register loop, "
+                   "%d threads (2 ops per multiply-add); pp%d reaches %.1f%% of it |\n", ipeak / 1e9,
+                   vnni ? "AVX-512 VNNI zmm vpdpbusd" : "AVX2 vpmaddubsw+vpmaddwd+vpaddd", n_threads,
                    pp->n, 100.0 * rate / ipeak);
     } else {
         if (kpeak > 0) {
