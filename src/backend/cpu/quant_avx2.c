@@ -803,6 +803,11 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
 #define QA_KP_ACTS 4        /* activation rows per walk */
 #define QA_Q4KP_BLOCK 2304  /* 16 x sizeof(block_q4_K) */
 #define QA_Q6KP_BLOCK 3360  /* 16 x sizeof(block_q6_K) */
+/* Decode walks prefetch every line two super-blocks ahead (4.5 KiB for Q4_K,
+ * 6.6 KiB for Q6_K): one ahead (or a fixed 2 KiB) left Q6_K at 23-27 GB/s
+ * from memory on one Zen 5 core, two ahead 28-35 (the streaming read test
+ * gives 37-39); 16 KiB ahead was slower again. */
+#define QA_KP_PF(T) (2 * ((T) == GGML_TYPE_Q4_K ? QA_Q4KP_BLOCK : QA_Q6KP_BLOCK))
 
 QA_INLINE __m512i qa_bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
@@ -824,7 +829,6 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += QA_Q4KP_BLOCK) {
-        if (RA <= 2) _mm_prefetch((const char *)pk + QA_Q4KP_BLOCK, _MM_HINT_T0);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
         __m512i sumi[QA_KP_ACTS], summ[QA_KP_ACTS];
         QA_UNROLL
@@ -840,6 +844,7 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
             QA_UNROLL
             for (int g = 0; g < 8; g++) {
                 __m512i v = _mm512_loadu_si512(pk + 256 + 64 * (8 * c + g));
+                if (RA <= 2) _mm_prefetch((const char *)pk + 256 + 64 * (8 * c + g) + QA_KP_PF(GGML_TYPE_Q4_K), _MM_HINT_T0);
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 QA_UNROLL
                 for (int r = 0; r < RA; r++) {
@@ -889,7 +894,6 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
-        if (RA <= 2) _mm_prefetch((const char *)pk + QA_Q6KP_BLOCK, _MM_HINT_T0);
         __m512i sumi[QA_KP_ACTS];
         QA_UNROLL
         for (int r = 0; r < RA; r++) sumi[r] = _mm512_setzero_si512();
@@ -906,6 +910,12 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                     const int g = 4 * q + gg;
                     __m512i v = _mm512_loadu_si512(pk + 288 + 64 * (8 * c + g));
                     __m512i h = _mm512_loadu_si512(pk + 2336 + 64 * (4 * c + g / 2));
+                    if (RA <= 2) {   /* every line of the block, QA_KP_PF ahead */
+                        _mm_prefetch((const char *)pk + 288 + 64 * (8 * c + g) + QA_KP_PF(GGML_TYPE_Q6_K), _MM_HINT_T0);
+                        if (g & 1)
+                            _mm_prefetch((const char *)pk + 2336 + 64 * (4 * c + g / 2) + QA_KP_PF(GGML_TYPE_Q6_K),
+                                         _MM_HINT_T0);
+                    }
                     __m512i l0 = qa_q6k_levels(v, h, g, 0), l1 = qa_q6k_levels(v, h, g, 1);
                     QA_UNROLL
                     for (int r = 0; r < RA; r++) {
