@@ -829,6 +829,8 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += QA_Q4KP_BLOCK) {
+        if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
+            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + QA_KP_PF(GGML_TYPE_Q4_K) + l, _MM_HINT_T0);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
         __m512i sumi[QA_KP_ACTS], summ[QA_KP_ACTS];
         QA_UNROLL
@@ -895,6 +897,8 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
         __m512i sumi[QA_KP_ACTS];
+        if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
+            for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + QA_KP_PF(GGML_TYPE_Q6_K) + l, _MM_HINT_T0);
         QA_UNROLL
         for (int r = 0; r < RA; r++) sumi[r] = _mm512_setzero_si512();
         QA_UNROLL
