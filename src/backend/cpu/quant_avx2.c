@@ -347,6 +347,11 @@ static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t n
     }
 }
 
+/* Four activation bytes to every lane, straight from memory (vpbroadcastd
+ * m32): a memcpy to an int first made the compiler load 8 bytes, shift and
+ * move each half from a general register (four instructions for one). */
+QA_INLINE __m512i qa_bcast4(const int8_t *p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
+
 /* Packed bytes per block of 16 rows (quant.c's layouts) */
 #define QA_P16_BSIZE(T) ((T) == GGML_TYPE_Q8_0 ? 544 : (T) == GGML_TYPE_Q4_0 ? 288 : 352)
 
@@ -371,8 +376,8 @@ QA_INLINE __m512i qa_p16_levels(uint32_t T, __m512i v, __m512i qh, int g, int pa
  * 8th of it). With one or two activation rows each block's products are
  * split over two chains (integer sums: the same result) so that their
  * latency does not bound a decode step. */
-QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar,
-                           const int32_t *const *cs, int first, float *out, size_t out_stride) {
+QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, const uint8_t *a0, size_t as,
+                           const int32_t *cs, int first, float *out, size_t out_stride) {
     const int bsz = QA_P16_BSIZE(T);
     __m512 acc[QA_R16_ACTS];
     QA_UNROLL
@@ -396,23 +401,23 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
         __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
-            const block_q8_0 *y = &ar[r][b];
-            int32_t q4[8];
-            memcpy(q4, y->qs, 32);
-            int32_t c = T == GGML_TYPE_Q8_0 ? cs[r][b] : T == GGML_TYPE_Q4_0 ? cs[r][b] / 16 : cs[r][b] / 8;
+            /* rows and corrections at fixed strides: two pointers in all, not 2 x RA */
+            const block_q8_0 *y = (const block_q8_0 *)(a0 + (size_t)r * as) + b;
+            const int32_t cr = cs[(size_t)r * QA_R16_MAXB + (size_t)b];
+            int32_t c = T == GGML_TYPE_Q8_0 ? cr : T == GGML_TYPE_Q4_0 ? cr / 16 : cr / 8;
             __m512i s = _mm512_set1_epi32(c);
             if (RA <= 2) {
-                __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x[1], _mm512_set1_epi32(q4[1]));
-                s = _mm512_dpbusd_epi32(s, x[0], _mm512_set1_epi32(q4[0]));
+                __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x[1], qa_bcast4(y->qs + 4));
+                s = _mm512_dpbusd_epi32(s, x[0], qa_bcast4(y->qs));
                 QA_UNROLL
                 for (int g = 2; g < 8; g += 2) {
-                    s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
-                    s1 = _mm512_dpbusd_epi32(s1, x[g + 1], _mm512_set1_epi32(q4[g + 1]));
+                    s = _mm512_dpbusd_epi32(s, x[g], qa_bcast4(y->qs + 4 * g));
+                    s1 = _mm512_dpbusd_epi32(s1, x[g + 1], qa_bcast4(y->qs + 4 * g + 4));
                 }
                 s = _mm512_add_epi32(s, s1);
             } else {
                 QA_UNROLL
-                for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, x[g], _mm512_set1_epi32(q4[g]));
+                for (int g = 0; g < 8; g++) s = _mm512_dpbusd_epi32(s, x[g], qa_bcast4(y->qs + 4 * g));
             }
             __m512 sc = _mm512_mul_ps(wd, _mm512_set1_ps(qa_h2f(y->d)));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_cvtepi32_ps(s), sc));
@@ -424,18 +429,18 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
 
 /* one walk per (type, activation rows), so the loops above fully unroll */
 #define QA_R16_WALK(TN)                                                                            \
-    static void qa_r16_walk_##TN(int RA, int64_t nb, const uint8_t *pk, const block_q8_0 *const *ar, \
-                                 const int32_t *const *cs, int first, float *out, size_t os) {     \
+    static void qa_r16_walk_##TN(int RA, int64_t nb, const uint8_t *pk, const uint8_t *a0, size_t as, \
+                                 const int32_t *cs, int first, float *out, size_t os) {            \
         const uint32_t T = GGML_TYPE_##TN;                                                         \
         switch (RA) {                                                                              \
-        case 1: qa_r16_walk(T, 1, nb, pk, ar, cs, first, out, os); break;                          \
-        case 2: qa_r16_walk(T, 2, nb, pk, ar, cs, first, out, os); break;                          \
-        case 3: qa_r16_walk(T, 3, nb, pk, ar, cs, first, out, os); break;                          \
-        case 4: qa_r16_walk(T, 4, nb, pk, ar, cs, first, out, os); break;                          \
-        case 5: qa_r16_walk(T, 5, nb, pk, ar, cs, first, out, os); break;                          \
-        case 6: qa_r16_walk(T, 6, nb, pk, ar, cs, first, out, os); break;                          \
-        case 7: qa_r16_walk(T, 7, nb, pk, ar, cs, first, out, os); break;                          \
-        default: qa_r16_walk(T, 8, nb, pk, ar, cs, first, out, os); break;                         \
+        case 1: qa_r16_walk(T, 1, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 2: qa_r16_walk(T, 2, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 3: qa_r16_walk(T, 3, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 4: qa_r16_walk(T, 4, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 5: qa_r16_walk(T, 5, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 6: qa_r16_walk(T, 6, nb, pk, a0, as, cs, first, out, os); break;                          \
+        case 7: qa_r16_walk(T, 7, nb, pk, a0, as, cs, first, out, os); break;                          \
+        default: qa_r16_walk(T, 8, nb, pk, a0, as, cs, first, out, os); break;                         \
         }                                                                                          \
     }
 QA_R16_WALK(Q8_0)
@@ -511,7 +516,7 @@ static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_
                            size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
     const size_t bsz = QA_P16_BSIZE(type);
-    void (*walk)(int, int64_t, const uint8_t *, const block_q8_0 *const *, const int32_t *const *, int, float *,
+    void (*walk)(int, int64_t, const uint8_t *, const uint8_t *, size_t, const int32_t *, int, float *,
                  size_t) = type == GGML_TYPE_Q8_0 ? qa_r16_walk_Q8_0
                          : type == GGML_TYPE_Q4_0 ? qa_r16_walk_Q4_0 : qa_r16_walk_Q5_0;
     _Alignas(64) uint8_t pbuf[QA_R16_MAXB * 544];   /* 68 KiB; unused when packed */
@@ -531,13 +536,9 @@ static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_
                 else qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, pbuf);
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
                     int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
-                    const block_q8_0 *ar[QA_R16_ACTS];
-                    const int32_t *cp[QA_R16_ACTS];
-                    for (int r = 0; r < RA; r++) {
-                        ar[r] = (const block_q8_0 *)((const uint8_t *)a + (size_t)(jc + j0 + r) * a_stride) + b0;
-                        cp[r] = cs[j0 + r];
-                    }
-                    walk(RA, nb, pk, ar, cp, b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0, out_stride);
+                    const uint8_t *a0 = (const uint8_t *)a + (size_t)(jc + j0) * a_stride + (size_t)b0 * sizeof(block_q8_0);
+                    walk(RA, nb, pk, a0, a_stride, cs[j0], b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0,
+                         out_stride);
                 }
             }
         }
@@ -809,7 +810,6 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * gives 37-39); 16 KiB ahead was slower again. */
 #define QA_KP_PF(T) (2 * ((T) == GGML_TYPE_Q4_K ? QA_Q4KP_BLOCK : QA_Q6KP_BLOCK))
 
-QA_INLINE __m512i qa_bcast4(const int8_t *p) { int32_t v; memcpy(&v, p, 4); return _mm512_set1_epi32(v); }
 
 /* Q4_K: 6-bit scale j (sel 0) or min j (sel 1) of every lane, from the three
  * scale runs A, B, C (bytes 0-3, 4-7, 8-11 of the row's scales). */
