@@ -2,6 +2,7 @@
  * its KV cache (see fingerprint.h for what is covered and why).
  */
 #include "fingerprint.h"
+#include "model_internal.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -200,7 +201,7 @@ void fingerprint_hex(const uint8_t *fp, size_t n, char *out) {
     out[2 * n] = 0;
 }
 
-int model_fingerprint(const model *m, uint8_t out[32], char *desc, size_t desc_len) {
+static int fp_compute(const model *m, uint8_t out[32], char *desc, size_t desc_len) {
     fp_ctx c = { EVP_MD_CTX_new(), 0 };
     memset(out, 0, 32);
     if (!c.md || EVP_DigestInit_ex(c.md, EVP_sha256(), NULL) != 1) {
@@ -224,4 +225,19 @@ int model_fingerprint(const model *m, uint8_t out[32], char *desc, size_t desc_l
     }
     if (desc && desc_len) fp_describe(m, desc, desc_len);
     return 0;
+}
+
+/* Computed once per model (model_fp_memo); every later call copies it. */
+int model_fingerprint(const model *m, uint8_t out[32], char *desc, size_t desc_len) {
+    model_fp_memo *fm = m->fp;
+    pthread_mutex_lock(&fm->mu);
+    int rc = 0;
+    if (!fm->done) {
+        rc = fp_compute(m, fm->fp, fm->desc, sizeof fm->desc);
+        fm->done = rc == 0;
+    }
+    memcpy(out, fm->fp, 32);
+    if (desc && desc_len) snprintf(desc, desc_len, "%s", fm->desc);
+    pthread_mutex_unlock(&fm->mu);
+    return rc;
 }

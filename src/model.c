@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fingerprint.h"
 #include "model_internal.h"
 #include "quant.h"
 #ifdef TANDEM_CUDA
@@ -411,6 +412,8 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (!m) { snprintf(err, errlen, "out of memory"); return -1; }
     m->n_batch = o && o->n_batch > 0 ? o->n_batch : 512;
     pthread_mutex_init(&m->eval_mu, NULL);
+    if (!(m->fp = calloc(1, sizeof *m->fp))) { free(m); snprintf(err, errlen, "out of memory"); return -1; }
+    pthread_mutex_init(&m->fp->mu, NULL);
     int nth = o && o->n_threads > 0 ? o->n_threads : 1;
     if (gguf_open_file(&m->gf, path, err, errlen)) goto fail;
     if (model_read_hparams(m, err, errlen)) goto fail;
@@ -418,6 +421,14 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (model_check_vocab(m, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
     if (!(m->be = model_create_backend(o, nth, err, errlen))) goto fail;
+    /* A backend that copies the weights (CUDA uploads them, the CPU packs
+     * them and gives the file's pages back): hash them now, while they are
+     * read anyway, not later from the disk at a node's first handshake. */
+    if (m->be->ops->load_weight) {
+        uint8_t fp[32];
+        char d[200];
+        (void)model_fingerprint(m, fp, d, sizeof d);   /* a failure is retried at first use */
+    }
     if (model_load_weights(m, o, err, errlen)) goto fail;
     *out = m;
     return 0;
@@ -431,6 +442,8 @@ void model_free(model *m) {
     if (!m) return;
     if (m->be) { forward_release(m); m->be->ops->destroy(m->be); }
     pthread_mutex_destroy(&m->eval_mu);
+    pthread_mutex_destroy(&m->fp->mu);
+    free(m->fp);
     tokenizer_free(m->tok);
     for (int i = 0; i < m->n_names; i++) free(m->names[i]);
     free(m->names);

@@ -57,8 +57,8 @@ typedef struct {
     const char *backend;     /* "cpu" (default when NULL) or "cuda" (a build with CUDA=1) */
     int device;              /* CUDA device ordinal (default 0) */
     /* Called while the weights are copied to a backend that keeps its own
-     * (CUDA): `done` of `total` layers; NULL for none. A CPU load maps the
-     * file and never calls it. */
+     * (CUDA; the CPU when its kernel set packs them): `done` of `total`
+     * layers; NULL for none. */
     void (*on_load)(void *ud, int done, int total);
     void *on_load_ud;
 } model_opts;

@@ -25,6 +25,15 @@ typedef struct {
     be_seq *seq;             /* [cap] host: the pass's sequences */
 } fwd_bufs;
 
+/* model_fingerprint's result, computed once: it hashes every tensor's bytes,
+ * which after a CPU load are packed copies and the file's pages given back. */
+typedef struct {
+    pthread_mutex_t mu;
+    int done;
+    uint8_t fp[32];
+    char desc[384];          /* the file name (up to 255 bytes) and the shape */
+} model_fp_memo;
+
 struct model {
     gguf_file *gf;
     model_hparams hp;
@@ -41,6 +50,7 @@ struct model {
     /* forward pass state: one evaluation at a time per model */
     pthread_mutex_t eval_mu;
     fwd_bufs b;
+    model_fp_memo *fp;       /* see model_fp_memo */
 };
 
 struct session {
