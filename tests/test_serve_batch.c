@@ -433,8 +433,7 @@ static void test_prefill_interleave(const char *path, const char *dir) {
         json_t *wo = post_json(dport, wq, &wst);
         double alone = json_number_value(json_object_get(json_object_get(wo, "prefill"), "ttft_ms"));
         CHECK(wst == 200 && alone > 0, "interleave: long request alone %d", wst);
-        json_decref(wo);
-        json_decref(wq);
+        json_decref(wo);   /* post_json took wq */
         for (int i = 0; i < 1800; i++) longp[i] = 500 + (i * 13) % 4000;
         json_t *lq = gen_req(longp, 1800, 1, 0, "remote");
         free(longp);
