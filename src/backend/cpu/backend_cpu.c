@@ -162,16 +162,11 @@ static void mm_quantize(void *ctx, int ith, int nth) {
         quant_quantize_act_row(j->vt, j->x + t * j->w->ne[0], j->qx + t * j->qrow, j->w->ne[0]);
 }
 
-/* Chunk `chunk` of n_chunks: a run of whole row blocks (threads never share
- * a cache line of y), each multiplied against all tokens in tiles. */
-static void mm_compute(void *ctx, int chunk, int tid) {
-    mm_job *j = ctx;
+/* Rows [lo, hi) of j's weight (whole row blocks: threads never share a
+ * cache line of y), each block multiplied against all tokens in tiles. */
+static void mm_rows(const mm_job *j, long lo, long hi) {
     const be_weight *w = j->w;
-    long rows = w->ne[1], lo, hi;
-    long nblk = (rows + CPU_ROW_BLOCK - 1) / CPU_ROW_BLOCK;
-    tpool_split(nblk, chunk, j->n_chunks, &lo, &hi);
-    lo *= CPU_ROW_BLOCK; hi *= CPU_ROW_BLOCK;
-    if (hi > rows) hi = rows;
+    long rows = w->ne[1];
     for (long r0 = lo; r0 < hi; r0 += CPU_ROW_BLOCK) {
         int nr = (int)((hi - r0) < CPU_ROW_BLOCK ? (hi - r0) : CPU_ROW_BLOCK);
         for (int t0 = 0; t0 < j->n_tok; t0 += CPU_TOK_BLOCK) {
@@ -189,13 +184,69 @@ static void mm_compute(void *ctx, int chunk, int tid) {
     }
 }
 
+static long mm_blocks(const be_weight *w) { return (w->ne[1] + CPU_ROW_BLOCK - 1) / CPU_ROW_BLOCK; }
+
+/* Chunk `chunk` of n_chunks: a run of whole row blocks. */
+static void mm_compute(void *ctx, int chunk, int tid) {
+    mm_job *j = ctx;
+    long rows = j->w->ne[1], lo, hi;
+    tpool_split(mm_blocks(j->w), chunk, j->n_chunks, &lo, &hi);
+    mm_rows(j, lo * CPU_ROW_BLOCK, hi * CPU_ROW_BLOCK < rows ? hi * CPU_ROW_BLOCK : rows);
+}
+
+/* Weight w (expert e of a 3-D one) for n_tok activation rows already
+ * quantised at qx, into y. */
+static void mm_part_init(mm_job *j, const be_weight *w, int expert, const uint8_t *qx, int n_tok, float *y) {
+    memset(j, 0, sizeof *j);
+    j->w = w;
+    j->packed = w->dev != NULL;
+    j->wdata = (const uint8_t *)(j->packed ? w->dev : w->data) + (size_t)expert * (size_t)w->ne[1] * w->row_bytes;
+    j->vt = quant_vec_dot_type(w->type);
+    j->qrow = gguf_row_bytes(j->vt, (uint64_t)w->ne[0]);
+    j->qx = (uint8_t *)qx;
+    j->n_tok = n_tok;
+    j->y = y;
+}
+
+/* ==== Several products in one job ====
+ * A decode step's MoE block is 8 experts x 3 small matrices: one pool job
+ * for all the experts' gate and up products, one for their down products,
+ * instead of a job (and a wait for the slowest thread) per matrix. The row
+ * blocks of all parts are numbered one after the other and cut into chunks;
+ * each part's results are those of its own job, bit for bit. */
+typedef struct {
+    const mm_job *parts;
+    const long *first;      /* [n + 1] first row block of each part */
+    int n, n_chunks;
+} mm_many;
+
+static void mm_many_compute(void *ctx, int chunk, int tid) {
+    const mm_many *m = ctx;
+    long lo, hi;
+    tpool_split(m->first[m->n], chunk, m->n_chunks, &lo, &hi);
+    int p = 0;
+    for (long b = lo; b < hi;) {
+        while (b >= m->first[p + 1]) p++;
+        long end = hi < m->first[p + 1] ? hi : m->first[p + 1], rows = m->parts[p].w->ne[1];
+        long r1 = (end - m->first[p]) * CPU_ROW_BLOCK;
+        mm_rows(&m->parts[p], (b - m->first[p]) * CPU_ROW_BLOCK, r1 < rows ? r1 : rows);
+        b = end;
+    }
+}
+
+static void mm_run_many(cpu_impl *c, const mm_job *parts, int n, long *first) {
+    first[0] = 0;
+    for (int i = 0; i < n; i++) first[i + 1] = first[i] + mm_blocks(parts[i].w);
+    mm_many m = { parts, first, n, 1 };
+    if (c->nth > 1) m.n_chunks = (int)(first[n] < CPU_MM_CHUNKS * c->nth ? first[n] : CPU_MM_CHUNKS * c->nth);
+    if (first[n] > 0) tpool_run_chunks(c->pool, mm_many_compute, &m, m.n_chunks);
+}
+
 static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
-    mm_job j = { .w = w, .x = x, .n_tok = n_tok, .y = y };
-    j.packed = w->dev != NULL;
-    j.wdata = (const uint8_t *)(j.packed ? w->dev : w->data) + (size_t)expert * (size_t)w->ne[1] * w->row_bytes;
-    j.vt = quant_vec_dot_type(w->type);
-    j.qrow = gguf_row_bytes(j.vt, (uint64_t)w->ne[0]);
+    mm_job j;
+    mm_part_init(&j, w, expert, NULL, n_tok, y);
+    j.x = x;
     if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, j.qrow * (size_t)n_tok)) {
         /* Out of memory for a few MiB of activations: fall back to token
          * by token so the result is still right. */
@@ -204,7 +255,7 @@ static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float
     }
     j.qx = c->qbuf;
     if (n_tok == 1) mm_quantize(&j, 0, 1); else tpool_run(c->pool, mm_quantize, &j);
-    long nblk = (w->ne[1] + CPU_ROW_BLOCK - 1) / CPU_ROW_BLOCK;
+    long nblk = mm_blocks(w);
     j.n_chunks = c->nth == 1 ? 1 : (int)(nblk < CPU_MM_CHUNKS * c->nth ? nblk : CPU_MM_CHUNKS * c->nth);
     tpool_run_chunks(c->pool, mm_compute, &j, j.n_chunks);
 }
@@ -440,14 +491,95 @@ void moe_select_experts(const float *logits, int n, int k, int norm, int32_t *id
 /* Tokens are grouped by expert, so each expert's matrices are multiplied
  * once against all the tokens routed to it (a matrix-matrix product in
  * prefill), then the outputs are scattered back with their weights. */
+/* Tokens up to which a MoE block runs its experts' products as two pool jobs
+ * (cpu_moe_fused): decode steps and small batches of them. */
+#define CPU_MOE_FUSE 4
+
+/* The experts' rows: for every used expert in index order, the (token,
+ * slot) pairs routed to it. n_act experts; rows[] holds their tokens one
+ * expert after the other, start[e] where expert act[e]'s begin. */
+typedef struct {
+    int n_act, act[256], start[257];   /* at most 256 experts (checked) */
+    int tok[CPU_MOE_FUSE * 256], slot[CPU_MOE_FUSE * 256];
+} moe_rows;
+
+static void moe_gather(const int32_t *sel, int n_tok, int k, int ne, moe_rows *r) {
+    int n = 0;
+    r->n_act = 0;
+    for (int e = 0; e < ne; e++) {
+        int first = n;
+        for (int t = 0; t < n_tok; t++)
+            for (int s = 0; s < k; s++)
+                if (sel[(size_t)t * k + s] == e) { r->tok[n] = t; r->slot[n] = s; n++; }
+        if (n > first) { r->act[r->n_act] = e; r->start[r->n_act++] = first; }
+    }
+    r->start[r->n_act] = n;
+}
+
+/* Same arithmetic as the per-expert loop of cpu_moe_ffn (each product is
+ * its own job's, SwiGLU is element-wise, and the weighted sums are added in
+ * expert order); two pool jobs instead of three per used expert. */
+static int cpu_moe_fused(backend *be, const be_moe *m, const float *x, int n_tok, const int32_t *sel,
+                         const float *selw, float *buf, float *y) {
+    cpu_impl *c = cpu_of(be);
+    const int k = m->n_expert_used;
+    const int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
+    moe_rows *r = malloc(sizeof *r);
+    mm_job *parts = NULL;
+    long *first = NULL;
+    int rc = -1;
+    if (!r) goto out;
+    moe_gather(sel, n_tok, k, m->n_expert, r);
+    parts = malloc(sizeof(mm_job) * 2 * (size_t)r->n_act);
+    first = malloc(sizeof(long) * (2 * (size_t)r->n_act + 1));
+    if (!parts || !first) goto out;
+    const int R = r->start[r->n_act];
+    float *xg = buf, *gate = xg + (size_t)R * dim, *up = gate + (size_t)R * nff, *down = up + (size_t)R * nff;
+    const uint32_t vgu = quant_vec_dot_type(m->gate_exps->type), vd = quant_vec_dot_type(m->down_exps->type);
+    const size_t qgu = gguf_row_bytes(vgu, (uint64_t)dim), qd = gguf_row_bytes(vd, (uint64_t)nff);
+    if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, (size_t)R * (qgu > qd ? qgu : qd))) goto out;
+    for (int i = 0; i < R; i++) {
+        memcpy(xg + (size_t)i * dim, x + (size_t)r->tok[i] * dim, sizeof(float) * dim);
+        quant_quantize_act_row(vgu, xg + (size_t)i * dim, c->qbuf + (size_t)i * qgu, dim);
+    }
+    for (int a = 0; a < r->n_act; a++) {
+        int e = r->act[a], i0 = r->start[a], cnt = r->start[a + 1] - i0;
+        mm_part_init(&parts[2 * a], m->gate_exps, e, c->qbuf + (size_t)i0 * qgu, cnt, gate + (size_t)i0 * nff);
+        mm_part_init(&parts[2 * a + 1], m->up_exps, e, c->qbuf + (size_t)i0 * qgu, cnt, up + (size_t)i0 * nff);
+    }
+    mm_run_many(c, parts, 2 * r->n_act, first);
+    for (int a = 0; a < r->n_act; a++) {   /* per expert, as the loop does: the vector ops' tails fall alike */
+        size_t o = (size_t)r->start[a] * nff, n = (size_t)(r->start[a + 1] - r->start[a]) * nff;
+        cpu_swiglu(be, gate + o, up + o, gate + o, n);
+    }
+    for (int i = 0; i < R; i++) quant_quantize_act_row(vd, gate + (size_t)i * nff, c->qbuf + (size_t)i * qd, nff);
+    for (int a = 0; a < r->n_act; a++) {
+        int i0 = r->start[a], cnt = r->start[a + 1] - i0;
+        mm_part_init(&parts[a], m->down_exps, r->act[a], c->qbuf + (size_t)i0 * qd, cnt, down + (size_t)i0 * dim);
+    }
+    mm_run_many(c, parts, r->n_act, first);
+    memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
+    for (int i = 0; i < R; i++) {
+        float wt = selw[(size_t)r->tok[i] * k + r->slot[i]];
+        float *yr = y + (size_t)r->tok[i] * dim;
+        const float *d = down + (size_t)i * dim;
+        for (int64_t q = 0; q < dim; q++) yr[q] += wt * d[q];
+    }
+    rc = 0;
+out:
+    free(r); free(parts); free(first);
+    return rc;
+}
+
 static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
     int ne = m->n_expert, k = m->n_expert_used;
     int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
     if (ne > 256 || k > ne || k < 1) return -1;
     /* scratch: router logits, routing table, gathered x, gate, up, down */
-    size_t need = sizeof(float) * ((size_t)n_tok * ne + (size_t)n_tok * k * 2 +
-                  (size_t)n_tok * (dim * 2 + nff * 2));
+    const int fuse = n_tok <= CPU_MOE_FUSE && m->gate_exps->type == m->up_exps->type;
+    const size_t brows = fuse ? (size_t)n_tok * k : (size_t)n_tok;   /* fused: every (token, expert) row at once */
+    size_t need = sizeof(float) * ((size_t)n_tok * ne + (size_t)n_tok * k * 2 + brows * (dim * 2 + nff * 2));
     if (cpu_grow((void **)&c->moe_buf, &c->moe_size, need)) return -1;
     float *logits = c->moe_buf;
     int32_t *sel = (int32_t *)(logits + (size_t)n_tok * ne);
@@ -463,6 +595,7 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     cpu_mul_mat(be, m->gate_inp, 0, x, n_tok, logits);
     for (int t = 0; t < n_tok; t++)
         moe_select_experts(logits + (size_t)t * ne, ne, k, m->norm_topk, sel + (size_t)t * k, selw + (size_t)t * k);
+    if (fuse) { free(rows); return cpu_moe_fused(be, m, x, n_tok, sel, selw, xg, y); }
     memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
     for (int e = 0; e < ne; e++) {
         int cnt = 0;
