@@ -603,7 +603,10 @@ static int tr_idle_ms(void) { return getenv("TANDEM_ASAN") ? 3000 : 500; }
  * is shorter than a generation: the queued request still streams to the
  * end, and a third request gets 429 with Retry-After, not 502. */
 static void test_busy(const char *bin, const char *qwen, int rport) {
-    const char *body = "{\"model\":\"qwen3-mini\",\"prompt\":\"Hello\",\"max_tokens\":160,\"stream\":true}";
+    /* 480 tokens: long enough that the queued request outlives the idle
+     * timeout with a margin as the kernels get faster (160 took 2.9 s under
+     * ASan once the weights were packed, short of the 3.25 s needed) */
+    const char *body = "{\"model\":\"qwen3-mini\",\"prompt\":\"Hello\",\"max_tokens\":480,\"stream\":true}";
     tr_stream_job jobs[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
@@ -630,6 +633,8 @@ static void test_busy(const char *bin, const char *qwen, int rport) {
      * timeout, with a margin. */
     CHECK(jobs[0].ms > 100 + tr_idle_ms() + 150, "first generation took %.0f ms: the queued one waited less than the "
           "idle timeout, the queue test is void", jobs[0].ms);
+    printf("busy: the first generation took %.0f ms, the queued one %.0f ms (idle timeout %d ms)\n", jobs[0].ms,
+           jobs[1].ms, tr_idle_ms());
     (void)bin; (void)qwen;
 }
 
