@@ -488,22 +488,25 @@ void moe_select_experts(const float *logits, int n, int k, int norm, int32_t *id
     }
 }
 
-/* Tokens are grouped by expert, so each expert's matrices are multiplied
- * once against all the tokens routed to it (a matrix-matrix product in
- * prefill), then the outputs are scattered back with their weights. */
 /* Tokens up to which a MoE block runs its experts' products as two pool jobs
  * (cpu_moe_fused): decode steps and small batches of them. */
 #define CPU_MOE_FUSE 4
 
 /* The experts' rows: for every used expert in index order, the (token,
- * slot) pairs routed to it. n_act experts; rows[] holds their tokens one
- * expert after the other, start[e] where expert act[e]'s begin. */
+ * slot) pairs routed to it. n_act experts; tok[] and slot[] (n_tok * k
+ * entries) hold their pairs one expert after the other, start[a] where
+ * expert act[a]'s begin. */
 typedef struct {
     int n_act, act[256], start[257];   /* at most 256 experts (checked) */
-    int tok[CPU_MOE_FUSE * 256], slot[CPU_MOE_FUSE * 256];
+    int *tok, *slot;
 } moe_rows;
 
-static void moe_gather(const int32_t *sel, int n_tok, int k, int ne, moe_rows *r) {
+/* NULL when out of memory; free() releases it whole. */
+static moe_rows *moe_gather(const int32_t *sel, int n_tok, int k, int ne) {
+    moe_rows *r = malloc(sizeof *r + sizeof(int) * 2 * (size_t)n_tok * k);
+    if (!r) return NULL;
+    r->tok = (int *)(r + 1);
+    r->slot = r->tok + (size_t)n_tok * k;
     int n = 0;
     r->n_act = 0;
     for (int e = 0; e < ne; e++) {
@@ -514,24 +517,20 @@ static void moe_gather(const int32_t *sel, int n_tok, int k, int ne, moe_rows *r
         if (n > first) { r->act[r->n_act] = e; r->start[r->n_act++] = first; }
     }
     r->start[r->n_act] = n;
+    return r;
 }
 
 /* Same arithmetic as the per-expert loop of cpu_moe_ffn (each product is
  * its own job's, SwiGLU is element-wise, and the weighted sums are added in
  * expert order); two pool jobs instead of three per used expert. */
-static int cpu_moe_fused(backend *be, const be_moe *m, const float *x, int n_tok, const int32_t *sel,
+static int cpu_moe_fused(backend *be, const be_moe *m, const float *x, int n_tok, const moe_rows *r,
                          const float *selw, float *buf, float *y) {
     cpu_impl *c = cpu_of(be);
     const int k = m->n_expert_used;
     const int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
-    moe_rows *r = malloc(sizeof *r);
-    mm_job *parts = NULL;
-    long *first = NULL;
+    mm_job *parts = malloc(sizeof(mm_job) * 2 * (size_t)r->n_act);
+    long *first = malloc(sizeof(long) * (2 * (size_t)r->n_act + 1));
     int rc = -1;
-    if (!r) goto out;
-    moe_gather(sel, n_tok, k, m->n_expert, r);
-    parts = malloc(sizeof(mm_job) * 2 * (size_t)r->n_act);
-    first = malloc(sizeof(long) * (2 * (size_t)r->n_act + 1));
     if (!parts || !first) goto out;
     const int R = r->start[r->n_act];
     float *xg = buf, *gate = xg + (size_t)R * dim, *up = gate + (size_t)R * nff, *down = up + (size_t)R * nff;
@@ -567,10 +566,13 @@ static int cpu_moe_fused(backend *be, const be_moe *m, const float *x, int n_tok
     }
     rc = 0;
 out:
-    free(r); free(parts); free(first);
+    free(parts); free(first);
     return rc;
 }
 
+/* Tokens are grouped by expert, so each expert's matrices are multiplied
+ * once against all the tokens routed to it (a matrix-matrix product in
+ * prefill), then the outputs are scattered back with their weights. */
 static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
     int ne = m->n_expert, k = m->n_expert_used;
@@ -588,21 +590,21 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     float *gate = xg + (size_t)n_tok * dim;
     float *up = gate + (size_t)n_tok * nff;
     float *down = up + (size_t)n_tok * nff;
-    int *rows = malloc(sizeof(int) * (size_t)n_tok * 2);
-    if (!rows) return -1;
-    int *slot = rows + n_tok;
 
     cpu_mul_mat(be, m->gate_inp, 0, x, n_tok, logits);
     for (int t = 0; t < n_tok; t++)
         moe_select_experts(logits + (size_t)t * ne, ne, k, m->norm_topk, sel + (size_t)t * k, selw + (size_t)t * k);
-    if (fuse) { free(rows); return cpu_moe_fused(be, m, x, n_tok, sel, selw, xg, y); }
+    moe_rows *r = moe_gather(sel, n_tok, k, ne);
+    if (!r) return -1;
+    if (fuse) {
+        int rc = cpu_moe_fused(be, m, x, n_tok, r, selw, xg, y);
+        free(r);
+        return rc;
+    }
     memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
-    for (int e = 0; e < ne; e++) {
-        int cnt = 0;
-        for (int t = 0; t < n_tok; t++)
-            for (int s = 0; s < k; s++)
-                if (sel[(size_t)t * k + s] == e) { rows[cnt] = t; slot[cnt] = s; cnt++; }
-        if (!cnt) continue;
+    for (int a = 0; a < r->n_act; a++) {
+        const int e = r->act[a], cnt = r->start[a + 1] - r->start[a];
+        const int *rows = r->tok + r->start[a], *slot = r->slot + r->start[a];
         for (int i = 0; i < cnt; i++) memcpy(xg + (size_t)i * dim, x + (size_t)rows[i] * dim, sizeof(float) * dim);
         cpu_mul_mat(be, m->gate_exps, e, xg, cnt, gate);
         cpu_mul_mat(be, m->up_exps, e, xg, cnt, up);
@@ -615,7 +617,7 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
             for (int64_t q = 0; q < dim; q++) yr[q] += wt * d[q];
         }
     }
-    free(rows);
+    free(r);
     return 0;
 }
 
