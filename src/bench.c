@@ -532,25 +532,32 @@ out:
 }
 
 /* FLOP/s of quant_mul_mat_tile on all threads (2 FLOPs per multiply-add). */
+/* FLOP/s of fn on the pool, *iters loop turns per thread a run: the loop
+ * grows until one run takes over 0.15 s, then the best of 4 such runs
+ * (24 doublings: the zmm kernels run a tile in about a microsecond). */
+static double bench_best_rate(tpool *pool, tpool_fn fn, void *ctx, long *iters, const int *failed,
+                              double flop_per_iter) {
+    double best = 0;
+    for (int rep = 0, timed = 0; rep < 24 + 4 && timed < 4 && !(failed && *failed); rep++) {
+        double t0 = bench_now();
+        tpool_run(pool, fn, ctx);
+        double dt = bench_now() - t0;
+        if (dt > 0.15) {
+            if (*iters * flop_per_iter / dt > best) best = *iters * flop_per_iter / dt;
+            timed++;
+        } else {
+            *iters *= 2;
+        }
+    }
+    return best;
+}
+
 static double bench_kernel_peak(uint32_t wtype, int n_threads) {
     if (!quant_is_supported(wtype) || !gguf_row_bytes(wtype, CK_K)) return 0;
     tpool *pool = tpool_create(n_threads);
     if (!pool) return 0;
     ck_job j = { .wtype = wtype, .iters = 20 };
-    double best = 0, flop_per_iter = 2.0 * CK_ROWS * CK_TOK * CK_K * n_threads;
-    /* grow the loop until one run takes over 0.15 s, then keep the best of 4
-     * (24 doublings: the zmm kernels run a tile in about a microsecond) */
-    for (int rep = 0, timed = 0; rep < 24 + 4 && timed < 4 && !j.failed; rep++) {
-        double t0 = bench_now();
-        tpool_run(pool, ck_kernel, &j);
-        double dt = bench_now() - t0;
-        if (dt > 0.15) {
-            if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
-            timed++;
-        } else {
-            j.iters *= 2;
-        }
-    }
+    double best = bench_best_rate(pool, ck_kernel, &j, &j.iters, &j.failed, 2.0 * CK_ROWS * CK_TOK * CK_K * n_threads);
     tpool_destroy(pool);
     return j.failed ? 0 : best;
 }
@@ -609,18 +616,8 @@ static double bench_int8_peak(int n_threads, int vnni) {
     tpool *pool = tpool_create(n_threads);
     if (!pool) return 0;
     mad_job j = { .iters = 1 << 16 };
-    double best = 0, flop_per_iter = 2.0 * 8 * (vnni ? 64 : 32) * n_threads;
-    for (int rep = 0, timed = 0; rep < 24 + 4 && timed < 4; rep++) {
-        double t0 = bench_now();
-        tpool_run(pool, vnni ? mad_loop_vnni : mad_loop, &j);
-        double dt = bench_now() - t0;
-        if (dt > 0.15) {
-            if (j.iters * flop_per_iter / dt > best) best = j.iters * flop_per_iter / dt;
-            timed++;
-        } else {
-            j.iters *= 2;
-        }
-    }
+    double best = bench_best_rate(pool, vnni ? mad_loop_vnni : mad_loop, &j, &j.iters, NULL,
+                                  2.0 * 8 * (vnni ? 64 : 32) * n_threads);
     tpool_destroy(pool);
     return best;
 }

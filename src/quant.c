@@ -424,8 +424,8 @@ void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const
     }
 }
 
-static void quant_ref_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
-                                   const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+void quant_ref_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                            const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     for (int j = 0; j < na; j++)
         for (int i = 0; i < nw; i++)
             quant_ref_vec_dot(wtype, n, &out[(size_t)j * out_stride + (size_t)i],

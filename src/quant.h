@@ -105,6 +105,8 @@ void quant_mul_mat_tile_packed(uint32_t wtype, int64_t n,
 
 /* Reference (plain C) versions, always available, used by the tests. */
 void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const void *y);
+void quant_ref_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                            const void *a, size_t a_stride, int na, float *out, size_t out_stride);
 void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
 
 /* ==== Dispatch ==== */

@@ -363,9 +363,7 @@ static void test_kernel_set(void) {
                 size_t os = (size_t)nw + 2;
                 for (int k = 0; k < 128; k++) out_fast[k] = out_ref[k] = -999.0f;
                 quant_mul_mat_tile(wt, n, w, wrb, nw, a, arb, na, out_fast, os);
-                for (int j = 0; j < na; j++)
-                    for (int i = 0; i < nw; i++)
-                        quant_ref_vec_dot(wt, n, &out_ref[j * os + i], (char *)w + wrb * i, (char *)a + arb * j);
+                quant_ref_mul_mat_tile(wt, n, w, wrb, nw, a, arb, na, out_ref, os);
                 for (int j = 0; j < na; j++)
                     for (int i = 0; i < (int)os; i++) {
                         size_t k = j * os + i;
@@ -435,8 +433,7 @@ static void test_q8_many_rows(void) {
             size_t os = NW + 3;
             for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;
             quant_mul_mat_tile(GGML_TYPE_Q8_0, n, w, wrb, NW, a, arb, na, out, os);
-            for (int j = 0; j < na; j++)
-                for (int i = 0; i < NW; i++) quant_ref_vec_dot(GGML_TYPE_Q8_0, n, &ref[j * os + i], w + wrb * i, a + arb * j);
+            quant_ref_mul_mat_tile(GGML_TYPE_Q8_0, n, w, wrb, NW, a, arb, na, ref, os);
             for (int j = 0; j < na; j++)
                 for (int i = 0; i < (int)os; i++) {
                     float f = out[j * os + i], r = ref[j * os + i];
@@ -484,8 +481,7 @@ static void test_packed_type(uint32_t t, const int64_t lens[3]) {
             size_t os = NW + 3;
             for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;
             quant_mul_mat_tile_packed(t, n, pk, rb, NW, a, ab, na, out, os);
-            for (int j = 0; j < na; j++)
-                for (int i = 0; i < NW; i++) quant_ref_vec_dot(t, n, &ref[j * os + i], w + rb * i, a + ab * j);
+            quant_ref_mul_mat_tile(t, n, w, rb, NW, a, ab, na, ref, os);
             for (int k = 0; k < NA * (NW + 3); k++) {
                 if (out[k] != ref[k] && ok_mm)
                     fprintf(stderr, "  packed %s n=%lld na=%d [%d]: %.9g vs %.9g\n", tname(t), (long long)n, na, k,
