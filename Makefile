@@ -8,6 +8,8 @@
 
 CC       ?= cc
 BUILD    ?= build
+# plain `make` builds everything (the kernel-set rules below come first)
+.DEFAULT_GOAL := all
 # The build targets the compiler's baseline (plain x86-64, or armv8-a), so
 # one binary runs on any CPU of the architecture. On x86-64 the kernel sets of
 # src/backend/cpu/ are compiled with their own instruction-set flags (below)

@@ -42,15 +42,23 @@ typedef void (*tpool_task)(void *ctx, int chunk, int arg);
 /* Chunks of one job: 16 bits of the job word (more runs on the caller alone). */
 #define TPOOL_MAX_CHUNKS 0xFFFF
 
+/* A thread's part of a ranged job: gen << 32 | front << 16 | back. The
+ * owner takes items from the front, a thief from the back; the generation
+ * makes a late thread's claim on a word of a newer job fail. */
+typedef struct { _Alignas(64) _Atomic uint64_t w; } tpool_range;
+
+enum { TPOOL_MODE_N = 0, TPOOL_MODE_TID = 1, TPOOL_MODE_RANGES = 2 };
+
 struct tpool {
     int n;
     pthread_t *threads;
+    tpool_range *ranges;                   /* [n] */
     _Alignas(64) _Atomic uint64_t job;     /* gen << 32 | n_chunks << 16 | next chunk */
     _Atomic uint32_t gen32;                /* futex word: the generation */
     _Atomic int sleepers;                  /* workers in futex_wait on gen32 */
     _Atomic(tpool_task) fn;
     _Atomic(void *) ctx;
-    _Atomic int mode_tid;                  /* 1: pass tid as arg, 0: pass n_chunks */
+    _Atomic int mode;                      /* TPOOL_MODE_*: what fn gets as its third argument, how chunks are claimed */
     _Alignas(64) _Atomic uint32_t done;    /* chunks finished (futex word) */
     _Atomic int caller_waiting;
     _Atomic int quit;
@@ -70,14 +78,55 @@ static void tpool_futex_wake(_Atomic uint32_t *addr) {
 
 /* ==== Chunks ==== */
 
+/* One more finished chunk (or d of them): the last one wakes the caller. */
+static void tpool_done_add(tpool *p, uint32_t d, int n) {
+    uint32_t t = atomic_fetch_add_explicit(&p->done, d, memory_order_seq_cst) + d;
+    if ((int)t == n && atomic_load_explicit(&p->caller_waiting, memory_order_seq_cst))
+        tpool_futex_wake(&p->done);
+}
+
+/* Take item front (own range) or back - 1 (thief) of range r of generation
+ * gen; -1 when it is empty or belongs to another job. */
+static int tpool_range_take(tpool_range *r, uint32_t gen, int thief) {
+    uint64_t v = atomic_load_explicit(&r->w, memory_order_acquire);
+    for (;;) {
+        if ((uint32_t)(v >> 32) != gen) return -1;
+        int front = (int)((v >> 16) & TPOOL_MAX_CHUNKS), back = (int)(v & TPOOL_MAX_CHUNKS);
+        if (front >= back) return -1;
+        uint64_t nv = thief ? v - 1 : v + ((uint64_t)1 << 16);
+        if (atomic_compare_exchange_weak_explicit(&r->w, &v, nv, memory_order_acq_rel, memory_order_acquire))
+            return thief ? back - 1 : front;
+    }
+}
+
+/* Ranged job: this thread's own items in order, then items stolen from the
+ * back of the fullest other range until every range is empty. */
+static void tpool_work_ranges(tpool *p, tpool_task fn, void *ctx, uint32_t gen, int n, int tid) {
+    uint32_t ran = 0;
+    for (int i; (i = tpool_range_take(&p->ranges[tid], gen, 0)) >= 0; ran++) fn(ctx, i, tid);
+    for (;;) {
+        int victim = -1, most = 0;
+        for (int t = 0; t < p->n; t++) {
+            uint64_t v = atomic_load_explicit(&p->ranges[t].w, memory_order_relaxed);
+            int left = (int)(v & TPOOL_MAX_CHUNKS) - (int)((v >> 16) & TPOOL_MAX_CHUNKS);
+            if ((uint32_t)(v >> 32) == gen && left > most) { most = left; victim = t; }
+        }
+        if (victim < 0) break;
+        int i = tpool_range_take(&p->ranges[victim], gen, 1);
+        if (i >= 0) { fn(ctx, i, tid); ran++; }
+    }
+    if (ran) tpool_done_add(p, ran, n);
+}
+
 /* Claim and run chunks of the job whose word was `w` until none are left or
  * the job changed. */
 static void tpool_work(tpool *p, uint64_t w, int tid) {
     tpool_task fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
     void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
-    int mode_tid = atomic_load_explicit(&p->mode_tid, memory_order_relaxed);
+    int mode = atomic_load_explicit(&p->mode, memory_order_relaxed);
     const uint64_t gen = w >> 32;
     const int n = (int)((w >> 16) & TPOOL_MAX_CHUNKS);
+    if (mode == TPOOL_MODE_RANGES) { tpool_work_ranges(p, fn, ctx, (uint32_t)gen, n, tid); return; }
     for (;;) {
         int next = (int)(w & TPOOL_MAX_CHUNKS);
         if (next >= n) return;
@@ -88,10 +137,8 @@ static void tpool_work(tpool *p, uint64_t w, int tid) {
             if ((w >> 32) != gen) return;   /* a newer job: not ours to run */
             continue;                        /* lost a race for this chunk: w was reloaded */
         }
-        fn(ctx, (int)next, mode_tid ? tid : n);
-        uint32_t d = atomic_fetch_add_explicit(&p->done, 1, memory_order_seq_cst) + 1;
-        if ((int)d == n && atomic_load_explicit(&p->caller_waiting, memory_order_seq_cst))
-            tpool_futex_wake(&p->done);
+        fn(ctx, (int)next, mode == TPOOL_MODE_TID ? tid : n);
+        tpool_done_add(p, 1, n);
         w++;
     }
 }
@@ -127,7 +174,9 @@ tpool *tpool_create(int n_threads) {
     if (!p) return NULL;
     p->n = n_threads;
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
-    if (!p->threads) { free(p); return NULL; }
+    p->ranges = aligned_alloc(64, (size_t)n_threads * sizeof *p->ranges);
+    if (!p->threads || !p->ranges) { free(p->threads); free(p->ranges); free(p); return NULL; }
+    for (int i = 0; i < n_threads; i++) atomic_init(&p->ranges[i].w, 0);
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (!wa) { p->n = i; tpool_destroy(p); return NULL; }
@@ -141,10 +190,13 @@ tpool *tpool_create(int n_threads) {
 
 int tpool_size(const tpool *p) { return p ? p->n : 1; }
 
-/* Publish a new generation of n chunks and wake sleeping workers. */
-static uint64_t tpool_publish(tpool *p, int n) {
+/* Publish a new generation of n chunks and wake sleeping workers. A ranged
+ * job's word shows every chunk claimed (next = n): its items are claimed
+ * from the range words, and a late thread that read the previous job's
+ * word with this job's mode must find nothing to claim in it. */
+static uint64_t tpool_publish(tpool *p, int n, int ranged) {
     uint32_t g = atomic_load_explicit(&p->gen32, memory_order_relaxed) + 1;
-    uint64_t w = (uint64_t)g << 32 | (uint64_t)n << 16;
+    uint64_t w = (uint64_t)g << 32 | (uint64_t)n << 16 | (uint64_t)(ranged ? n : 0);
     atomic_store_explicit(&p->job, w, memory_order_release);
     atomic_store_explicit(&p->gen32, g, memory_order_seq_cst);
     if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst)) tpool_futex_wake(&p->gen32);
@@ -162,35 +214,49 @@ static void tpool_wait_done(tpool *p, int n) {
     atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
 }
 
-static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode_tid) {
+static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode) {
     if (n <= 0) return;
     if (!p || p->n == 1 || n == 1 || n > TPOOL_MAX_CHUNKS) {
-        for (int i = 0; i < n; i++) fn(ctx, i, mode_tid ? 0 : n);
+        for (int i = 0; i < n; i++) fn(ctx, i, mode == TPOOL_MODE_N ? n : 0);
         return;
     }
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&p->mode_tid, mode_tid, memory_order_relaxed);
+    atomic_store_explicit(&p->mode, mode, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
-    uint64_t w = tpool_publish(p, n);
+    if (mode == TPOOL_MODE_RANGES) {
+        /* the next generation's words, published by tpool_publish's release */
+        uint64_t g = atomic_load_explicit(&p->gen32, memory_order_relaxed) + 1;
+        for (int t = 0; t < p->n; t++) {
+            long lo, hi;
+            tpool_split(n, t, p->n, &lo, &hi);
+            atomic_store_explicit(&p->ranges[t].w, g << 32 | (uint64_t)lo << 16 | (uint64_t)hi, memory_order_relaxed);
+        }
+    }
+    uint64_t w = tpool_publish(p, n, mode == TPOOL_MODE_RANGES);
     tpool_work(p, w, 0);
     tpool_wait_done(p, n);
 }
 
 void tpool_run(tpool *p, tpool_fn fn, void *ctx) {
-    tpool_exec(p, fn, ctx, p ? p->n : 1, 0);
+    tpool_exec(p, fn, ctx, p ? p->n : 1, TPOOL_MODE_N);
 }
 
 void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks) {
-    tpool_exec(p, fn, ctx, n_chunks, 1);
+    tpool_exec(p, fn, ctx, n_chunks, TPOOL_MODE_TID);
+}
+
+void tpool_run_ranges(tpool *p, tpool_fn fn, void *ctx, int n_items) {
+    tpool_exec(p, fn, ctx, n_items, TPOOL_MODE_RANGES);
 }
 
 void tpool_destroy(tpool *p) {
     if (!p) return;
     atomic_store(&p->quit, 1);
-    tpool_publish(p, 0);
+    tpool_publish(p, 0, 0);
     for (int i = 1; i < p->n; i++) pthread_join(p->threads[i], NULL);
     free(p->threads);
+    free(p->ranges);
     free(p);
 }
 

@@ -71,6 +71,49 @@ static void test_threadpool_chunks(void) {
     tpool_destroy(p);
 }
 
+/* Ranged jobs (tpool_run_ranges) back to back with chunked ones: every item
+ * runs exactly once, tids are in range, and a thread whose own run is done
+ * takes items from the back of a slow thread's run (item 0's thread sleeps). */
+typedef struct { atomic_int hits[64]; atomic_int tid_of[64]; int nth, slow; } range_ctx;
+
+static void range_job(void *ud, int item, int tid) {
+    range_ctx *c = ud;
+    if (item < 0 || item >= 64) return;
+    atomic_fetch_add(&c->hits[item], 1);
+    atomic_store(&c->tid_of[item], tid < 0 || tid >= c->nth ? -1 : tid);
+    if (c->slow && item == 0) usleep(3000);
+}
+
+static void test_threadpool_ranges(void) {
+    for (int nth = 1; nth <= 4; nth++) {
+        tpool *p = tpool_create(nth);
+        static range_ctx c;
+        int bad = 0;
+        for (int it = 0; it < 200000 && !bad; it++) {
+            int n = 1 + (int)(((unsigned)it * 7919u) % 40u);
+            memset(&c, 0, sizeof c);
+            c.nth = nth;
+            if (it % 3 == 2) tpool_run_chunks(p, range_job, &c, n);
+            else tpool_run_ranges(p, range_job, &c, n);
+            for (int i = 0; i < 64; i++) bad |= atomic_load(&c.hits[i]) != (i < n) || atomic_load(&c.tid_of[i]) < 0;
+        }
+        CHECK(!bad, "%d threads: every item of 200000 ranged and chunked jobs ran exactly once, tids in range", nth);
+        int stolen = 0;
+        for (int tries = 0; tries < 20 && nth > 1 && !stolen; tries++) {
+            memset(&c, 0, sizeof c);
+            c.nth = nth;
+            c.slow = 1;
+            tpool_run_ranges(p, range_job, &c, 40);
+            long lo, hi;
+            tpool_split(40, 0, nth, &lo, &hi);   /* thread 0 (the caller) owns [lo, hi) and sleeps in item 0 */
+            for (long i = lo + 1; i < hi; i++) stolen |= atomic_load(&c.tid_of[i]) != 0;
+            for (int i = 0; i < 40; i++) bad |= atomic_load(&c.hits[i]) != 1;
+        }
+        if (nth > 1) CHECK(stolen && !bad, "%d threads: the slow thread's items were taken by the others", nth);
+        tpool_destroy(p);
+    }
+}
+
 /* ==== KV cache ==== */
 
 static void test_kvcache(void) {
@@ -170,6 +213,7 @@ static void test_sampler(void) {
 int main(void) {
     test_threadpool();
     test_threadpool_chunks();
+    test_threadpool_ranges();
     test_kvcache();
     test_sampler();
     return t_done("test_runtime");

@@ -28,11 +28,9 @@
 #define CPU_ROW_BLOCK 64
 /* Tokens per tile call: bounds the activation working set to L2. */
 #define CPU_TOK_BLOCK 64
-/* Chunks per thread of a matrix product: threads claim chunks as they free
- * up, so a thread that loses its core to another process delays the product
- * by at most one chunk. */
-#define CPU_MM_CHUNKS 8
 _Static_assert(CPU_ROW_BLOCK % QUANT_PACK_ROWS == 0, "row blocks must start on a packed group");
+
+typedef struct cpu_arena cpu_arena;
 
 typedef struct {
     tpool *pool;
@@ -43,8 +41,7 @@ typedef struct {
     size_t *scratch_size;
     float *moe_buf;         /* MoE gather/scatter scratch */
     size_t moe_size;
-    void **packs;           /* packed weight copies (be_weight.dev), freed with the backend */
-    int n_packs, cap_packs;
+    cpu_arena *arenas;      /* packed weight copies (be_weight.dev), unmapped with the backend */
 } cpu_impl;
 
 static cpu_impl *cpu_of(backend *be) { return (cpu_impl *)be->impl; }
@@ -149,7 +146,7 @@ typedef struct {
     uint8_t *qx;
     size_t qrow;
     uint32_t vt;
-    int n_tok, n_chunks;
+    int n_tok;
     int packed;             /* wdata is w->dev: groups of QUANT_PACK_ROWS rows packed */
     float *y;
 } mm_job;
@@ -186,12 +183,24 @@ static void mm_rows(const mm_job *j, long lo, long hi) {
 
 static long mm_blocks(const be_weight *w) { return (w->ne[1] + CPU_ROW_BLOCK - 1) / CPU_ROW_BLOCK; }
 
-/* Chunk `chunk` of n_chunks: a run of whole row blocks. */
-static void mm_compute(void *ctx, int chunk, int tid) {
-    mm_job *j = ctx;
-    long rows = j->w->ne[1], lo, hi;
-    tpool_split(mm_blocks(j->w), chunk, j->n_chunks, &lo, &hi);
-    mm_rows(j, lo * CPU_ROW_BLOCK, hi * CPU_ROW_BLOCK < rows ? hi * CPU_ROW_BLOCK : rows);
+/* Row block `blk` of j's weight. */
+static void mm_block(const mm_job *j, long blk) {
+    long rows = j->w->ne[1], r1 = (blk + 1) * CPU_ROW_BLOCK;
+    mm_rows(j, blk * CPU_ROW_BLOCK, r1 < rows ? r1 : rows);
+}
+
+static void mm_compute(void *ctx, int blk, int tid) { mm_block(ctx, blk); }
+
+/* Row blocks [0, n) over the pool, each thread walking a contiguous run of
+ * them (tpool_run_ranges): with chunks claimed in turn, each thread's stream
+ * of weights jumped every few blocks and the hardware prefetchers ran on
+ * into the other thread's rows. Measured on a 2-core Zen 5, two threads
+ * streaming packed Q4_K rows: 77 GB/s as two runs, 53 when alternating
+ * 64-row blocks, 70 alternating 256-row ones. */
+static void mm_run_blocks(cpu_impl *c, tpool_fn fn, void *ctx, long n) {
+    if (n <= 0) return;
+    if (c->nth == 1 || n > 0xFFFF) { for (long b = 0; b < n; b++) fn(ctx, (int)b, 0); return; }
+    tpool_run_ranges(c->pool, fn, ctx, (int)n);
 }
 
 /* Weight w (expert e of a 3-D one) for n_tok activation rows already
@@ -212,34 +221,26 @@ static void mm_part_init(mm_job *j, const be_weight *w, int expert, const uint8_
  * A decode step's MoE block is 8 experts x 3 small matrices: one pool job
  * for all the experts' gate and up products, one for their down products,
  * instead of a job (and a wait for the slowest thread) per matrix. The row
- * blocks of all parts are numbered one after the other and cut into chunks;
- * each part's results are those of its own job, bit for bit. */
+ * blocks of all parts are numbered one after the other; each part's results
+ * are those of its own job, bit for bit. */
 typedef struct {
     const mm_job *parts;
     const long *first;      /* [n + 1] first row block of each part */
-    int n, n_chunks;
+    int n;
 } mm_many;
 
-static void mm_many_compute(void *ctx, int chunk, int tid) {
+static void mm_many_compute(void *ctx, int blk, int tid) {
     const mm_many *m = ctx;
-    long lo, hi;
-    tpool_split(m->first[m->n], chunk, m->n_chunks, &lo, &hi);
     int p = 0;
-    for (long b = lo; b < hi;) {
-        while (b >= m->first[p + 1]) p++;
-        long end = hi < m->first[p + 1] ? hi : m->first[p + 1], rows = m->parts[p].w->ne[1];
-        long r1 = (end - m->first[p]) * CPU_ROW_BLOCK;
-        mm_rows(&m->parts[p], (b - m->first[p]) * CPU_ROW_BLOCK, r1 < rows ? r1 : rows);
-        b = end;
-    }
+    while (blk >= m->first[p + 1]) p++;
+    mm_block(&m->parts[p], blk - m->first[p]);
 }
 
 static void mm_run_many(cpu_impl *c, const mm_job *parts, int n, long *first) {
     first[0] = 0;
     for (int i = 0; i < n; i++) first[i + 1] = first[i] + mm_blocks(parts[i].w);
-    mm_many m = { parts, first, n, 1 };
-    if (c->nth > 1) m.n_chunks = (int)(first[n] < CPU_MM_CHUNKS * c->nth ? first[n] : CPU_MM_CHUNKS * c->nth);
-    if (first[n] > 0) tpool_run_chunks(c->pool, mm_many_compute, &m, m.n_chunks);
+    mm_many m = { parts, first, n };
+    mm_run_blocks(c, mm_many_compute, &m, first[n]);
 }
 
 static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
@@ -255,9 +256,7 @@ static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float
     }
     j.qx = c->qbuf;
     if (n_tok == 1) mm_quantize(&j, 0, 1); else tpool_run(c->pool, mm_quantize, &j);
-    long nblk = mm_blocks(w);
-    j.n_chunks = c->nth == 1 ? 1 : (int)(nblk < CPU_MM_CHUNKS * c->nth ? nblk : CPU_MM_CHUNKS * c->nth);
-    tpool_run_chunks(c->pool, mm_compute, &j, j.n_chunks);
+    mm_run_blocks(c, mm_compute, &j, mm_blocks(w));
 }
 
 static void cpu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
@@ -659,23 +658,72 @@ static void cpu_drop_pages(const void *data, size_t bytes) {
 #endif
 }
 
+/* Packed copies live in anonymous mappings of CPU_ARENA_BYTES (or one per
+ * bigger matrix) marked for transparent huge pages, filled one matrix after
+ * the other: a decode step streams every weight once, and with 4 KiB pages
+ * the hardware prefetchers stop at each page boundary and every page costs
+ * a TLB walk. Measured on a 2-core Zen 5 VM, two threads streaming packed
+ * rows through the decode walks: Q4_K 59-61 -> 75 GB/s, Q6_K 61-64 -> 62-70
+ * (a plain read: 75-86 either way). Pages never written are never backed,
+ * so an arena's unused tail costs address space only. */
+#define CPU_ARENA_BYTES ((size_t)256 << 20)
+#define CPU_HUGE_PAGE ((size_t)2 << 20)
+
+struct cpu_arena {
+    cpu_arena *next;
+    uint8_t *base;
+    size_t size, used;
+};
+
+static cpu_arena *cpu_arena_new(size_t need) {
+    size_t size = need > CPU_ARENA_BYTES ? (need + CPU_HUGE_PAGE - 1) / CPU_HUGE_PAGE * CPU_HUGE_PAGE : CPU_ARENA_BYTES;
+    cpu_arena *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    /* one huge page more, so the base can be aligned to one */
+    void *p = mmap(NULL, size + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { free(a); return NULL; }
+    uintptr_t lo = (uintptr_t)p, al = (lo + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1);
+    if (al > lo) munmap(p, al - lo);
+    if (al + size < lo + size + CPU_HUGE_PAGE) munmap((void *)(al + size), lo + CPU_HUGE_PAGE - al);
+#ifdef MADV_HUGEPAGE
+    madvise((void *)al, size, MADV_HUGEPAGE);   /* a hint: without THP the pages stay small */
+#endif
+    a->base = (uint8_t *)al;
+    a->size = size;
+    return a;
+}
+
+/* bytes at a 64-byte boundary in an arena with room (a new one if none has) */
+static void *cpu_arena_take(cpu_impl *c, size_t bytes) {
+    size_t need = (bytes + 63) & ~(size_t)63;
+    for (cpu_arena *a = c->arenas; a; a = a->next)
+        if (a->size - a->used >= need) { void *p = a->base + a->used; a->used += need; return p; }
+    cpu_arena *a = cpu_arena_new(need);
+    if (!a) return NULL;
+    a->next = c->arenas;
+    c->arenas = a;
+    a->used = need;
+    return a->base;
+}
+
+static void cpu_arena_free_all(cpu_impl *c) {
+    while (c->arenas) {
+        cpu_arena *a = c->arenas;
+        c->arenas = a->next;
+        munmap(a->base, a->size);
+        free(a);
+    }
+}
+
 static int cpu_load_weight(backend *be, be_weight *w, char *err, size_t errlen) {
     cpu_impl *c = cpu_of(be);
     int64_t rows = w->ne[1] * (w->ne[2] > 0 ? w->ne[2] : 1);
     if (w->rows_only || w->dev || !quant_pack_pays(w->type) || w->ne[1] % QUANT_PACK_ROWS || rows <= 0) return 0;
     size_t bytes = (size_t)rows * w->row_bytes;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes)) return 0;
-    if (c->n_packs == c->cap_packs) {
-        int cap = c->cap_packs ? 2 * c->cap_packs : 64;
-        void **np = realloc(c->packs, (size_t)cap * sizeof *np);
-        if (!np) { free(p); return 0; }
-        c->packs = np;
-        c->cap_packs = cap;
-    }
+    void *p = cpu_arena_take(c, bytes);
+    if (!p) return 0;
     pack_job j = { .w = w, .dst = p, .groups = rows / QUANT_PACK_ROWS };
     tpool_run(c->pool, pack_run, &j);
-    c->packs[c->n_packs++] = p;
     w->dev = p;
     cpu_drop_pages(w->data, bytes);
     return 0;
@@ -693,8 +741,7 @@ static void cpu_destroy(backend *be) {
         free(c->scratch_size);
         free(c->qbuf);
         free(c->moe_buf);
-        for (int i = 0; i < c->n_packs; i++) free(c->packs[i]);
-        free(c->packs);
+        cpu_arena_free_all(c);
         free(c);
     }
     free(be);
