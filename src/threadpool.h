@@ -25,8 +25,9 @@ void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks);
 /* fn(ctx, item, tid) for item in [0, n_items), as tpool_run_chunks, but
  * thread t starts on the t-th contiguous run of items and walks it in order
  * (claiming a quarter of what is left of it at a time); a thread whose run
- * is done takes items one by one from the back of the fullest other run. Memory-bound walks over consecutive items (a decode step's weight
- * rows) then read one sequential stream per thread, which the hardware
+ * is done takes items one by one from the back of the fullest other run.
+ * Memory-bound walks over consecutive items (a decode step's weight rows)
+ * then read one sequential stream per thread, which the hardware
  * prefetchers follow, instead of a stream that jumps after every chunk. */
 void tpool_run_ranges(tpool *p, tpool_fn fn, void *ctx, int n_items);
 
