@@ -760,10 +760,13 @@ void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const voi
  *   3 runs of the 12 scale bytes (run t: bytes 4t..4t+3), then 32 runs of qs
  *   (run 8c + g: qs[32c + 4g .. +3]; low nibbles are sub-block 2c, high 2c+1).
  * Q6_K, per super-block (3360 bytes = 16 x 210): d x16, 4 runs of the 16 int8
- *   scales, 32 runs of low nibbles (run 8c + g, byte k: level 64c + 4g + k in
- *   bits 0-3, level 64c + 32 + 4g + k in bits 4-7), 16 runs of high bit pairs
- *   (run 4c + h, byte k: the two levels above for g = 2h in bits 0-1 and 2-3,
- *   for g = 2h + 1 in bits 4-5 and 6-7). Levels are 0..63 (value + 32). */
+ *   scales, then 3 runs per sub-block s of 16 elements (run 3s + t, t < 3,
+ *   byte k: level 16s + 4t + k in bits 2-7, and bits 2t, 2t + 1 of level
+ *   16s + 12 + k in bits 0-1). Levels are 0..63 (value + 32). A kernel gets
+ *   each level times 4 with one AND (0xFC) for the first three quads of a
+ *   sub-block, and the fourth quad's from the three runs' low bit pairs:
+ *   the nibble-and-high-bits layout of the file took about twice the
+ *   instructions per level. */
 #define QUANT_RUN (QUANT_PACK_ROWS * 4)
 
 static size_t quant_pack_block_bytes(uint32_t wtype) {
@@ -820,14 +823,13 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
         const block_q6_K *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
         for (int q = 0; q < 4; q++) memcpy(p + 32 + QUANT_RUN * q + 4 * r, x->scales + 4 * q, 4);
-        for (int c = 0; c < 4; c++)
-            for (int g = 0; g < 8; g++)
-                for (int k = 0; k < 4; k++) {
-                    int lo = quant_q6_K_get(x, 64 * c + 4 * g + k), hi = quant_q6_K_get(x, 64 * c + 32 + 4 * g + k);
-                    p[288 + QUANT_RUN * (8 * c + g) + 4 * r + k] = (uint8_t)((lo & 0xF) | (hi & 0xF) << 4);
-                    p[2336 + QUANT_RUN * (4 * c + g / 2) + 4 * r + k] |=
-                        (uint8_t)(((lo >> 4) | (hi >> 4) << 2) << (4 * (g & 1)));
-                }
+        for (int sb = 0; sb < 16; sb++)
+            for (int k = 0; k < 4; k++) {
+                int d = quant_q6_K_get(x, 16 * sb + 12 + k);
+                for (int t = 0; t < 3; t++)
+                    p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k] =
+                        (uint8_t)(quant_q6_K_get(x, 16 * sb + 4 * t + k) << 2 | (d >> (2 * t) & 3));
+            }
     }
 }
 
@@ -857,14 +859,16 @@ static void quant_unpack_block(uint32_t wtype, const uint8_t *p, int r, void *bl
         memset(y, 0, sizeof *y);
         memcpy(&y->d, p + 2 * r, 2);
         for (int q = 0; q < 4; q++) memcpy(y->scales + 4 * q, p + 32 + QUANT_RUN * q + 4 * r, 4);
-        for (int c = 0; c < 4; c++)
-            for (int g = 0; g < 8; g++)
-                for (int k = 0; k < 4; k++) {
-                    int v = p[288 + QUANT_RUN * (8 * c + g) + 4 * r + k];
-                    int h = p[2336 + QUANT_RUN * (4 * c + g / 2) + 4 * r + k] >> (4 * (g & 1));
-                    quant_q6_K_set(y, 64 * c + 4 * g + k, (v & 0xF) | (h & 3) << 4);
-                    quant_q6_K_set(y, 64 * c + 32 + 4 * g + k, (v >> 4) | ((h >> 2) & 3) << 4);
+        for (int sb = 0; sb < 16; sb++)
+            for (int k = 0; k < 4; k++) {
+                int d = 0;
+                for (int t = 0; t < 3; t++) {
+                    int v = p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k];
+                    quant_q6_K_set(y, 16 * sb + 4 * t + k, v >> 2);
+                    d |= (v & 3) << (2 * t);
                 }
+                quant_q6_K_set(y, 16 * sb + 12 + k, d);
+            }
     }
 }
 
@@ -873,7 +877,6 @@ int quant_pack_rows(uint32_t wtype, const void *src, size_t row_bytes, int64_t n
     if (!bs || n_rows % QUANT_PACK_ROWS || row_bytes % bs) return -1;
     const size_t group = QUANT_PACK_ROWS * row_bytes, pb = QUANT_PACK_ROWS * bs;
     const int64_t nb = (int64_t)(row_bytes / bs);
-    if (wtype == GGML_TYPE_Q6_K) memset(dst, 0, (size_t)n_rows * row_bytes);   /* its high bits are ORed in */
     for (int64_t g = 0; g < n_rows / QUANT_PACK_ROWS; g++)
         for (int r = 0; r < QUANT_PACK_ROWS; r++)
             for (int64_t b = 0; b < nb; b++)

@@ -6,9 +6,11 @@
 #   tools/cpu_bench.sh [ROUNDS=2] MODEL.gguf...
 # Environment: THREADS (2), PEERS (../shared/peers), OTHER (a second tandem
 # binary, e.g. an older build, run alternately with this one: "before/after").
-# A peer that cannot run here (peers/run exits 3 for a CPU without the
-# extensions it was built for) or cannot load the architecture is reported
-# and skipped. Quiet machine only: every number is a rate.
+# A peer that peers/run refuses (exit 3: this CPU lacks an extension of the
+# build machine) is run directly; if it then dies with SIGILL it is run as a
+# copy from tools/peer_nofp16.py (its AVX512-FP16 scalar moves rewritten,
+# its kernels untouched). A peer that cannot load the architecture is
+# reported and skipped. Quiet machine only: every number is a rate.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -21,13 +23,23 @@ rows() { grep -E '^\|.*\| *(pp|tg)[0-9]' || echo "  (no result)"; }
 
 peer() {   # peer NAME MODEL ARGS...
     local name=$1 model=$2; shift 2
+    local bin="$PEERS/$name"
     local out; out=$("$PEERS/run" "$name" -m "$model" -t "$THREADS" "$@" 2>&1); local rc=$?
     if [ $rc -eq 3 ]; then
         # peers/run refuses a CPU without every extension of the build machine;
         # the binary itself may still run here (it dies with SIGILL at the
         # first instruction this CPU lacks, so a finished run is a valid one)
-        out=$("$PEERS/$name" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
-        [ $rc -eq 0 ] && echo "  ($name run directly: peers/run refused this CPU)"
+        out=$("$bin" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
+        if [ $rc -eq 132 ] && command -v python3 >/dev/null; then
+            # built with AVX512-FP16, which its kernels use only to move
+            # scalar halves: run a copy with those moves rewritten
+            bin=build/peers/$name
+            [ -x "$bin" ] || { mkdir -p build/peers && python3 tools/peer_nofp16.py "$PEERS/$name" "$bin" && chmod +x "$bin"; }
+            out=$("$bin" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
+            [ $rc -eq 0 ] && echo "  ($name: its AVX512-FP16 moves rewritten by tools/peer_nofp16.py)"
+        elif [ $rc -eq 0 ]; then
+            echo "  ($name run directly: peers/run refused this CPU)"
+        fi
     fi
     if [ $rc -eq 132 ]; then echo "  $name: not run (SIGILL: built for instructions this CPU lacks)"; return; fi
     if [ $rc -ne 0 ]; then echo "  $name: not run (exit $rc: $(echo "$out" | tail -1))"; return; fi
@@ -35,19 +47,23 @@ peer() {   # peer NAME MODEL ARGS...
 }
 
 echo "load: $(cat /proc/loadavg); $(grep -m1 'model name' /proc/cpuinfo)"
+tandem() {   # tandem BINARY MODEL ARGS...
+    local bin=$1 model=$2; shift 2
+    "$bin" bench -m "$model" -t "$THREADS" --no-bounds "$@" 2>&1 | rows
+}
 for round in $(seq 1 "$ROUNDS"); do
     for m in "$@"; do
         echo "## round $round: $(basename "$m")"
-        echo "tandem:"; build/tandem bench -m "$m" -t "$THREADS" -p 512 -n 128 -r 3 --no-bounds 2>&1 | rows
-        [ -n "${OTHER:-}" ] && { echo "$OTHER:"; "$OTHER" bench -m "$m" -t "$THREADS" -p 512 -n 128 -r 3 --no-bounds 2>&1 | rows; }
-        for p in ik-llama-bench llama-bench; do
-            echo "$p (-fa 0):"; peer "$p" "$m" -p 512 -n 128 -r 3 -fa 0
-            echo "$p (-fa 1):"; peer "$p" "$m" -p 512 -n 128 -r 3 -fa 1
+        for b in build/tandem ${OTHER:-}; do
+            echo "$b:"; tandem "$b" "$m" -p 512 -n 128 -r 3
+            echo "$b pp4096, tg64 @ d4096:"; tandem "$b" "$m" -p 4096 -n 0 -gp 4096,64 -r 1
         done
-        echo "tandem pp4096, tg64 @ d4096:"
-        build/tandem bench -m "$m" -t "$THREADS" -p 4096 -n 0 -gp 4096,64 -r 1 --no-bounds 2>&1 | rows
-        [ -n "${OTHER:-}" ] && { echo "$OTHER:"; "$OTHER" bench -m "$m" -t "$THREADS" -p 4096 -n 0 -gp 4096,64 -r 1 --no-bounds 2>&1 | rows; }
-        for p in ik-llama-bench llama-bench; do echo "$p pp4096 (-fa 0):"; peer "$p" "$m" -p 4096 -n 0 -r 1 -fa 0; done
+        echo "ik-llama-bench:"; peer ik-llama-bench "$m" -p 512 -n 128 -r 3
+        echo "ik-llama-bench -rtr 1:"; peer ik-llama-bench "$m" -p 0 -n 128 -r 3 -rtr 1
+        echo "ik-llama-bench pp4096, tg64 @ d4096:"; peer ik-llama-bench "$m" -p 4096 -n 0 -gp 4096,64 -r 1
+        echo "ik-llama-bench -rtr 1, tg64 @ d4096:"; peer ik-llama-bench "$m" -p 0 -n 0 -gp 4096,64 -r 1 -rtr 1
+        echo "llama-bench:"; peer llama-bench "$m" -p 512 -n 128 -r 3
+        echo "llama-bench pp4096 (-fa 1):"; peer llama-bench "$m" -p 4096 -n 0 -r 1 -fa 1
     done
 done
 echo "load: $(cat /proc/loadavg)"

@@ -883,15 +883,20 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
 }
 
-/* Q6_K: levels (0..63) of run 8c + g, the low (part 0: elements 64c + 4g..)
- * or high (part 1: 64c + 32 + 4g..) half, from its nibble run v and its
- * high-bit run h. */
-QA_INLINE __m512i qa_q6k_levels(__m512i v, __m512i h, int g, int part) {
-    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    __m512i lo = part ? _mm512_and_si512(_mm512_srli_epi16(v, 4), m4) : _mm512_and_si512(v, m4);
-    int sh = 4 * (g & 1) + 2 * part;   /* where this level's two high bits sit */
-    __m512i hb = sh >= 4 ? _mm512_srli_epi16(h, sh - 4) : _mm512_slli_epi16(h, 4 - sh);
-    return _mm512_or_si512(lo, _mm512_and_si512(hb, m30));
+/* Q6_K: the four quads of sub-block s, each level times 4, from its three
+ * runs (quant.c's layout): three ANDs, and the fourth quad's bit pairs
+ * shifted into place (16-bit shifts carry the neighbour byte's bits in, so
+ * two selects and a final AND keep only the pairs). */
+QA_INLINE void qa_q6k_quads(const uint8_t *run, __m512i l[4]) {
+    const __m512i mfc = _mm512_set1_epi8((char)0xFC);
+    const __m512i a = _mm512_loadu_si512(run), b = _mm512_loadu_si512(run + 64), c = _mm512_loadu_si512(run + 128);
+    l[0] = _mm512_and_si512(a, mfc);
+    l[1] = _mm512_and_si512(b, mfc);
+    l[2] = _mm512_and_si512(c, mfc);
+    /* bits 2-3 from a << 2, 4-5 from b << 4, 6-7 from c << 6 (0xCA: A ? B : C) */
+    __m512i u = _mm512_ternarylogic_epi32(_mm512_set1_epi8(0x30), _mm512_slli_epi16(b, 4), _mm512_slli_epi16(c, 6), 0xCA);
+    u = _mm512_ternarylogic_epi32(_mm512_set1_epi8(0x0C), _mm512_slli_epi16(a, 2), u, 0xCA);
+    l[3] = _mm512_and_si512(u, mfc);
 }
 
 QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
@@ -900,7 +905,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
-        __m512i sumi[QA_KP_ACTS];
+        __m512i sumi[QA_KP_ACTS];   /* 4 x the reference's sum */
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
             for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + QA_KP_PF(GGML_TYPE_Q6_K) + l, _MM_HINT_T0);
         QA_UNROLL
@@ -909,46 +914,33 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
         for (int c = 0; c < 4; c++) {
             const __m512i S = _mm512_loadu_si512(pk + 32 + 64 * c);   /* scales 4c..4c+3 */
             QA_UNROLL
-            for (int q = 0; q < 2; q++) {          /* g in [4q, 4q + 4): sub-blocks 4c + q, 4c + 2 + q */
-                __m512i d0[QA_KP_ACTS], d1[QA_KP_ACTS];
-                QA_UNROLL
-                for (int r = 0; r < RA; r++) d0[r] = d1[r] = _mm512_setzero_si512();
-                QA_UNROLL
-                for (int gg = 0; gg < 4; gg++) {
-                    const int g = 4 * q + gg;
-                    __m512i v = _mm512_loadu_si512(pk + 288 + 64 * (8 * c + g));
-                    __m512i h = _mm512_loadu_si512(pk + 2336 + 64 * (4 * c + g / 2));
-                    if (RA <= 2) {   /* every line of the block, QA_KP_PF ahead */
-                        _mm_prefetch((const char *)pk + 288 + 64 * (8 * c + g) + QA_KP_PF(GGML_TYPE_Q6_K), _MM_HINT_T0);
-                        if (g & 1)
-                            _mm_prefetch((const char *)pk + 2336 + 64 * (4 * c + g / 2) + QA_KP_PF(GGML_TYPE_Q6_K),
-                                         _MM_HINT_T0);
-                    }
-                    __m512i l0 = qa_q6k_levels(v, h, g, 0), l1 = qa_q6k_levels(v, h, g, 1);
-                    QA_UNROLL
-                    for (int r = 0; r < RA; r++) {
-                        d0[r] = _mm512_dpbusd_epi32(d0[r], l0, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
-                        d1[r] = _mm512_dpbusd_epi32(d1[r], l1, qa_bcast4(ar[r][b].qs + 64 * c + 32 + 4 * g));
-                    }
-                }
-                /* int8 scales 4c + q and 4c + 2 + q, sign-extended per lane */
-                const __m512i sc0 = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * q), 24);
-                const __m512i sc1 = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * (q + 2)), 24);
+            for (int j = 0; j < 4; j++) {
+                const int sb = 4 * c + j;
+                const uint8_t *run = pk + 288 + 192 * sb;
+                if (RA <= 2)
+                    for (int l = 0; l < 192; l += 64)
+                        _mm_prefetch((const char *)run + QA_KP_PF(GGML_TYPE_Q6_K) + l, _MM_HINT_T0);
+                __m512i lv[4];
+                qa_q6k_quads(run, lv);
+                const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * j), 24);   /* int8 scale sb */
                 QA_UNROLL
                 for (int r = 0; r < RA; r++) {
-                    const int16_t *bs = ar[r][b].bsums;   /* levels are value + 32 */
-                    __m512i t0 = _mm512_sub_epi32(d0[r], _mm512_set1_epi32(32 * bs[4 * c + q]));
-                    __m512i t1 = _mm512_sub_epi32(d1[r], _mm512_set1_epi32(32 * bs[4 * c + 2 + q]));
-                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(sc0, t0),
-                                                                         _mm512_mullo_epi32(sc1, t1)));
+                    const int8_t *q = ar[r][b].qs + 16 * sb;
+                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lv[0], qa_bcast4(q));
+                    d = _mm512_dpbusd_epi32(d, lv[1], qa_bcast4(q + 4));
+                    d = _mm512_dpbusd_epi32(d, lv[2], qa_bcast4(q + 8));
+                    d = _mm512_dpbusd_epi32(d, lv[3], qa_bcast4(q + 12));
+                    /* levels are 4 x (value + 32) */
+                    d = _mm512_sub_epi32(d, _mm512_set1_epi32(128 * ar[r][b].bsums[sb]));
+                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(sc, d));
                 }
             }
         }
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
         QA_UNROLL
-        for (int r = 0; r < RA; r++)
+        for (int r = 0; r < RA; r++)   /* sumi is a multiple of 4: the shift is exact */
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(ar[r][b].d), d),
-                                                         _mm512_cvtepi32_ps(sumi[r])));
+                                                         _mm512_cvtepi32_ps(_mm512_srai_epi32(sumi[r], 2))));
     }
     QA_UNROLL
     for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
