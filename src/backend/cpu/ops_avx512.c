@@ -382,6 +382,12 @@ OPS_INLINE void ops_score_tile_kv(uint32_t dt, int RQ, const uint8_t *const *kr,
                          nvalid);
 }
 
+/* One whole pair of keys (rows a and b) to kf's layout; dt a constant at
+ * each call, so the steps compile to loads and one conversion each. */
+OPS_INLINE void ops_convert_pair(uint32_t dt, const uint8_t *a, const uint8_t *b, int nsteps, float *kf) {
+    for (int st = 0; st < nsteps; st++) _mm512_storeu_ps(kf + (size_t)st * 16, ops_load_pair(dt, a, b, st));
+}
+
 /* Convert keys [k0, k0 + nkb) to kf's pair layout; missing keys of the
  * last pair group are zeros. */
 static void ops_convert_keys(uint32_t dt, const uint8_t *k, size_t k_stride, int k0, int nkb, int nk, int hd,
@@ -391,14 +397,18 @@ static void ops_convert_keys(uint32_t dt, const uint8_t *k, size_t k_stride, int
         int ka = k0 + 2 * j, kb = ka + 1;
         for (int e = ka + OPS_PF_CONV; e <= kb + OPS_PF_CONV && e < nk; e++)
             ops_prefetch_seg(k + (size_t)e * k_stride, 2 * hd);
-        const uint8_t *ra = 2 * j < nkb ? k + (size_t)ka * k_stride : NULL;
-        const uint8_t *rb = 2 * j + 1 < nkb ? k + (size_t)kb * k_stride : NULL;
-        for (int st = 0; st < nsteps; st++) {
-            __m512 w = ops_load_pair(dt, ra ? ra : rb ? rb : k, rb ? rb : ra ? ra : k, st);
-            if (!ra || !rb)
-                w = _mm512_maskz_mov_ps((__mmask16)((ra ? 0x00ffu : 0) | (rb ? 0xff00u : 0)), w);
-            _mm512_storeu_ps(kf + ((size_t)j * nsteps + st) * 16, w);
+        float *kfj = kf + (size_t)j * nsteps * 16;
+        if (2 * j + 1 < nkb) {
+            const uint8_t *ra = k + (size_t)ka * k_stride, *rb = k + (size_t)kb * k_stride;
+            if (dt == GGML_TYPE_F16) ops_convert_pair(GGML_TYPE_F16, ra, rb, nsteps, kfj);
+            else ops_convert_pair(GGML_TYPE_BF16, ra, rb, nsteps, kfj);
+            continue;
         }
+        /* the block's last pairs: key a alone, or neither */
+        const uint8_t *ra = 2 * j < nkb ? k + (size_t)ka * k_stride : k;
+        const __mmask16 m = 2 * j < nkb ? 0x00ff : 0;
+        for (int st = 0; st < nsteps; st++)
+            _mm512_storeu_ps(kfj + (size_t)st * 16, _mm512_maskz_mov_ps(m, ops_load_pair(dt, ra, ra, st)));
     }
 }
 
