@@ -34,7 +34,9 @@ peer() {   # peer NAME MODEL ARGS...
             # built with AVX512-FP16, which its kernels use only to move
             # scalar halves: run a copy with those moves rewritten
             bin=build/peers/$name
-            [ -x "$bin" ] || { mkdir -p build/peers && python3 tools/peer_nofp16.py "$PEERS/$name" "$bin" && chmod +x "$bin"; }
+            # (made again when the peer binary is newer than the copy)
+            [ -x "$bin" ] && [ "$bin" -nt "$PEERS/$name" ] ||
+                { mkdir -p build/peers && python3 tools/peer_nofp16.py "$PEERS/$name" "$bin" && chmod +x "$bin"; }
             out=$("$bin" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
             [ $rc -eq 0 ] && echo "  ($name: its AVX512-FP16 moves rewritten by tools/peer_nofp16.py)"
         elif [ $rc -eq 0 ]; then
