@@ -56,6 +56,7 @@ static int ops_use_avx2(void) { return quant_kernel_vec_ops(); }
 int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
+int ops_avx2_scale(float *x, float a, size_t n);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
@@ -63,6 +64,7 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
                        size_t pr_stride, int grp, int hd, float *out, float *vf);
 int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx512_max(const float *x, size_t n, float *m);
+int ops_avx512_scale(float *x, float a, size_t n);
 int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                            int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
 
@@ -120,6 +122,8 @@ void ops_axpy(float a, const float *x, float *y, size_t n) {
 }
 
 void ops_scale(float *x, float a, size_t n) {
+    if (quant_kernel_vec_ops() >= 2 && ops_avx512_scale(x, a, n)) return;
+    if (ops_use_avx2() && ops_avx2_scale(x, a, n)) return;
     for (size_t i = 0; i < n; i++) x[i] *= a;
 }
 

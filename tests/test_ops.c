@@ -105,6 +105,15 @@ static void test_small(void) {
     ops_scale(y, 0.5f, 11);
     CHECK(y[10] == 15.5f, "scale");
     CHECK(ops_max(x, 11) == 10.0f, "max");
+    /* scale: each length through the vector body and its tail, the same
+     * product as a scalar multiply */
+    static float z[70], w[70];
+    for (int n = 1; n <= 70; n += 3) {
+        for (int i = 0; i < 70; i++) z[i] = w[i] = frand(-5.0f, 5.0f);
+        ops_scale(z, 0.37f, (size_t)n);
+        for (int i = 0; i < n; i++) w[i] *= 0.37f;
+        CHECK(!memcmp(z, w, sizeof z), "scale n %d", n);
+    }
 }
 
 /* Attention's P x V for F16 and BF16 V rows: the vector version must equal
@@ -138,14 +147,14 @@ static void test_attn_scores(void) {
     static uint16_t krow[MAXK * STRIDE / 2];
     static float q[MAXQ * 128], s[MAXQ * MAXK], ref[MAXQ * MAXK], tmp[128 * 128];
     const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
-    const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[6] = { 1, 2, 3, 5, 8, MAXQ }, hds[2] = { 128, 64 };
+    const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[6] = { 1, 2, 3, 5, 8, MAXQ }, hds[3] = { 128, 64, 40 };
     for (int ti = 0; ti < 2; ti++) {
         for (size_t i = 0; i < sizeof krow / 2; i++) {
             float f = frand(-2.0f, 2.0f);
             krow[i] = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f) : f32_to_bf16(f);
         }
         for (int i = 0; i < MAXQ * 128; i++) q[i] = frand(-3.0f, 3.0f);
-        for (int hi = 0; hi < 2; hi++)
+        for (int hi = 0; hi < 3; hi++)
             for (int a = 0; a < 6; a++)
                 for (int b = 0; b < 6; b++) {
                     int hd = hds[hi], nk = nks[a], nq = nqs[b];
@@ -184,6 +193,18 @@ static void test_exp_sets_agree(const char *const *sets, int n_sets) {
         float m5 = ops_max(x, ns[k]);
         CHECK(s2 == s5 && !memcmp(y2, y5, sizeof(float) * ns[k]), "exp_sum avx2 vs avx512 n=%zu", ns[k]);
         CHECK(m2 == m5, "max avx2 vs avx512 n=%zu", ns[k]);
+    }
+    /* the clamps and NaN in every lane of the unrolled and the plain loops */
+    static const float sp[8] = { NAN, INFINITY, -INFINITY, 300.0f, -300.0f, 90.3f, -102.5f, 88.79f };
+    for (int k = 0; k < 48; k++) {
+        for (int i = 0; i < 48; i++) x[i] = frand(-20.0f, 5.0f);
+        x[k] = sp[k % 8];
+        quant_use_kernels("avx2");
+        double s2 = ops_exp_sum(x, 1.5f, y2, 48);
+        quant_use_kernels("avx512");
+        double s5 = ops_exp_sum(x, 1.5f, y5, 48);
+        CHECK(!memcmp(&s2, &s5, sizeof s2) && !memcmp(y2, y5, sizeof(float) * 48), "exp_sum special %g at %d",
+              (double)sp[k % 8], k);
     }
 }
 

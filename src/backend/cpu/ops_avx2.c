@@ -18,6 +18,7 @@
 int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
+int ops_avx2_scale(float *x, float a, size_t n);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out);
 
@@ -215,6 +216,15 @@ int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, fl
     return 1;
 }
 
+/* x[i] *= a: attention's probabilities, a row of the context's length */
+int ops_avx2_scale(float *x, float a, size_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), va));
+    for (; i < n; i++) x[i] *= a;
+    return 1;
+}
+
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out) {
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 16) return 0;
@@ -225,6 +235,7 @@ int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
 int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum) { return 0; }
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n) { return 0; }
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) { return 0; }
+int ops_avx2_scale(float *x, float a, size_t n) { return 0; }
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out) { return 0; }
 #endif
