@@ -113,6 +113,10 @@ typedef struct {
      * backend's back (truncation, rows received from a prefill node);
      * pos < 0: kv is about to be freed. */
     void (*kv_forget)(backend *be, const kvcache *kv, int pos);
+    /* mul_mat for n (<= 4) 2-D weights of the same input x: y[i] = W_i x.
+     * One job instead of n (a decode step's Q, K and V; gate and up): the
+     * threads wait once, and the input is converted once. */
+    void (*mul_mat_n)(backend *be, const be_weight *const *w, int n, const float *x, int n_tok, float *const *y);
 } backend_ops;
 
 struct backend {

@@ -108,6 +108,14 @@ static int forward_hooks(model *m, const fwd_pass *p, int il, char *err, size_t 
     return 0;
 }
 
+/* y[i] = W_i x for n weights of one input: one backend job where the
+ * backend has one (mul_mat_n), else one product each. */
+static void forward_mul_mats(backend *be, const be_weight *const *w, int n, const float *x, int n_tok,
+                             float *const *y) {
+    if (be->ops->mul_mat_n) { be->ops->mul_mat_n(be, w, n, x, n_tok, y); return; }
+    for (int i = 0; i < n; i++) be->ops->mul_mat(be, w[i], 0, x, n_tok, y[i]);
+}
+
 static int forward_attention(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
     const model_hparams *hp = &m->hp;
     const model_layer *L = &m->layers[il];
@@ -117,9 +125,9 @@ static int forward_attention(model *m, const fwd_pass *p, int il, char *err, siz
     int hd = hp->head_dim_k, n = p->bt.n_tok;
 
     op->rms_norm(be, b->x, &L->attn_norm, b->h, n, hp->n_embd, hp->rms_eps);
-    op->mul_mat(be, &L->wq, 0, b->h, n, b->q);
-    op->mul_mat(be, &L->wk, 0, b->h, n, b->k);
-    op->mul_mat(be, &L->wv, 0, b->h, n, b->v);
+    const be_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
+    float *const qkv_out[3] = { b->q, b->k, b->v };
+    forward_mul_mats(be, qkv, 3, b->h, n, qkv_out);
     if (L->bq.data) op->add_bias(be, b->q, &L->bq, n);
     if (L->bk.data) op->add_bias(be, b->k, &L->bk, n);
     if (L->bv.data) op->add_bias(be, b->v, &L->bv, n);
@@ -154,8 +162,9 @@ static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t er
             return -1;
         }
     } else {
-        op->mul_mat(be, &L->ffn_gate, 0, b->h, n, b->g);
-        op->mul_mat(be, &L->ffn_up, 0, b->h, n, b->u);
+        const be_weight *gu[2] = { &L->ffn_gate, &L->ffn_up };
+        float *const gu_out[2] = { b->g, b->u };
+        forward_mul_mats(be, gu, 2, b->h, n, gu_out);
         op->swiglu(be, b->g, b->u, b->g, (size_t)n * hp->n_ff);
         op->mul_mat(be, &L->ffn_down, 0, b->g, n, b->o);
     }

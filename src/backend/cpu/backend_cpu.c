@@ -259,6 +259,31 @@ static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float
     mm_run_blocks(c, mm_compute, &j, mm_blocks(w));
 }
 
+/* Several weights of one input: quantised once when they share its
+ * conversion (same width and vec_dot type), then every part's row blocks in
+ * one job (mm_run_many); otherwise one product after the other. */
+static void cpu_mul_mat_n(backend *be, const be_weight *const *w, int n, const float *x, int n_tok, float *const *y) {
+    cpu_impl *c = cpu_of(be);
+    mm_job parts[4];
+    long first[5];
+    int same = n >= 1 && n <= 4;
+    for (int i = 1; same && i < n; i++)
+        same = w[i]->ne[0] == w[0]->ne[0] && quant_vec_dot_type(w[i]->type) == quant_vec_dot_type(w[0]->type);
+    if (same) {
+        mm_part_init(&parts[0], w[0], 0, NULL, n_tok, NULL);
+        same = !cpu_grow((void **)&c->qbuf, &c->qbuf_size, parts[0].qrow * (size_t)n_tok);
+    }
+    if (!same) {
+        for (int i = 0; i < n; i++) cpu_mul_mat(be, w[i], 0, x, n_tok, y[i]);
+        return;
+    }
+    parts[0].x = x;
+    parts[0].qx = c->qbuf;
+    if (n_tok == 1) mm_quantize(&parts[0], 0, 1); else tpool_run(c->pool, mm_quantize, &parts[0]);
+    for (int i = 0; i < n; i++) mm_part_init(&parts[i], w[i], 0, c->qbuf, n_tok, y[i]);
+    mm_run_many(c, parts, n, first);
+}
+
 static void cpu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
     ew_job j = { .op = EW_BIAS, .x = x, .w = (const float *)b->data, .n = (size_t)n_tok, .row = (size_t)b->ne[0] };
     ew_exec(be, &j, (size_t)n_tok * b->ne[0]);
@@ -750,7 +775,7 @@ static void cpu_destroy(backend *be) {
 static const backend_ops cpu_ops = {
     .name = "cpu", .destroy = cpu_destroy, .alloc = cpu_alloc, .release = cpu_release,
     .read = cpu_read, .write = cpu_write, .get_rows = cpu_get_rows, .rms_norm = cpu_rms_norm,
-    .mul_mat = cpu_mul_mat, .add_bias = cpu_add_bias, .rope = cpu_rope, .attention = cpu_attention,
+    .mul_mat = cpu_mul_mat, .mul_mat_n = cpu_mul_mat_n, .add_bias = cpu_add_bias, .rope = cpu_rope, .attention = cpu_attention,
     .kv_store = cpu_kv_store, .swiglu = cpu_swiglu, .add = cpu_add, .moe_ffn = cpu_moe_ffn,
     .load_weight = cpu_load_weight,
 };

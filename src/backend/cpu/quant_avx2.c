@@ -808,11 +808,18 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
 #define QA_KP_ACTS 8
 #define QA_Q4KP_BLOCK 2304  /* 16 x sizeof(block_q4_K) */
 #define QA_Q6KP_BLOCK 3360  /* 16 x sizeof(block_q6_K) */
-/* Decode walks prefetch every line two super-blocks ahead (4.5 KiB for Q4_K,
- * 6.6 KiB for Q6_K): one ahead (or a fixed 2 KiB) left Q6_K at 23-27 GB/s
- * from memory on one Zen 5 core, two ahead 28-35 (the streaming read test
- * gives 37-39); 16 KiB ahead was slower again. */
-#define QA_KP_PF(T) (2 * ((T) == GGML_TYPE_Q4_K ? QA_Q4KP_BLOCK : QA_Q6KP_BLOCK))
+/* Decode walks prefetch every line about 12 KiB ahead (Q4_K 12 KiB, Q6_K
+ * four super-blocks, 13 KiB), each line's prefetch beside its own load.
+ * The distance is read at run time (volatile): as a constant, GCC gathered
+ * all 36-40 prefetches of a super-block at its start, and that burst of
+ * misses held the demand loads back. One Zen 5 core, packed 1024-wide rows
+ * from memory, one activation row, alternated runs: Q4_K two super-blocks
+ * (4.5 KiB) ahead 31-33 GB/s gathered, 33-40 spread; 12 KiB 31-33
+ * gathered, 42-48 spread (slower again from 18 KiB). Q6_K 33 -> 44-46.
+ * The Q8_0 walk reads 42-44 at any distance. With both cores streaming
+ * and the machine's bandwidth the limit (about 44 GB/s for the two), every
+ * distance gave the same. */
+static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
 
 
 /* Q4_K: 6-bit scale j (sel 0) or min j (sel 1) of every lane, from the three
@@ -832,9 +839,10 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
+    const size_t pf = qa_kp_pf_q4k;
     for (int64_t b = 0; b < nb; b++, pk += QA_Q4KP_BLOCK) {
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
-            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + QA_KP_PF(GGML_TYPE_Q4_K) + l, _MM_HINT_T0);
+            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
         __m512i sumi[QA_KP_ACTS], summ[QA_KP_ACTS];
         QA_UNROLL
@@ -850,7 +858,7 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
             QA_UNROLL
             for (int g = 0; g < 8; g++) {
                 __m512i v = _mm512_loadu_si512(pk + 256 + 64 * (8 * c + g));
-                if (RA <= 2) _mm_prefetch((const char *)pk + 256 + 64 * (8 * c + g) + QA_KP_PF(GGML_TYPE_Q4_K), _MM_HINT_T0);
+                if (RA <= 2) _mm_prefetch((const char *)pk + 256 + 64 * (8 * c + g) + pf, _MM_HINT_T0);
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 QA_UNROLL
                 for (int r = 0; r < RA; r++) {
@@ -929,10 +937,11 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
+    const size_t pf = qa_kp_pf_q6k;
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
         __m512i sumi[QA_KP_ACTS], corr[QA_KP_ACTS], P[QA_KP_ACTS];
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
-            for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + QA_KP_PF(GGML_TYPE_Q6_K) + l, _MM_HINT_T0);
+            for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             sumi[r] = corr[r] = _mm512_setzero_si512();
@@ -952,7 +961,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                 const uint8_t *run = pk + 288 + 192 * sb;
                 if (RA <= 2)
                     for (int l = 0; l < 192; l += 64)
-                        _mm_prefetch((const char *)run + QA_KP_PF(GGML_TYPE_Q6_K) + l, _MM_HINT_T0);
+                        _mm_prefetch((const char *)run + pf + l, _MM_HINT_T0);
                 __m512i lv[4];
                 qa_q6k_quads(run, lv);
                 const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * j), 24);   /* int8 scale sb */
