@@ -81,13 +81,20 @@ void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const
 /* the AVX-512 versions convert blocks of 128 keys or 64 V rows to f32 (ops_avx512.c) */
 size_t ops_attn_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
 
+#define OPS_ATT_KB 128
+
 void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
                      int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
     if (quant_kernel_vec_ops() >= 2 && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
         ops_avx512_attn_scores(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp))
         return;
-    quant_mul_mat_tile(dt, hd, k, k_stride, nk, q, q_stride, nq, s, s_stride);
-    for (int r = 0; r < nq; r++) ops_scale(s + (size_t)r * s_stride, scale, (size_t)nk);
+    /* blocks of keys: 128 F16 K rows of a 128-wide head are 32 KiB, in L1
+     * while every query row passes over them */
+    for (int k0 = 0; k0 < nk; k0 += OPS_ATT_KB) {
+        int kb = nk - k0 < OPS_ATT_KB ? nk - k0 : OPS_ATT_KB;
+        quant_mul_mat_tile(dt, hd, k + (size_t)k0 * k_stride, k_stride, kb, q, q_stride, nq, s + k0, s_stride);
+        for (int r = 0; r < nq; r++) ops_scale(s + (size_t)r * s_stride + k0, scale, (size_t)kb);
+    }
 }
 
 int ops_vectorised(void) {

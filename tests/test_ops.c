@@ -141,13 +141,13 @@ static void test_attn_pv(void) {
 /* Attention scores for F16 and BF16 K rows: the set's version must equal
  * the tile kernel (quant_mul_mat_tile, then the scale) bit for bit, across
  * key counts that cross the 8-key tiles and the 128-key blocks, and query
- * counts on both the decode (<= 4) and the prefill path. */
+ * counts on the three paths: decode (1-2 rows, 3-8 rows) and prefill. */
 static void test_attn_scores(void) {
     enum { MAXK = 300, MAXQ = 19, STRIDE = 2 * 128 * 3 };   /* rows of 3 heads: take head 1 */
     static uint16_t krow[MAXK * STRIDE / 2];
     static float q[MAXQ * 128], s[MAXQ * MAXK], ref[MAXQ * MAXK], tmp[128 * 128];
     const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
-    const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[6] = { 1, 2, 3, 5, 8, MAXQ }, hds[3] = { 128, 64, 40 };
+    const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[8] = { 1, 2, 3, 4, 6, 7, 8, MAXQ }, hds[3] = { 128, 64, 40 };
     for (int ti = 0; ti < 2; ti++) {
         for (size_t i = 0; i < sizeof krow / 2; i++) {
             float f = frand(-2.0f, 2.0f);
@@ -156,7 +156,7 @@ static void test_attn_scores(void) {
         for (int i = 0; i < MAXQ * 128; i++) q[i] = frand(-3.0f, 3.0f);
         for (int hi = 0; hi < 3; hi++)
             for (int a = 0; a < 6; a++)
-                for (int b = 0; b < 6; b++) {
+                for (int b = 0; b < 8; b++) {
                     int hd = hds[hi], nk = nks[a], nq = nqs[b];
                     const uint8_t *k = (const uint8_t *)krow + 2 * 128;
                     size_t qs = (size_t)hd * 4;

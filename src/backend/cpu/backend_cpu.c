@@ -341,10 +341,10 @@ static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim,
  * Tiled causal attention. An item is one block of query rows of one
  * sequence and one KV head: its (about) ATT_QVEC query vectors, the grp =
  * n_head / n_head_kv heads that share the KV head for several tokens, meet
- * the cache in blocks of ATT_KB positions, each block's scores one small
- * matrix product (the tile kernel, with the cache's K rows as weight rows),
- * so each K row is read once per query block instead of once per token and
- * stays in L1 for all the block's queries. Then each row's softmax, and its
+ * the cache in blocks of 128 positions (ops_attn_scores), each block's
+ * scores one small matrix product (the tile kernel, with the cache's K rows
+ * as weight rows), so each K row is read once per query block instead of
+ * once per token and stays in L1 for all the block's queries. Then each row's softmax, and its
  * weighted sum of V rows (ops_attn_pv, all rows of the block in one walk of
  * the positions). Decode is the same walk with one token.
  *
@@ -362,8 +362,6 @@ static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim,
 /* Query vectors per item: each K/V row read is shared by 64 vectors, and
  * 64 rows of scores at 4096 positions are 1 MiB (L2). */
 #define ATT_QVEC 64
-/* Keys per score tile: 128 F16 K rows of a 128-wide head are 32 KiB (L1). */
-#define ATT_KB 128
 
 typedef struct {
     cpu_impl *c;
@@ -404,10 +402,7 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
             quant_quantize_act_row(vt, q0 + i * qstride + (size_t)g * hd, qc + (size_t)(i * grp + g) * qrow, hd);
     /* scaled scores: the last rows' causal triangle is computed and then ignored */
     float *kt = (float *)(qc + ((size_t)nq * qrow + 63) / 64 * 64);
-    for (int k0 = 0; k0 < p_end; k0 += ATT_KB) {
-        int kb = p_end - k0 < ATT_KB ? p_end - k0 : ATT_KB;
-        ops_attn_scores(dt, kv_k_row_c(kv, j->layer, k0) + head_off, rb, kb, qc, qrow, nq, hd, j->scale, S + k0, ss, kt);
-    }
+    ops_attn_scores(dt, kv_k_row_c(kv, j->layer, 0) + head_off, rb, p_end, qc, qrow, nq, hd, j->scale, S, ss, kt);
     for (int r = 0; r < nq; r++) {
         float *s = S + (size_t)r * ss;
         size_t npos = (size_t)(p_first + r / grp + 1);

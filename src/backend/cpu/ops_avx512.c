@@ -52,6 +52,26 @@ OPS_INLINE void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo,
     }
 }
 
+/* Rows ahead that the decode walks prefetch: a head's segment of a cache
+ * row lies a whole row (all heads) away from the next position's, a stride
+ * the hardware prefetchers follow poorly across pages. */
+#define OPS_PF_ROWS 12
+/* Rows ahead that the block conversions (keys to kf, values to vf) prefetch.
+ * Without it a decode step of many heads per KV head (the prefill path:
+ * Qwen2.5-0.5B's 7, the 30B-A3B's 8) read its cache at 5-10 GB/s; measured
+ * at depth 4096, 2 threads: 12 rows ahead 4.0 ms per token, 32: 3.4, 64:
+ * 3.3-3.4, 128: 3.8 (Qwen2.5-0.5B shape); 30B-A3B shape, 8 layers: 6.5
+ * without, 4.8 with 32. */
+#define OPS_PF_CONV 32
+
+OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+OPS_INLINE void ops_prefetch_seg_l2(const uint8_t *p, int bytes) {
+    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T1);
+}
+
 /* Prefill: G (<= 8) query rows x 32 columns from d; the accumulators stay
  * in registers while the positions stream past, and each converted V vector
  * serves all G rows. */
@@ -75,22 +95,6 @@ OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_st
         _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
         _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
     }
-}
-
-/* Rows ahead that the decode walks prefetch: a head's segment of a cache
- * row lies a whole row (all heads) away from the next position's, a stride
- * the hardware prefetchers follow poorly across pages. */
-#define OPS_PF_ROWS 12
-/* Rows ahead that the block conversions (keys to kf, values to vf) prefetch.
- * Without it a decode step of many heads per KV head (the prefill path:
- * Qwen2.5-0.5B's 7, the 30B-A3B's 8) read its cache at 5-10 GB/s; measured
- * at depth 4096, 2 threads: 12 rows ahead 4.0 ms per token, 32: 3.4, 64:
- * 3.3-3.4, 128: 3.8 (Qwen2.5-0.5B shape); 30B-A3B shape, 8 layers: 6.5
- * without, 4.8 with 32. */
-#define OPS_PF_CONV 32
-
-OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
 /* Decode: G (1 or 2) query rows x 128 columns from d: each position's
@@ -541,6 +545,11 @@ static void ops_scores_prefill(uint32_t dt, const uint8_t *k, size_t k_stride, i
             for (int j0 = 0; j0 < nkb; j0 += 8) {
                 const float *kfj = kf + (size_t)(j0 / 8) * nsteps * 64;
                 int nv = nkb - j0 < 8 ? nkb - j0 : 8;
+                /* the next block's rows, 8 per tile of the first row group:
+                 * read while this block computes, not when it converts */
+                if (r0 == 0)
+                    for (int e = k0 + OPS_KBLK + j0; e < k0 + OPS_KBLK + j0 + 8 && e < nk; e++)
+                        ops_prefetch_seg_l2(k + (size_t)e * k_stride, 2 * hd);
                 switch (RQ) {
                 case 1: ops_score_tile_kf(1, kfj, nsteps, qp, scale, so + j0, s_stride, nv); break;
                 case 2: ops_score_tile_kf(2, kfj, nsteps, qp, scale, so + j0, s_stride, nv); break;
@@ -548,6 +557,70 @@ static void ops_scores_prefill(uint32_t dt, const uint8_t *k, size_t k_stride, i
                 default: ops_score_tile_kf(4, kfj, nsteps, qp, scale, so + j0, s_stride, nv); break;
                 }
             }
+        }
+    }
+}
+
+/* Decode tile for 3 to 8 query rows (a KV head's query heads, one token):
+ * RQ rows x 4 keys (two pairs, converted as they stream, each key row read
+ * once for all rows); qp holds the rows packed, [step][8][8]. Converting
+ * blocks of keys to f32 first (the prefill path) cost more than the
+ * products for so few rows: 7 rows x 4096 keys x 64 from memory, 64-77 us
+ * per head that way, 57-60 this way. */
+OPS_INLINE void ops_score_tile_kv4(uint32_t dt, int RQ, const uint8_t *const *kr, int nsteps, const float *qp,
+                                   float scale, float *s, size_t s_stride, int nvalid) {
+    __m512 acc[8][2];
+    _Pragma("GCC unroll 8")
+    for (int r = 0; r < RQ; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int st = 0; st < nsteps; st++) {
+        const __m512 w0 = ops_load_pair(dt, kr[0], kr[1], st), w1 = ops_load_pair(dt, kr[2], kr[3], st);
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < RQ; r++) {
+            __m512 a = _mm512_broadcast_f32x8(_mm256_loadu_ps(qp + (size_t)st * 64 + 8 * r));
+            acc[r][0] = _mm512_fmadd_ps(w0, a, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(w1, a, acc[r][1]);
+        }
+    }
+    const __mmask8 m = (__mmask8)((1u << nvalid) - 1);
+    const __m256 vs = _mm256_set1_ps(scale);
+    _Pragma("GCC unroll 4")
+    for (int r = 0; r < RQ; r += 2) {
+        int r1 = r + 1 < RQ ? r + 1 : r;
+        /* lanes 0-3: row r's four keys, 4-7: row r1's; the tile path's (0 + dot) * scale */
+        __m256 t = ops_reduce8(acc[r][0], acc[r][1], acc[r1][0], acc[r1][1]);
+        t = _mm256_mul_ps(_mm256_add_ps(_mm256_setzero_ps(), t), vs);
+        _mm_mask_storeu_ps(s + (size_t)r * s_stride, m, _mm256_castps256_ps128(t));
+        if (r + 1 < RQ) _mm_mask_storeu_ps(s + (size_t)(r + 1) * s_stride, m, _mm256_extractf128_ps(t, 1));
+    }
+}
+
+/* Rows ahead for that walk: 4 keys take longer than 8 of the 2-row tile.
+ * Qwen2.5-0.5B shape (7 rows, 64 wide, 2 KV heads) from memory, one core:
+ * 12 rows ahead 63-64 us per head at 4096 keys, 24: 58-62, 32: 57-58, 64:
+ * 60-62; the 30B-A3B shape (8 rows x 128) gave 110-118 at every distance. */
+#define OPS_PF_DEC8 32
+
+static void ops_scores_decode8(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q,
+                               size_t q_stride, int nq, int hd, float scale, float *s, size_t s_stride) {
+    const int nsteps = hd / 8, seg = hd * 2;
+    float qp[512 / 8 * 64];   /* [step][8 rows][8] (hd <= 512) */
+    for (int r = 0; r < nq; r++)
+        for (int st = 0; st < nsteps; st++)
+            _mm256_storeu_ps(qp + (size_t)st * 64 + 8 * r, _mm256_loadu_ps(ops_qrow(q, q_stride, r) + 8 * st));
+    for (int j0 = 0; j0 < nk; j0 += 4) {
+        const uint8_t *kr[4];
+        int nv = nk - j0 < 4 ? nk - j0 : 4;
+        for (int j = 0; j < 4; j++) kr[j] = k + (size_t)(j0 + (j < nv ? j : 0)) * k_stride;
+        for (int j = 0; j < 4 && j0 + OPS_PF_DEC8 + j < nk; j++)
+            ops_prefetch_seg(k + (size_t)(j0 + OPS_PF_DEC8 + j) * k_stride, seg);
+        float *so = s + j0;
+        switch (nq) {
+        case 3: ops_score_tile_kv4(dt, 3, kr, nsteps, qp, scale, so, s_stride, nv); break;
+        case 4: ops_score_tile_kv4(dt, 4, kr, nsteps, qp, scale, so, s_stride, nv); break;
+        case 5: ops_score_tile_kv4(dt, 5, kr, nsteps, qp, scale, so, s_stride, nv); break;
+        case 6: ops_score_tile_kv4(dt, 6, kr, nsteps, qp, scale, so, s_stride, nv); break;
+        case 7: ops_score_tile_kv4(dt, 7, kr, nsteps, qp, scale, so, s_stride, nv); break;
+        default: ops_score_tile_kv4(dt, 8, kr, nsteps, qp, scale, so, s_stride, nv); break;
         }
     }
 }
@@ -575,7 +648,8 @@ int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int n
                            int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
     /* the ymm tile reduces in one chunk up to 512 values (QA_FCHUNK) */
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 8 || hd > 512 || nk < 1 || nq < 1) return 0;
-    if (nq > 4) ops_scores_prefill(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp);
+    if (nq > 8) ops_scores_prefill(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp);
+    else if (nq > 2) ops_scores_decode8(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride);
     else ops_scores_decode(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride);
     return 1;
 }
