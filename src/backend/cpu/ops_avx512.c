@@ -68,10 +68,6 @@ OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-OPS_INLINE void ops_prefetch_seg_l2(const uint8_t *p, int bytes) {
-    for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T1);
-}
-
 /* Prefill: G (<= 8) query rows x 32 columns from d; the accumulators stay
  * in registers while the positions stream past, and each converted V vector
  * serves all G rows. */
@@ -545,11 +541,6 @@ static void ops_scores_prefill(uint32_t dt, const uint8_t *k, size_t k_stride, i
             for (int j0 = 0; j0 < nkb; j0 += 8) {
                 const float *kfj = kf + (size_t)(j0 / 8) * nsteps * 64;
                 int nv = nkb - j0 < 8 ? nkb - j0 : 8;
-                /* the next block's rows, 8 per tile of the first row group:
-                 * read while this block computes, not when it converts */
-                if (r0 == 0)
-                    for (int e = k0 + OPS_KBLK + j0; e < k0 + OPS_KBLK + j0 + 8 && e < nk; e++)
-                        ops_prefetch_seg_l2(k + (size_t)e * k_stride, 2 * hd);
                 switch (RQ) {
                 case 1: ops_score_tile_kf(1, kfj, nsteps, qp, scale, so + j0, s_stride, nv); break;
                 case 2: ops_score_tile_kf(2, kfj, nsteps, qp, scale, so + j0, s_stride, nv); break;
