@@ -759,6 +759,9 @@ void quant_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const voi
  * Q4_K, per super-block (2304 bytes = 16 x 144): d x16 (fp16), dmin x16,
  *   3 runs of the 12 scale bytes (run t: bytes 4t..4t+3), then 32 runs of qs
  *   (run 8c + g: qs[32c + 4g .. +3]; low nibbles are sub-block 2c, high 2c+1).
+ * Q5_K (2816 = 16 x 176): Q4_K's d, dmin and scale runs, then 8 runs of qh
+ *   (run g: qh[4g .. 4g + 3]; bit j is the fifth bit of sub-block j's
+ *   element), then Q4_K's 32 runs of qs.
  * Q6_K, per super-block (3360 bytes = 16 x 210): d x16, 4 runs of the 16 int8
  *   scales, then 3 runs per sub-block s of 16 elements (run 3s + t, t < 3,
  *   byte k: level 16s + 4t + k in bits 2-7, and bits 2t, 2t + 1 of level
@@ -775,6 +778,7 @@ static size_t quant_pack_block_bytes(uint32_t wtype) {
     case GGML_TYPE_Q4_0: return sizeof(block_q4_0);
     case GGML_TYPE_Q5_0: return sizeof(block_q5_0);
     case GGML_TYPE_Q4_K: return sizeof(block_q4_K);
+    case GGML_TYPE_Q5_K: return sizeof(block_q5_K);
     case GGML_TYPE_Q6_K: return sizeof(block_q6_K);
     default: return 0;
     }
@@ -819,6 +823,13 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
         memcpy(p + 32 + 2 * r, &x->dmin, 2);
         for (int t = 0; t < 3; t++) memcpy(p + 64 + QUANT_RUN * t + 4 * r, x->scales + 4 * t, 4);
         for (int k = 0; k < 32; k++) memcpy(p + 256 + QUANT_RUN * k + 4 * r, x->qs + 4 * k, 4);
+    } else if (wtype == GGML_TYPE_Q5_K) {
+        const block_q5_K *x = blk;
+        memcpy(p + 2 * r, &x->d, 2);
+        memcpy(p + 32 + 2 * r, &x->dmin, 2);
+        for (int t = 0; t < 3; t++) memcpy(p + 64 + QUANT_RUN * t + 4 * r, x->scales + 4 * t, 4);
+        for (int g = 0; g < 8; g++) memcpy(p + 256 + QUANT_RUN * g + 4 * r, x->qh + 4 * g, 4);
+        for (int k = 0; k < 32; k++) memcpy(p + 768 + QUANT_RUN * k + 4 * r, x->qs + 4 * k, 4);
     } else {
         const block_q6_K *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
@@ -854,6 +865,13 @@ static void quant_unpack_block(uint32_t wtype, const uint8_t *p, int r, void *bl
         memcpy(&y->dmin, p + 32 + 2 * r, 2);
         for (int t = 0; t < 3; t++) memcpy(y->scales + 4 * t, p + 64 + QUANT_RUN * t + 4 * r, 4);
         for (int k = 0; k < 32; k++) memcpy(y->qs + 4 * k, p + 256 + QUANT_RUN * k + 4 * r, 4);
+    } else if (wtype == GGML_TYPE_Q5_K) {
+        block_q5_K *y = blk;
+        memcpy(&y->d, p + 2 * r, 2);
+        memcpy(&y->dmin, p + 32 + 2 * r, 2);
+        for (int t = 0; t < 3; t++) memcpy(y->scales + 4 * t, p + 64 + QUANT_RUN * t + 4 * r, 4);
+        for (int g = 0; g < 8; g++) memcpy(y->qh + 4 * g, p + 256 + QUANT_RUN * g + 4 * r, 4);
+        for (int k = 0; k < 32; k++) memcpy(y->qs + 4 * k, p + 768 + QUANT_RUN * k + 4 * r, 4);
     } else {
         block_q6_K *y = blk;
         memset(y, 0, sizeof *y);

@@ -83,7 +83,7 @@ void quant_mul_mat_tile(uint32_t wtype, int64_t n,
  * bytes [544 b, 544 b + 32) the 16 rows' fp16 scales, then 8 runs of 64
  * bytes: run k holds bytes 4k..4k+3 of each row's block in row order, each
  * XORed with 0x80 (w + 128 as an unsigned byte: what vpdpbusd multiplies).
- * Q4_0, Q5_0, Q4_K and Q6_K: see quant.c. Other types have no packed layout. */
+ * Q4_0, Q5_0, Q4_K, Q5_K and Q6_K: see quant.c. Other types have no packed layout. */
 #define QUANT_PACK_ROWS 16
 /* 1 if the active kernel set multiplies packed weights of this type (so
  * packing them pays); the reference multiplies them too, only slower. */

@@ -504,11 +504,12 @@ static void test_packed(void) {
     test_packed_type(GGML_TYPE_Q4_0, l32);
     test_packed_type(GGML_TYPE_Q5_0, l32);
     test_packed_type(GGML_TYPE_Q4_K, lk);
+    test_packed_type(GGML_TYPE_Q5_K, lk);
     test_packed_type(GGML_TYPE_Q6_K, lk);
-    uint8_t w[sizeof(block_q5_K) * 16], pk[sizeof w];
+    uint8_t w[2 * 256 * 16], pk[sizeof w];
     memset(w, 0, sizeof w);
-    CHECK(quant_pack_rows(GGML_TYPE_Q5_K, w, sizeof(block_q5_K), 16, pk) == -1, "Q5_K has no packed layout");
-    CHECK(!quant_pack_pays(GGML_TYPE_Q5_K) && !quant_pack_pays(GGML_TYPE_F16), "no packing without a layout");
+    CHECK(quant_pack_rows(GGML_TYPE_F16, w, 2 * 256, 16, pk) == -1, "F16 has no packed layout");
+    CHECK(!quant_pack_pays(GGML_TYPE_F16) && !quant_pack_pays(GGML_TYPE_BF16), "no packing without a layout");
 }
 
 static void test_kernels(void) {

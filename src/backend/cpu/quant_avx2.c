@@ -807,6 +807,7 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * longer all fit the 32 registers; 6 was slower than both). */
 #define QA_KP_ACTS 8
 #define QA_Q4KP_BLOCK 2304  /* 16 x sizeof(block_q4_K) */
+#define QA_Q5KP_BLOCK 2816  /* 16 x sizeof(block_q5_K) */
 #define QA_Q6KP_BLOCK 3360  /* 16 x sizeof(block_q6_K) */
 /* Decode walks prefetch every line about 12 KiB ahead (Q4_K 12 KiB, Q6_K
  * four super-blocks, 13 KiB), each line's prefetch beside its own load.
@@ -833,14 +834,27 @@ QA_INLINE __m512i qa_q4k_scale(__m512i A, __m512i B, __m512i C, int j, int sel) 
     return _mm512_or_si512(c, _mm512_slli_epi32(h, 4));
 }
 
-QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                           size_t out_stride) {
+/* Q5_K's fifth bits for the 4 x 16 elements of run g of chunk c: bit 2c
+ * (low nibbles, sel 0) or 2c + 1 (high, sel 1) of each qh byte moved to bit
+ * 4 (16-bit shifts of at most 4 left or 3 right keep every byte's bit in
+ * its byte), then merged into the nibbles q: (h & 0x10) | q. */
+QA_INLINE __m512i qa_q5k_bit5(__m512i h, __m512i q, int c, int sel) {
+    const int j = 2 * c + sel;
+    __m512i t = j <= 4 ? _mm512_slli_epi16(h, 4 - j) : _mm512_srli_epi16(h, j - 4);
+    return _mm512_ternarylogic_epi32(t, _mm512_set1_epi8(0x10), q, 0xEA);
+}
+
+/* Q4_K and (Q5 = 1) Q5_K: the same walk, Q5_K's nibbles widened to 5 bits
+ * by its qh runs (two shifts and two merges per run). */
+QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
+                            size_t out_stride) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
+    const int qs0 = Q5 ? 768 : 256;             /* the qs runs */
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
     const size_t pf = qa_kp_pf_q4k;
-    for (int64_t b = 0; b < nb; b++, pk += QA_Q4KP_BLOCK) {
+    for (int64_t b = 0; b < nb; b++, pk += Q5 ? QA_Q5KP_BLOCK : QA_Q4KP_BLOCK) {
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
             for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
@@ -857,9 +871,15 @@ QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
             for (int r = 0; r < RA; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
             QA_UNROLL
             for (int g = 0; g < 8; g++) {
-                __m512i v = _mm512_loadu_si512(pk + 256 + 64 * (8 * c + g));
-                if (RA <= 2) _mm_prefetch((const char *)pk + 256 + 64 * (8 * c + g) + pf, _MM_HINT_T0);
+                __m512i v = _mm512_loadu_si512(pk + qs0 + 64 * (8 * c + g));
+                if (RA <= 2) _mm_prefetch((const char *)pk + qs0 + 64 * (8 * c + g) + pf, _MM_HINT_T0);
+                if (Q5 && RA <= 2 && c == 0) _mm_prefetch((const char *)pk + 256 + 64 * g + pf, _MM_HINT_T0);
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+                if (Q5) {
+                    const __m512i h = _mm512_loadu_si512(pk + 256 + 64 * g);
+                    lo = qa_q5k_bit5(h, lo, c, 0);
+                    hi = qa_q5k_bit5(h, hi, c, 1);
+                }
                 QA_UNROLL
                 for (int r = 0; r < RA; r++) {
                     dlo[r] = _mm512_dpbusd_epi32(dlo[r], lo, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
@@ -1006,7 +1026,16 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
         default: qa_##T##_walk(8, nb, pk, ar, out, os); break;                                     \
         }                                                                                          \
     }
+QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
+                           size_t out_stride) {
+    qa_q45k_walk(0, RA, nb, pk, ar, out, out_stride);
+}
+QA_INLINE void qa_q5k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
+                           size_t out_stride) {
+    qa_q45k_walk(1, RA, nb, pk, ar, out, out_stride);
+}
 QA_KP_WALK(q4k)
+QA_KP_WALK(q5k)
 QA_KP_WALK(q6k)
 
 /* Groups of 16 packed rows x every activation row, QA_KP_ACTS at a time: a
@@ -1022,6 +1051,7 @@ static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_
             for (int r = 0; r < RA; r++) ar[r] = (const block_q8_K *)((const uint8_t *)a + (size_t)(j0 + r) * a_stride);
             float *o = out + (size_t)j0 * out_stride + (size_t)i0;
             if (type == GGML_TYPE_Q4_K) qa_q4k_walk_n(RA, nb, pk, ar, o, out_stride);
+            else if (type == GGML_TYPE_Q5_K) qa_q5k_walk_n(RA, nb, pk, ar, o, out_stride);
             else qa_q6k_walk_n(RA, nb, pk, ar, o, out_stride);
         }
     }
@@ -1034,7 +1064,7 @@ static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_
     case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
         qa_mul_mat_r16(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1);
         return 1;
-    case GGML_TYPE_Q4_K: case GGML_TYPE_Q6_K: qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride); return 1;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride); return 1;
     default: return 0;
     }
 }
@@ -1276,7 +1306,7 @@ const quant_kset QA_CAT(quant_kset, QA_SET) = {
     .mul_mat_tile = qa_mul_mat_tile, .quantize_act_row = qa_quantize_act_row,
 #if defined(QA_ZMM)
     .packed_types = 1ull << GGML_TYPE_Q8_0 | 1ull << GGML_TYPE_Q4_0 | 1ull << GGML_TYPE_Q5_0 |
-                    1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q6_K,
+                    1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q5_K | 1ull << GGML_TYPE_Q6_K,
     .mul_mat_tile_packed = qa_mul_mat_packed,
 #endif
 };
