@@ -39,7 +39,7 @@
 
 typedef void (*tpool_task)(void *ctx, int chunk, int arg);
 
-/* Chunks of one job: 16 bits of the job word (more runs on the caller alone). */
+/* Chunks of one job: 16 bits of the job word (more run as consecutive jobs). */
 #define TPOOL_MAX_CHUNKS 0xFFFF
 
 /* A thread's part of a ranged job: gen << 32 | front << 16 | back. The
@@ -227,10 +227,28 @@ static void tpool_wait_done(tpool *p, int n) {
     atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
 }
 
+static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode);
+
+/* A job of more chunks than the job word counts: consecutive jobs of at
+ * most TPOOL_MAX_CHUNKS, each chunk numbered as in the whole. */
+typedef struct { tpool_task fn; void *ctx; int base; } tpool_slice;
+
+static void tpool_slice_run(void *ctx, int chunk, int arg) {
+    const tpool_slice *s = ctx;
+    s->fn(s->ctx, s->base + chunk, arg);
+}
+
 static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode) {
     if (n <= 0) return;
-    if (!p || p->n == 1 || n == 1 || n > TPOOL_MAX_CHUNKS) {
+    if (!p || p->n == 1 || n == 1) {
         for (int i = 0; i < n; i++) fn(ctx, i, mode == TPOOL_MODE_N ? n : 0);
+        return;
+    }
+    if (n > TPOOL_MAX_CHUNKS) {   /* (never TPOOL_MODE_N: that job has one chunk per thread) */
+        for (int base = 0; base < n; base += TPOOL_MAX_CHUNKS) {
+            tpool_slice s = { fn, ctx, base };
+            tpool_exec(p, tpool_slice_run, &s, n - base < TPOOL_MAX_CHUNKS ? n - base : TPOOL_MAX_CHUNKS, mode);
+        }
         return;
     }
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);

@@ -240,6 +240,38 @@ static void test_pool_chunks(void) {
     }
 }
 
+/* More chunks (items) than one job word counts (65535): every one still
+ * runs exactly once, in consecutive jobs, on every thread count. */
+typedef struct { atomic_uchar *hits; atomic_int bad_tid; int nth; } big_ctx;
+
+static void big_job(void *ud, int chunk, int tid) {
+    big_ctx *c = ud;
+    atomic_fetch_add(&c->hits[chunk], 1);
+    if (tid < 0 || tid >= c->nth) atomic_fetch_add(&c->bad_tid, 1);
+}
+
+static void test_pool_many_chunks(void) {
+    enum { N = 200001 };
+    atomic_uchar *hits = calloc(N, sizeof *hits);
+    CHECK(hits != NULL, "alloc");
+    if (!hits) return;
+    for (int nth = 1; nth <= 3; nth++) {
+        tpool *p = tpool_create(nth);
+        if (!p) continue;
+        for (int ranged = 0; ranged < 2; ranged++) {
+            big_ctx c = { hits, 0, nth };
+            for (int i = 0; i < N; i++) atomic_store(&hits[i], 0);
+            if (ranged) tpool_run_ranges(p, big_job, &c, N);
+            else tpool_run_chunks(p, big_job, &c, N);
+            int bad = atomic_load(&c.bad_tid);
+            for (int i = 0; i < N; i++) bad += atomic_load(&hits[i]) != 1;
+            CHECK(bad == 0, "pool %d threads, %d %s: %d wrong", nth, N, ranged ? "items" : "chunks", bad);
+        }
+        tpool_destroy(p);
+    }
+    free(hits);
+}
+
 int main(void) {
     /* every kernel set the machine runs: each brings its own element-wise ops */
     const char *sets[16];
@@ -258,5 +290,6 @@ int main(void) {
     test_exp_sets_agree(sets, n_sets < 16 ? n_sets : 16);
     quant_use_kernels(best);
     test_pool_chunks();
+    test_pool_many_chunks();
     return t_done("test_ops");
 }

@@ -10,6 +10,7 @@
  */
 #include "backend.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,9 +199,7 @@ static void mm_compute(void *ctx, int blk, int tid) { mm_block(ctx, blk); }
  * streaming packed Q4_K rows: 77 GB/s as two runs, 53 when alternating
  * 64-row blocks, 70 alternating 256-row ones. */
 static void mm_run_blocks(cpu_impl *c, tpool_fn fn, void *ctx, long n) {
-    if (n <= 0) return;
-    if (c->nth == 1 || n > 0xFFFF) { for (long b = 0; b < n; b++) fn(ctx, (int)b, 0); return; }
-    tpool_run_ranges(c->pool, fn, ctx, (int)n);
+    if (n > 0 && n <= INT_MAX) tpool_run_ranges(c->pool, fn, ctx, (int)n);
 }
 
 /* Weight w (expert e of a 3-D one) for n_tok activation rows already
@@ -344,9 +343,10 @@ static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim,
  * the cache in blocks of 128 positions (ops_attn_scores), each block's
  * scores one small matrix product (the tile kernel, with the cache's K rows
  * as weight rows), so each K row is read once per query block instead of
- * once per token and stays in L1 for all the block's queries. Then each row's softmax, and its
- * weighted sum of V rows (ops_attn_pv, all rows of the block in one walk of
- * the positions). Decode is the same walk with one token.
+ * once per token and stays in L1 for all the block's queries. Then each
+ * row's softmax, and its weighted sum of V rows (ops_attn_pv, all rows of
+ * the block in one walk of the positions). Decode is the same walk with one
+ * token (ops_attn_scores streams the keys for up to 8 query rows).
  *
  * The softmax is not online (flash attention's running max and rescaled
  * partial sums): a row's scores are kept whole ([query rows][positions]
