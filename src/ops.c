@@ -57,6 +57,7 @@ int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum)
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
 int ops_avx2_scale(float *x, float a, size_t n);
+int ops_avx2_max(const float *x, size_t n, float *m);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
@@ -137,6 +138,7 @@ void ops_scale(float *x, float a, size_t n) {
 float ops_max(const float *x, size_t n) {
     float m = x[0];
     if (quant_kernel_vec_ops() >= 2 && ops_avx512_max(x, n, &m)) return m;
+    if (ops_use_avx2() && ops_avx2_max(x, n, &m)) return m;
     for (size_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
