@@ -295,6 +295,7 @@ static double bench_tg_once(model *m, session *s, int depth, int n, float *logit
 typedef struct {
     int is_pp, n, threads, depth;
     double mean, sd;          /* tokens per second */
+    double bw_before, bw_after;   /* generation with bounds: bandwidth just before and after it (bytes/s) */
 } bench_result;
 
 /* Fill the cache with `depth` random tokens (untimed; prefill in chunks of
@@ -459,6 +460,11 @@ static void bw_read(void *ctx, int ith, int nth) {
     }
     j->sink[ith % 64] = a0 ^ a1 ^ a2 ^ a3;
 }
+
+/* The quick measurement around each generation test (at most this, at
+ * most --bw-mib): 256 MiB is still 8 times a 32 MiB L3, and it takes a
+ * fraction of a second. */
+#define BENCH_BW_AROUND_MIB 256
 
 /* Best of 5 full passes over a buffer of mib MiB, bytes per second. */
 static double bench_bandwidth(int n_threads, int mib) {
@@ -684,6 +690,15 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
             printf("| tg%d%s%.0d measured | %.2f t/s | %.1f%% of the bound %.2f t/s = bandwidth / (weights + "
                    "%.2f MB of KV cache at mean position %.0f) |\n", r->n, r->depth ? " @ d" : "", r->depth,
                    r->mean, 100.0 * r->mean / rb, rb, kvb / 1e6, r->depth + (r->n + 1) / 2.0);
+            if (r->bw_before > 0 && r->bw_after > 0) {
+                double bwa = (r->bw_before + r->bw_after) / 2, ra = bwa / ((double)wb + kvb);
+                printf("| tg%d%s%.0d against its own bandwidth | %.1f%% | of the bound %.2f t/s at %.2f GB/s, the mean "
+                       "of %.2f just before the test and %.2f just after%s |\n", r->n,
+                       r->depth ? " @ d" : "", r->depth, 100.0 * r->mean / ra, ra, bwa / 1e9, r->bw_before / 1e9,
+                       r->bw_after / 1e9,
+                       fabs(r->bw_before - r->bw_after) > 0.15 * bwa ? "; they differ by more than 15%: "
+                                                                      "the machine changed during the test" : "");
+            }
         }
     }
     if (pp) {
@@ -742,7 +757,14 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
         for (int i = 0; i < l->n; i++) {
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
+            /* on a shared machine the bandwidth moves between runs: a
+             * generation row is set against what was measured around it */
+            int around = o->bounds && pass > 0 && n_threads == o->threads.v[o->threads.n - 1];
+            int around_mib = o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB;
+            double bw0 = around ? bench_bandwidth(n_threads, around_mib) : 0;
             if (bench_run_test(m, s, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
+            r->bw_before = bw0;
+            r->bw_after = around ? bench_bandwidth(n_threads, around_mib) : 0;
             r->threads = n_threads;
             if (o->fmt == BENCH_MD) bench_print_row(bi, r);
             else fprintf(stderr, BENCH ": %s%d%s%.0d, %d threads: %.2f t/s\n", r->is_pp ? "pp" : "tg", r->n,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -222,6 +223,36 @@ static void test_bench(void) {
     CHECK(cli_bench(5, missing) == 1, "bench on a missing file did not fail");
 }
 
+/* The bounds table (stdout to a file): the bandwidth, and each generation
+ * row also against the bandwidth measured just before and after it. */
+static void test_bench_bounds(void) {
+    char p[512], out[512];
+    path_of(p, sizeof p, "gm-qwen2-q8.gguf");
+    path_of(out, sizeof out, "gm-bench-bounds.txt");
+    char *args[] = { "-m", p, "-r", "1", "-p", "8", "-n", "2", "-t", "1", "--bw-mib", "16", NULL };
+    fflush(stdout);
+    int saved = dup(1), fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(saved >= 0 && fd >= 0, "bench bounds: redirect stdout");
+    if (saved < 0 || fd < 0) return;
+    dup2(fd, 1);
+    close(fd);
+    int rc = cli_bench(12, args);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    size_t n = 0;
+    char *t = (char *)slurp(out, &n);
+    CHECK(rc == 0 && t, "bench with bounds failed (%d)", rc);
+    if (!t) return;
+    t = realloc(t, n + 1);
+    if (!t) return;
+    t[n] = 0;
+    CHECK(strstr(t, "| memory read bandwidth | ") && strstr(t, "| tg2 measured | ") &&
+              strstr(t, "| tg2 against its own bandwidth | ") && strstr(t, "just before the test and"),
+          "bench bounds: rows missing:\n%s", t);
+    free(t);
+}
+
 /* Same arguments and seed -> the same bytes; another seed -> other bytes. */
 static void test_determinism(void) {
     char a[512], b[512], c[512];
@@ -312,6 +343,7 @@ int main(void) {
         test_values();
         test_models();
         test_bench();
+        test_bench_bounds();
     }
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
