@@ -817,19 +817,16 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
         memcpy(p + 2 * r, &x->d, 2);
         memcpy(p + 32 + 4 * r, x->qh, 4);
         for (int g = 0; g < 4; g++) memcpy(p + 96 + QUANT_RUN * g + 4 * r, x->qs + 4 * g, 4);
-    } else if (wtype == GGML_TYPE_Q4_K) {
-        const block_q4_K *x = blk;
-        memcpy(p + 2 * r, &x->d, 2);
-        memcpy(p + 32 + 2 * r, &x->dmin, 2);
-        for (int t = 0; t < 3; t++) memcpy(p + 64 + QUANT_RUN * t + 4 * r, x->scales + 4 * t, 4);
-        for (int k = 0; k < 32; k++) memcpy(p + 256 + QUANT_RUN * k + 4 * r, x->qs + 4 * k, 4);
-    } else if (wtype == GGML_TYPE_Q5_K) {
-        const block_q5_K *x = blk;
-        memcpy(p + 2 * r, &x->d, 2);
-        memcpy(p + 32 + 2 * r, &x->dmin, 2);
-        for (int t = 0; t < 3; t++) memcpy(p + 64 + QUANT_RUN * t + 4 * r, x->scales + 4 * t, 4);
-        for (int g = 0; g < 8; g++) memcpy(p + 256 + QUANT_RUN * g + 4 * r, x->qh + 4 * g, 4);
-        for (int k = 0; k < 32; k++) memcpy(p + 768 + QUANT_RUN * k + 4 * r, x->qs + 4 * k, 4);
+    } else if (wtype == GGML_TYPE_Q4_K || wtype == GGML_TYPE_Q5_K) {
+        /* both blocks start d, dmin, scales[12]; Q5_K's qh runs come before the qs runs */
+        const uint8_t *x = blk;
+        const int q5 = wtype == GGML_TYPE_Q5_K;
+        const size_t qs = q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+        memcpy(p + 2 * r, x + offsetof(block_q4_K, d), 2);
+        memcpy(p + 32 + 2 * r, x + offsetof(block_q4_K, dmin), 2);
+        for (int t = 0; t < 3; t++) memcpy(p + 64 + QUANT_RUN * t + 4 * r, x + offsetof(block_q4_K, scales) + 4 * t, 4);
+        for (int g = 0; q5 && g < 8; g++) memcpy(p + 256 + QUANT_RUN * g + 4 * r, x + offsetof(block_q5_K, qh) + 4 * g, 4);
+        for (int k = 0; k < 32; k++) memcpy(p + (q5 ? 768 : 256) + QUANT_RUN * k + 4 * r, x + qs + 4 * k, 4);
     } else {
         const block_q6_K *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
@@ -859,19 +856,15 @@ static void quant_unpack_block(uint32_t wtype, const uint8_t *p, int r, void *bl
         memcpy(&y->d, p + 2 * r, 2);
         memcpy(y->qh, p + 32 + 4 * r, 4);
         for (int g = 0; g < 4; g++) memcpy(y->qs + 4 * g, p + 96 + QUANT_RUN * g + 4 * r, 4);
-    } else if (wtype == GGML_TYPE_Q4_K) {
-        block_q4_K *y = blk;
-        memcpy(&y->d, p + 2 * r, 2);
-        memcpy(&y->dmin, p + 32 + 2 * r, 2);
-        for (int t = 0; t < 3; t++) memcpy(y->scales + 4 * t, p + 64 + QUANT_RUN * t + 4 * r, 4);
-        for (int k = 0; k < 32; k++) memcpy(y->qs + 4 * k, p + 256 + QUANT_RUN * k + 4 * r, 4);
-    } else if (wtype == GGML_TYPE_Q5_K) {
-        block_q5_K *y = blk;
-        memcpy(&y->d, p + 2 * r, 2);
-        memcpy(&y->dmin, p + 32 + 2 * r, 2);
-        for (int t = 0; t < 3; t++) memcpy(y->scales + 4 * t, p + 64 + QUANT_RUN * t + 4 * r, 4);
-        for (int g = 0; g < 8; g++) memcpy(y->qh + 4 * g, p + 256 + QUANT_RUN * g + 4 * r, 4);
-        for (int k = 0; k < 32; k++) memcpy(y->qs + 4 * k, p + 768 + QUANT_RUN * k + 4 * r, 4);
+    } else if (wtype == GGML_TYPE_Q4_K || wtype == GGML_TYPE_Q5_K) {
+        uint8_t *y = blk;
+        const int q5 = wtype == GGML_TYPE_Q5_K;
+        const size_t qs = q5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+        memcpy(y + offsetof(block_q4_K, d), p + 2 * r, 2);
+        memcpy(y + offsetof(block_q4_K, dmin), p + 32 + 2 * r, 2);
+        for (int t = 0; t < 3; t++) memcpy(y + offsetof(block_q4_K, scales) + 4 * t, p + 64 + QUANT_RUN * t + 4 * r, 4);
+        for (int g = 0; q5 && g < 8; g++) memcpy(y + offsetof(block_q5_K, qh) + 4 * g, p + 256 + QUANT_RUN * g + 4 * r, 4);
+        for (int k = 0; k < 32; k++) memcpy(y + qs + 4 * k, p + (q5 ? 768 : 256) + QUANT_RUN * k + 4 * r, 4);
     } else {
         block_q6_K *y = blk;
         memset(y, 0, sizeof *y);

@@ -770,7 +770,8 @@ static void cpu_destroy(backend *be) {
 static const backend_ops cpu_ops = {
     .name = "cpu", .destroy = cpu_destroy, .alloc = cpu_alloc, .release = cpu_release,
     .read = cpu_read, .write = cpu_write, .get_rows = cpu_get_rows, .rms_norm = cpu_rms_norm,
-    .mul_mat = cpu_mul_mat, .mul_mat_n = cpu_mul_mat_n, .add_bias = cpu_add_bias, .rope = cpu_rope, .attention = cpu_attention,
+    .mul_mat = cpu_mul_mat, .mul_mat_n = cpu_mul_mat_n, .add_bias = cpu_add_bias, .rope = cpu_rope,
+    .attention = cpu_attention,
     .kv_store = cpu_kv_store, .swiglu = cpu_swiglu, .add = cpu_add, .moe_ffn = cpu_moe_ffn,
     .load_weight = cpu_load_weight,
 };

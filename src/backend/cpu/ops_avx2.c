@@ -136,7 +136,8 @@ static double ops_avx_exp_sum(const float *x, float sub, float *y, size_t n) {
         ops_exp16_pd(xd, e);
         _Pragma("GCC unroll 2")
         for (int j = 0; j < 2; j++) {
-            __m256 y8 = _mm256_blendv_ps(_mm256_set_m128(e[2 * j + 1], e[2 * j]), v[j], _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
+            __m256 y8 = _mm256_blendv_ps(_mm256_set_m128(e[2 * j + 1], e[2 * j]), v[j],
+                                         _mm256_cmp_ps(v[j], v[j], _CMP_UNORD_Q));
             _mm256_storeu_ps(y + i + 8 * j, y8);
             s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(y8)));
             s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(y8, 1)));

@@ -1064,7 +1064,9 @@ static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_
     case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
         qa_mul_mat_r16(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1);
         return 1;
-    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride); return 1;
+    case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
+        qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
+        return 1;
     default: return 0;
     }
 }
