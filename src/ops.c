@@ -58,6 +58,8 @@ int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
 int ops_avx2_scale(float *x, float a, size_t n);
 int ops_avx2_max(const float *x, size_t n, float *m);
+int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
+                         int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
@@ -88,6 +90,9 @@ void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, con
                      int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
     if (quant_kernel_vec_ops() >= 2 && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
         ops_avx512_attn_scores(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp))
+        return;
+    if (ops_use_avx2() && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
+        ops_avx2_attn_scores(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp))
         return;
     /* blocks of keys: 128 F16 K rows of a 128-wide head are 32 KiB, in L1
      * while every query row passes over them */
