@@ -81,7 +81,8 @@ void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
 }
 
-/* the AVX-512 versions convert blocks of 128 keys or 64 V rows to f32 (ops_avx512.c) */
+/* the vector versions convert blocks of 128 keys (AVX-512, AVX2) or 64 V rows
+ * (AVX-512) to f32 */
 size_t ops_attn_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
 
 #define OPS_ATT_KB 128

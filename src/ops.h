@@ -50,7 +50,7 @@ void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
  * query rows r < nq (at q + r * q_stride, in quant_vec_dot_type(dt)) and
  * keys i < nk (rows of type dt at k + i * k_stride, hd values each), the dot
  * being exactly what quant_mul_mat_tile computes with the K rows as weight
- * rows (the AVX-512 version reproduces the float tile bit for bit).
+ * rows (the AVX-512 and AVX2 versions reproduce the float tile bit for bit).
  * tmp: ops_attn_tmp(hd) floats of scratch. */
 void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
                      int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);

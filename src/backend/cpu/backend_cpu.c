@@ -242,19 +242,26 @@ static void mm_run_many(cpu_impl *c, const mm_job *parts, int n, long *first) {
     mm_run_blocks(c, mm_many_compute, &m, first[n]);
 }
 
+/* j's input x quantised into c->qbuf in j's vec_dot type: inline for one
+ * row, on the pool for a batch; -1 when qbuf cannot grow. */
+static int mm_quantize_input(cpu_impl *c, mm_job *j, const float *x) {
+    if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, j->qrow * (size_t)j->n_tok)) return -1;
+    j->x = x;
+    j->qx = c->qbuf;
+    if (j->n_tok == 1) mm_quantize(j, 0, 1); else tpool_run(c->pool, mm_quantize, j);
+    return 0;
+}
+
 static void cpu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
     mm_job j;
     mm_part_init(&j, w, expert, NULL, n_tok, y);
-    j.x = x;
-    if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, j.qrow * (size_t)n_tok)) {
+    if (mm_quantize_input(c, &j, x)) {
         /* Out of memory for a few MiB of activations: fall back to token
          * by token so the result is still right. */
         for (int t = 0; t < n_tok; t++) cpu_mul_mat(be, w, expert, x + (size_t)t * w->ne[0], 1, y + (size_t)t * w->ne[1]);
         return;
     }
-    j.qx = c->qbuf;
-    if (n_tok == 1) mm_quantize(&j, 0, 1); else tpool_run(c->pool, mm_quantize, &j);
     mm_run_blocks(c, mm_compute, &j, mm_blocks(w));
 }
 
@@ -269,17 +276,14 @@ static void cpu_mul_mat_n(backend *be, const be_weight *const *w, int n, const f
     for (int i = 1; same && i < n; i++)
         same = w[i]->ne[0] == w[0]->ne[0] && quant_vec_dot_type(w[i]->type) == quant_vec_dot_type(w[0]->type);
     if (same) {
-        mm_part_init(&parts[0], w[0], 0, NULL, n_tok, NULL);
-        same = !cpu_grow((void **)&c->qbuf, &c->qbuf_size, parts[0].qrow * (size_t)n_tok);
+        mm_part_init(&parts[0], w[0], 0, NULL, n_tok, y[0]);
+        same = !mm_quantize_input(c, &parts[0], x);
     }
     if (!same) {
         for (int i = 0; i < n; i++) cpu_mul_mat(be, w[i], 0, x, n_tok, y[i]);
         return;
     }
-    parts[0].x = x;
-    parts[0].qx = c->qbuf;
-    if (n_tok == 1) mm_quantize(&parts[0], 0, 1); else tpool_run(c->pool, mm_quantize, &parts[0]);
-    for (int i = 0; i < n; i++) mm_part_init(&parts[i], w[i], 0, c->qbuf, n_tok, y[i]);
+    for (int i = 1; i < n; i++) mm_part_init(&parts[i], w[i], 0, c->qbuf, n_tok, y[i]);
     mm_run_many(c, parts, n, first);
 }
 

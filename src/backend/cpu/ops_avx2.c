@@ -200,16 +200,17 @@ static void ops_avx_rms_norm_row(const float *x, const float *w, float *y, size_
     for (; i < n; i++) { float v = x[i] * scale; y[i] = w ? v * w[i] : v; }
 }
 
+/* 8 F16 or BF16 values at p, as f32 */
+static inline __m256 ops_load_h8(uint32_t dt, const uint8_t *p) {
+    __m128i h = _mm_loadu_si128((const __m128i *)p);
+    if (dt == GGML_TYPE_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
 /* 16 values of a V row (F16 or BF16) at element d, as two f32 vectors. */
 static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *lo, __m256 *hi) {
-    __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * (size_t)d));
-    if (dt == GGML_TYPE_F16) {
-        *lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        *hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
-    } else {
-        *lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-        *hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
-    }
+    *lo = ops_load_h8(dt, row + 2 * (size_t)d);
+    *hi = ops_load_h8(dt, row + 2 * (size_t)d + 16);
 }
 
 /* G (<= 4) heads x 16 columns starting at d: accumulators stay in registers
@@ -302,7 +303,7 @@ int ops_avx2_scale(float *x, float a, size_t n) {
  * ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)), then (0 + dot) * scale.
  * One Zen 5 core, 64 rows x 2048 keys x 128 (TANDEM_KERNELS=avx2): the
  * tile path 44 GFLOP/s, this 80 (ymm FMA peak 134). */
-#define OPS_A2_KB 128
+#define OPS_A2_KB 128   /* kf is ops_attn_tmp(hd) floats: 128 rows of hd */
 
 /* a, b, c, d: four keys' eight partial sums -> in each 128-bit lane (a | b)
  * and (c | d) the first two tree levels: [x0 + x2, x1 + x3] per key, as
@@ -314,9 +315,9 @@ static inline __attribute__((always_inline)) __m256 ops_a2_reduce2(__m256 a, __m
                          _mm256_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
 }
 
-/* RQ (<= 3) rows x 4 keys of kf (rows of hd floats) */
-/* RQ a constant at each call (inlined): its loops unroll into registers;
- * as a call the tile ran at 60 GFLOP/s instead of 80 */
+/* RQ (<= 3) rows x 4 keys of kf (rows of hd floats). RQ is a constant at
+ * each call (inlined): its loops unroll into registers; as a call the tile
+ * ran at 60 GFLOP/s instead of 80. */
 static inline __attribute__((always_inline)) void ops_a2_tile(int RQ, const float *kf, int hd,
                                                               const float *const *qr, float scale, float *s,
                                                               size_t s_stride, int nvalid) {
@@ -360,14 +361,10 @@ int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk,
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 8 || hd > 512 || nq <= 4 || nk < 1) return 0;
     for (int k0 = 0; k0 < nk; k0 += OPS_A2_KB) {
         int nkb = nk - k0 < OPS_A2_KB ? nk - k0 : OPS_A2_KB;
-        for (int i = 0; i < nkb; i++)
-            for (int d = 0; d < hd; d += 8) {
-                const uint8_t *row = k + (size_t)(k0 + i) * k_stride + 2 * (size_t)d;
-                __m128i h = _mm_loadu_si128((const __m128i *)row);
-                __m256 f = dt == GGML_TYPE_F16 ? _mm256_cvtph_ps(h)
-                                               : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-                _mm256_storeu_ps(kf + (size_t)i * hd + d, f);
-            }
+        for (int i = 0; i < nkb; i++) {
+            const uint8_t *row = k + (size_t)(k0 + i) * k_stride;
+            for (int d = 0; d < hd; d += 8) _mm256_storeu_ps(kf + (size_t)i * hd + d, ops_load_h8(dt, row + 2 * (size_t)d));
+        }
         for (int i = nkb; i < (nkb + 3) / 4 * 4; i++) memset(kf + (size_t)i * hd, 0, sizeof(float) * (size_t)hd);
         for (int r0 = 0; r0 < nq; r0 += 3) {
             int RQ = nq - r0 < 3 ? nq - r0 : 3;
