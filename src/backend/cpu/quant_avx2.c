@@ -869,6 +869,10 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
             __m512i dlo[QA_KP_ACTS], dhi[QA_KP_ACTS];
             QA_UNROLL
             for (int r = 0; r < RA; r++) dlo[r] = dhi[r] = _mm512_setzero_si512();
+            /* one row: the odd runs' products in a second pair of sums, so
+             * that four vpdpbusd chains of four are in flight instead of two
+             * of eight (one Zen 5 core, cache-resident rows: 61 -> 75 GB/s) */
+            __m512i dlo1 = _mm512_setzero_si512(), dhi1 = dlo1;
             QA_UNROLL
             for (int g = 0; g < 8; g++) {
                 __m512i v = _mm512_loadu_si512(pk + qs0 + 64 * (8 * c + g));
@@ -882,9 +886,14 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
                 }
                 QA_UNROLL
                 for (int r = 0; r < RA; r++) {
-                    dlo[r] = _mm512_dpbusd_epi32(dlo[r], lo, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
-                    dhi[r] = _mm512_dpbusd_epi32(dhi[r], hi, qa_bcast4(ar[r][b].qs + 64 * c + 32 + 4 * g));
+                    __m512i *sl = RA == 1 && (g & 1) ? &dlo1 : &dlo[r], *sh = RA == 1 && (g & 1) ? &dhi1 : &dhi[r];
+                    *sl = _mm512_dpbusd_epi32(*sl, lo, qa_bcast4(ar[r][b].qs + 64 * c + 4 * g));
+                    *sh = _mm512_dpbusd_epi32(*sh, hi, qa_bcast4(ar[r][b].qs + 64 * c + 32 + 4 * g));
                 }
+            }
+            if (RA == 1) {
+                dlo[0] = _mm512_add_epi32(dlo[0], dlo1);
+                dhi[0] = _mm512_add_epi32(dhi[0], dhi1);
             }
             const __m512i s0 = qa_q4k_scale(A, B, C, 2 * c, 0), s1 = qa_q4k_scale(A, B, C, 2 * c + 1, 0);
             const __m512i m0 = qa_q4k_scale(A, B, C, 2 * c, 1), m1 = qa_q4k_scale(A, B, C, 2 * c + 1, 1);
