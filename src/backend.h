@@ -117,6 +117,11 @@ typedef struct {
      * One job instead of n (a decode step's Q, K and V; gate and up): the
      * threads wait once, and the input is converted once. */
     void (*mul_mat_n)(backend *be, const be_weight *const *w, int n, const float *x, int n_tok, float *const *y);
+    /* A hint: the product after the next mul_mat / mul_mat_n reads these n
+     * (<= 4) 2-D weights, in this order. A backend whose threads idle at the
+     * end of a product and between products may start fetching them then
+     * (the CPU's decode steps). The next product uses the hint up. */
+    void (*warm_next)(backend *be, const be_weight *const *w, int n);
 } backend_ops;
 
 struct backend {

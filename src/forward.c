@@ -116,6 +116,17 @@ static void forward_mul_mats(backend *be, const be_weight *const *w, int n, cons
     for (int i = 0; i < n; i++) be->ops->mul_mat(be, w[i], 0, x, n_tok, y[i]);
 }
 
+/* Hint that the product after the next one reads a (and b, c): the
+ * backend's threads can fetch their first rows while they would otherwise
+ * wait. Measured on a 2-core Zen 5, Qwen3-0.6B Q4_K_M, passes alternated
+ * with and without hints in one process: 1 row 1.3%, 4 rows 4.4%, 32 rows
+ * 4.9%, 512 rows 1.1-2.4% faster per pass (Q5_K_M 1.6%, 5.7% at 1 and 4). */
+static void forward_warm(const model *m, const be_weight *a, const be_weight *b, const be_weight *c) {
+    if (!m->be->ops->warm_next) return;
+    const be_weight *w[3] = { a, b, c };
+    m->be->ops->warm_next(m->be, w, c ? 3 : b ? 2 : 1);
+}
+
 static int forward_attention(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
     const model_hparams *hp = &m->hp;
     const model_layer *L = &m->layers[il];
@@ -127,6 +138,7 @@ static int forward_attention(model *m, const fwd_pass *p, int il, char *err, siz
     op->rms_norm(be, b->x, &L->attn_norm, b->h, n, hp->n_embd, hp->rms_eps);
     const be_weight *qkv[3] = { &L->wq, &L->wk, &L->wv };
     float *const qkv_out[3] = { b->q, b->k, b->v };
+    forward_warm(m, &L->wo, NULL, NULL);
     forward_mul_mats(be, qkv, 3, b->h, n, qkv_out);
     if (L->bq.data) op->add_bias(be, b->q, &L->bq, n);
     if (L->bk.data) op->add_bias(be, b->k, &L->bk, n);
@@ -152,6 +164,7 @@ static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t er
         snprintf(err, errlen, "out of memory in attention");
         return -1;
     }
+    if (!hp->n_expert) forward_warm(m, &L->ffn_gate, &L->ffn_up, NULL);
     op->mul_mat(be, &L->wo, 0, b->att, n, b->o);
     op->add(be, b->x, b->o, n * E);
 
@@ -164,8 +177,15 @@ static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t er
     } else {
         const be_weight *gu[2] = { &L->ffn_gate, &L->ffn_up };
         float *const gu_out[2] = { b->g, b->u };
+        forward_warm(m, &L->ffn_down, NULL, NULL);
         forward_mul_mats(be, gu, 2, b->h, n, gu_out);
         op->swiglu(be, b->g, b->u, b->g, (size_t)n * hp->n_ff);
+        if (il + 1 < hp->n_layer) {
+            const model_layer *N = &m->layers[il + 1];
+            forward_warm(m, &N->wq, &N->wk, &N->wv);
+        } else if (p->n_out) {
+            forward_warm(m, &m->output, NULL, NULL);
+        }
         op->mul_mat(be, &L->ffn_down, 0, b->g, n, b->o);
     }
     op->add(be, b->x, b->o, n * E);
@@ -212,6 +232,7 @@ static int forward_pass(model *m, const fwd_pass *p, const int32_t *ids, char *e
     /* A backend with device caches (sync_kv) copies each layer's new K/V
      * rows to the host while it computes: its hooks run once the rest of
      * the layer has been queued, so the copy overlaps that work. */
+    if (be->ops->warm_next) be->ops->warm_next(be, NULL, 0);   /* no hint left from an earlier pass */
     int late = be->ops->sync_kv != NULL;
     for (int il = 0; il < hp->n_layer; il++) {
         if (forward_attention(m, p, il, err, errlen)) return -1;

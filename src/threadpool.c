@@ -25,8 +25,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define TPOOL_PAUSE() _mm_pause()
+#define TPOOL_PREFETCH(a) _mm_prefetch((const char *)(a), _MM_HINT_T0)
 #else
 #define TPOOL_PAUSE() ((void)0)
+#define TPOOL_PREFETCH(a) __builtin_prefetch(a)
 #endif
 
 /* Polls before a worker sleeps: about 100-300 us, which bridges the serial
@@ -45,7 +47,12 @@ typedef void (*tpool_task)(void *ctx, int chunk, int arg);
 /* A thread's part of a ranged job: gen << 32 | front << 16 | back. The
  * owner takes items from the front, a thief from the back; the generation
  * makes a late thread's claim on a word of a newer job fail. */
-typedef struct { _Alignas(64) _Atomic uint64_t w; } tpool_range;
+typedef struct {
+    _Alignas(64) _Atomic uint64_t w;
+    /* bytes this thread prefetches once its share is done (tpool_warm) */
+    _Atomic(const char *) warm;
+    _Atomic size_t warm_len;
+} tpool_range;
 
 enum { TPOOL_MODE_N = 0, TPOOL_MODE_TID = 1, TPOOL_MODE_RANGES = 2 };
 
@@ -74,6 +81,16 @@ static void tpool_futex_wait(_Atomic uint32_t *addr, uint32_t val) {
 
 static void tpool_futex_wake(_Atomic uint32_t *addr) {
     syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ==== Warming ====
+ * Prefetch [a, a + len) line by line, stopping early once *done reaches n
+ * (done NULL: never). */
+static void tpool_prefetch(const char *a, size_t len, _Atomic uint32_t *done, int n) {
+    for (size_t o = 0; o < len; o += 64) {
+        if (done && (o & 1023) == 0 && (int)atomic_load_explicit(done, memory_order_acquire) == n) return;
+        TPOOL_PREFETCH(a + o);
+    }
 }
 
 /* ==== Chunks ==== */
@@ -128,7 +145,12 @@ static void tpool_work_ranges(tpool *p, tpool_task fn, void *ctx, uint32_t gen, 
         int i;
         if (tpool_range_take(&p->ranges[victim], gen, 1, &i)) { fn(ctx, i, tid); ran++; }
     }
-    if (ran) tpool_done_add(p, ran, n);
+    if (!ran) return;
+    /* read before the done count lets the caller publish the next job */
+    const char *wa = atomic_load_explicit(&p->ranges[tid].warm, memory_order_relaxed);
+    size_t wl = atomic_load_explicit(&p->ranges[tid].warm_len, memory_order_relaxed);
+    tpool_done_add(p, ran, n);
+    if (tid) tpool_prefetch(wa, wl, NULL, 0);   /* the caller warms while it waits (tpool_wait_done) */
 }
 
 /* Claim and run chunks of the job whose word was `w` until none are left or
@@ -189,7 +211,11 @@ tpool *tpool_create(int n_threads) {
     p->threads = calloc((size_t)n_threads, sizeof *p->threads);
     p->ranges = aligned_alloc(64, (size_t)n_threads * sizeof *p->ranges);
     if (!p->threads || !p->ranges) { free(p->threads); free(p->ranges); free(p); return NULL; }
-    for (int i = 0; i < n_threads; i++) atomic_init(&p->ranges[i].w, 0);
+    for (int i = 0; i < n_threads; i++) {
+        atomic_init(&p->ranges[i].w, 0);
+        atomic_init(&p->ranges[i].warm, NULL);
+        atomic_init(&p->ranges[i].warm_len, 0);
+    }
     for (int i = 1; i < n_threads; i++) {
         worker_arg *wa = malloc(sizeof *wa);
         if (!wa) { p->n = i; tpool_destroy(p); return NULL; }
@@ -216,7 +242,8 @@ static uint64_t tpool_publish(tpool *p, int n, int ranged) {
     return w;
 }
 
-static void tpool_wait_done(tpool *p, int n) {
+static void tpool_wait_done(tpool *p, int n, const tpool_warm *warm) {
+    if (warm) tpool_prefetch(warm->addr, warm->len, &p->done, n);
     for (int i = 0; i < TPOOL_SPIN_CALLER; i++) {
         if ((int)atomic_load_explicit(&p->done, memory_order_acquire) == n) return;
         TPOOL_PAUSE();
@@ -227,7 +254,7 @@ static void tpool_wait_done(tpool *p, int n) {
     atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
 }
 
-static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode);
+static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode, const tpool_warm *warm);
 
 /* A job of more chunks than the job word counts: consecutive jobs of at
  * most TPOOL_MAX_CHUNKS, each chunk numbered as in the whole. */
@@ -238,7 +265,7 @@ static void tpool_slice_run(void *ctx, int chunk, int arg) {
     s->fn(s->ctx, s->base + chunk, arg);
 }
 
-static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode) {
+static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode, const tpool_warm *warm) {
     if (n <= 0) return;
     if (!p || p->n == 1 || n == 1) {
         for (int i = 0; i < n; i++) fn(ctx, i, mode == TPOOL_MODE_N ? n : 0);
@@ -247,7 +274,8 @@ static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode) {
     if (n > TPOOL_MAX_CHUNKS) {   /* (never TPOOL_MODE_N: that job has one chunk per thread) */
         for (int base = 0; base < n; base += TPOOL_MAX_CHUNKS) {
             tpool_slice s = { fn, ctx, base };
-            tpool_exec(p, tpool_slice_run, &s, n - base < TPOOL_MAX_CHUNKS ? n - base : TPOOL_MAX_CHUNKS, mode);
+            tpool_exec(p, tpool_slice_run, &s, n - base < TPOOL_MAX_CHUNKS ? n - base : TPOOL_MAX_CHUNKS, mode,
+                       base + TPOOL_MAX_CHUNKS >= n ? warm : NULL);
         }
         return;
     }
@@ -262,23 +290,30 @@ static void tpool_exec(tpool *p, tpool_task fn, void *ctx, int n, int mode) {
             long lo, hi;
             tpool_split(n, t, p->n, &lo, &hi);
             atomic_store_explicit(&p->ranges[t].w, g << 32 | (uint64_t)lo << 16 | (uint64_t)hi, memory_order_relaxed);
+            atomic_store_explicit(&p->ranges[t].warm, warm && t ? (const char *)warm[t].addr : NULL,
+                                  memory_order_relaxed);
+            atomic_store_explicit(&p->ranges[t].warm_len, warm && t ? warm[t].len : 0, memory_order_relaxed);
         }
     }
     uint64_t w = tpool_publish(p, n, mode == TPOOL_MODE_RANGES);
     tpool_work(p, w, 0);
-    tpool_wait_done(p, n);
+    tpool_wait_done(p, n, mode == TPOOL_MODE_RANGES ? warm : NULL);
 }
 
 void tpool_run(tpool *p, tpool_fn fn, void *ctx) {
-    tpool_exec(p, fn, ctx, p ? p->n : 1, TPOOL_MODE_N);
+    tpool_exec(p, fn, ctx, p ? p->n : 1, TPOOL_MODE_N, NULL);
 }
 
 void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks) {
-    tpool_exec(p, fn, ctx, n_chunks, TPOOL_MODE_TID);
+    tpool_exec(p, fn, ctx, n_chunks, TPOOL_MODE_TID, NULL);
 }
 
 void tpool_run_ranges(tpool *p, tpool_fn fn, void *ctx, int n_items) {
-    tpool_exec(p, fn, ctx, n_items, TPOOL_MODE_RANGES);
+    tpool_exec(p, fn, ctx, n_items, TPOOL_MODE_RANGES, NULL);
+}
+
+void tpool_run_ranges_warm(tpool *p, tpool_fn fn, void *ctx, int n_items, const tpool_warm *warm) {
+    tpool_exec(p, fn, ctx, n_items, TPOOL_MODE_RANGES, warm);
 }
 
 void tpool_destroy(tpool *p) {

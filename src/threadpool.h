@@ -13,6 +13,8 @@
 #ifndef TANDEM_THREADPOOL_H
 #define TANDEM_THREADPOOL_H
 
+#include <stddef.h>
+
 typedef struct tpool tpool;
 typedef void (*tpool_fn)(void *ctx, int ith, int nth);
 
@@ -31,6 +33,23 @@ void tpool_run_chunks(tpool *p, tpool_fn fn, void *ctx, int n_chunks);
  * prefetchers follow, instead of a stream that jumps after every chunk. */
 void tpool_run_ranges(tpool *p, tpool_fn fn, void *ctx, int n_items);
 
+/* Memory a thread will read soon after this job. */
+typedef struct {
+    const void *addr;
+    size_t len;
+} tpool_warm;
+
+/* tpool_run_ranges, then each thread t that ran items prefetches
+ * warm[t] (warm: tpool_size(p) entries, or NULL) once its share is done: a
+ * worker straight after it, the caller while it waits for the last worker
+ * (stopping when that one finishes). A decode step's threads wait at the end
+ * of every product and during the serial work between products while memory
+ * idles; warming the start of each thread's run of the next product there
+ * moves those bytes out of the next walk (measured on a 2-core Zen 5,
+ * Qwen3-0.6B Q4_K_M / Q5_K_M decode, tokens alternated with and without in
+ * one process: 1.5-3% faster per token). Prefetches never fault: warm
+ * may name any addresses. */
+void tpool_run_ranges_warm(tpool *p, tpool_fn fn, void *ctx, int n_items, const tpool_warm *warm);
 /* Split [0, n) into nth near-equal parts; part ith is [*lo, *hi). */
 void tpool_split(long n, int ith, int nth, long *lo, long *hi);
 

@@ -88,16 +88,22 @@ static void test_threadpool_ranges(void) {
     for (int nth = 1; nth <= 4; nth++) {
         tpool *p = tpool_create(nth);
         static range_ctx c;
+        /* warm lists with a real buffer, no bytes, and addresses nothing is
+         * mapped at (a prefetch must not fault) */
+        static char buf[1 << 16];
+        tpool_warm warm[4] = { { buf, sizeof buf }, { NULL, 0 }, { (const void *)64, 8192 },
+                               { buf + 100, sizeof buf - 100 } };
         int bad = 0;
         for (int it = 0; it < 200000 && !bad; it++) {
             int n = 1 + (int)(((unsigned)it * 7919u) % 40u);
             memset(&c, 0, sizeof c);
             c.nth = nth;
             if (it % 3 == 2) tpool_run_chunks(p, range_job, &c, n);
+            else if (it % 3 == 1) tpool_run_ranges_warm(p, range_job, &c, n, warm);
             else tpool_run_ranges(p, range_job, &c, n);
             for (int i = 0; i < 64; i++) bad |= atomic_load(&c.hits[i]) != (i < n) || atomic_load(&c.tid_of[i]) < 0;
         }
-        CHECK(!bad, "%d threads: every item of 200000 ranged and chunked jobs ran exactly once, tids in range", nth);
+        CHECK(!bad, "%d threads: every item of 200000 ranged (with and without warm lists) and chunked jobs ran exactly once, tids in range", nth);
         int stolen = 0;
         for (int tries = 0; tries < 20 && nth > 1 && !stolen; tries++) {
             memset(&c, 0, sizeof c);

@@ -43,6 +43,9 @@ typedef struct {
     float *moe_buf;         /* MoE gather/scatter scratch */
     size_t moe_size;
     cpu_arena *arenas;      /* packed weight copies (be_weight.dev), unmapped with the backend */
+    const be_weight *next[4];   /* warm_next's hint for the next product, consumed by it */
+    int n_next;
+    tpool_warm *warm;       /* [nth] */
 } cpu_impl;
 
 static cpu_impl *cpu_of(backend *be) { return (cpu_impl *)be->impl; }
@@ -198,8 +201,46 @@ static void mm_compute(void *ctx, int blk, int tid) { mm_block(ctx, blk); }
  * into the other thread's rows. Measured on a 2-core Zen 5, two threads
  * streaming packed Q4_K rows: 77 GB/s as two runs, 53 when alternating
  * 64-row blocks, 70 alternating 256-row ones. */
+/* Bytes of the next product each thread prefetches once its share of the
+ * current one is done (tpool_run_ranges_warm). Measured on a 2-core Zen 5,
+ * Qwen3-0.6B decode, tokens alternated with and without in one process:
+ * Q4_K_M 32 KiB 0.2%, 64 KiB 1.5%, 192 KiB 1.3%, 512 KiB 1.1% faster;
+ * Q5_K_M 1.1%, 1.7%, 2.2%, 2.9%. 256 KiB is an eighth of a Zen 5 L2. */
+#define CPU_WARM_BYTES (256 << 10)
+
+/* The first bytes of each thread's run of row blocks in the hinted
+ * product (its blocks numbered across the parts, as mm_run_many does),
+ * into c->warm; 0 when there is no hint. The hint is used up. */
+static int mm_warm_plan(cpu_impl *c) {
+    if (!c->n_next) return 0;
+    long total = 0;
+    for (int i = 0; i < c->n_next; i++) total += mm_blocks(c->next[i]);
+    for (int t = 0; t < c->nth; t++) {
+        long lo, hi;
+        tpool_split(total, t, c->nth, &lo, &hi);
+        int i = 0;
+        while (i < c->n_next && lo >= mm_blocks(c->next[i])) lo -= mm_blocks(c->next[i++]);
+        c->warm[t] = (tpool_warm){ NULL, 0 };
+        if (i == c->n_next || hi == lo) continue;
+        const be_weight *w = c->next[i];
+        size_t off = (size_t)lo * CPU_ROW_BLOCK * w->row_bytes, all = (size_t)w->ne[1] * w->row_bytes;
+        c->warm[t].addr = (const uint8_t *)(w->dev ? w->dev : w->data) + off;
+        c->warm[t].len = all - off < CPU_WARM_BYTES ? all - off : CPU_WARM_BYTES;
+    }
+    c->n_next = 0;
+    return 1;
+}
+
 static void mm_run_blocks(cpu_impl *c, tpool_fn fn, void *ctx, long n) {
-    if (n > 0 && n <= INT_MAX) tpool_run_ranges(c->pool, fn, ctx, (int)n);
+    int warm = mm_warm_plan(c);
+    if (n > 0 && n <= INT_MAX) tpool_run_ranges_warm(c->pool, fn, ctx, (int)n, warm ? c->warm : NULL);
+}
+
+static void cpu_warm_next(backend *be, const be_weight *const *w, int n) {
+    cpu_impl *c = cpu_of(be);
+    c->n_next = 0;
+    for (int i = 0; i < n && i < 4; i++)
+        if (w[i] && w[i]->ne[2] <= 1) c->next[c->n_next++] = w[i];
 }
 
 /* Weight w (expert e of a 3-D one) for n_tok activation rows already
@@ -763,6 +804,7 @@ static void cpu_destroy(backend *be) {
         for (int i = 0; i < c->nth; i++) free(c->scratch ? c->scratch[i] : NULL);
         free(c->scratch);
         free(c->scratch_size);
+        free(c->warm);
         free(c->qbuf);
         free(c->moe_buf);
         cpu_arena_free_all(c);
@@ -777,7 +819,7 @@ static const backend_ops cpu_ops = {
     .mul_mat = cpu_mul_mat, .mul_mat_n = cpu_mul_mat_n, .add_bias = cpu_add_bias, .rope = cpu_rope,
     .attention = cpu_attention,
     .kv_store = cpu_kv_store, .swiglu = cpu_swiglu, .add = cpu_add, .moe_ffn = cpu_moe_ffn,
-    .load_weight = cpu_load_weight,
+    .load_weight = cpu_load_weight, .warm_next = cpu_warm_next,
 };
 
 backend *backend_cpu_create(int n_threads) {
@@ -790,7 +832,8 @@ backend *backend_cpu_create(int n_threads) {
     c->nth = tpool_size(c->pool);
     c->scratch = calloc((size_t)c->nth, sizeof *c->scratch);
     c->scratch_size = calloc((size_t)c->nth, sizeof *c->scratch_size);
-    if (!c->pool || !c->scratch || !c->scratch_size) { cpu_destroy(be); return NULL; }
+    c->warm = calloc((size_t)c->nth, sizeof *c->warm);
+    if (!c->pool || !c->scratch || !c->scratch_size || !c->warm) { cpu_destroy(be); return NULL; }
     return be;
 }
 
