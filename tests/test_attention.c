@@ -97,6 +97,35 @@ static void run_case(backend *be, uint32_t dt, int n_head, int n_head_kv, int hd
     kv_free(ka); kv_free(kb);
 }
 
+/* A decode step at depth (the decode score and V walks) gives the same
+ * bits as the same query row computed as the first of two tokens (the
+ * tiled prefill walks): a token's attention does not depend on the pass
+ * it is computed in. */
+static void decode_exact(backend *be, uint32_t dt, int n_head, int n_head_kv, int hd, int depth) {
+    char err[256];
+    int kvd = n_head_kv * hd;
+    kvcache *kv = NULL;
+    CHECK(kv_create(&kv, 1, depth + 4, kvd, dt, err, sizeof err) == 0, "kv_create: %s", err);
+    if (!kv) return;
+    size_t qn = (size_t)2 * n_head * hd;
+    float *k = malloc(sizeof(float) * (size_t)(depth + 2) * kvd), *v = malloc(sizeof(float) * (size_t)(depth + 2) * kvd);
+    float *q = malloc(sizeof(float) * qn), *one = malloc(sizeof(float) * qn), *two = malloc(sizeof(float) * qn);
+    for (size_t i = 0; i < (size_t)(depth + 2) * kvd; i++) { k[i] = frand(); v[i] = frand(); }
+    for (size_t i = 0; i < qn; i++) q[i] = frand() * 2.0f;
+    kv_store_f32(kv, 0, 0, depth + 2, k, v);
+    float scale = 1.0f / sqrtf((float)hd);
+    int32_t pos[2] = { depth, depth + 1 };
+    be_seq s1 = { kv, 0, 1, depth }, s2 = { kv, 0, 2, depth };
+    be_batch b1 = { 1, pos, 1, &s1 }, b2 = { 2, pos, 1, &s2 };
+    int ok = be->ops->attention(be, q, &b1, 0, n_head, n_head_kv, hd, scale, one) == 0 &&
+             be->ops->attention(be, q, &b2, 0, n_head, n_head_kv, hd, scale, two) == 0;
+    CHECK(ok && memcmp(one, two, sizeof(float) * (size_t)n_head * hd) == 0,
+          "%s heads %d/%d hd %d at depth %d: the one-token step equals the first row of a two-token pass bit for bit",
+          quant_kernel_name(), n_head, n_head_kv, hd, depth);
+    free(k); free(v); free(q); free(one); free(two);
+    kv_free(kv);
+}
+
 int main(void) {
     backend *be = backend_cpu_create(2);
     CHECK(be != NULL, "backend");
@@ -112,6 +141,16 @@ int main(void) {
         run_case(be, GGML_TYPE_F16, 4, 4, 64, 1, 700, 1);      /* two decode steps at depth */
         run_case(be, GGML_TYPE_BF16, 4, 1, 32, 130, 129, 3);
         run_case(be, GGML_TYPE_Q8_0, 4, 2, 64, 200, 60, 90);
+        /* decode steps at depth with the heads of real models */
+        run_case(be, GGML_TYPE_F16, 16, 8, 128, 1, 1300, 1);   /* Qwen3-0.6B's heads */
+        run_case(be, GGML_TYPE_F16, 14, 2, 64, 1, 1100, 1);    /* Qwen2.5-0.5B's: 7 per KV head */
+        run_case(be, GGML_TYPE_BF16, 32, 4, 128, 1, 1500, 1);  /* 30B-A3B's: 8 per KV head */
+        run_case(be, GGML_TYPE_F16, 4, 4, 40, 1, 1023, 1);     /* odd width */
+        run_case(be, GGML_TYPE_Q8_0, 4, 2, 64, 1, 1200, 1);
+        decode_exact(be, GGML_TYPE_F16, 16, 8, 128, 1400);
+        decode_exact(be, GGML_TYPE_F16, 14, 2, 64, 2100);
+        decode_exact(be, GGML_TYPE_BF16, 32, 4, 128, 1025);
+        decode_exact(be, GGML_TYPE_F16, 12, 1, 64, 1030);      /* more query heads per KV head than a decode tile */
     }
     quant_use_kernels(best);
     be->ops->destroy(be);
