@@ -119,23 +119,33 @@ static void test_small(void) {
     }
 }
 
-/* Attention's P x V for F16 and BF16 V rows: the vector version must equal
- * the reference bit for bit (same products, same order, unfused). */
+/* Attention's P x V for F16, BF16 and Q8_0 V rows: the vector version must
+ * equal the reference bit for bit (same products, same order, unfused; a
+ * Q8_0 value is its block's scale times the int8, one multiply). */
 static void test_attn_pv(void) {
-    enum { HD = 128, NPOS = 150, GRP = 11, STRIDE = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
-    static uint16_t vrow[NPOS * STRIDE / 2];
-    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[128 * HD];
-    const uint32_t types[2] = { GGML_TYPE_F16, GGML_TYPE_BF16 };
-    for (int ti = 0; ti < 2; ti++) {
-        for (size_t i = 0; i < sizeof vrow / 2; i++) {
-            float f = frand(-2.0f, 2.0f);
-            vrow[i] = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f) : f32_to_bf16(f);
+    enum { HD = 128, NPOS = 150, GRP = 11, MAXROW = 2 * HD * 3 };   /* rows of 3 heads: take head 1 */
+    static uint8_t vrow[NPOS * MAXROW];
+    static float pr[GRP * NPOS], out[GRP * HD], ref[GRP * HD], tmp[128 * HD], f[3 * HD];
+    const uint32_t types[3] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    for (int ti = 0; ti < 3; ti++) {
+        const size_t head = gguf_row_bytes(types[ti], HD), stride = 3 * head;
+        for (int p = 0; p < NPOS; p++) {
+            for (int i = 0; i < 3 * HD; i++) f[i] = frand(-2.0f, 2.0f);
+            uint8_t *row = vrow + (size_t)p * stride;
+            if (types[ti] == GGML_TYPE_Q8_0) {
+                quant_quantize_act_row(GGML_TYPE_Q8_0, f, row, 3 * HD);
+                continue;
+            }
+            for (int i = 0; i < 3 * HD; i++) {
+                uint16_t h = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f[i]) : f32_to_bf16(f[i]);
+                memcpy(row + 2 * (size_t)i, &h, 2);
+            }
         }
         for (int i = 0; i < GRP * NPOS; i++) pr[i] = frand(0.0f, 0.05f);
-        const uint8_t *v = (const uint8_t *)vrow + 2 * HD;
+        const uint8_t *v = vrow + head;
         for (int grp = 1; grp <= GRP; grp++) {
-            ops_attn_pv(types[ti], v, STRIDE, NPOS, pr, NPOS, grp, HD, out, tmp);
-            ops_ref_attn_pv(types[ti], v, STRIDE, NPOS, pr, NPOS, grp, HD, ref, tmp);
+            ops_attn_pv(types[ti], v, stride, NPOS, pr, NPOS, grp, HD, out, tmp);
+            ops_ref_attn_pv(types[ti], v, stride, NPOS, pr, NPOS, grp, HD, ref, tmp);
             CHECK(!memcmp(out, ref, sizeof(float) * grp * HD), "attn_pv type %u grp %d differs", types[ti], grp);
         }
     }

@@ -207,8 +207,20 @@ static inline __m256 ops_load_h8(uint32_t dt, const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* 16 values of a V row (F16 or BF16) at element d, as two f32 vectors. */
+/* 16 values of a V row (F16, BF16 or Q8_0) at element d (a multiple of
+ * 16), as two f32 vectors; a Q8_0 value is its block's scale times the
+ * int8 (quant_dequantize_row's one multiply). */
 static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *lo, __m256 *hi) {
+    if (dt == GGML_TYPE_Q8_0) {
+        const uint8_t *blk = row + (size_t)d / 32 * 34;
+        uint16_t h16;
+        memcpy(&h16, blk, 2);
+        const __m256 sc = _mm256_set1_ps(_cvtsh_ss(h16));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + d % 32));
+        *lo = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+        *hi = _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))));
+        return;
+    }
     *lo = ops_load_h8(dt, row + 2 * (size_t)d);
     *hi = ops_load_h8(dt, row + 2 * (size_t)d + 16);
 }
@@ -386,7 +398,7 @@ int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk,
 
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                      size_t pr_stride, int grp, int hd, float *out) {
-    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 16) return 0;
+    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16 && dt != GGML_TYPE_Q8_0) || hd % 16) return 0;
     ops_avx_attn_pv16(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out);
     return 1;
 }

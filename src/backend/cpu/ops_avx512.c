@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
@@ -39,8 +40,25 @@ int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int n
 
 /* ==== Weighted sum of V rows ==== */
 
-/* 32 values of a V row (F16 or BF16) at element d, as two f32 vectors. */
+/* Bytes from a V row's start to its element d (a multiple of 32), and of
+ * n such values: F16 and BF16 2 a value, Q8_0 34 per block of 32 (an f16
+ * scale, 32 int8). */
+OPS_INLINE size_t ops_v_off(uint32_t dt, size_t d) { return dt == GGML_TYPE_Q8_0 ? d / 32 * 34 : 2 * d; }
+
+/* 32 values of a V row (F16, BF16 or Q8_0) at element d (a multiple of
+ * 32), as two f32 vectors. A Q8_0 block's values are scale x int8, the one
+ * float multiply quant_dequantize_row does. */
 OPS_INLINE void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo, __m512 *hi) {
+    if (dt == GGML_TYPE_Q8_0) {
+        const uint8_t *blk = row + (size_t)d / 32 * 34;
+        uint16_t h16;
+        memcpy(&h16, blk, 2);
+        const __m512 sc = _mm512_set1_ps(_cvtsh_ss(h16));
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + 2)), q1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+        *lo = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)));
+        *hi = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)));
+        return;
+    }
     __m512i h = _mm512_loadu_si512((const void *)(row + 2 * (size_t)d));
     __m256i h0 = _mm512_castsi512_si256(h), h1 = _mm512_extracti64x4_epi64(h, 1);
     if (dt == GGML_TYPE_F16) {
@@ -102,7 +120,8 @@ OPS_INLINE void ops_pv_block128(uint32_t dt, int G, const uint8_t *v, size_t v_s
     for (int c = 0; c < 8; c++) acc[0][c] = acc[1][c] = _mm512_setzero_ps();
     for (int p = 0; p < npos; p++) {
         const uint8_t *row = v + (size_t)p * v_stride;
-        if (p + OPS_PF_ROWS < npos) ops_prefetch_seg(row + OPS_PF_ROWS * v_stride + 2 * (size_t)d, 256);
+        if (p + OPS_PF_ROWS < npos)
+            ops_prefetch_seg(row + OPS_PF_ROWS * v_stride + ops_v_off(dt, (size_t)d), (int)ops_v_off(dt, 128));
         __m512 x[8];
         _Pragma("GCC unroll 4")
         for (int c = 0; c < 4; c++) ops_load_v32(dt, row, d + 32 * c, &x[2 * c], &x[2 * c + 1]);
@@ -157,7 +176,8 @@ static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int n
     for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
         int np = npos - p0 < OPS_PVB ? npos - p0 : OPS_PVB;
         for (int p = 0; p < np; p++) {
-            if (p0 + p + OPS_PF_CONV < npos) ops_prefetch_seg(v + (size_t)(p0 + p + OPS_PF_CONV) * v_stride, 2 * hd);
+            if (p0 + p + OPS_PF_CONV < npos)
+                ops_prefetch_seg(v + (size_t)(p0 + p + OPS_PF_CONV) * v_stride, (int)ops_v_off(dt, (size_t)hd));
             for (int d = 0; d < hd; d += 32) {
                 __m512 lo, hi;
                 ops_load_v32(dt, v + (size_t)(p0 + p) * v_stride, d, &lo, &hi);
@@ -188,7 +208,7 @@ static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int n
 /* vf: OPS_PVB * hd floats of scratch, or NULL (then one walk per 32 columns). */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                        size_t pr_stride, int grp, int hd, float *out, float *vf) {
-    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16) || hd % 32) return 0;
+    if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16 && dt != GGML_TYPE_Q8_0) || hd % 32) return 0;
     if (grp <= 4 && hd % 128 == 0) {
         /* a few rows (decode): one sequential pass over V per pair of rows */
         for (int g0 = 0; g0 < grp; g0 += 2) {
