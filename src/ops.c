@@ -61,7 +61,7 @@ int ops_avx2_max(const float *x, size_t n, float *m);
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out);
+                     size_t pr_stride, int grp, int hd, float *out, float *vf);
 /* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
 int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                        size_t pr_stride, int grp, int hd, float *out, float *vf);
@@ -77,7 +77,7 @@ void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const
                  int grp, int hd, float *out, float *tmp) {
     if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp))
         return;
-    if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out)) return;
+    if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp)) return;
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
 }
 

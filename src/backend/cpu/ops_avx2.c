@@ -24,7 +24,7 @@ int ops_avx2_max(const float *x, size_t n, float *m);
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out);
+                     size_t pr_stride, int grp, int hd, float *out, float *vf);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
@@ -251,6 +251,68 @@ static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int 
     }
 }
 
+/* Positions per converted V block in the prefill walk: 64 rows of a
+ * 128-wide head are 32 KiB of f32, reused by every query row. */
+#define OPS_AVX_PVB 64
+
+/* Prefill: G (<= 4) rows x 16 columns from d over a block of np converted
+ * rows vf ([np][hd] f32), the sums carried in out between blocks (first:
+ * start from 0). Each output is still 0 + p_0 v_0 + p_1 v_1 + ..., one
+ * multiply then one add per position, in position order. */
+static inline __attribute__((always_inline)) void ops_pv_vf16(int G, const float *vf, int np, int hd,
+        const float *pr, size_t pr_stride, int first, int d, float *out) {
+    __m256 acc[4][2];
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < G; g++) {
+        acc[g][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d);
+        acc[g][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d + 8);
+    }
+    for (int p = 0; p < np; p++) {
+        __m256 lo = _mm256_loadu_ps(vf + (size_t)p * hd + d), hi = _mm256_loadu_ps(vf + (size_t)p * hd + d + 8);
+        _Pragma("GCC unroll 4")
+        for (int g = 0; g < G; g++) {
+            __m256 a = _mm256_broadcast_ss(pr + (size_t)g * pr_stride + (size_t)p);
+            acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(a, lo));
+            acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(a, hi));
+        }
+    }
+    _Pragma("GCC unroll 4")
+    for (int g = 0; g < G; g++) {
+        _mm256_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
+        _mm256_storeu_ps(out + (size_t)g * hd + d + 8, acc[g][1]);
+    }
+}
+
+/* Prefill, by blocks of positions: the block's V rows converted to f32 once
+ * (vf, OPS_AVX_PVB x hd floats), then every query row's sums over it. The
+ * walk per 4 rows and 16 columns converted each V value grp / 4 times. */
+static void ops_avx_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                               size_t pr_stride, int grp, int hd, float *out, float *vf) {
+    for (int p0 = 0; p0 < npos; p0 += OPS_AVX_PVB) {
+        int np = npos - p0 < OPS_AVX_PVB ? npos - p0 : OPS_AVX_PVB;
+        for (int p = 0; p < np; p++)
+            for (int d = 0; d < hd; d += 16) {
+                __m256 lo, hi;
+                ops_load_v16(dt, v + (size_t)(p0 + p) * v_stride, d, &lo, &hi);
+                _mm256_storeu_ps(vf + (size_t)p * hd + d, lo);
+                _mm256_storeu_ps(vf + (size_t)p * hd + d + 8, hi);
+            }
+        for (int g0 = 0; g0 < grp; g0 += 4) {
+            int G = grp - g0 < 4 ? grp - g0 : 4;
+            const float *pg = pr + (size_t)g0 * pr_stride + p0;
+            float *og = out + (size_t)g0 * hd;
+            for (int d = 0; d < hd; d += 16) {
+                switch (G) {
+                case 1: ops_pv_vf16(1, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 2: ops_pv_vf16(2, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                case 3: ops_pv_vf16(3, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                default: ops_pv_vf16(4, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
+                }
+            }
+        }
+    }
+}
+
 static void ops_avx_attn_pv16(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                               size_t pr_stride, int grp, int hd, float *out) {
     for (int g0 = 0; g0 < grp; g0 += 4) {
@@ -396,10 +458,14 @@ int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk,
     return 1;
 }
 
+/* vf: OPS_AVX_PVB * hd floats of scratch, or NULL. More than 8 rows (a
+ * prefill block) go by converted blocks, fewer (decode) by one walk per 4
+ * rows and 16 columns. */
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out) {
+                     size_t pr_stride, int grp, int hd, float *out, float *vf) {
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16 && dt != GGML_TYPE_Q8_0) || hd % 16) return 0;
-    ops_avx_attn_pv16(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out);
+    if (grp > 8 && vf && npos > 0) ops_avx_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
+    else ops_avx_attn_pv16(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out);
     return 1;
 }
 #else
@@ -411,5 +477,5 @@ int ops_avx2_max(const float *x, size_t n, float *m) { return 0; }
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf) { return 0; }
 int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out) { return 0; }
+                     size_t pr_stride, int grp, int hd, float *out, float *vf) { return 0; }
 #endif
