@@ -207,10 +207,16 @@ static inline __m256 ops_load_h8(uint32_t dt, const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* 16 values of a V row (F16, BF16 or Q8_0) at element d (a multiple of
- * 16), as two f32 vectors; a Q8_0 value is its block's scale times the
- * int8 (quant_dequantize_row's one multiply). */
+/* 16 values of a V row (F16, BF16, Q8_0, or F32: a block the prefill walk
+ * converted) at element d (a multiple of 16), as two f32 vectors; a Q8_0
+ * value is its block's scale times the int8 (quant_dequantize_row's one
+ * multiply). */
 static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *lo, __m256 *hi) {
+    if (dt == GGML_TYPE_F32) {
+        *lo = _mm256_loadu_ps((const float *)row + d);
+        *hi = _mm256_loadu_ps((const float *)row + d + 8);
+        return;
+    }
     if (dt == GGML_TYPE_Q8_0) {
         const uint8_t *blk = row + (size_t)d / 32 * 34;
         uint16_t h16;
@@ -226,14 +232,18 @@ static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *
 }
 
 /* G (<= 4) heads x 16 columns starting at d: accumulators stay in registers
- * while the positions stream past. Multiply then add, unfused, in position
- * order: bit-identical to the reference (the quantised golden tests are
- * chaotic enough that a fused rounding difference shows). */
+ * while the positions stream past, starting from 0 (first) or from the sums
+ * out holds (the prefill walk's later blocks). Multiply then add, unfused, in
+ * position order: bit-identical to the reference (the quantised golden tests
+ * are chaotic enough that a fused rounding difference shows). */
 static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int G, const uint8_t *v,
-        size_t v_stride, int npos, const float *pr, size_t pr_stride, int hd, int d, float *out) {
+        size_t v_stride, int npos, const float *pr, size_t pr_stride, int hd, int d, float *out, int first) {
     __m256 acc[4][2];
     _Pragma("GCC unroll 4")
-    for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = _mm256_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        acc[g][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d);
+        acc[g][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d + 8);
+    }
     for (int p = 0; p < npos; p++) {
         __m256 lo, hi;
         ops_load_v16(dt, v + (size_t)p * v_stride, d, &lo, &hi);
@@ -251,37 +261,28 @@ static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int 
     }
 }
 
+/* Rows [0, grp) of pr against npos V rows, every 16 columns, 4 rows per
+ * walk (G a constant at each ops_pv_block). */
+static inline __attribute__((always_inline)) void ops_pv_rows(uint32_t dt, const uint8_t *v, size_t v_stride,
+        int npos, const float *pr, size_t pr_stride, int grp, int hd, float *out, int first) {
+    for (int g0 = 0; g0 < grp; g0 += 4) {
+        int G = grp - g0 < 4 ? grp - g0 : 4;
+        const float *pg = pr + (size_t)g0 * pr_stride;
+        float *og = out + (size_t)g0 * hd;
+        for (int d = 0; d < hd; d += 16) {
+            switch (G) {
+            case 1: ops_pv_block(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 2: ops_pv_block(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 3: ops_pv_block(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            default: ops_pv_block(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            }
+        }
+    }
+}
+
 /* Positions per converted V block in the prefill walk: 64 rows of a
  * 128-wide head are 32 KiB of f32, reused by every query row. */
 #define OPS_AVX_PVB 64
-
-/* Prefill: G (<= 4) rows x 16 columns from d over a block of np converted
- * rows vf ([np][hd] f32), the sums carried in out between blocks (first:
- * start from 0). Each output is still 0 + p_0 v_0 + p_1 v_1 + ..., one
- * multiply then one add per position, in position order. */
-static inline __attribute__((always_inline)) void ops_pv_vf16(int G, const float *vf, int np, int hd,
-        const float *pr, size_t pr_stride, int first, int d, float *out) {
-    __m256 acc[4][2];
-    _Pragma("GCC unroll 4")
-    for (int g = 0; g < G; g++) {
-        acc[g][0] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d);
-        acc[g][1] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(out + (size_t)g * hd + d + 8);
-    }
-    for (int p = 0; p < np; p++) {
-        __m256 lo = _mm256_loadu_ps(vf + (size_t)p * hd + d), hi = _mm256_loadu_ps(vf + (size_t)p * hd + d + 8);
-        _Pragma("GCC unroll 4")
-        for (int g = 0; g < G; g++) {
-            __m256 a = _mm256_broadcast_ss(pr + (size_t)g * pr_stride + (size_t)p);
-            acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(a, lo));
-            acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(a, hi));
-        }
-    }
-    _Pragma("GCC unroll 4")
-    for (int g = 0; g < G; g++) {
-        _mm256_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
-        _mm256_storeu_ps(out + (size_t)g * hd + d + 8, acc[g][1]);
-    }
-}
 
 /* Prefill, by blocks of positions: the block's V rows converted to f32 once
  * (vf, OPS_AVX_PVB x hd floats), then every query row's sums over it. The
@@ -297,36 +298,9 @@ static void ops_avx_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, i
                 _mm256_storeu_ps(vf + (size_t)p * hd + d, lo);
                 _mm256_storeu_ps(vf + (size_t)p * hd + d + 8, hi);
             }
-        for (int g0 = 0; g0 < grp; g0 += 4) {
-            int G = grp - g0 < 4 ? grp - g0 : 4;
-            const float *pg = pr + (size_t)g0 * pr_stride + p0;
-            float *og = out + (size_t)g0 * hd;
-            for (int d = 0; d < hd; d += 16) {
-                switch (G) {
-                case 1: ops_pv_vf16(1, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 2: ops_pv_vf16(2, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 3: ops_pv_vf16(3, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                default: ops_pv_vf16(4, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                }
-            }
-        }
-    }
-}
-
-static void ops_avx_attn_pv16(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                              size_t pr_stride, int grp, int hd, float *out) {
-    for (int g0 = 0; g0 < grp; g0 += 4) {
-        int G = grp - g0 < 4 ? grp - g0 : 4;
-        const float *pg = pr + (size_t)g0 * pr_stride;
-        float *og = out + (size_t)g0 * hd;
-        for (int d = 0; d < hd; d += 16) {
-            switch (G) {
-            case 1: ops_pv_block(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 2: ops_pv_block(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 3: ops_pv_block(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            default: ops_pv_block(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            }
-        }
+        /* the block's rows as F32 "V rows": the same walk, carrying the sums */
+        ops_pv_rows(GGML_TYPE_F32, (const uint8_t *)vf, sizeof(float) * (size_t)hd, np, pr + p0, pr_stride, grp, hd,
+                    out, p0 == 0);
     }
 }
 
@@ -465,7 +439,7 @@ int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
                      size_t pr_stride, int grp, int hd, float *out, float *vf) {
     if ((dt != GGML_TYPE_F16 && dt != GGML_TYPE_BF16 && dt != GGML_TYPE_Q8_0) || hd % 16) return 0;
     if (grp > 8 && vf && npos > 0) ops_avx_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
-    else ops_avx_attn_pv16(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out);
+    else ops_pv_rows(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, 1);
     return 1;
 }
 #else

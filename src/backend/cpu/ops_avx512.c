@@ -45,10 +45,16 @@ int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int n
  * scale, 32 int8). */
 OPS_INLINE size_t ops_v_off(uint32_t dt, size_t d) { return dt == GGML_TYPE_Q8_0 ? d / 32 * 34 : 2 * d; }
 
-/* 32 values of a V row (F16, BF16 or Q8_0) at element d (a multiple of
- * 32), as two f32 vectors. A Q8_0 block's values are scale x int8, the one
- * float multiply quant_dequantize_row does. */
+/* 32 values of a V row (F16, BF16, Q8_0, or F32: a block the prefill walk
+ * converted) at element d (a multiple of 32), as two f32 vectors. A Q8_0
+ * block's values are scale x int8, the one float multiply
+ * quant_dequantize_row does. */
 OPS_INLINE void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo, __m512 *hi) {
+    if (dt == GGML_TYPE_F32) {
+        *lo = _mm512_loadu_ps((const float *)row + d);
+        *hi = _mm512_loadu_ps((const float *)row + d + 16);
+        return;
+    }
     if (dt == GGML_TYPE_Q8_0) {
         const uint8_t *blk = row + (size_t)d / 32 * 34;
         uint16_t h16;
@@ -86,14 +92,18 @@ OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
     for (int o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
 }
 
-/* Prefill: G (<= 8) query rows x 32 columns from d; the accumulators stay
- * in registers while the positions stream past, and each converted V vector
- * serves all G rows. */
+/* G (<= 8) query rows x 32 columns from d; the accumulators stay in
+ * registers while the positions stream past, starting from 0 (first) or from
+ * the sums out holds (the prefill walk's later blocks), and each converted V
+ * vector serves all G rows. */
 OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                               size_t pr_stride, int hd, int d, float *out) {
+                               size_t pr_stride, int hd, int d, float *out, int first) {
     __m512 acc[8][2];
     _Pragma("GCC unroll 8")
-    for (int g = 0; g < G; g++) acc[g][0] = acc[g][1] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) {
+        acc[g][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d);
+        acc[g][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d + 16);
+    }
     for (int p = 0; p < npos; p++) {
         __m512 lo, hi;
         ops_load_v32(dt, v + (size_t)p * v_stride, d, &lo, &hi);
@@ -108,6 +118,29 @@ OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_st
     for (int g = 0; g < G; g++) {
         _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
         _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
+    }
+}
+
+/* Rows [0, grp) of pr against npos V rows, every 32 columns, 8 rows per
+ * walk (G a constant at each ops_pv_block32). */
+OPS_INLINE void ops_pv_rows32(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
+                              size_t pr_stride, int grp, int hd, float *out, int first) {
+    for (int g0 = 0; g0 < grp; g0 += 8) {
+        int G = grp - g0 < 8 ? grp - g0 : 8;
+        const float *pg = pr + (size_t)g0 * pr_stride;
+        float *og = out + (size_t)g0 * hd;
+        for (int d = 0; d < hd; d += 32) {
+            switch (G) {
+            case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 3: ops_pv_block32(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 4: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 5: ops_pv_block32(dt, 5, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 6: ops_pv_block32(dt, 6, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 7: ops_pv_block32(dt, 7, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            default: ops_pv_block32(dt, 8, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            }
+        }
     }
 }
 
@@ -147,30 +180,6 @@ OPS_INLINE void ops_pv_block128(uint32_t dt, int G, const uint8_t *v, size_t v_s
  * 32 columns at a time, the partial sums carried in out between blocks.
  * Each output is still 0 + p_0 v_0 + p_1 v_1 + ... rounded step by step in
  * position order: the same value as one walk over all positions. */
-OPS_INLINE void ops_pv_vf32(int G, const float *vf, int np, int hd, const float *pr, size_t pr_stride, int first,
-                            int d, float *out) {
-    __m512 acc[8][2];
-    _Pragma("GCC unroll 8")
-    for (int g = 0; g < G; g++) {
-        acc[g][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d);
-        acc[g][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)g * hd + d + 16);
-    }
-    for (int p = 0; p < np; p++) {
-        __m512 lo = _mm512_loadu_ps(vf + (size_t)p * hd + d), hi = _mm512_loadu_ps(vf + (size_t)p * hd + d + 16);
-        _Pragma("GCC unroll 8")
-        for (int g = 0; g < G; g++) {
-            __m512 a = _mm512_set1_ps(pr[(size_t)g * pr_stride + (size_t)p]);
-            acc[g][0] = _mm512_add_ps(acc[g][0], _mm512_mul_ps(a, lo));
-            acc[g][1] = _mm512_add_ps(acc[g][1], _mm512_mul_ps(a, hi));
-        }
-    }
-    _Pragma("GCC unroll 8")
-    for (int g = 0; g < G; g++) {
-        _mm512_storeu_ps(out + (size_t)g * hd + d, acc[g][0]);
-        _mm512_storeu_ps(out + (size_t)g * hd + d + 16, acc[g][1]);
-    }
-}
-
 static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                            size_t pr_stride, int grp, int hd, float *out, float *vf) {
     for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
@@ -185,23 +194,9 @@ static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int n
                 _mm512_storeu_ps(vf + (size_t)p * hd + d + 16, hi);
             }
         }
-        for (int g0 = 0; g0 < grp; g0 += 8) {
-            int G = grp - g0 < 8 ? grp - g0 : 8;
-            const float *pg = pr + (size_t)g0 * pr_stride + p0;
-            float *og = out + (size_t)g0 * hd;
-            for (int d = 0; d < hd; d += 32) {
-                switch (G) {
-                case 1: ops_pv_vf32(1, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 2: ops_pv_vf32(2, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 3: ops_pv_vf32(3, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 4: ops_pv_vf32(4, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 5: ops_pv_vf32(5, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 6: ops_pv_vf32(6, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                case 7: ops_pv_vf32(7, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                default: ops_pv_vf32(8, vf, np, hd, pg, pr_stride, p0 == 0, d, og); break;
-                }
-            }
-        }
+        /* the block's rows as F32 "V rows": the same walk, carrying the sums */
+        ops_pv_rows32(GGML_TYPE_F32, (const uint8_t *)vf, sizeof(float) * (size_t)hd, np, pr + p0, pr_stride, grp,
+                      hd, out, p0 == 0);
     }
 }
 
@@ -225,23 +220,7 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
         ops_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
         return 1;
     }
-    for (int g0 = 0; g0 < grp; g0 += 8) {
-        int G = grp - g0 < 8 ? grp - g0 : 8;
-        const float *pg = pr + (size_t)g0 * pr_stride;
-        float *og = out + (size_t)g0 * hd;
-        for (int d = 0; d < hd; d += 32) {
-            switch (G) {
-            case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 3: ops_pv_block32(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 4: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 5: ops_pv_block32(dt, 5, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 6: ops_pv_block32(dt, 6, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            case 7: ops_pv_block32(dt, 7, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            default: ops_pv_block32(dt, 8, v, v_stride, npos, pg, pr_stride, hd, d, og); break;
-            }
-        }
-    }
+    ops_pv_rows32(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, 1);
     return 1;
 }
 
