@@ -39,6 +39,9 @@
 #include "model.h"
 #include "quant.h"
 #include "threadpool.h"
+#ifdef TANDEM_CUDA
+#include "backend/cuda/backend_cuda.h"
+#endif
 
 /* ==== Options ==== */
 
@@ -54,7 +57,7 @@ typedef struct {
     int device;
     uint32_t kv_type;
     bench_list threads, pp, tg;
-    int reps, n_batch, bounds;
+    int reps, n_batch, bounds, cuda_bounds;
     int depth;                /* -d: cache depth of every test */
     int gp_depth, gp_n;       /* -gp D,N: one tgN at depth D (0 = none) */
     int bw_mib;
@@ -78,7 +81,7 @@ static void bench_usage(FILE *f) {
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
-        "  --no-bounds    skip the bandwidth / compute bounds table (always skipped with cuda)\n"
+        "  --no-bounds    skip the bandwidth / compute bounds table (with cuda: the cuBLAS ceiling)\n"
         "  -o FMT         md (default: markdown tables, bounds included), json (an array of\n"
         "                 one object per test) or csv (a header line, then one line per test);\n"
         "                 json and csv carry the speed tests only and are printed at the end\n");
@@ -167,6 +170,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
     if (o->fmt != BENCH_MD) o->bounds = 0;   /* the bounds are a markdown table of their own */
     o->kv_type = bench_kv_type(o->kv_name);
     /* the bounds are the CPU's (memory bandwidth, SIMD peak) */
+    o->cuda_bounds = o->bounds;   /* with cuda: the cuBLAS ceiling instead */
     if (o->backend && strcmp(o->backend, "cpu")) o->bounds = 0;
     return 0;
 }
@@ -730,6 +734,57 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
     fflush(stdout);
 }
 
+/* ==== CUDA: the cuBLAS ceiling ==== */
+#ifdef TANDEM_CUDA
+/* The weight products of one prompt pass of n tokens, each timed alone as
+ * one F16 cublasGemmEx (backend_cuda_gemm_seconds), summed over the layers:
+ * the speed a prompt pass would have if it were nothing but cuBLAS at its
+ * own shapes. MoE: each expert gets n x used / n_expert tokens (an even
+ * routing). Attention, norms and the rest are left out, so a backend can
+ * only approach it. Returns the seconds, or -1. */
+static double bench_cuda_gemm_pass(backend *be, const model_hparams *h, int n, char *err, size_t errlen) {
+    int E = h->n_embd, q = h->n_head * h->head_dim_k, kv = h->n_head_kv * h->head_dim_k;
+    int vo = h->n_head * h->head_dim_v, kvv = h->n_head_kv * h->head_dim_v;
+    int ne = h->n_expert > 0 ? (int)(((long)n * h->n_expert_used + h->n_expert - 1) / h->n_expert) : 0;
+    struct { int m, n, k, count; } g[] = {
+        { q, n, E, 1 }, { kv, n, E, 1 }, { kvv, n, E, 1 }, { E, n, vo, 1 },
+        { h->n_expert > 0 ? 0 : h->n_ff, n, E, 2 }, { h->n_expert > 0 ? 0 : E, n, h->n_ff, 1 },
+        { h->n_expert, n, E, 1 },
+        { h->n_expert > 0 ? h->n_ff_exp : 0, ne, E, 2 * h->n_expert }, { h->n_expert > 0 ? E : 0, ne, h->n_ff_exp, h->n_expert },
+    };
+    double layer = 0;
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        if (g[i].m <= 0 || g[i].n <= 0 || g[i].k <= 0) continue;
+        double t;
+        if (backend_cuda_gemm_seconds(be, g[i].m, g[i].n, g[i].k, &t, err, errlen)) return -1;
+        layer += t * g[i].count;
+    }
+    return layer * h->n_layer;
+}
+
+static void bench_print_cuda_bounds(model *m, const bench_result *res, int n_res) {
+    backend *be = model_get_backend(m);
+    const model_hparams *h = model_get_hparams(m);
+    char err[256];
+    double big;
+    printf("\nbounds (CUDA)\n\n| quantity | value | how it was obtained |\n| --- | ---: | --- |\n");
+    if (backend_cuda_gemm_seconds(be, 8192, 8192, 8192, &big, err, sizeof err) == 0)
+        printf("| cuBLAS F16 GEMM, 8192^3 | %.1f TFLOP/s | one cublasGemmEx, f32 accumulation, median of 7 |\n",
+               2.0 * 8192 * 8192 * 8192 / big / 1e12);
+    for (int i = 0; i < n_res; i++) {
+        const bench_result *r = &res[i];
+        if (!r->is_pp || r->depth) continue;
+        double t = bench_cuda_gemm_pass(be, h, r->n, err, sizeof err);
+        if (t <= 0) { printf("| pp%d ceiling | - | %s |\n", r->n, err); continue; }
+        double flops = 2.0 * bench_layer_macs(h) * r->n;
+        printf("| pp%d cuBLAS ceiling | %.1f t/s | the pass's %.4g TFLOP of weight products, each one F16 "
+               "cublasGemmEx at its shape (%.1f TFLOP/s); pp%d measured %.1f t/s = %.1f%% of it |\n",
+               r->n, r->n / t, flops / 1e12, flops / t / 1e12, r->n, r->mean, 100.0 * r->mean * t / r->n);
+    }
+    fflush(stdout);
+}
+#endif
+
 /* ==== The command ==== */
 
 static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, bench_result *res, int *n_res,
@@ -777,6 +832,9 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
         s = NULL;
         bench_print_bounds(m, o, bi, res, *n_res, n_threads);
     }
+#ifdef TANDEM_CUDA
+    if (o->cuda_bounds && !strcmp(model_get_backend(m)->ops->name, "cuda")) bench_print_cuda_bounds(m, res, *n_res);
+#endif
     rc = 0;
 out:
     session_free(s);

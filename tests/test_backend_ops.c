@@ -91,6 +91,17 @@ typedef struct {
     void *bytes;
 } test_weight;
 
+/* Weight bytes stay allocated until the end: a backend may keep a device
+ * copy keyed by the host address (weights are a model's mmap, fixed for
+ * its life), and freed memory comes back at the same address. */
+static void *retired[4096];
+static int n_retired;
+static void retire(void *p) {
+    if (n_retired < (int)(sizeof retired / sizeof retired[0])) retired[n_retired++] = p;
+    else CHECK(0, "more weights than the retired list holds");
+}
+static void retired_free(void) { while (n_retired > 0) free(retired[--n_retired]); }
+
 static const uint32_t TYPES[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
                                   GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
@@ -139,7 +150,7 @@ static void case_get_rows(uint32_t type) {
     }
     /* F16 rows of a dequantized weight round each value once */
     record("get_rows", nmse(out[1], out[0], (size_t)n * ne0), is_q(type) ? 1e-6 : 0, gguf_type_name(type));
-    free(out[0]); free(out[1]); free(tw.bytes);
+    free(out[0]); free(out[1]); retire(tw.bytes);
 }
 
 static void case_mul_mat(uint32_t type, int n_tok, int expert) {
@@ -166,7 +177,7 @@ static void case_mul_mat(uint32_t type, int n_tok, int expert) {
     snprintf(what, sizeof what, "%s, %d rows, expert %d", gguf_type_name(type), n_tok, expert);
     /* the CPU backend quantizes activations to 8 bits for quantized weights */
     record("mul_mat", nmse(out[1], out[0], (size_t)n_tok * ne1), is_q(type) ? 5e-4 : 1e-6, what);
-    free(out[0]); free(out[1]); free(x); free(tw.bytes);
+    free(out[0]); free(out[1]); free(x); retire(tw.bytes);
 }
 
 /* Element-wise and row-wise ops on one input set. */
@@ -206,7 +217,7 @@ static void case_rows(int n_rows, int dim) {
     record("swiglu", nmse(out[1][3], out[0][3], n), 1e-12, what);
     record("add", nmse(out[1][4], out[0][4], n), 0, what);
     for (int s = 0; s < 2; s++) for (int i = 0; i < 5; i++) free(out[s][i]);
-    free(x); free(y); free(nw.bytes); free(bw.bytes);
+    free(x); free(y); retire(nw.bytes); retire(bw.bytes);
 }
 
 static void case_rope(int mode, int n_rot, int head_dim, int factors, float freq_scale) {
@@ -362,7 +373,7 @@ static void case_moe(uint32_t type, int n_tok) {
     snprintf(what, sizeof what, "%s experts, %d rows", gguf_type_name(type), n_tok);
     record("moe_ffn", nmse(out[1], out[0], (size_t)n_tok * dim), is_q(type) ? 5e-4 : 1e-6, what);
     free(out[0]); free(out[1]); free(x);
-    free(gi.bytes); free(g.bytes); free(u.bytes); free(d.bytes);
+    retire(gi.bytes); retire(g.bytes); retire(u.bytes); retire(d.bytes);
 }
 
 /* ==== Everything ==== */
@@ -450,7 +461,7 @@ static void check_cuda_host_code(void) {
             for (int64_t j = 0; j < n; j++) same &= fabsf(a[j] - b[j]) <= 1e-6f * (1.0f + fabsf(a[j]));
         }
         CHECK(same, "CUDA block decoder for %s differs from quant.c", gguf_type_name(TYPES[i]));
-        free(a); free(b); free(tw.bytes);
+        free(a); free(b); retire(tw.bytes);
     }
     const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
     float x[256];
@@ -508,5 +519,6 @@ int main(void) {
     print_stats();
     test_be->ops->destroy(test_be);
     ref_be->ops->destroy(ref_be);
+    retired_free();
     return t_done("backend_ops");
 }

@@ -123,9 +123,15 @@ static int cu_want_dequant(cu_impl *c, size_t half_bytes) {
     return free_b > half_bytes + c->reserve;
 }
 
-static cu_weight *cu_weight_find(cu_impl *c, const void *host) {
+/* The device copy made from the same host bytes as bw (tied embeddings
+ * bind one tensor twice). Type and shape must match too: host memory freed
+ * and allocated again may come back at the same address. */
+static cu_weight *cu_weight_find(cu_impl *c, const be_weight *bw) {
+    int64_t rows = bw->ne[1] * (bw->ne[2] > 0 ? bw->ne[2] : 1);
     for (cu_weight *w = c->weights; w; w = w->next)
-        if (w->host == host) return w;
+        if (w->host == bw->data && w->type == bw->type && w->ne0 == bw->ne[0] && w->ne1 == bw->ne[1] &&
+            w->rows == rows && w->row_bytes == bw->row_bytes)
+            return w;
     return NULL;
 }
 
@@ -169,7 +175,7 @@ static int cu_load_weight(backend *be, be_weight *w, char *err, size_t errlen) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
     pthread_mutex_lock(&c->mu);
-    cu_weight *cw = cu_weight_find(c, w->data);
+    cu_weight *cw = cu_weight_find(c, w);
     if (!cw) cw = cu_weight_upload(c, w, err, errlen);
     pthread_mutex_unlock(&c->mu);
     if (!cw) return -1;
@@ -181,7 +187,7 @@ cu_weight *cu_weight_of(cu_impl *c, const be_weight *w) {
     if (w->dev) return (cu_weight *)w->dev;
     char err[256];
     pthread_mutex_lock(&c->mu);
-    cu_weight *cw = cu_weight_find(c, w->data);
+    cu_weight *cw = cu_weight_find(c, w);
     if (!cw) cw = cu_weight_upload(c, w, err, sizeof err);
     pthread_mutex_unlock(&c->mu);
     if (!cw) { cu_fail(c, "weight upload", err); return NULL; }

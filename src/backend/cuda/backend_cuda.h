@@ -27,6 +27,12 @@ extern "C" {
  * for host-side work (none yet). */
 backend *backend_cuda_create(int device, int n_threads, char *err, size_t errlen);
 
+/* Seconds of one F16 x F16 -> F32 cublasGemmEx of m x n x k (f32
+ * accumulation, tensor cores), the layout of the backend's own products:
+ * the median of 7 after 2 warm-ups. tandem bench sets the model's
+ * products against this ceiling. 0, or -1 with a message. */
+int backend_cuda_gemm_seconds(backend *be, int m, int n, int k, double *seconds, char *err, size_t errlen);
+
 /* Host versions of the device's block decoders and KV row encoders (the
  * same __host__ __device__ code), so the tests can check them bit for bit
  * against quant.c on machines without a GPU. */

@@ -22,6 +22,7 @@
  * with lda = ne0; X [n][ne0] is ne0 x n; Y [n][ne1] is ne1 x n. So
  * Y = W^T-as-stored * X: gemm(T, N, m = ne1, n = n_tok, k = ne0).
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "cuda_internal.h"
@@ -202,4 +203,46 @@ void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e
         return;
     for (int g = 0; g < n_group; g++)
         cu_matmul(c, w, e[g], x + (size_t)off[g] * w->ne0, cnt[g], y + (size_t)off[g] * w->ne1);
+}
+
+/* ==== The cuBLAS ceiling (tandem bench) ==== */
+
+/* Seconds of one F16 x F16 -> F32 cublasGemmEx of m x n x k in the layout of
+ * cu_gemm (T, N), f32 accumulation, on the backend's stream: the median of
+ * 7 timed calls after 2 warm-ups, on operands filled with small values. */
+extern "C" int backend_cuda_gemm_seconds(backend *be, int m, int n, int k, double *seconds, char *err, size_t errlen) {
+    cu_impl *c = cu_of(be);
+    cudaSetDevice(c->device);
+    void *a = NULL, *b = NULL, *y = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms[7];
+    int rc = -1;
+    const float one = 1.0f, zero = 0.0f;
+    cudaError_t ce = cudaMalloc(&a, (size_t)m * k * 2);
+    if (ce == cudaSuccess) ce = cudaMalloc(&b, (size_t)n * k * 2);
+    if (ce == cudaSuccess) ce = cudaMalloc(&y, (size_t)m * n * 4);
+    if (ce == cudaSuccess) ce = cudaMemsetAsync(a, 0x11, (size_t)m * k * 2, c->cs);   /* f16 0x1111: about 6e-4 */
+    if (ce == cudaSuccess) ce = cudaMemsetAsync(b, 0x11, (size_t)n * k * 2, c->cs);
+    if (ce == cudaSuccess) ce = cudaEventCreate(&e0);
+    if (ce == cudaSuccess) ce = cudaEventCreate(&e1);
+    if (ce != cudaSuccess) { snprintf(err, errlen, "cuBLAS ceiling: %s", cudaGetErrorString(ce)); goto out; }
+    for (int i = 0; i < 9; i++) {
+        cudaEventRecord(e0, c->cs);
+        cublasStatus_t s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, a, CUDA_R_16F, k, b,
+                                        CUDA_R_16F, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cudaEventRecord(e1, c->cs);
+        if (s != CUBLAS_STATUS_SUCCESS) { snprintf(err, errlen, "cuBLAS ceiling: %s", cublasGetStatusString(s)); goto out; }
+        if ((ce = cudaEventSynchronize(e1)) != cudaSuccess) { snprintf(err, errlen, "cuBLAS ceiling: %s", cudaGetErrorString(ce)); goto out; }
+        if (i >= 2) cudaEventElapsedTime(&ms[i - 2], e0, e1);
+    }
+    for (int i = 1; i < 7; i++)   /* insertion sort for the median */
+        for (int j = i; j > 0 && ms[j] < ms[j - 1]; j--) { float t = ms[j]; ms[j] = ms[j - 1]; ms[j - 1] = t; }
+    *seconds = ms[3] / 1e3;
+    rc = 0;
+out:
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a); cudaFree(b); cudaFree(y);
+    return rc;
 }

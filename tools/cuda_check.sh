@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The checks that need a GPU (issue: CUDA prefill backend), in one run on a
+# machine with one, after `make CUDA=1 BUILD=build-cuda` (or with the
+# binaries somewhere else: BIN=DIR). Each step has its own time limit, so a
+# hang costs one step, not the run; the log of each lands in $LOG_DIR.
+#   1. test_backend_ops: every op of backend.h on the GPU against the CPU
+#      backend by NMSE, every weight type, odd sizes; KV rows byte-equal
+#   2. test_golden on the CUDA backend (TANDEM_BACKEND=cuda)
+#   3. test_handoff with CUDA prefill nodes and CPU decode (the cross-backend
+#      KV proof: F16/F32 split output == CPU-only output)
+#   4. tandem bench --backend cuda on the model files named in BENCH_MODELS
+# Needs the fixture set (TANDEM_FIXTURES) for 1-3; the F16 test models are
+# generated into TANDEM_MODELS if missing (tools/gen_mini.py, about 10 s).
+set -uo pipefail
+BIN=${BIN:-build-cuda}
+FIX=${TANDEM_FIXTURES:-../shared/fixtures}
+MODELS=${TANDEM_MODELS:-$BIN/models}
+LOG_DIR=${LOG_DIR:-$BIN/cuda-check}
+STEPS=${STEPS:-ops golden handoff bench}
+BENCH_MODELS=${BENCH_MODELS:-}
+BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
+export TANDEM_FIXTURES=$FIX TANDEM_MODELS=$MODELS
+mkdir -p "$LOG_DIR" "$MODELS"
+
+step() {   # step NAME LIMIT_S CMD...: runs it, logs, prints the tail and the time
+    local name=$1 limit=$2; shift 2
+    local t0=$(date +%s.%N)
+    echo "== $name ($*)"
+    timeout -k 5 "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
+    local rc=$?
+    local t1=$(date +%s.%N)
+    grep -E '^(FAIL|skipped|handoff:|golden|ops|\|)|passed|error|Error' "$LOG_DIR/$name.log" | head -n 60
+    tail -n 3 "$LOG_DIR/$name.log"
+    awk -v n="$name" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "== %s: rc %d, %.1f s\n", n, r, b - a }'
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -n 2
+pids=; for a in qwen3 qwen3moe qwen2; do
+    f=$MODELS/$a-mini-F16.gguf
+    [ -f "$f" ] || { python3 "$FIX/tools/gen_mini.py" "$a" "$f" >/dev/null & pids="$pids $!"; }
+done
+wait $pids
+for s in $STEPS; do
+    case $s in
+    ops) step backend_ops ${T_OPS:-180} "$BIN/test_backend_ops" ;;
+    golden) TANDEM_BACKEND=cuda step golden ${T_GOLDEN:-240} "$BIN/test_golden" ;;
+    handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
+    bench) for m in $BENCH_MODELS; do
+               # shellcheck disable=SC2086
+               step "bench-$(basename "$m" .gguf)" ${T_BENCH:-300} "$BIN/tandem" bench --backend cuda -m "$m" $BENCH_ARGS
+               cat "$LOG_DIR/bench-$(basename "$m" .gguf).log"
+           done ;;
+    esac
+done
