@@ -220,6 +220,45 @@ static void case_rows(int n_rows, int dim) {
     free(x); free(y); retire(nw.bytes); retire(bw.bytes);
 }
 
+/* The CPU backend keeps the last cos/sin table while positions and
+ * configuration repeat (q and k of every layer): whatever changed between
+ * two calls, the second must equal a fresh backend's result bit for bit. */
+static void check_rope_reuse(void) {
+    enum { NT = 5, NH = 2, HD = 64 };
+    int32_t pa[NT] = { 0, 1, 2, 3, 4 }, pb[NT] = { 0, 1, 2, 3, 5 };
+    float ff[HD / 2], x[NT * NH * HD];
+    for (int i = 0; i < HD / 2; i++) ff[i] = 1.0f + (float)i;
+    struct { const int32_t *pos; int mode; float base, scale; int ffv; } step[] = {
+        { pa, ROPE_NEOX, 1e4f, 1.0f, 0 }, { pa, ROPE_NEOX, 1e4f, 1.0f, 0 },   /* a hit */
+        { pb, ROPE_NEOX, 1e4f, 1.0f, 0 },                                     /* one position changed */
+        { pb, ROPE_NORM, 1e4f, 1.0f, 0 }, { pb, ROPE_NORM, 1e6f, 1.0f, 0 }, { pb, ROPE_NORM, 1e6f, 0.5f, 0 },
+        { pb, ROPE_NORM, 1e6f, 0.5f, 1 }, { pb, ROPE_NORM, 1e6f, 0.5f, 2 },   /* factors: new values, same address */
+    };
+    backend *kept = backend_cpu_create(1);
+    CHECK(kept != NULL, "CPU backend");
+    if (!kept) return;
+    int same = 0, n = (int)(sizeof step / sizeof step[0]);
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < HD / 2; k++) ff[k] = step[i].ffv == 2 ? 2.0f + (float)k : 1.0f + (float)k;
+        rope_cfg rc = { step[i].mode, HD, step[i].base, step[i].scale, step[i].ffv ? ff : NULL };
+        float got[NT * NH * HD], want[NT * NH * HD];
+        fill(x, NT * NH * HD, 1.0f);
+        backend *fresh = backend_cpu_create(1);
+        if (!fresh) { CHECK(0, "CPU backend"); break; }
+        float *d = upload(kept, x, NT * NH * HD), *e = upload(fresh, x, NT * NH * HD);
+        kept->ops->rope(kept, d, NT, NH, HD, step[i].pos, &rc);
+        fresh->ops->rope(fresh, e, NT, NH, HD, step[i].pos, &rc);
+        kept->ops->read(kept, d, got, NT * NH * HD);
+        fresh->ops->read(fresh, e, want, NT * NH * HD);
+        same += !memcmp(got, want, sizeof got);
+        kept->ops->release(kept, d);
+        fresh->ops->release(fresh, e);
+        fresh->ops->destroy(fresh);
+    }
+    CHECK(same == n, "rope after another rope call equals a fresh backend's: %d of %d", same, n);
+    kept->ops->destroy(kept);
+}
+
 static void case_rope(int mode, int n_rot, int head_dim, int factors, float freq_scale) {
     int n_tok = 7, n_head = 3;
     size_t n = (size_t)n_tok * n_head * head_dim;
@@ -516,6 +555,7 @@ int main(void) {
 #endif
     run_cases();
     quant_force_reference(0);
+    check_rope_reuse();
     print_stats();
     test_be->ops->destroy(test_be);
     ref_be->ops->destroy(ref_be);

@@ -46,6 +46,17 @@ typedef struct {
     const be_weight *next[4];   /* warm_next's hint for the next product, consumed by it */
     int n_next;
     tpool_warm *warm;       /* [nth] */
+    /* RoPE's cos/sin of the last position list, reused while the positions
+     * and the configuration stay the same: a pass rotates q and k of every
+     * layer at the same positions (2 x n_layer calls, one table). */
+    struct {
+        int n;              /* rows in the table; 0: empty */
+        rope_cfg rc;        /* the configuration it was made for */
+        float ff[512];      /* its frequency factors' values (rc.freq_factors: where they were) */
+        int32_t *pos;       /* [n] */
+        float *cs;          /* [n][n_rot]: n_rot / 2 cosines, then the sines */
+        size_t pos_size, cs_size;
+    } rope;
 } cpu_impl;
 
 static cpu_impl *cpu_of(backend *be) { return (cpu_impl *)be->impl; }
@@ -87,9 +98,10 @@ typedef struct {
     int n_head, head_dim;
 } ew_job;
 
-enum { EW_RMS, EW_SWIGLU, EW_ADD, EW_BIAS, EW_KV, EW_ROPE };
+enum { EW_RMS, EW_SWIGLU, EW_ADD, EW_BIAS, EW_KV, EW_ROPE, EW_ROPE_TABLE };
 
-static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const int32_t *pos, const rope_cfg *rc);
+static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const float *table, int n_rot, int mode);
+static void rope_table_rows(float *table, int t0, int t1, const int32_t *pos, const rope_cfg *rc);
 
 static void ew_run(void *ctx, int chunk, int nch) {
     ew_job *j = ctx;
@@ -110,7 +122,8 @@ static void ew_run(void *ctx, int chunk, int nch) {
             kv_store_f32(j->kv, j->layer, j->pos0 + (int)lo, (int)(hi - lo), j->k + (size_t)lo * j->row,
                          j->v + (size_t)lo * j->row);
         break;
-    case EW_ROPE: rope_tokens(j->x, (int)lo, (int)hi, j->n_head, j->head_dim, j->pos, j->rc); break;
+    case EW_ROPE: rope_tokens(j->x, (int)lo, (int)hi, j->n_head, j->head_dim, j->w, j->rc->n_rot, j->rc->mode); break;
+    case EW_ROPE_TABLE: rope_table_rows(j->x, (int)lo, (int)hi, j->pos, j->rc); break;
     }
 }
 
@@ -335,35 +348,42 @@ static void cpu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
 
 /* ==== RoPE ==== */
 
-/* Rows [t0, t1) of x, row t at position pos[t]. cos/sin are computed once
- * per row and reused by every head. */
-static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const int32_t *pos, const rope_cfg *rc) {
-    int n_rot = rc->n_rot;
-    float theta_scale = powf(rc->freq_base, -2.0f / (float)n_rot);
-    float cs[512], sn[512];     /* n_rot/2 <= 256 pairs: head_dim is at most 512 in practice */
-    if (n_rot > 1024) return;   /* refused at load; keeps the stack arrays safe */
+/* The table rows [t0, t1): row t holds cos then sin of the n_rot / 2
+ * angles at position pos[t]. theta is advanced by repeated multiplication
+ * in float, as ggml does, so that positions far into the context round the
+ * same way. */
+static void rope_table_rows(float *table, int t0, int t1, const int32_t *pos, const rope_cfg *rc) {
+    const int n_rot = rc->n_rot, half = n_rot / 2;
+    const float theta_scale = powf(rc->freq_base, -2.0f / (float)n_rot);
     for (int t = t0; t < t1; t++) {
-        /* theta is advanced by repeated multiplication in float, as ggml does,
-         * so that positions far into the context round the same way. */
+        float *cs = table + (size_t)t * n_rot, *sn = cs + half;
         float theta = (float)pos[t];
-        for (int i = 0; i < n_rot / 2; i++) {
+        for (int i = 0; i < half; i++) {
             float ff = rc->freq_factors ? rc->freq_factors[i] : 1.0f;
             float th = theta / ff * rc->freq_scale;
             cs[i] = cosf(th);
             sn[i] = sinf(th);
             theta *= theta_scale;
         }
+    }
+}
+
+/* Rows [t0, t1) of x rotated by their table rows, every head alike. */
+static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, const float *table, int n_rot, int mode) {
+    const int half = n_rot / 2;
+    for (int t = t0; t < t1; t++) {
+        const float *cs = table + (size_t)t * n_rot, *sn = cs + half;
         for (int h = 0; h < n_head; h++) {
             float *v = x + ((size_t)t * n_head + h) * head_dim;
-            if (rc->mode == ROPE_NEOX) {
-                float *a = v, *b = v + n_rot / 2;
-                for (int i = 0; i < n_rot / 2; i++) {   /* vectorises: no overlap between a and b */
+            if (mode == ROPE_NEOX) {
+                float *a = v, *b = v + half;
+                for (int i = 0; i < half; i++) {   /* vectorises: no overlap between a and b */
                     float x0 = a[i], x1 = b[i];
                     a[i] = x0 * cs[i] - x1 * sn[i];
                     b[i] = x0 * sn[i] + x1 * cs[i];
                 }
             } else {
-                for (int i = 0; i < n_rot / 2; i++) {
+                for (int i = 0; i < half; i++) {
                     float x0 = v[2 * i], x1 = v[2 * i + 1];
                     v[2 * i] = x0 * cs[i] - x1 * sn[i];
                     v[2 * i + 1] = x0 * sn[i] + x1 * cs[i];
@@ -373,12 +393,52 @@ static void rope_tokens(float *x, int t0, int t1, int n_head, int head_dim, cons
     }
 }
 
+/* Whether the table made for (a, its factors' values ff) serves b. */
+static int rope_cfg_same(const rope_cfg *a, const float *ff, const rope_cfg *b) {
+    if (a->mode != b->mode || a->n_rot != b->n_rot || a->freq_base != b->freq_base || a->freq_scale != b->freq_scale ||
+        !a->freq_factors != !b->freq_factors)
+        return 0;
+    return !b->freq_factors || !memcmp(ff, b->freq_factors, sizeof(float) * (size_t)(b->n_rot / 2));
+}
+
+/* The table for these positions: the last one if it still fits, else made
+ * now (on the pool for a long prompt: about 60 adds' worth per pair). NULL
+ * when it cannot grow. */
+static const float *rope_table(backend *be, int n_tok, const int32_t *pos, const rope_cfg *rc) {
+    cpu_impl *c = cpu_of(be);
+    if (c->rope.n == n_tok && rope_cfg_same(&c->rope.rc, c->rope.ff, rc) &&
+        !memcmp(c->rope.pos, pos, sizeof *pos * (size_t)n_tok))
+        return c->rope.cs;
+    c->rope.n = 0;
+    if (rc->n_rot / 2 > (int)(sizeof c->rope.ff / sizeof c->rope.ff[0])) return NULL;   /* refused at load */
+    if (cpu_grow((void **)&c->rope.pos, &c->rope.pos_size, sizeof *pos * (size_t)n_tok) ||
+        cpu_grow((void **)&c->rope.cs, &c->rope.cs_size, sizeof(float) * (size_t)n_tok * (size_t)rc->n_rot))
+        return NULL;
+    memcpy(c->rope.pos, pos, sizeof *pos * (size_t)n_tok);
+    ew_job j = { .op = EW_ROPE_TABLE, .x = c->rope.cs, .n = (size_t)n_tok, .pos = c->rope.pos, .rc = rc };
+    ew_exec(be, &j, (size_t)n_tok * (size_t)rc->n_rot * 30);
+    c->rope.rc = *rc;
+    if (rc->freq_factors) memcpy(c->rope.ff, rc->freq_factors, sizeof(float) * (size_t)(rc->n_rot / 2));
+    c->rope.n = n_tok;
+    return c->rope.cs;
+}
+
 static void cpu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, const int32_t *pos,
                      const rope_cfg *rc) {
-    ew_job j = { .op = EW_ROPE, .x = x, .n = (size_t)n_tok, .n_head = n_head, .head_dim = head_dim,
-                 .pos = pos, .rc = rc };
-    /* the cos/sin per token dominate: about 60 adds' worth per pair */
-    ew_exec(be, &j, (size_t)n_tok * (size_t)rc->n_rot * 30);
+    if (n_tok < 1 || rc->n_rot < 2) return;
+    const float *table = rope_table(be, n_tok, pos, rc);
+    float one[1024];
+    if (!table) {   /* no memory for a table: one row at a time on the stack */
+        if (rc->n_rot > 1024) return;   /* refused at load */
+        for (int t = 0; t < n_tok; t++) {
+            rope_table_rows(one, 0, 1, pos + t, rc);
+            rope_tokens(x + (size_t)t * n_head * head_dim, 0, 1, n_head, head_dim, one, rc->n_rot, rc->mode);
+        }
+        return;
+    }
+    ew_job j = { .op = EW_ROPE, .x = x, .w = table, .n = (size_t)n_tok, .n_head = n_head, .head_dim = head_dim,
+                 .rc = rc };
+    ew_exec(be, &j, (size_t)n_tok * (size_t)n_head * (size_t)head_dim);
 }
 
 /* ==== Attention ====
@@ -807,6 +867,8 @@ static void cpu_destroy(backend *be) {
         free(c->warm);
         free(c->qbuf);
         free(c->moe_buf);
+        free(c->rope.pos);
+        free(c->rope.cs);
         cpu_arena_free_all(c);
         free(c);
     }
