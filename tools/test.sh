@@ -22,7 +22,8 @@ echo "== tests under ASan+UBSan"
 make -j"$JOBS" asan | tee build/asan.log
 # The CUDA build: all of its targets compile and link; test_backend_ops
 # checks the device code's host versions and says "skipped: no CUDA device"
-# for the rest. About 35 s on 2 cores (all five -gencode targets).
+# for the rest, as the goldens on the CUDA backend and the CUDA-prefill
+# handoff do. About 35 s on 2 cores (all five -gencode targets).
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 # The toolkit root as nvcc itself reports it (its TOP): nvcc may be a wrapper
 # script elsewhere on PATH (/usr/local/bin/nvcc), so dirname(nvcc) can be wrong.
@@ -39,7 +40,10 @@ if [ -x "$NVCC" ]; then
     if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then
         echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
         make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all
-        TANDEM_MODELS=build/models tests/run.sh build-cuda/test_backend_ops | tee build/cuda.log
+        # on a GPU machine the whole check (tools/cuda_check.sh has it with
+        # benchmarks); here each says "skipped: no CUDA device"
+        TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \
+            tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff | tee build/cuda.log
     else
         echo "skipped: CUDA build: nvcc at $NVCC but no cuBLAS under $CUDA_HOME/lib64"
     fi
