@@ -285,7 +285,7 @@ static void case_rope(int mode, int n_rot, int head_dim, int factors, float freq
 /* ==== KV store and attention ==== */
 
 #define KV_LAYERS 2
-#define KV_CTX 96
+#define KV_CTX 256
 
 typedef struct { int pos0, n; } seq_shape;
 
@@ -347,6 +347,8 @@ static float *kv_run(backend *be, kvcache **kv, const seq_shape *sh, int n_seq, 
     return res;
 }
 
+static const char *att_label = "attention";   /* the stats line of the attention cases */
+
 static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const seq_shape *sh, int n_seq,
                            int host_prefix) {
     int kvd = n_head_kv * hd, n_tok = 0, n_pre = 0;
@@ -370,7 +372,7 @@ static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const
     snprintf(what, sizeof what, "%s cache, %d/%d heads of %d, %d sequences%s", gguf_type_name(dt), n_head, n_head_kv,
              hd, n_seq, host_prefix ? ", prefix from the host" : "");
     /* a Q8_0 cache: the CPU backend meets it with q quantized to Q8_0 */
-    record("attention", nmse(out[1], out[0], qn * KV_LAYERS), dt == GGML_TYPE_Q8_0 ? 5e-4 : 1e-6, what);
+    record(att_label, nmse(out[1], out[0], qn * KV_LAYERS), dt == GGML_TYPE_Q8_0 ? 5e-4 : 1e-6, what);
     int same = 1;
     for (int i = 0; i < n_seq; i++)
         for (int l = 0; l < KV_LAYERS; l++) {
@@ -415,6 +417,27 @@ static void case_moe(uint32_t type, int n_tok) {
     retire(gi.bytes); retire(g.bytes); retire(u.bytes); retire(d.bytes);
 }
 
+/* Every attention case: batches of prompt spans and decode tokens, GQA
+ * groups of 1 to 16, head sizes 32 to 256, and long spans (64-row blocks
+ * and more: the CUDA tensor-core path, TANDEM_CUDA_ATTN=tc). */
+static void attention_cases(void) {
+    const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+    const seq_shape one[] = { { 0, 37 } };
+    const seq_shape mix[] = { { 0, 5 }, { 40, 1 }, { 11, 23 }, { 70, 1 } };
+    const seq_shape dec[] = { { 50, 1 }, { 3, 1 }, { 90, 1 } };
+    const seq_shape lng[] = { { 0, 150 }, { 37, 70 }, { 5, 1 } };
+    for (size_t i = 0; i < 3; i++) {
+        case_attention(dts[i], 4, 4, 64, one, 1, 0);
+        case_attention(dts[i], 8, 2, 64, mix, 4, 0);
+        case_attention(dts[i], 6, 1, 128, dec, 3, 0);
+        case_attention(dts[i], 32, 2, 32, mix, 4, 0);    /* 16 query heads per KV head */
+        case_attention(dts[i], 4, 2, 256, mix, 4, 1);
+        case_attention(dts[i], 16, 8, 128, lng, 3, 0);   /* the Qwen3-0.6B heads */
+        case_attention(dts[i], 14, 2, 64, lng, 3, 1);    /* the Qwen2.5-0.5B heads */
+    }
+    case_attention(GGML_TYPE_F16, 3, 3, 40, mix, 4, 0);  /* a head size that is no multiple of 32 */
+}
+
 /* ==== Everything ==== */
 
 static void run_cases(void) {
@@ -432,18 +455,7 @@ static void run_cases(void) {
     case_rope(ROPE_NEOX, 32, 80, 0, 0.25f);
     case_rope(ROPE_NORM, 128, 128, 1, 1.0f);
     case_rope(ROPE_NEOX, 128, 128, 1, 0.5f);
-    const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
-    const seq_shape one[] = { { 0, 37 } };
-    const seq_shape mix[] = { { 0, 5 }, { 40, 1 }, { 11, 23 }, { 70, 1 } };
-    const seq_shape dec[] = { { 50, 1 }, { 3, 1 }, { 90, 1 } };
-    for (size_t i = 0; i < 3; i++) {
-        case_attention(dts[i], 4, 4, 64, one, 1, 0);
-        case_attention(dts[i], 8, 2, 64, mix, 4, 0);
-        case_attention(dts[i], 6, 1, 128, dec, 3, 0);
-        case_attention(dts[i], 32, 2, 32, mix, 4, 0);    /* 16 query heads per KV head */
-        case_attention(dts[i], 4, 2, 256, mix, 4, 1);
-    }
-    case_attention(GGML_TYPE_F16, 3, 3, 40, mix, 4, 0);  /* a head size that is no multiple of 32 */
+    attention_cases();
     const uint32_t mt[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
     for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) {
         case_moe(mt[i], 1);
@@ -554,6 +566,20 @@ int main(void) {
     if (!test_be) return t_done("backend_ops");
 #endif
     run_cases();
+#ifdef TANDEM_CUDA
+    /* the attention cases again on the opt-in tensor-core path */
+    setenv("TANDEM_CUDA_ATTN", "tc", 1);
+    backend *tc = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
+    CHECK(tc != NULL, "CUDA backend with TANDEM_CUDA_ATTN=tc: %s", err);
+    if (tc) {
+        backend *plain = test_be;
+        test_be = tc;
+        att_label = "attention_tc";
+        attention_cases();
+        test_be = plain;
+        tc->ops->destroy(tc);
+    }
+#endif
     quant_force_reference(0);
     check_rope_reuse();
     print_stats();

@@ -664,6 +664,9 @@ static int cu_start(cu_impl *c, int device, char *err, size_t errlen) {
     c->dequant = cu_env_int("TANDEM_CUDA_DEQUANT", -1);
     c->gemm_split = cu_env_int("TANDEM_CUDA_GEMM_SPLIT", 1);
     c->moe_grouped = cu_env_int("TANDEM_CUDA_MOE_GROUPED", 1);
+    const char *att = getenv("TANDEM_CUDA_ATTN");
+    c->attn_tc = att && !strcmp(att, "tc");
+    c->smem_optin = p.sharedMemPerBlockOptin;
     return 0;
 }
 

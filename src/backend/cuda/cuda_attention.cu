@@ -18,12 +18,21 @@
  * backend computes them for F16/BF16 caches (for a Q8_0 cache the CPU
  * backend quantizes q to Q8_0 first; this kernel does not).
  *
- * Not yet done (docs/architecture.md): tensor-core tiles (mma) for long
- * prompts, and splitting long contexts over several blocks for decode.
+ * Long prompts (opt-in, TANDEM_CUDA_ATTN=tc; not yet run on a GPU, see
+ * docs/architecture.md): k_attn_tc, the same online softmax with the two
+ * products of each key tile on tensor cores (WMMA 16x16x16, f16 inputs,
+ * f32 accumulation). q and the probabilities go in as hi + lo halves (two
+ * products each, about 22 bits, as the GEMMs' activations do); K and V are
+ * the cache's values as f16 (exact for an F16 cache).
+ *
+ * Not yet done: splitting long contexts over several blocks for decode.
  */
+#include <mma.h>
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+
+using namespace nvcuda;
 
 #define CU_ATT_MAX_HD 512          /* model.c refuses larger heads */
 #define CU_ATT_GCHUNK 16           /* query heads of one group per block */
@@ -101,9 +110,215 @@ __global__ void k_attn(const float *q, const cu_attn_seq *seqs, const cu_attn_bl
     }
 }
 
+/* ==== Tensor-core tiles (long prompts) ==== */
+
+#define CU_TC_ROWS 64              /* query rows per block: 4 warps x 16 */
+#define CU_TC_KEYS 64              /* keys per tile */
+
+/* Shared memory of k_attn_tc<HDIM> (bytes): q hi/lo and the K and V tiles
+ * (f16), the scores (f32; each row's probabilities overwrite it as hi/lo
+ * f16), and one 16 x 16 f32 tile per warp for the row factors. 84 KiB at
+ * 128: under the 99 KiB a block may have on sm_120/121, two blocks per SM
+ * on sm_90. */
+static size_t cu_tc_smem(int hd) {
+    return (size_t)CU_TC_ROWS * hd * 2 * 2 + (size_t)CU_TC_KEYS * hd * 2 * 2 + (size_t)CU_TC_ROWS * CU_TC_KEYS * 4 +
+           (size_t)(CU_TC_ROWS / 16) * 256 * 4;
+}
+
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> cu_tc_acc;
+
+/* o[t] *= the factor of its row, for the warp's HDIM / 16 output tiles: F
+ * holds the 16 factors as a 16 x 16 tile (row i: factor i), loaded as an
+ * accumulator fragment, whose elements sit where o's do. */
+template <int HDIM> __device__ __forceinline__ void cu_tc_scale_rows(cu_tc_acc *o, const float *F) {
+    cu_tc_acc f;
+    wmma::load_matrix_sync(f, F, 16, wmma::mem_row_major);
+#pragma unroll
+    for (int t = 0; t < HDIM / 16; t++)
+#pragma unroll
+        for (int e = 0; e < f.num_elements; e++) o[t].x[e] *= f.x[e];
+}
+
+/* A block: query head blockIdx.y, rows [r0, r0 + 64) of one sequence (the
+ * table entry blockIdx.x); warp w owns rows r0 + 16 w .. + 16 and keeps
+ * their output in registers (HDIM / 16 accumulator tiles); lanes 2i and
+ * 2i + 1 keep row i's running max and sum. */
+template <uint32_t DT, int HDIM>
+__global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_seq *seqs, const cu_attn_blk *blks,
+                                                 int n_head, int n_head_kv, size_t rb, float scale, float *out) {
+    extern __shared__ __align__(128) unsigned char smraw[];
+    const int h = blockIdx.y, kvh = h / (n_head / n_head_kv), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const cu_attn_blk bk = blks[blockIdx.x];
+    const cu_attn_seq sq = seqs[bk.seq];
+    __half *Qh = (__half *)smraw, *Ql = Qh + CU_TC_ROWS * HDIM;          /* [64][HDIM] */
+    __half *Kt = Ql + CU_TC_ROWS * HDIM, *Vt = Kt + CU_TC_KEYS * HDIM;     /* [64 keys][HDIM] */
+    float *S = (float *)(Vt + CU_TC_KEYS * HDIM);                        /* [64][64]; P: [64][hi 64 | lo 64] f16 */
+    float *F = S + CU_TC_ROWS * CU_TC_KEYS + warp * 256;               /* this warp's factor tile */
+    const int nrow = sq.n - bk.r0 < CU_TC_ROWS ? sq.n - bk.r0 : CU_TC_ROWS;
+    for (int i = threadIdx.x; i < CU_TC_ROWS * HDIM; i += blockDim.x) {
+        int r = i / HDIM, d = i - r * HDIM;
+        float x = r < nrow ? q[((size_t)(sq.t0 + bk.r0 + r) * n_head + h) * HDIM + d] : 0.0f;
+        __half hi = __float2half_rn(x);
+        Qh[i] = hi;
+        Ql[i] = __float2half_rn(x - __half2float(hi));
+    }
+    const int w16 = 16 * warp, r = w16 + lane / 2, half = lane & 1, qpos = sq.pos0 + bk.r0 + r;
+    float m = -INFINITY, l = 0.0f;   /* row r's, in both of its lanes */
+    cu_tc_acc o[HDIM / 16];
+#pragma unroll
+    for (int t = 0; t < HDIM / 16; t++) wmma::fill_fragment(o[t], 0.0f);
+    const int npos = sq.pos0 + bk.r0 + nrow;   /* the block's last row sees the most keys */
+    for (int p0 = 0; p0 < npos; p0 += CU_TC_KEYS) {
+        __syncthreads();   /* everyone is done with the previous tile (and q is in place) */
+        for (int i = threadIdx.x; i < CU_TC_KEYS * HDIM; i += blockDim.x) {
+            int j = i / HDIM, d = i - j * HDIM;
+            float kx = 0.0f, vx = 0.0f;
+            if (p0 + j < npos) {
+                size_t ro = (size_t)(p0 + j) * rb;
+                kx = cu_kv_get<DT>(sq.k + ro, kvh * HDIM + d);
+                vx = cu_kv_get<DT>(sq.v + ro, kvh * HDIM + d);
+            }
+            Kt[i] = __float2half_rn(kx);
+            Vt[i] = __float2half_rn(vx);
+        }
+        __syncthreads();
+        /* S = q K^T for the warp's 16 rows, hi and lo products into one f32 accumulator */
+#pragma unroll
+        for (int t = 0; t < CU_TC_KEYS / 16; t++) {
+            cu_tc_acc acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int ks = 0; ks < HDIM / 16; ks++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                wmma::load_matrix_sync(b, Kt + t * 16 * HDIM + ks * 16, HDIM);
+                wmma::load_matrix_sync(a, Qh + w16 * HDIM + ks * 16, HDIM);
+                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(a, Ql + w16 * HDIM + ks * 16, HDIM);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(S + w16 * CU_TC_KEYS + t * 16, acc, CU_TC_KEYS, wmma::mem_row_major);
+        }
+        __syncwarp();
+        /* online softmax of row r: this lane's 32 keys */
+        float v[32], mt = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            int p = p0 + 32 * half + j;
+            v[j] = r < nrow && p <= qpos ? S[r * CU_TC_KEYS + 32 * half + j] * scale : -INFINITY;
+            mt = fmaxf(mt, v[j]);
+        }
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+        const float mnew = fmaxf(m, mt);
+        float corr = 1.0f, sum = 0.0f;
+        if (mnew != -INFINITY) {   /* else no key of this row yet: all zero */
+            corr = m == -INFINITY ? 0.0f : expf(m - mnew);
+#pragma unroll
+            for (int j = 0; j < 32; j++) {
+                v[j] = v[j] == -INFINITY ? 0.0f : expf(v[j] - mnew);
+                sum += v[j];
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 32; j++) v[j] = 0.0f;
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        m = mnew;
+        l = l * corr + sum;
+        __syncwarp();   /* the warp's scores are all read: the probabilities take their place */
+        __half *P = (__half *)(S + r * CU_TC_KEYS);
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            __half hi = __float2half_rn(v[j]);
+            P[32 * half + j] = hi;
+            P[CU_TC_KEYS + 32 * half + j] = __float2half_rn(v[j] - __half2float(hi));
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + j] = corr;
+        __syncwarp();
+        cu_tc_scale_rows<HDIM>(o, F);
+        /* O += P V: hi and lo probabilities */
+        const __half *Pw = (const __half *)(S + w16 * CU_TC_KEYS);
+#pragma unroll
+        for (int ks = 0; ks < CU_TC_KEYS / 16; ks++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+            wmma::load_matrix_sync(ah, Pw + ks * 16, 2 * CU_TC_KEYS);
+            wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * CU_TC_KEYS);
+#pragma unroll
+            for (int t = 0; t < HDIM / 16; t++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
+                wmma::load_matrix_sync(b, Vt + ks * 16 * HDIM + t * 16, HDIM);
+                wmma::mma_sync(o[t], ah, b, o[t]);
+                wmma::mma_sync(o[t], al, b, o[t]);
+            }
+        }
+    }
+    /* out = O / l, through the K/V tiles' memory (64 x HDIM f32 fits it exactly) */
+    __syncwarp();   /* the last correction tile is read */
+#pragma unroll
+    for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + j] = l > 0.0f ? 1.0f / l : 0.0f;
+    __syncwarp();
+    cu_tc_scale_rows<HDIM>(o, F);
+    __syncthreads();   /* every warp is done with the K/V tiles */
+    float *stage = (float *)Kt + w16 * HDIM;
+#pragma unroll
+    for (int t = 0; t < HDIM / 16; t++) wmma::store_matrix_sync(stage + t * 16, o[t], HDIM, wmma::mem_row_major);
+    __syncwarp();
+    for (int i = lane; i < 16 * HDIM; i += 32) {
+        int rr = w16 + i / HDIM, d = i % HDIM;
+        if (rr < nrow) out[((size_t)(sq.t0 + bk.r0 + rr) * n_head + h) * HDIM + d] = stage[i];
+    }
+}
+
+/* The tensor-core path for this launch: opted in, a head size it takes,
+ * and a sequence long enough to fill its 64-row blocks. 1 if it ran (rc
+ * set), 0 to use the CUDA-core kernel. */
+static int cu_attn_tc(cu_impl *c, uint32_t dt, const float *q, const cu_attn_seq *seqs, int n_seq, int n_head,
+                      int n_head_kv, int hd, size_t rb, float scale, float *out, int *rc) {
+    int longest = 0;
+    for (int s = 0; s < n_seq; s++) longest = seqs[s].n > longest ? seqs[s].n : longest;
+    /* head sizes 64 and 128 (Qwen2.5, Qwen3, Llama 3): the output tiles
+     * live in registers, so the size is a template parameter */
+    if (!c->attn_tc || (hd != 64 && hd != 128) || longest < CU_TC_ROWS || cu_tc_smem(hd) > c->smem_optin) return 0;
+    int n_blk = 0;
+    for (int s = 0; s < n_seq; s++) n_blk += (seqs[s].n + CU_TC_ROWS - 1) / CU_TC_ROWS;
+    cu_attn_blk *blk = (cu_attn_blk *)malloc(sizeof *blk * (size_t)n_blk);
+    if (!blk) { *rc = cu_check(c, cudaErrorMemoryAllocation, "attention tables"); return 1; }
+    for (int s = 0, b = 0; s < n_seq; s++)
+        for (int r0 = 0; r0 < seqs[s].n; r0 += CU_TC_ROWS) blk[b++] = (cu_attn_blk){ s, r0 };
+    size_t sb = (sizeof *seqs * (size_t)n_seq + 15) & ~(size_t)15, bb = sizeof *blk * (size_t)n_blk;
+    size_t smem = cu_tc_smem(hd);
+    *rc = -1;
+    if (cu_buf_need(c, &c->stage, sb + bb) == 0) {
+        char *st = (char *)c->stage.p;
+        if (!cu_check(c, cudaMemcpyAsync(st, seqs, sizeof *seqs * (size_t)n_seq, cudaMemcpyHostToDevice, c->cs), "upload") &&
+            !cu_check(c, cudaMemcpyAsync(st + sb, blk, bb, cudaMemcpyHostToDevice, c->cs), "upload")) {
+            dim3 grid((unsigned)n_blk, (unsigned)n_head);
+            const cu_attn_seq *ds = (const cu_attn_seq *)st;
+            const cu_attn_blk *db = (const cu_attn_blk *)(st + sb);
+            cudaError_t e;
+#define CU_TC_LAUNCH(T, D)                                                                                     \
+            e = cudaFuncSetAttribute(k_attn_tc<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+            if (e == cudaSuccess)                                                                               \
+                k_attn_tc<T, D><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
+#define CU_TC_HD(T) do { if (hd == 64) { CU_TC_LAUNCH(T, 64); } else { CU_TC_LAUNCH(T, 128); } } while (0)
+            if (dt == GGML_TYPE_Q8_0) CU_TC_HD(GGML_TYPE_Q8_0);
+            else if (dt == GGML_TYPE_BF16) CU_TC_HD(GGML_TYPE_BF16);
+            else CU_TC_HD(GGML_TYPE_F16);
+#undef CU_TC_HD
+#undef CU_TC_LAUNCH
+            *rc = cu_check(c, e != cudaSuccess ? e : cudaGetLastError(), "attention (tensor cores)");
+        }
+    }
+    free(blk);
+    return 1;
+}
+
 int cu_launch_attention(cu_impl *c, uint32_t dt, const float *q, const cu_attn_seq *seqs, int n_seq, int n_head,
                         int n_head_kv, int hd, size_t rb, float scale, float *out) {
     if (hd < 1 || hd > CU_ATT_MAX_HD) return cu_check(c, cudaErrorInvalidValue, "attention (head size above 512)");
+    int tc_rc;
+    if (cu_attn_tc(c, dt, q, seqs, n_seq, n_head, n_head_kv, hd, rb, scale, out, &tc_rc)) return tc_rc;
     const int grp = n_head / n_head_kv;
     const int gchunk = grp < CU_ATT_GCHUNK ? grp : CU_ATT_GCHUNK;
     const int R = gchunk >= CU_ATT_WARPS ? 1 : CU_ATT_WARPS / gchunk;

@@ -254,6 +254,8 @@ typedef struct {
     int gemm_split;             /* F16/BF16 GEMMs: activations as hi + lo halves (two products) */
     int dequant;                /* -1 auto (memory permitting), 0 never, 1 always */
     int moe_grouped;            /* MoE experts in one grouped GEMM call */
+    int attn_tc;                /* long prompts' attention on tensor cores (opt-in: not yet run on a GPU) */
+    size_t smem_optin;          /* shared memory a block may opt in to (sm_90: 227 KiB, sm_120: 99 KiB) */
     size_t reserve;             /* device bytes kept free for caches and activations */
     int failed;
     char err[256];
