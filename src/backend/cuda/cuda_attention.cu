@@ -170,16 +170,32 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
     const int npos = sq.pos0 + bk.r0 + nrow;   /* the block's last row sees the most keys */
     for (int p0 = 0; p0 < npos; p0 += CU_TC_KEYS) {
         __syncthreads();   /* everyone is done with the previous tile (and q is in place) */
-        for (int i = threadIdx.x; i < CU_TC_KEYS * HDIM; i += blockDim.x) {
-            int j = i / HDIM, d = i - j * HDIM;
-            float kx = 0.0f, vx = 0.0f;
-            if (p0 + j < npos) {
-                size_t ro = (size_t)(p0 + j) * rb;
-                kx = cu_kv_get<DT>(sq.k + ro, kvh * HDIM + d);
-                vx = cu_kv_get<DT>(sq.v + ro, kvh * HDIM + d);
+        if (DT == GGML_TYPE_F16 && rb % 16 == 0) {
+            /* the cache's own f16 values, 16 bytes at a time */
+            const int per_row = HDIM / 8;
+            for (int i = threadIdx.x; i < CU_TC_KEYS * per_row; i += blockDim.x) {
+                int j = i / per_row, c8 = i - j * per_row;
+                uint4 kx = make_uint4(0, 0, 0, 0), vx = kx;
+                if (p0 + j < npos) {
+                    size_t ro = (size_t)(p0 + j) * rb + (size_t)kvh * HDIM * 2 + (size_t)c8 * 16;
+                    kx = *(const uint4 *)(sq.k + ro);
+                    vx = *(const uint4 *)(sq.v + ro);
+                }
+                *(uint4 *)(Kt + j * HDIM + 8 * c8) = kx;
+                *(uint4 *)(Vt + j * HDIM + 8 * c8) = vx;
             }
-            Kt[i] = __float2half_rn(kx);
-            Vt[i] = __float2half_rn(vx);
+        } else {
+            for (int i = threadIdx.x; i < CU_TC_KEYS * HDIM; i += blockDim.x) {
+                int j = i / HDIM, d = i - j * HDIM;
+                float kx = 0.0f, vx = 0.0f;
+                if (p0 + j < npos) {
+                    size_t ro = (size_t)(p0 + j) * rb;
+                    kx = cu_kv_get<DT>(sq.k + ro, kvh * HDIM + d);
+                    vx = cu_kv_get<DT>(sq.v + ro, kvh * HDIM + d);
+                }
+                Kt[i] = __float2half_rn(kx);
+                Vt[i] = __float2half_rn(vx);
+            }
         }
         __syncthreads();
         /* S = q K^T for the warp's 16 rows, hi and lo products into one f32 accumulator */
