@@ -110,6 +110,35 @@ __global__ void k_attn(const float *q, const cu_attn_seq *seqs, const cu_attn_bl
     }
 }
 
+/* The launch's tables on the device (the stage buffer, in stream order):
+ * the sequences, and one block entry (sequence, first row) per `rows` query
+ * rows of each. The number of blocks (0: nothing to do), or -1 with the
+ * failure recorded. */
+static int cu_attn_tables(cu_impl *c, const cu_attn_seq *seqs, int n_seq, int rows, const cu_attn_seq **ds,
+                          const cu_attn_blk **db) {
+    int n_blk = 0;
+    for (int s = 0; s < n_seq; s++) n_blk += (seqs[s].n + rows - 1) / rows;
+    if (n_blk == 0) return 0;
+    cu_attn_blk *blk = (cu_attn_blk *)malloc(sizeof *blk * (size_t)n_blk);
+    if (!blk) return cu_check(c, cudaErrorMemoryAllocation, "attention tables");
+    for (int s = 0, b = 0; s < n_seq; s++)
+        for (int r0 = 0; r0 < seqs[s].n; r0 += rows) blk[b++] = (cu_attn_blk){ s, r0 };
+    size_t sb = (sizeof *seqs * (size_t)n_seq + 15) & ~(size_t)15, bb = sizeof *blk * (size_t)n_blk;
+    int rc = -1;
+    if (cu_buf_need(c, &c->stage, sb + bb) == 0) {
+        char *st = (char *)c->stage.p;
+        /* pageable sources: each copy has taken its bytes when it returns */
+        if (!cu_check(c, cudaMemcpyAsync(st, seqs, sizeof *seqs * (size_t)n_seq, cudaMemcpyHostToDevice, c->cs), "upload") &&
+            !cu_check(c, cudaMemcpyAsync(st + sb, blk, bb, cudaMemcpyHostToDevice, c->cs), "upload")) {
+            *ds = (const cu_attn_seq *)st;
+            *db = (const cu_attn_blk *)(st + sb);
+            rc = n_blk;
+        }
+    }
+    free(blk);
+    return rc;
+}
+
 /* ==== Tensor-core tiles (long prompts) ==== */
 
 #define CU_TC_ROWS 64              /* query rows per block: 4 warps x 16 */
@@ -296,37 +325,24 @@ static int cu_attn_tc(cu_impl *c, uint32_t dt, const float *q, const cu_attn_seq
     /* head sizes 64 and 128 (Qwen2.5, Qwen3, Llama 3): the output tiles
      * live in registers, so the size is a template parameter */
     if (!c->attn_tc || (hd != 64 && hd != 128) || longest < CU_TC_ROWS || cu_tc_smem(hd) > c->smem_optin) return 0;
-    int n_blk = 0;
-    for (int s = 0; s < n_seq; s++) n_blk += (seqs[s].n + CU_TC_ROWS - 1) / CU_TC_ROWS;
-    cu_attn_blk *blk = (cu_attn_blk *)malloc(sizeof *blk * (size_t)n_blk);
-    if (!blk) { *rc = cu_check(c, cudaErrorMemoryAllocation, "attention tables"); return 1; }
-    for (int s = 0, b = 0; s < n_seq; s++)
-        for (int r0 = 0; r0 < seqs[s].n; r0 += CU_TC_ROWS) blk[b++] = (cu_attn_blk){ s, r0 };
-    size_t sb = (sizeof *seqs * (size_t)n_seq + 15) & ~(size_t)15, bb = sizeof *blk * (size_t)n_blk;
-    size_t smem = cu_tc_smem(hd);
-    *rc = -1;
-    if (cu_buf_need(c, &c->stage, sb + bb) == 0) {
-        char *st = (char *)c->stage.p;
-        if (!cu_check(c, cudaMemcpyAsync(st, seqs, sizeof *seqs * (size_t)n_seq, cudaMemcpyHostToDevice, c->cs), "upload") &&
-            !cu_check(c, cudaMemcpyAsync(st + sb, blk, bb, cudaMemcpyHostToDevice, c->cs), "upload")) {
-            dim3 grid((unsigned)n_blk, (unsigned)n_head);
-            const cu_attn_seq *ds = (const cu_attn_seq *)st;
-            const cu_attn_blk *db = (const cu_attn_blk *)(st + sb);
-            cudaError_t e;
-#define CU_TC_LAUNCH(T, D)                                                                                     \
-            e = cudaFuncSetAttribute(k_attn_tc<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
-            if (e == cudaSuccess)                                                                               \
-                k_attn_tc<T, D><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
+    const cu_attn_seq *ds;
+    const cu_attn_blk *db;
+    const int n_blk = cu_attn_tables(c, seqs, n_seq, CU_TC_ROWS, &ds, &db);
+    if (n_blk < 0) { *rc = -1; return 1; }
+    const size_t smem = cu_tc_smem(hd);
+    const dim3 grid((unsigned)n_blk, (unsigned)n_head);
+    cudaError_t e;
+#define CU_TC_LAUNCH(T, D)                                                                                 \
+    e = cudaFuncSetAttribute(k_attn_tc<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);     \
+    if (e == cudaSuccess)                                                                                   \
+        k_attn_tc<T, D><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
 #define CU_TC_HD(T) do { if (hd == 64) { CU_TC_LAUNCH(T, 64); } else { CU_TC_LAUNCH(T, 128); } } while (0)
-            if (dt == GGML_TYPE_Q8_0) CU_TC_HD(GGML_TYPE_Q8_0);
-            else if (dt == GGML_TYPE_BF16) CU_TC_HD(GGML_TYPE_BF16);
-            else CU_TC_HD(GGML_TYPE_F16);
+    if (dt == GGML_TYPE_Q8_0) CU_TC_HD(GGML_TYPE_Q8_0);
+    else if (dt == GGML_TYPE_BF16) CU_TC_HD(GGML_TYPE_BF16);
+    else CU_TC_HD(GGML_TYPE_F16);
 #undef CU_TC_HD
 #undef CU_TC_LAUNCH
-            *rc = cu_check(c, e != cudaSuccess ? e : cudaGetLastError(), "attention (tensor cores)");
-        }
-    }
-    free(blk);
+    *rc = cu_check(c, e != cudaSuccess ? e : cudaGetLastError(), "attention (tensor cores)");
     return 1;
 }
 
@@ -342,32 +358,17 @@ int cu_launch_attention(cu_impl *c, uint32_t dt, const float *q, const cu_attn_s
     int KT = (int)((CU_ATT_SMEM / sizeof(float) - (size_t)nw * hd) / (2 * (size_t)(hd + 1)));
     if (KT > 32) KT = 32;
     if (KT < 1) return cu_check(c, cudaErrorInvalidValue, "attention (no shared memory for a key tile)");
-    int n_blk = 0;
-    for (int s = 0; s < n_seq; s++) n_blk += (seqs[s].n + R - 1) / R;
-    if (n_blk == 0) return 0;
-    cu_attn_blk *blk = (cu_attn_blk *)malloc(sizeof *blk * (size_t)n_blk);
-    if (!blk) return cu_check(c, cudaErrorMemoryAllocation, "attention tables");
-    for (int s = 0, b = 0; s < n_seq; s++)
-        for (int r0 = 0; r0 < seqs[s].n; r0 += R) blk[b++] = (cu_attn_blk){ s, r0 };
-    size_t sb = (sizeof *seqs * (size_t)n_seq + 15) & ~(size_t)15, bb = sizeof *blk * (size_t)n_blk;
-    int rc = -1;
-    if (cu_buf_need(c, &c->stage, sb + bb) == 0) {
-        char *st = (char *)c->stage.p;
-        if (!cu_check(c, cudaMemcpyAsync(st, seqs, sizeof *seqs * (size_t)n_seq, cudaMemcpyHostToDevice, c->cs), "upload") &&
-            !cu_check(c, cudaMemcpyAsync(st + sb, blk, bb, cudaMemcpyHostToDevice, c->cs), "upload")) {
-            dim3 grid((unsigned)n_blk, (unsigned)n_head_kv, (unsigned)((grp + gchunk - 1) / gchunk));
-            size_t smem = sizeof(float) * (2 * (size_t)KT * (hd + 1) + (size_t)nw * hd);
-            const cu_attn_seq *ds = (const cu_attn_seq *)st;
-            const cu_attn_blk *db = (const cu_attn_blk *)(st + sb);
-            if (dt == GGML_TYPE_Q8_0)
-                k_attn<GGML_TYPE_Q8_0><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
-            else if (dt == GGML_TYPE_BF16)
-                k_attn<GGML_TYPE_BF16><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
-            else
-                k_attn<GGML_TYPE_F16><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
-            rc = cu_check(c, cudaGetLastError(), "attention");
-        }
-    }
-    free(blk);
-    return rc;
+    const cu_attn_seq *ds;
+    const cu_attn_blk *db;
+    const int n_blk = cu_attn_tables(c, seqs, n_seq, R, &ds, &db);
+    if (n_blk <= 0) return n_blk;
+    dim3 grid((unsigned)n_blk, (unsigned)n_head_kv, (unsigned)((grp + gchunk - 1) / gchunk));
+    size_t smem = sizeof(float) * (2 * (size_t)KT * (hd + 1) + (size_t)nw * hd);
+    if (dt == GGML_TYPE_Q8_0)
+        k_attn<GGML_TYPE_Q8_0><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
+    else if (dt == GGML_TYPE_BF16)
+        k_attn<GGML_TYPE_BF16><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
+    else
+        k_attn<GGML_TYPE_F16><<<grid, 32 * nw, smem, c->cs>>>(q, ds, db, R, gchunk, n_head, n_head_kv, hd, rb, scale, KT, out);
+    return cu_check(c, cudaGetLastError(), "attention");
 }
