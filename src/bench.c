@@ -827,13 +827,14 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
             (*n_res)++;
         }
     }
-    if (o->bounds && n_threads == o->threads.v[o->threads.n - 1]) {
+    const int last = n_threads == o->threads.v[o->threads.n - 1];   /* the bounds follow the last -t */
+    if (o->bounds && last) {
         session_free(s);
         s = NULL;
         bench_print_bounds(m, o, bi, res, *n_res, n_threads);
     }
 #ifdef TANDEM_CUDA
-    if (o->cuda_bounds && !strcmp(model_get_backend(m)->ops->name, "cuda")) bench_print_cuda_bounds(m, res, *n_res);
+    if (o->cuda_bounds && last && !strcmp(model_get_backend(m)->ops->name, "cuda")) bench_print_cuda_bounds(m, res, *n_res);
 #endif
     rc = 0;
 out:
