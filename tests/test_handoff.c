@@ -234,6 +234,13 @@ static void check_prompt(const char *model, const char *name, const char *prompt
     free(lo); free(le); free(ro); free(re);
 }
 
+/* Removes the test's scratch folder and everything in it. */
+static void tmp_remove(void) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    if (system(cmd)) {}
+}
+
 /* 1 if the prefill backend cannot start here (no GPU, a build without
  * it): one "skipped" line with the reason, as the other CUDA tests print. */
 static int pbe_missing(void) {
@@ -638,9 +645,7 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-handoff-XXXXXX");
     if (!mkdtemp(g_tmp)) { CHECK(0, "mkdtemp"); return t_done("test_handoff"); }
     if (g_pbe && pbe_missing()) {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd)) {}
+        tmp_remove();
         return t_done("test_handoff");
     }
     char secret[300], bad[300];
@@ -688,6 +693,7 @@ int main(void) {
         printf("handoff: %s prefill -> cpu decode: quantized files: first token %d/%d, all 16 tokens %d/%d\n",
                g_pbe, g_xq_first, g_xq_n, g_xq_all, g_xq_n);
         CHECK(g_xq_n == 0 || g_xq_first * 2 >= g_xq_n, "quantized files: first token agrees on at least half");
+        tmp_remove();
         return t_done("test_handoff");
     }
     printf("handoff: f16 wire: %d golden prompts, split output == one-process output for all that passed above\n",
@@ -710,8 +716,6 @@ int main(void) {
     if (t_need(m[2]) && t_need(g[2])) test_in_process(m[2], g[2], secret);
     printf("handoff: fault and load part took %.1f s\n", (now_ms() - t0) / 1e3);
 
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-    if (system(cmd)) {}
+    tmp_remove();
     return t_done("test_handoff");
 }
