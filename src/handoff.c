@@ -39,8 +39,10 @@ struct handoff_client {
     uint64_t next_req;
     uint32_t log_id;            /* low 32 bits of the next request ids (handoff_set_log_id) */
     char peer[400];             /* "node-id (model description)" */
-    float *tmp_k, *tmp_v;       /* f32 rows for dtype conversion */
-    size_t tmp_cap;             /* floats in each */
+    float *tmp;                 /* one f32 row for dtype conversion */
+    size_t tmp_cap;             /* floats in it */
+    uint8_t *conv;              /* a frame's rows in the cache dtype: K's, then V's */
+    size_t conv_cap;            /* bytes in it */
 };
 
 /* Default wait for the next frame (ms): a prefill node computes a layer of a
@@ -145,8 +147,8 @@ fail:
 void handoff_close(handoff_client *c) {
     if (!c) return;
     wire_conn_close(&c->conn);
-    free(c->tmp_k);
-    free(c->tmp_v);
+    free(c->tmp);
+    free(c->conv);
     free(c);
 }
 
@@ -170,14 +172,20 @@ static void xfer_where(const xfer_state *x, char *buf, size_t len) {
              x->layer, x->n_layer, p0, x->next - x->start, x->end - x->start);
 }
 
-static int handoff_grow_tmp(handoff_client *c, size_t floats) {
-    if (floats <= c->tmp_cap) return 0;
-    float *k = realloc(c->tmp_k, floats * sizeof(float));
-    if (k) c->tmp_k = k;
-    float *v = realloc(c->tmp_v, floats * sizeof(float));
-    if (v) c->tmp_v = v;
-    if (!k || !v) return -1;
-    c->tmp_cap = floats;
+/* Room for one f32 row of `floats` and `bytes` of converted rows. */
+static int handoff_grow_conv(handoff_client *c, size_t floats, size_t bytes) {
+    if (floats > c->tmp_cap) {
+        float *t = realloc(c->tmp, floats * sizeof(float));
+        if (!t) return -1;
+        c->tmp = t;
+        c->tmp_cap = floats;
+    }
+    if (bytes > c->conv_cap) {
+        uint8_t *p = realloc(c->conv, bytes);
+        if (!p) return -1;
+        c->conv = p;
+        c->conv_cap = bytes;
+    }
     return 0;
 }
 
@@ -224,14 +232,16 @@ static int xfer_store(handoff_client *c, xfer_state *x, const wire_kv *kv, kvcac
     if (kv->dtype == kv_dtype(cache)) {
         rc = kv_write_span(cache, (int)kv->layer, (int)kv->pos0, (int)kv->n, kv->k, kv->v, e2, sizeof e2);
     } else {
+        /* the frame's rows converted to the cache dtype, then stored as they are */
         int dim = kv_dim(cache);
+        size_t half = (size_t)kv->n * kv_row_bytes(cache);
         rc = kv_check_range(cache, (int)kv->layer, (int)kv->pos0, (int)kv->n, e2, sizeof e2);
-        if (!rc && handoff_grow_tmp(c, (size_t)dim)) { snprintf(e2, sizeof e2, "out of memory"); rc = -1; }
+        if (!rc && handoff_grow_conv(c, (size_t)dim, 2 * half)) { snprintf(e2, sizeof e2, "out of memory"); rc = -1; }
         if (!rc) {
-            handoff_convert_rows(kv->dtype, kv->k, kv_dtype(cache), kv_k_row(cache, (int)kv->layer, (int)kv->pos0),
-                                 (int)kv->n, dim, c->tmp_k);
-            handoff_convert_rows(kv->dtype, kv->v, kv_dtype(cache), kv_v_row(cache, (int)kv->layer, (int)kv->pos0),
-                                 (int)kv->n, dim, c->tmp_v);
+            handoff_convert_rows(kv->dtype, kv->k, kv_dtype(cache), c->conv, (int)kv->n, dim, c->tmp);
+            handoff_convert_rows(kv->dtype, kv->v, kv_dtype(cache), c->conv + half, (int)kv->n, dim, c->tmp);
+            rc = kv_write_span(cache, (int)kv->layer, (int)kv->pos0, (int)kv->n, c->conv, c->conv + half, e2,
+                               sizeof e2);
         }
     }
     if (rc) { snprintf(err, errlen, "cannot store KV from prefill node %s: %s", c->peer, e2); return -1; }

@@ -500,15 +500,8 @@ int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err
     session *s = calloc(1, sizeof *s);
     if (!s) { snprintf(err, errlen, "out of memory"); return -1; }
     s->m = m;
-    if (kv_create(&s->kv, h->n_layer, n_ctx, h->n_head_kv * h->head_dim_k, kv_dtype, err, errlen)) {
+    if (kv_create(&s->kv, h->n_layer, n_ctx, h->n_head_kv, h->head_dim_k, kv_dtype, err, errlen)) {
         free(s);
-        return -1;
-    }
-    if (gguf_row_bytes(kv_dtype, (uint64_t)h->head_dim_k) == 0) {
-        /* attention addresses the cache one head at a time */
-        snprintf(err, errlen, "head dim %d is not a multiple of the %s block size (use an f16 or bf16 KV cache)",
-                 h->head_dim_k, gguf_type_name(kv_dtype));
-        session_free(s);
         return -1;
     }
     *out = s;

@@ -139,7 +139,9 @@ typedef struct {
 
     /* sender's */
     wire_buf fb;
-    uint8_t *conv;
+    uint8_t *rows;                /* a job's rows gathered from the cache: K's, then V's */
+    size_t rows_cap;
+    uint8_t *conv;                /* the same in the wire dtype, when it differs */
     size_t conv_cap;
     float *tmp;
     int frames;
@@ -202,22 +204,32 @@ static void pn_mangle_tamper(uint8_t *frame, size_t n, void *ud) {
     for (int i = 0; i < 4; i++) frame[20 + i] = (uint8_t)(crc >> (8 * i));
 }
 
-/* Points k/v at the rows to send, converting to the wire dtype if needed. */
+/* Grows *buf to at least need bytes. */
+static int pn_grow(uint8_t **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return 0;
+    uint8_t *p = realloc(*buf, need);
+    if (!p) return -1;
+    *buf = p;
+    *cap = need;
+    return 0;
+}
+
+/* Points k/v at the job's rows (gathered position-major from the cache's
+ * head arrays), converted to the wire dtype if needed. */
 static int pn_job_rows(pn_req *r, const pn_job *j, const uint8_t **k, const uint8_t **v, size_t *rb) {
     uint32_t cdt = kv_dtype(r->kv);
     int dim = kv_dim(r->kv);
-    *k = kv_k_row_c(r->kv, j->layer, j->pos0);
-    *v = kv_v_row_c(r->kv, j->layer, j->pos0);
+    size_t half = kv_row_bytes(r->kv) * (size_t)j->n;
+    char err[160];
+    if (pn_grow(&r->rows, &r->rows_cap, 2 * half) ||
+        kv_read_span(r->kv, j->layer, j->pos0, j->n, r->rows, r->rows + half, err, sizeof err))
+        return -1;
+    *k = r->rows;
+    *v = r->rows + half;
     *rb = kv_row_bytes(r->kv);
     if (r->wire_dtype == cdt) return 0;
     size_t wrb = (size_t)gguf_row_bytes(r->wire_dtype, (uint64_t)dim);
-    size_t need = 2 * wrb * (size_t)j->n;
-    if (need > r->conv_cap) {
-        uint8_t *p = realloc(r->conv, need);
-        if (!p) return -1;
-        r->conv = p;
-        r->conv_cap = need;
-    }
+    if (pn_grow(&r->conv, &r->conv_cap, 2 * wrb * (size_t)j->n)) return -1;
     if (!r->tmp && !(r->tmp = malloc(sizeof(float) * (size_t)dim))) return -1;
     handoff_convert_rows(cdt, *k, r->wire_dtype, r->conv, j->n, dim, r->tmp);
     handoff_convert_rows(cdt, *v, r->wire_dtype, r->conv + wrb * (size_t)j->n, j->n, dim, r->tmp);
@@ -230,7 +242,10 @@ static int pn_job_rows(pn_req *r, const pn_job *j, const uint8_t **k, const uint
 static int pn_send_job(pn_req *r, const pn_job *j, char *err, size_t errlen) {
     const uint8_t *k, *v;
     size_t rb;
-    if (pn_job_rows(r, j, &k, &v, &rb)) { snprintf(err, errlen, "out of memory converting KV"); return -1; }
+    if (pn_job_rows(r, j, &k, &v, &rb)) {
+        snprintf(err, errlen, "cannot gather the KV rows to send (out of memory?)");
+        return -1;
+    }
     wire_kv kv = { .layer = (uint32_t)j->layer, .pos0 = (uint32_t)j->pos0, .n = (uint32_t)j->n,
                    .dtype = r->wire_dtype, .row_bytes = (uint32_t)rb, .k = k, .v = v };
     r->fb.len = 0;
@@ -547,6 +562,7 @@ static void pn_req_free(pn_req *r) {
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     wire_buf_free(&r->fb);
+    free(r->rows);
     free(r->conv);
     free(r->tmp);
 }

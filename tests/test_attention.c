@@ -29,10 +29,15 @@ static void naive_attention(const kvcache *kv, const float *q, int t0, int n, in
     float *v = malloc(sizeof(float) * (size_t)kvd * np);
     double *s = malloc(sizeof(double) * (size_t)np);
     float *kall = malloc(sizeof(float) * (size_t)kvd * np);
+    size_t rb = kv_row_bytes(kv);
+    uint8_t *kr = malloc(rb * (size_t)np), *vr = malloc(rb * (size_t)np);
+    char err[128];
+    CHECK(kv_read_span(kv, 0, 0, np, kr, vr, err, sizeof err) == 0, "%s", err);
     for (int p = 0; p < np; p++) {
-        quant_dequantize_row(kv_dtype(kv), kv_k_row_c(kv, 0, p), kall + (size_t)p * kvd, kvd);
-        quant_dequantize_row(kv_dtype(kv), kv_v_row_c(kv, 0, p), v + (size_t)p * kvd, kvd);
+        quant_dequantize_row(kv_dtype(kv), kr + (size_t)p * rb, kall + (size_t)p * kvd, kvd);
+        quant_dequantize_row(kv_dtype(kv), vr + (size_t)p * rb, v + (size_t)p * kvd, kvd);
     }
+    free(kr); free(vr);
     for (int i = 0; i < n; i++)
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)(t0 + i) * n_head + h) * hd;
@@ -61,8 +66,8 @@ static void run_case(backend *be, uint32_t dt, int n_head, int n_head_kv, int hd
     char err[256];
     int kvd = n_head_kv * hd, n_tok = nA + nB;
     kvcache *ka = NULL, *kb = NULL;
-    CHECK(kv_create(&ka, 1, nA + 8, kvd, dt, err, sizeof err) == 0, "kv_create: %s", err);
-    CHECK(kv_create(&kb, 1, preB + nB + 8, kvd, dt, err, sizeof err) == 0, "kv_create: %s", err);
+    CHECK(kv_create(&ka, 1, nA + 8, n_head_kv, hd, dt, err, sizeof err) == 0, "kv_create: %s", err);
+    CHECK(kv_create(&kb, 1, preB + nB + 8, n_head_kv, hd, dt, err, sizeof err) == 0, "kv_create: %s", err);
     if (!ka || !kb) { kv_free(ka); kv_free(kb); return; }
     size_t qn = (size_t)(n_tok > preB ? n_tok : preB) * n_head * hd;
     float *q = malloc(sizeof(float) * qn), *k = malloc(sizeof(float) * qn), *v = malloc(sizeof(float) * qn);
@@ -105,7 +110,7 @@ static void decode_exact(backend *be, uint32_t dt, int n_head, int n_head_kv, in
     char err[256];
     int kvd = n_head_kv * hd;
     kvcache *kv = NULL;
-    CHECK(kv_create(&kv, 1, depth + 4, kvd, dt, err, sizeof err) == 0, "kv_create: %s", err);
+    CHECK(kv_create(&kv, 1, depth + 4, n_head_kv, hd, dt, err, sizeof err) == 0, "kv_create: %s", err);
     if (!kv) return;
     size_t qn = (size_t)2 * n_head * hd;
     float *k = malloc(sizeof(float) * (size_t)(depth + 2) * kvd), *v = malloc(sizeof(float) * (size_t)(depth + 2) * kvd);

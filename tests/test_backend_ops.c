@@ -293,6 +293,17 @@ typedef struct { int pos0, n; } seq_shape;
  * first pass (or, with host_prefix, written straight into the host cache as
  * a decode node receives them), then one batched pass stores the new rows
  * and attends. Returns the attention output; caches stay for comparison. */
+/* 1 if layer l's positions [0, n) of a and b hold the same K and V bytes. */
+static int kv_same_rows(const kvcache *a, const kvcache *b, int l, int n) {
+    size_t bytes = kv_row_bytes(a) * (size_t)n;
+    uint8_t *x = malloc(2 * bytes + 1), *y = malloc(2 * bytes + 1);
+    char err[128];
+    int same = x && y && !kv_read_span(a, l, 0, n, x, x + bytes, err, sizeof err) &&
+               !kv_read_span(b, l, 0, n, y, y + bytes, err, sizeof err) && !memcmp(x, y, 2 * bytes);
+    free(x); free(y);
+    return same;
+}
+
 static float *kv_run(backend *be, kvcache **kv, const seq_shape *sh, int n_seq, int n_head, int n_head_kv, int hd,
                      const float *q, const float *k, const float *v, const float *kp, const float *vp, int host_prefix) {
     int kvd = n_head_kv * hd, n_tok = 0, n_pre = 0;
@@ -365,7 +376,7 @@ static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const
     for (int s = 0; s < 2; s++) {
         side(bes[s]);
         for (int i = 0; i < n_seq; i++)
-            CHECK(kv_create(&kv[s][i], KV_LAYERS, KV_CTX, kvd, dt, err, sizeof err) == 0, "%s", err);
+            CHECK(kv_create(&kv[s][i], KV_LAYERS, KV_CTX, n_head_kv, hd, dt, err, sizeof err) == 0, "%s", err);
         out[s] = kv_run(bes[s], kv[s], sh, n_seq, n_head, n_head_kv, hd, q, k, v, kp, vp, host_prefix && s == 1);
     }
     char what[128];
@@ -375,11 +386,7 @@ static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const
     record(att_label, nmse(out[1], out[0], qn * KV_LAYERS), dt == GGML_TYPE_Q8_0 ? 5e-4 : 1e-6, what);
     int same = 1;
     for (int i = 0; i < n_seq; i++)
-        for (int l = 0; l < KV_LAYERS; l++) {
-            size_t bytes = kv_row_bytes(kv[0][i]) * (size_t)(sh[i].pos0 + sh[i].n);
-            same &= !memcmp(kv_k_row_c(kv[0][i], l, 0), kv_k_row_c(kv[1][i], l, 0), bytes);
-            same &= !memcmp(kv_v_row_c(kv[0][i], l, 0), kv_v_row_c(kv[1][i], l, 0), bytes);
-        }
+        for (int l = 0; l < KV_LAYERS; l++) same &= kv_same_rows(kv[0][i], kv[1][i], l, sh[i].pos0 + sh[i].n);
     CHECK(same, "kv_store: %s: host cache bytes differ from the CPU backend's", what);
     for (int s = 0; s < 2; s++)
         for (int i = 0; i < n_seq; i++) {

@@ -125,21 +125,26 @@ static void test_threadpool_ranges(void) {
 static void test_kvcache(void) {
     char err[256];
     kvcache *kv = NULL;
-    CHECK(kv_create(&kv, 2, 16, 33, GGML_TYPE_Q8_0, err, sizeof err) != 0, "q8_0 needs a dim that is a multiple of 32");
-    CHECK(kv_create(&kv, 2, 16, 64, GGML_TYPE_Q4_K, err, sizeof err) != 0, "q4_k cache refused");
+    CHECK(kv_create(&kv, 2, 16, 2, 33, GGML_TYPE_Q8_0, err, sizeof err) != 0, "q8_0 needs a head dim that is a multiple of 32");
+    CHECK(kv_create(&kv, 2, 16, 4, 16, GGML_TYPE_Q8_0, err, sizeof err) != 0, "q8_0 refuses 16-wide heads of a 64 dim");
+    CHECK(kv_create(&kv, 2, 16, 2, 32, GGML_TYPE_Q4_K, err, sizeof err) != 0, "q4_k cache refused");
     CHECK(strstr(err, "Q4_K") != NULL, "message names the type: %s", err);
     uint32_t types[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
     for (int ti = 0; ti < 3; ti++) {
-        CHECK(kv_create(&kv, 3, 16, 64, types[ti], err, sizeof err) == 0, "create: %s", err);
+        CHECK(kv_create(&kv, 3, 16, 2, 32, types[ti], err, sizeof err) == 0, "create: %s", err);
         if (!kv) continue;
         CHECK(kv_row_bytes(kv) == gguf_row_bytes(types[ti], 64), "row bytes");
+        CHECK(kv_head_bytes(kv) == gguf_row_bytes(types[ti], 32) && kv_dim(kv) == 64, "head bytes, dim");
         float k[4 * 64], v[4 * 64];
         for (int i = 0; i < 4 * 64; i++) { k[i] = sinf(i * 0.1f); v[i] = cosf(i * 0.07f); }
         kv_store_f32(kv, 1, 5, 4, k, v);
         size_t rb = kv_row_bytes(kv);
         uint8_t *kb = malloc(4 * rb), *vb = malloc(4 * rb);
         CHECK(kv_read_span(kv, 1, 5, 4, kb, vb, err, sizeof err) == 0, "read span");
-        CHECK(memcmp(kb, kv_k_row(kv, 1, 5), 4 * rb) == 0, "span is contiguous rows");
+        /* head-major inside: head 1 of position 7 is the third row of head 1's array from 5 */
+        size_t hb = kv_head_bytes(kv);
+        CHECK(memcmp(kb + 2 * rb + hb, kv_k_head(kv, 1, 1) + 7 * hb, hb) == 0, "span row = the heads' rows");
+        CHECK(memcmp(vb + 3 * rb, kv_v_head(kv, 1, 0) + 8 * hb, hb) == 0, "span V row = head 0's row");
         float back[64];
         quant_dequantize_row(types[ti], kb + 2 * rb, back, 64);
         float maxerr = 0;
@@ -147,7 +152,11 @@ static void test_kvcache(void) {
         CHECK(maxerr < 0.02f, "round trip error %g", maxerr);
         /* write into another layer and position, read it back */
         CHECK(kv_write_span(kv, 2, 0, 4, kb, vb, err, sizeof err) == 0, "write span");
-        CHECK(memcmp(kv_v_row(kv, 2, 3), vb + 3 * rb, rb) == 0, "written V row");
+        CHECK(memcmp(kv_v_head(kv, 2, 1) + 3 * hb, vb + 3 * rb + hb, hb) == 0, "written V row, head 1");
+        uint8_t *kb2 = malloc(4 * rb), *vb2 = malloc(4 * rb);
+        CHECK(kv_read_span(kv, 2, 0, 4, kb2, vb2, err, sizeof err) == 0 && !memcmp(kb, kb2, 4 * rb) &&
+              !memcmp(vb, vb2, 4 * rb), "written span reads back");
+        free(kb2); free(vb2);
         CHECK(kv_write_span(kv, 2, 14, 4, kb, vb, err, sizeof err) != 0, "past the context refused");
         CHECK(strstr(err, "context length exceeded") != NULL, "message: %s", err);
         CHECK(kv_write_span(kv, 3, 0, 1, kb, vb, err, sizeof err) != 0, "bad layer refused");

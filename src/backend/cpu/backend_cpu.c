@@ -491,7 +491,7 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
     const int hd = j->head_dim, grp = j->n_head / j->n_head_kv, nq = nt * grp;
     const kvcache *kv = sq->kv;
     const uint32_t dt = kv_dtype(kv), vt = quant_vec_dot_type(dt);
-    const size_t head_off = gguf_row_bytes(dt, (uint64_t)kvh * hd), rb = kv_row_bytes(kv);
+    const size_t hb = kv_head_bytes(kv);                  /* a head's positions are hb apart */
     const int p_first = sq->pos0 + t0, p_end = p_first + nt;   /* query positions [p_first, p_end) */
     const size_t ss = (size_t)p_end;                      /* score row stride */
     float *S = scratch;                                   /* [nq][p_end] scores, then probabilities */
@@ -507,7 +507,7 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
             quant_quantize_act_row(vt, q0 + i * qstride + (size_t)g * hd, qc + (size_t)(i * grp + g) * qrow, hd);
     /* scaled scores: the last rows' causal triangle is computed and then ignored */
     float *kt = (float *)(qc + ((size_t)nq * qrow + 63) / 64 * 64);
-    ops_attn_scores(dt, kv_k_row_c(kv, j->layer, 0) + head_off, rb, p_end, qc, qrow, nq, hd, j->scale, S, ss, kt);
+    ops_attn_scores(dt, kv_k_head(kv, j->layer, kvh), hb, p_end, qc, qrow, nq, hd, j->scale, S, ss, kt);
     for (int r = 0; r < nq; r++) {
         float *s = S + (size_t)r * ss;
         size_t npos = (size_t)(p_first + r / grp + 1);
@@ -517,7 +517,7 @@ static void attn_block(const attn_job *j, const be_seq *sq, int kvh, int t0, int
         /* masked positions weigh exactly 0: adding 0 * V leaves a sum unchanged */
         if (npos < ss) memset(s + npos, 0, sizeof(float) * (ss - npos));
     }
-    ops_attn_pv(dt, kv_v_row_c(kv, j->layer, 0) + head_off, rb, p_end, S, ss, nq, hd, O, kt);
+    ops_attn_pv(dt, kv_v_head(kv, j->layer, kvh), hb, p_end, S, ss, nq, hd, O, kt);
     for (int i = 0; i < nt; i++)
         memcpy(j->out + (((size_t)sq->t0 + t0 + i) * j->n_head + (size_t)kvh * grp) * hd,
                O + (size_t)i * grp * hd, sizeof(float) * (size_t)grp * hd);

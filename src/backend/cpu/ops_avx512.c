@@ -76,9 +76,10 @@ OPS_INLINE void ops_load_v32(uint32_t dt, const uint8_t *row, int d, __m512 *lo,
     }
 }
 
-/* Rows ahead that the decode walks prefetch: a head's segment of a cache
- * row lies a whole row (all heads) away from the next position's, a stride
- * the hardware prefetchers follow poorly across pages. */
+/* Rows ahead that the decode walks prefetch (3 KiB of a 128-wide F16
+ * head). The cache is head-major, so a walk is one sequential stream:
+ * 12, 32 and 64 rows ahead measured the same (Qwen3-0.6B shape at depth
+ * 4096, 2 threads: 35-37 GB/s with the machine streaming 40-42). */
 #define OPS_PF_ROWS 12
 /* Rows ahead that the block conversions (keys to kf, values to vf) prefetch.
  * Without it a decode step of many heads per KV head (the prefill path:

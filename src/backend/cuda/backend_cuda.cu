@@ -245,21 +245,28 @@ static size_t cu_kv_off(const cu_kv *m, int layer, int pos) {
     return ((size_t)layer * (size_t)m->n_ctx + (size_t)pos) * m->row_bytes;
 }
 
-/* Makes the mirror's rows [0, pos) of `layer` equal the host's. */
+/* Makes the mirror's rows [0, pos) of `layer` equal the host's. The mirror
+ * is position-major ([layer][pos][row_bytes], what the kernels read), the
+ * host cache head-major: one strided copy per head puts each head's run of
+ * positions into its column of the rows. */
 static int cu_kv_catch_up(cu_impl *c, cu_kv *m, int layer, int pos) {
     int from = m->valid[layer];
     if (from >= pos) return 0;
-    size_t off = cu_kv_off(m, layer, from), n = (size_t)(pos - from) * m->row_bytes;
-    if (cu_check(c, cudaMemcpyAsync(m->k + off, kv_k_row_c(m->kv, layer, from), n, cudaMemcpyHostToDevice, c->cs),
-                 "KV upload") ||
-        cu_check(c, cudaMemcpyAsync(m->v + off, kv_v_row_c(m->kv, layer, from), n, cudaMemcpyHostToDevice, c->cs),
-                 "KV upload"))
-        return -1;
+    const size_t hb = kv_head_bytes(m->kv), off = cu_kv_off(m, layer, from);
+    for (int h = 0; h < kv_n_head(m->kv); h++) {
+        const uint8_t *hk = kv_k_head(m->kv, layer, h) + (size_t)from * hb;
+        const uint8_t *hv = kv_v_head(m->kv, layer, h) + (size_t)from * hb;
+        if (cu_check(c, cudaMemcpy2DAsync(m->k + off + (size_t)h * hb, m->row_bytes, hk, hb, hb, (size_t)(pos - from),
+                                          cudaMemcpyHostToDevice, c->cs), "KV upload") ||
+            cu_check(c, cudaMemcpy2DAsync(m->v + off + (size_t)h * hb, m->row_bytes, hv, hb, hb, (size_t)(pos - from),
+                                          cudaMemcpyHostToDevice, c->cs), "KV upload"))
+            return -1;
+    }
     m->valid[layer] = pos;
     return 0;
 }
 
-/* Waits for a slot's copy and puts its rows into the host caches. */
+/* Waits for a slot's copy and puts its rows (position-major) into the host caches. */
 static void cu_slot_finish(cu_impl *c, cu_kv_slot *s) {
     if (!s->pending) return;
     s->pending = 0;
@@ -267,8 +274,9 @@ static void cu_slot_finish(cu_impl *c, cu_kv_slot *s) {
     for (int i = 0; i < s->n_span; i++) {
         const cu_span *sp = &s->span[i];
         size_t n = (size_t)sp->n * kv_row_bytes(sp->kv);
-        memcpy(kv_k_row(sp->kv, s->layer, sp->pos0), s->host + sp->off, n);
-        memcpy(kv_v_row(sp->kv, s->layer, sp->pos0), s->host + sp->off + n, n);
+        char err[160];
+        if (kv_write_span(sp->kv, s->layer, sp->pos0, sp->n, s->host + sp->off, s->host + sp->off + n, err, sizeof err))
+            cu_fail(c, "KV copy to the host", err);
     }
 }
 
