@@ -169,6 +169,35 @@ static void test_kvcache(void) {
     }
 }
 
+/* Prefix sharing: every layer's and head's first n positions copied, the
+ * rest of dst untouched, caches of other shapes refused. */
+static void test_kv_copy_prefix(void) {
+    char err[256];
+    kvcache *a = NULL, *b = NULL, *c = NULL;
+    CHECK(kv_create(&a, 2, 16, 3, 32, GGML_TYPE_F16, err, sizeof err) == 0, "create a: %s", err);
+    CHECK(kv_create(&b, 2, 16, 3, 32, GGML_TYPE_F16, err, sizeof err) == 0, "create b: %s", err);
+    CHECK(kv_create(&c, 2, 16, 2, 48, GGML_TYPE_F16, err, sizeof err) == 0, "create c: %s", err);
+    if (!a || !b || !c) { kv_free(a); kv_free(b); kv_free(c); return; }
+    float k[10 * 96], v[10 * 96];
+    for (int i = 0; i < 10 * 96; i++) { k[i] = (float)i; v[i] = -(float)i; }
+    for (int l = 0; l < 2; l++) kv_store_f32(a, l, 0, 10, k, v);
+    kv_set_used(a, 10);
+    CHECK(kv_copy_prefix(b, a, 11, err, sizeof err) != 0, "more than the source holds refused");
+    CHECK(kv_copy_prefix(c, a, 4, err, sizeof err) != 0, "other head shape refused (same dim)");
+    CHECK(kv_copy_prefix(b, a, 7, err, sizeof err) == 0 && kv_used(b) == 7, "copy 7: %s", err);
+    size_t rb = kv_row_bytes(a);
+    uint8_t x[10 * 192], y[10 * 192], xv[10 * 192], yv[10 * 192], zero[192] = { 0 };
+    for (int l = 0; l < 2; l++) {
+        CHECK(kv_read_span(a, l, 0, 10, x, xv, err, sizeof err) == 0 && kv_read_span(b, l, 0, 10, y, yv, err, sizeof err) == 0,
+              "read spans");
+        CHECK(!memcmp(x, y, 7 * rb) && !memcmp(xv, yv, 7 * rb), "layer %d: positions 0..6 copied", l);
+        int rest = 1;
+        for (int p = 7; p < 10; p++) rest &= !memcmp(y + p * rb, zero, rb) && !memcmp(yv + p * rb, zero, rb);
+        CHECK(rest, "layer %d: positions 7..9 of the copy untouched", l);
+    }
+    kv_free(a); kv_free(b); kv_free(c);
+}
+
 /* ==== sampler ==== */
 
 static void test_sampler(void) {
@@ -230,6 +259,7 @@ int main(void) {
     test_threadpool_chunks();
     test_threadpool_ranges();
     test_kvcache();
+    test_kv_copy_prefix();
     test_sampler();
     return t_done("test_runtime");
 }
