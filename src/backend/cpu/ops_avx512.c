@@ -96,9 +96,10 @@ OPS_INLINE void ops_prefetch_seg(const uint8_t *p, int bytes) {
 /* G (<= 8) query rows x 32 columns from d; the accumulators stay in
  * registers while the positions stream past, starting from 0 (first) or from
  * the sums out holds (the prefill walk's later blocks), and each converted V
- * vector serves all G rows. */
+ * vector serves all G rows. pf (or NULL): pf_bytes of the row at pf + p *
+ * v_stride are prefetched beside position p. */
 OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                               size_t pr_stride, int hd, int d, float *out, int first) {
+                               size_t pr_stride, int hd, int d, float *out, int first, const uint8_t *pf, int pf_bytes) {
     __m512 acc[8][2];
     _Pragma("GCC unroll 8")
     for (int g = 0; g < G; g++) {
@@ -107,6 +108,7 @@ OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_st
     }
     for (int p = 0; p < npos; p++) {
         __m512 lo, hi;
+        if (pf) ops_prefetch_seg(pf + (size_t)p * v_stride, pf_bytes);
         ops_load_v32(dt, v + (size_t)p * v_stride, d, &lo, &hi);
         _Pragma("GCC unroll 8")
         for (int g = 0; g < G; g++) {
@@ -125,21 +127,24 @@ OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_st
 /* Rows [0, grp) of pr against npos V rows, every 32 columns, 8 rows per
  * walk (G a constant at each ops_pv_block32). */
 OPS_INLINE void ops_pv_rows32(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                              size_t pr_stride, int grp, int hd, float *out, int first) {
+                              size_t pr_stride, int grp, int hd, float *out, int first, const uint8_t *pf) {
     for (int g0 = 0; g0 < grp; g0 += 8) {
         int G = grp - g0 < 8 ? grp - g0 : 8;
         const float *pg = pr + (size_t)g0 * pr_stride;
         float *og = out + (size_t)g0 * hd;
         for (int d = 0; d < hd; d += 32) {
+            /* the first walk of a block prefetches the next block's rows */
+            const uint8_t *pfd = g0 == 0 && d == 0 ? pf : NULL;
+            const int pfb = (int)ops_v_off(dt, (size_t)hd);
             switch (G) {
-            case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 3: ops_pv_block32(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 4: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 5: ops_pv_block32(dt, 5, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 6: ops_pv_block32(dt, 6, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            case 7: ops_pv_block32(dt, 7, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
-            default: ops_pv_block32(dt, 8, v, v_stride, npos, pg, pr_stride, hd, d, og, first); break;
+            case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 3: ops_pv_block32(dt, 3, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 4: ops_pv_block32(dt, 4, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 5: ops_pv_block32(dt, 5, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 6: ops_pv_block32(dt, 6, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            case 7: ops_pv_block32(dt, 7, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
+            default: ops_pv_block32(dt, 8, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
             }
         }
     }
@@ -197,7 +202,7 @@ static void ops_pv_prefill(uint32_t dt, const uint8_t *v, size_t v_stride, int n
         }
         /* the block's rows as F32 "V rows": the same walk, carrying the sums */
         ops_pv_rows32(GGML_TYPE_F32, (const uint8_t *)vf, sizeof(float) * (size_t)hd, np, pr + p0, pr_stride, grp,
-                      hd, out, p0 == 0);
+                      hd, out, p0 == 0, NULL);
     }
 }
 
@@ -217,11 +222,27 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
         }
         return 1;
     }
+    if (grp <= 8) {
+        /* up to 8 rows (decode, 5-8 query heads per KV head): each block of
+         * OPS_PVB rows (16 KiB of a 128-wide F16 head, in L1) walked once per
+         * 32 columns, converted in registers; the first walk prefetches the
+         * next block. Against converting the block to f32 first (the path
+         * below), 2 threads at depth 4096, the 30B-A3B shape's 8 rows x 128:
+         * V sums +13-16%, the whole attention +6-7%; Qwen2.5-0.5B's 7 x 64:
+         * +25-60% and +15-18%. Same products, same order: the same bits. */
+        for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
+            int np = npos - p0 < OPS_PVB ? npos - p0 : OPS_PVB;
+            int nn = npos - p0 - np < np ? npos - p0 - np : np;   /* rows of the next block to prefetch */
+            const uint8_t *pf = nn == np ? v + (size_t)(p0 + np) * v_stride : NULL;
+            ops_pv_rows32(dt, v + (size_t)p0 * v_stride, v_stride, np, pr + p0, pr_stride, grp, hd, out, p0 == 0, pf);
+        }
+        return 1;
+    }
     if (vf && npos > 0) {
         ops_pv_prefill(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, vf);
         return 1;
     }
-    ops_pv_rows32(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, 1);
+    ops_pv_rows32(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, 1, NULL);
     return 1;
 }
 
