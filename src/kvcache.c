@@ -76,7 +76,7 @@ int kv_create(kvcache **out, int n_layer, int n_ctx, int n_head, int head_dim, u
     kv->n_layer = n_layer; kv->n_ctx = n_ctx; kv->n_head = n_head; kv->head_dim = head_dim; kv->dim = dim;
     kv->dtype = dtype; kv->row_bytes = rb; kv->head_bytes = hb;
     /* pages are only touched as positions are used, so a long context costs
-     * memory only when it is filled (in 2 MiB steps with huge pages). */
+     * memory only when it is filled (4 KiB pages per head array, kv_map). */
     kv->bytes = total;
     int mk = 0, mv = 0;
     kv->k = kv_map(total, &mk);

@@ -289,10 +289,6 @@ static void case_rope(int mode, int n_rot, int head_dim, int factors, float freq
 
 typedef struct { int pos0, n; } seq_shape;
 
-/* Runs on one backend: the prefix rows of every sequence are stored in a
- * first pass (or, with host_prefix, written straight into the host cache as
- * a decode node receives them), then one batched pass stores the new rows
- * and attends. Returns the attention output; caches stay for comparison. */
 /* 1 if layer l's positions [0, n) of a and b hold the same K and V bytes. */
 static int kv_same_rows(const kvcache *a, const kvcache *b, int l, int n) {
     size_t bytes = kv_row_bytes(a) * (size_t)n;
@@ -304,6 +300,10 @@ static int kv_same_rows(const kvcache *a, const kvcache *b, int l, int n) {
     return same;
 }
 
+/* Runs on one backend: the prefix rows of every sequence are stored in a
+ * first pass (or, with host_prefix, written straight into the host cache as
+ * a decode node receives them), then one batched pass stores the new rows
+ * and attends. Returns the attention output; caches stay for comparison. */
 static float *kv_run(backend *be, kvcache **kv, const seq_shape *sh, int n_seq, int n_head, int n_head_kv, int hd,
                      const float *q, const float *k, const float *v, const float *kp, const float *vp, int host_prefix) {
     int kvd = n_head_kv * hd, n_tok = 0, n_pre = 0;

@@ -128,6 +128,7 @@ OPS_INLINE void ops_pv_block32(uint32_t dt, int G, const uint8_t *v, size_t v_st
  * walk (G a constant at each ops_pv_block32). */
 OPS_INLINE void ops_pv_rows32(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
                               size_t pr_stride, int grp, int hd, float *out, int first, const uint8_t *pf) {
+    const int pfb = (int)ops_v_off(dt, (size_t)hd);   /* a whole row of the next block */
     for (int g0 = 0; g0 < grp; g0 += 8) {
         int G = grp - g0 < 8 ? grp - g0 : 8;
         const float *pg = pr + (size_t)g0 * pr_stride;
@@ -135,7 +136,6 @@ OPS_INLINE void ops_pv_rows32(uint32_t dt, const uint8_t *v, size_t v_stride, in
         for (int d = 0; d < hd; d += 32) {
             /* the first walk of a block prefetches the next block's rows */
             const uint8_t *pfd = g0 == 0 && d == 0 ? pf : NULL;
-            const int pfb = (int)ops_v_off(dt, (size_t)hd);
             switch (G) {
             case 1: ops_pv_block32(dt, 1, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
             case 2: ops_pv_block32(dt, 2, v, v_stride, npos, pg, pr_stride, hd, d, og, first, pfd, pfb); break;
@@ -232,8 +232,8 @@ int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos,
          * +25-60% and +15-18%. Same products, same order: the same bits. */
         for (int p0 = 0; p0 < npos; p0 += OPS_PVB) {
             int np = npos - p0 < OPS_PVB ? npos - p0 : OPS_PVB;
-            int nn = npos - p0 - np < np ? npos - p0 - np : np;   /* rows of the next block to prefetch */
-            const uint8_t *pf = nn == np ? v + (size_t)(p0 + np) * v_stride : NULL;
+            /* the next block, when it is as long as this one (its np rows are prefetched) */
+            const uint8_t *pf = p0 + 2 * np <= npos ? v + (size_t)(p0 + np) * v_stride : NULL;
             ops_pv_rows32(dt, v + (size_t)p0 * v_stride, v_stride, np, pr + p0, pr_stride, grp, hd, out, p0 == 0, pf);
         }
         return 1;
