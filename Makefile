@@ -11,10 +11,11 @@ BUILD    ?= build
 # plain `make` builds everything (the kernel-set rules below come first)
 .DEFAULT_GOAL := all
 # The build targets the compiler's baseline (plain x86-64, or armv8-a), so
-# one binary runs on any CPU of the architecture. On x86-64 the kernel sets of
+# one binary runs on any CPU of the architecture. The kernel sets of
 # src/backend/cpu/ are compiled with their own instruction-set flags (below)
-# and quant.c picks the best one the CPU has at run time (cpuid). ARCH_FLAGS
-# applies to every file (e.g. -march=native, or +dotprod for arm64's NEON set).
+# and quant.c picks the best one the CPU has at run time (cpuid on x86-64,
+# the hwcaps on arm64 Linux). ARCH_FLAGS applies to every file (e.g.
+# -march=native).
 ARCH_FLAGS ?=
 OPT      ?= -O2
 CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g $(OPT) $(ARCH_FLAGS) -pthread -Isrc
@@ -63,8 +64,15 @@ $(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAG
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
 $(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 endif
-# quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names
+# arm64's dotprod set (quant_neon_dotprod.c); quant.c uses it when the
+# hwcaps say the CPU has the dot-product instructions.
+ifneq ($(filter aarch64-% arm64-%,$(shell $(CC) -dumpmachine)),)
+$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
+endif
+# quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names,
+# quant_neon_dotprod.c is quant_neon.c
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
+$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: src/backend/cpu/quant_neon.c
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 # The fixture set (README, Correctness): $TANDEM_FIXTURES, or ../shared/fixtures.

@@ -349,7 +349,11 @@ out:
 }
 
 static void bench_print_header(void) {
-    printf("kernels: %s (TANDEM_KERNELS=ref|avx2|avxvnni|avx512 forces a set)\n\n", quant_kernel_name());
+    const char *sets[8];
+    int n = quant_kernel_sets(sets, 8);
+    printf("kernels: %s (this CPU runs:", quant_kernel_name());
+    for (int i = 0; i < n && i < 8; i++) printf(" %s", sets[i]);
+    printf("; TANDEM_KERNELS=NAME forces one)\n\n");
     printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
            "threads", "test", "t/s");
     printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |\n");

@@ -3,7 +3,7 @@
  * A kernel set is one file of src/backend/cpu/ compiled with its own
  * instruction-set flags (see the Makefile); everything else is built for the
  * baseline target, and quant.c picks a set at first use from what cpuid (or
- * the build, on arm64) says the CPU has. A set's functions return 1 when
+ * the hwcaps, on arm64 Linux) say the CPU has. A set's functions return 1 when
  * they handled a request and 0 when the caller must use the reference.
  */
 #ifndef TANDEM_QUANT_KERNELS_H
@@ -12,13 +12,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The CPU features the x86-64 sets need (cpuid, with the OS saving the
- * ymm / zmm registers). */
+/* The CPU features the sets need: x86-64's from cpuid (with the OS saving
+ * the ymm / zmm registers), arm64's from the kernel's hwcaps. */
 enum {
     QK_CPU_AVX2 = 1 << 0,       /* AVX2 + FMA + F16C */
     QK_CPU_AVXVNNI = 1 << 1,    /* AVX-VNNI (VEX-encoded dpbusd) */
     QK_CPU_AVX512 = 1 << 2,     /* AVX-512 F, BW, VL, DQ and VNNI */
     QK_CPU_AVX512BF16 = 1 << 3,
+    QK_CPU_DOTPROD = 1 << 4,    /* arm64 sdot/udot (FEAT_DotProd, armv8.2-a and later) */
 };
 
 typedef struct {
@@ -37,6 +38,6 @@ typedef struct {
                                const void *a, size_t a_stride, int na, float *out, size_t out_stride);
 } quant_kset;
 
-extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon;
+extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon, quant_kset_dotprod;
 
 #endif

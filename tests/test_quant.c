@@ -2,6 +2,9 @@
  * and dequantization of real fixture tensors against their F16 originals. */
 #include "t.h"
 #include "quant.h"
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 #include "gguf.h"
 
 #include <math.h>
@@ -526,6 +529,14 @@ static void test_kernels(void) {
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw"))
         CHECK(quant_use_kernels("avx512") == 0, "avx512 set present on an AVX-512 VNNI CPU");
+#elif defined(__aarch64__) && defined(__linux__)
+    /* one build: neon on every arm64, dotprod exactly where the CPU has sdot
+     * (tools/arm64_check.sh runs this on CPU models with and without it) */
+    int has_dot = (int)(getauxval(AT_HWCAP) >> 20 & 1);
+    CHECK(quant_use_kernels("neon") == 0, "neon set present on arm64");
+    CHECK((quant_use_kernels("dotprod") == 0) == has_dot, "dotprod set present %s the CPU has sdot",
+          has_dot ? "where" : "only where");
+    printf("arm64 hwcaps: dot products %s\n", has_dot ? "yes" : "no");
 #endif
     for (int i = 1; i < n && i < 16; i++) {
         CHECK(quant_use_kernels(names[i]) == 0 && strcmp(quant_kernel_name(), names[i]) == 0, "select %s", names[i]);

@@ -1,5 +1,11 @@
-/* quant_neon.c - NEON kernels (arm64), using the dot-product extension
- * (vdotq_s32) when the target has it.
+/* quant_neon.c - NEON kernels (arm64).
+ *
+ * This file is the neon set (quant_kernels.h: armv8-a, what every arm64 CPU
+ * runs) and the body of the dotprod set: quant_neon_dotprod.c includes it
+ * with QN_SET renamed and is compiled for armv8.2-a+dotprod, so qn_dot is
+ * one sdot there and quant.c picks that set when the hwcaps say the CPU has
+ * it (most arm64 cores since 2018: Graviton 2 on, Apple M1 on, the Grace and
+ * GB10 CPUs). No -march flag is needed for either.
  *
  * Each weight block is decoded once and multiplied against up to four
  * activation rows. Per-block integer sums equal the reference ones, and the
@@ -8,7 +14,18 @@
 #include "quant.h"
 #include "quant_kernels.h"
 
-#if defined(__ARM_NEON) && defined(__aarch64__)
+#ifndef QN_SET
+#define QN_SET neon
+#define QN_SET_OK 1     /* the includer says whether the build has its extension */
+#endif
+#define QN_CAT2(a, b) a##_##b
+#define QN_CAT(a, b) QN_CAT2(a, b)
+#define QN_STR2(a) #a
+#define QN_STR(a) QN_STR2(a)
+#define QN_NEEDS_neon 0u
+#define QN_NEEDS_dotprod QK_CPU_DOTPROD
+
+#if defined(__ARM_NEON) && defined(__aarch64__) && QN_SET_OK
 #include <arm_neon.h>
 #include <string.h>
 
@@ -329,10 +346,11 @@ static int qn_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
     }
 }
 
-const quant_kset quant_kset_neon = {
-    .name = "neon", .needs = 0, .built = 1, .vec_ops = 0,
+const quant_kset QN_CAT(quant_kset, QN_SET) = {
+    .name = QN_STR(QN_SET), .needs = QN_CAT(QN_NEEDS, QN_SET), .built = 1, .vec_ops = 0,
     .mul_mat_tile = qn_mul_mat_tile, .quantize_act_row = qn_quantize_act_row,
 };
 #else
-const quant_kset quant_kset_neon = { .name = "neon" };   /* not an arm64 build: empty */
+/* not an arm64 build, or built without the set's extension: empty */
+const quant_kset QN_CAT(quant_kset, QN_SET) = { .name = QN_STR(QN_SET) };
 #endif
