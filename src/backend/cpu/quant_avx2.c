@@ -858,12 +858,9 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
             for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
-        __m512i sumi[QA_KP_ACTS], summ[QA_KP_ACTS];
+        __m512i sumi[QA_KP_ACTS];
         QA_UNROLL
-        for (int r = 0; r < RA; r++) {
-            sumi[r] = _mm512_setzero_si512();
-            summ[r] = _mm512_setzero_si512();
-        }
+        for (int r = 0; r < RA; r++) sumi[r] = _mm512_setzero_si512();
         QA_UNROLL
         for (int c = 0; c < 4; c++) {
             __m512i dlo[QA_KP_ACTS], dhi[QA_KP_ACTS];
@@ -896,33 +893,38 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
                 dhi[0] = _mm512_add_epi32(dhi[0], dhi1);
             }
             const __m512i s0 = qa_q4k_scale(A, B, C, 2 * c, 0), s1 = qa_q4k_scale(A, B, C, 2 * c + 1, 0);
-            const __m512i m0 = qa_q4k_scale(A, B, C, 2 * c, 1), m1 = qa_q4k_scale(A, B, C, 2 * c + 1, 1);
-            /* prefill walks (RA > 2): the mins' sum as vpdpwssd of (min, min)
-             * against the bsums pair of each sub-block, two instructions per
-             * row instead of ten (one Zen 5 core, 8 rows: see docs/bench.md) */
-            const __m512i mm0 = _mm512_or_si512(m0, _mm512_slli_epi32(m0, 16));
-            const __m512i mm1 = _mm512_or_si512(m1, _mm512_slli_epi32(m1, 16));
             QA_UNROLL
-            for (int r = 0; r < RA; r++) {
-                const int16_t *bs = ar[r][b].bsums;
+            for (int r = 0; r < RA; r++)
                 sumi[r] = _mm512_add_epi32(sumi[r], _mm512_add_epi32(_mm512_mullo_epi32(s0, dlo[r]),
                                                                      _mm512_mullo_epi32(s1, dhi[r])));
-                if (RA > 2) {
-                    summ[r] = _mm512_dpwssd_epi32(summ[r], mm0, qa_bcast4((const int8_t *)(bs + 4 * c)));
-                    summ[r] = _mm512_dpwssd_epi32(summ[r], mm1, qa_bcast4((const int8_t *)(bs + 4 * c + 2)));
-                } else {
-                    __m512i b0 = _mm512_set1_epi32(bs[4 * c] + bs[4 * c + 1]), b1 = _mm512_set1_epi32(bs[4 * c + 2] + bs[4 * c + 3]);
-                    summ[r] = _mm512_add_epi32(summ[r], _mm512_add_epi32(_mm512_mullo_epi32(m0, b0), _mm512_mullo_epi32(m1, b1)));
-                }
-            }
         }
+        /* The mins' sum, once the sub-block dots are done: per lane the sum
+         * over j of min j x (bsums 2j + 2j + 1), as 4 vpdpwssd of the mins'
+         * int16 pairs (2k, 2k + 1) against the bsums' pair sums (at most
+         * 2 x 16 x 127 in magnitude, so int16 holds them). It was 8 vpdpwssd
+         * per row in prefill and 8 multiplies per row in decode (one Zen 5
+         * core, cache-resident rows: the one-row walk Q4_K 69-74 -> 79-81
+         * GB/s, Q5_K 54 -> 70; 8 rows the same). */
+        __m512i mp[4];
+        QA_UNROLL
+        for (int k = 0; k < 4; k++)
+            mp[k] = _mm512_or_si512(qa_q4k_scale(A, B, C, 2 * k, 1),
+                                    _mm512_slli_epi32(qa_q4k_scale(A, B, C, 2 * k + 1, 1), 16));
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pk + 32)));
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
+            const __m128i one = _mm_set1_epi16(1);
+            const __m128i *bs = (const __m128i *)ar[r][b].bsums;
+            int32_t ps[4];
+            _mm_storeu_si128((__m128i *)ps, _mm_packs_epi32(_mm_madd_epi16(_mm_loadu_si128(bs), one),
+                                                            _mm_madd_epi16(_mm_loadu_si128(bs + 1), one)));
+            __m512i summ = _mm512_setzero_si512();
+            QA_UNROLL
+            for (int k = 0; k < 4; k++) summ = _mm512_dpwssd_epi32(summ, mp[k], qa_bcast4((const int8_t *)&ps[k]));
             __m512 dy = _mm512_set1_ps(ar[r][b].d);
             __m512 t = _mm512_sub_ps(_mm512_mul_ps(_mm512_mul_ps(dy, d), _mm512_cvtepi32_ps(sumi[r])),
-                                     _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(summ[r])));
+                                     _mm512_mul_ps(_mm512_mul_ps(dy, dmin), _mm512_cvtepi32_ps(summ)));
             acc[r] = _mm512_add_ps(acc[r], t);
         }
     }
@@ -947,10 +949,10 @@ QA_INLINE void qa_q6k_quads(const uint8_t *run, __m512i l[4]) {
 }
 
 /* The bsums half of the offset correction, sum over sub-blocks of
- * scale x bsum, for all 16 lanes at once (prefill walks, RA > 2: per
- * activation row it replaces 16 broadcasts and subtractions; measured on one
- * Zen 5 core, 8 rows: 428 -> 480 GFLOP/s; decode walks gained nothing and
- * keep the subtraction per sub-block): the int8 scales of S (run c)
+ * scale x bsum, for all 16 lanes at once (per activation row it replaces 16
+ * broadcasts and subtractions; one Zen 5 core, cache-resident rows: 8
+ * activation rows 428 -> 480 GFLOP/s, the one-row decode walk 60-61 -> 72-74
+ * GB/s): the int8 scales of S (run c)
  * widened to int16 pairs (4c, 4c + 2) and (4c + 1, 4c + 3), vpdpwssd against
  * the matching bsums pairs, which P holds as dwords 2c and 2c + 1. */
 QA_INLINE __m512i qa_q6k_bsum_dot(__m512i corr, __m512i S, __m512i P, int c) {
@@ -974,8 +976,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             sumi[r] = corr[r] = _mm512_setzero_si512();
-            if (RA > 2)
-                P[r] = _mm512_castsi256_si512(
+            P[r] = _mm512_castsi256_si512(
                     _mm256_permutexvar_epi16(bperm, _mm256_loadu_si256((const __m256i *)ar[r][b].bsums)));
         }
         QA_UNROLL
@@ -983,7 +984,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
             const __m512i S = _mm512_loadu_si512(pk + 32 + 64 * c);   /* scales 4c..4c+3 */
             QA_UNROLL
             for (int r = 0; r < RA; r++)
-                if (RA > 2) corr[r] = qa_q6k_bsum_dot(corr[r], S, P[r], c);
+                corr[r] = qa_q6k_bsum_dot(corr[r], S, P[r], c);
             QA_UNROLL
             for (int j = 0; j < 4; j++) {
                 const int sb = 4 * c + j;
@@ -1001,8 +1002,6 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                     d = _mm512_dpbusd_epi32(d, lv[1], qa_bcast4(q + 4));
                     d = _mm512_dpbusd_epi32(d, lv[2], qa_bcast4(q + 8));
                     d = _mm512_dpbusd_epi32(d, lv[3], qa_bcast4(q + 12));
-                    if (RA <= 2)   /* levels are 4 x (value + 32) */
-                        d = _mm512_sub_epi32(d, _mm512_set1_epi32(128 * ar[r][b].bsums[sb]));
                     sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(sc, d));
                 }
             }
@@ -1011,7 +1010,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             /* levels are 4 x (value + 32): the reference's sum is sumi / 4 - 32 x corr
-             * (sumi is a multiple of 4, so the shift is exact; corr is 0 when RA <= 2) */
+             * (sumi is a multiple of 4, so the shift is exact) */
             __m512i t = _mm512_sub_epi32(_mm512_srai_epi32(sumi[r], 2), _mm512_slli_epi32(corr[r], 5));
             acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(ar[r][b].d), d),
                                                          _mm512_cvtepi32_ps(t)));
