@@ -839,12 +839,26 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
         const block_q6_K *x = blk;
         memcpy(p + 2 * r, &x->d, 2);
         for (int q = 0; q < 4; q++) memcpy(p + 32 + QUANT_RUN * q + 4 * r, x->scales + 4 * q, 4);
+        /* the 256 levels first, in quant_q6_K_get's arrangement (element
+         * 128 h + 32 g + l: nibble g >> 1 of ql[64 h + 32 (g & 1) + l], bits
+         * 2g of qh[32 h + l]); one call per element made packing a Q6_K
+         * matrix 4-5 times slower than the other types (0.45 GB/s a core) */
+        uint8_t lv[QK_K];
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+            uint8_t *o = lv + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                o[l] = (uint8_t)((ql[l] & 0xF) | (qh[l] & 3) << 4);
+                o[l + 32] = (uint8_t)((ql[l + 32] & 0xF) | (qh[l] >> 2 & 3) << 4);
+                o[l + 64] = (uint8_t)((ql[l] >> 4) | (qh[l] >> 4 & 3) << 4);
+                o[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (qh[l] >> 6 & 3) << 4);
+            }
+        }
         for (int sb = 0; sb < 16; sb++)
             for (int k = 0; k < 4; k++) {
-                int d = quant_q6_K_get(x, 16 * sb + 12 + k);
+                int d = lv[16 * sb + 12 + k];
                 for (int t = 0; t < 3; t++)
-                    p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k] =
-                        (uint8_t)(quant_q6_K_get(x, 16 * sb + 4 * t + k) << 2 | (d >> (2 * t) & 3));
+                    p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k] = (uint8_t)(lv[16 * sb + 4 * t + k] << 2 | (d >> (2 * t) & 3));
             }
     }
 }
