@@ -12,7 +12,8 @@
  *   - every tensor's name, type, shape, and an XXH3-128 of its data.
  * The KV cache dtype is NOT included: it travels in HELLO and is checked by
  * the handshake. Nothing is cached on disk: hashing reads every weight byte
- * (XXH3 runs at several GB/s, so this is a fraction of the load time).
+ * (XXH3 runs at several GB/s, on the model's threads, so this is a fraction
+ * of the load time).
  */
 #ifndef TANDEM_FINGERPRINT_H
 #define TANDEM_FINGERPRINT_H

@@ -415,6 +415,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (!(m->fp = calloc(1, sizeof *m->fp))) { free(m); snprintf(err, errlen, "out of memory"); return -1; }
     pthread_mutex_init(&m->fp->mu, NULL);
     int nth = o && o->n_threads > 0 ? o->n_threads : 1;
+    m->fp->n_threads = nth;
     if (gguf_open_file(&m->gf, path, err, errlen)) goto fail;
     if (model_read_hparams(m, err, errlen)) goto fail;
     if (tokenizer_load(&m->tok, m->gf, err, errlen)) goto fail;

@@ -30,6 +30,7 @@ typedef struct {
 typedef struct {
     pthread_mutex_t mu;
     int done;
+    int n_threads;           /* threads hashing the tensors (the model's own count) */
     uint8_t fp[32];
     char desc[384];          /* the file name (up to 255 bytes) and the shape */
 } model_fp_memo;
