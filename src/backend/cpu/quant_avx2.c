@@ -862,7 +862,7 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
          * block is read front to back (loaded at c = 0, the qh lines had
          * alternated with the qs lines). One Zen 5 core from memory: walk /
          * streaming read 0.76-0.88 -> 0.86-0.98, tg64 with -t 1 67.4-68.5 ->
-         * 71.4-72.1 t/s (Qwen3-0.6B Q5_K_M); the same with both cores. */
+         * 71.4-72.1 t/s (Qwen3-0.6B Q5_K_M); with both cores within the noise. */
         __m512i H[8];
         if (Q5 && RA <= 2)
             for (int g = 0; g < 8; g++) H[g] = _mm512_loadu_si512(pk + 256 + 64 * g);
@@ -907,7 +907,7 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
                                                                      _mm512_mullo_epi32(s1, dhi[r])));
         }
         /* The mins' sum, once the sub-block dots are done: per lane the sum
-         * over j of min j x (bsums 2j + 2j + 1), as 4 vpdpwssd of the mins'
+         * over j of min j x (bsums 2j and 2j + 1 added), as 4 vpdpwssd of the mins'
          * int16 pairs (2k, 2k + 1) against the bsums' pair sums (at most
          * 2 x 16 x 127 in magnitude, so int16 holds them). It was 8 vpdpwssd
          * per row in prefill and 8 multiplies per row in decode (one Zen 5
@@ -985,7 +985,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
         for (int r = 0; r < RA; r++) {
             sumi[r] = corr[r] = _mm512_setzero_si512();
             P[r] = _mm512_castsi256_si512(
-                    _mm256_permutexvar_epi16(bperm, _mm256_loadu_si256((const __m256i *)ar[r][b].bsums)));
+                _mm256_permutexvar_epi16(bperm, _mm256_loadu_si256((const __m256i *)ar[r][b].bsums)));
         }
         QA_UNROLL
         for (int c = 0; c < 4; c++) {
