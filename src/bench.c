@@ -793,7 +793,8 @@ static void bench_print_cuda_bounds(model *m, const bench_result *res, int n_res
 
 static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, bench_result *res, int *n_res,
                          char *err, size_t errlen) {
-    model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch, .backend = o->backend, .device = o->device };
+    model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch, .backend = o->backend, .device = o->device,
+                      .fingerprint_later = 1 };
     model *m = NULL;
     session *s = NULL;
     int rc = -1, n_ctx = 1;

@@ -290,7 +290,8 @@ int cli_run(int argc, char **argv) {
         fprintf(stderr, RUN ": %s\n", err);
         return CLI_EXIT_FAIL;
     }
-    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
+    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device,
+                      .fingerprint_later = 1 };   /* run never joins a node link */
     model *m = NULL;
     session *s = NULL;
     sampler *smp = NULL;

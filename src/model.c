@@ -425,7 +425,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     /* A backend that copies the weights (CUDA uploads them, the CPU packs
      * them and gives the file's pages back): hash them now, while they are
      * read anyway, not later from the disk at a node's first handshake. */
-    if (m->be->ops->load_weight) {
+    if (m->be->ops->load_weight && !(o && o->fingerprint_later)) {
         uint8_t fp[32];
         char d[200];
         (void)model_fingerprint(m, fp, d, sizeof d);   /* a failure is retried at first use */

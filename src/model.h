@@ -61,6 +61,12 @@ typedef struct {
      * layers; NULL for none. */
     void (*on_load)(void *ud, int done, int total);
     void *on_load_ud;
+    /* 1: do not take the fingerprint (fingerprint.h) during the load, for a
+     * command that never joins a node link (bench, run): a backend that keeps
+     * its own copy of the weights hashes them while they are read anyway
+     * (every byte of the file: about a CPU-second for 3 GB), and a later
+     * model_fingerprint reads the file again. 0 (default): hash at load. */
+    int fingerprint_later;
 } model_opts;
 
 /* Every error message starts with "PATH: " (printed once by the callers). */
