@@ -349,11 +349,9 @@ out:
 }
 
 static void bench_print_header(void) {
-    const char *sets[8];
-    int n = quant_kernel_sets(sets, 8);
-    printf("kernels: %s (this CPU runs:", quant_kernel_name());
-    for (int i = 0; i < n && i < 8; i++) printf(" %s", sets[i]);
-    printf("; TANDEM_KERNELS=NAME forces one)\n\n");
+    printf("kernels: ");
+    cliopt_print_kernel_sets(stdout);
+    printf(", TANDEM_KERNELS=NAME forces one\n\n");
     printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
            "threads", "test", "t/s");
     printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |\n");

@@ -185,6 +185,14 @@ void cliopt_progress_steps(void *ud, int done, int total) {
 
 /* ==== Version ==== */
 
+void cliopt_print_kernel_sets(FILE *f) {
+    const char *sets[8];
+    int n = quant_kernel_sets(sets, 8);
+    fprintf(f, "%s (this CPU runs:", quant_kernel_name());
+    for (int i = 0; i < n && i < 8; i++) fprintf(f, " %s", sets[i]);
+    fprintf(f, ")");
+}
+
 void cliopt_print_version(FILE *f) {
     fprintf(f, "tandem %s (git %s)\n", TANDEM_VERSION, TANDEM_GIT);
 #ifdef TANDEM_CUDA
@@ -192,11 +200,9 @@ void cliopt_print_version(FILE *f) {
 #else
     const char *cuda = "no";
 #endif
-    const char *sets[8];
-    int n = quant_kernel_sets(sets, 8);
     fprintf(f, "backends: cpu, cuda: %s\n", cuda);
-    fprintf(f, "cpu kernels: %s (this CPU runs:", quant_kernel_name());
-    for (int i = 0; i < n && i < 8; i++) fprintf(f, " %s", sets[i]);
-    fprintf(f, ")\n");
+    fprintf(f, "cpu kernels: ");
+    cliopt_print_kernel_sets(f);
+    fprintf(f, "\n");
     fprintf(f, "compiler: %s\n", __VERSION__);
 }

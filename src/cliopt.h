@@ -76,4 +76,8 @@ void cliopt_progress_steps(void *ud, int done, int total);
 /* "tandem VERSION (git COMMIT)" and the build's features, on f. */
 void cliopt_print_version(FILE *f);
 
+/* "NAME (this CPU runs: ref ... )": the kernel set in use and every set this
+ * CPU runs (tandem --version, tandem bench). */
+void cliopt_print_kernel_sets(FILE *f);
+
 #endif
