@@ -144,10 +144,12 @@ static void fp_tokenizer(fp_ctx *c, const gguf_file *f) {
  * one), then fed to the SHA-256 stream in file order. One thread read the
  * 3.2 GB of the 30B-A3B-shape test file in about a second. */
 
+typedef struct { uint64_t bytes; int64_t index; } fp_size;
+
 typedef struct {
     const gguf_file *f;
     int64_t n;
-    const int64_t *order;             /* tensor indices, largest first */
+    const fp_size *order;             /* the tensors, largest first */
     _Atomic int64_t next;             /* next position in order */
     XXH128_canonical_t *out;          /* [n], by tensor index */
 } fp_hash_job;
@@ -156,8 +158,9 @@ static void fp_hash_run(fp_hash_job *j) {
     for (;;) {
         int64_t k = atomic_fetch_add(&j->next, 1);
         if (k >= j->n) return;
-        const gguf_tensor *t = gguf_get_tensor(j->f, j->order[k]);
-        if (t) XXH128_canonicalFromHash(&j->out[j->order[k]], XXH3_128bits(t->data, (size_t)t->nbytes));
+        int64_t i = j->order[k].index;
+        const gguf_tensor *t = gguf_get_tensor(j->f, i);
+        if (t) XXH128_canonicalFromHash(&j->out[i], XXH3_128bits(t->data, (size_t)t->nbytes));
     }
 }
 
@@ -165,8 +168,6 @@ static void *fp_hash_thread(void *arg) {
     fp_hash_run(arg);
     return NULL;
 }
-
-typedef struct { uint64_t bytes; int64_t index; } fp_size;
 
 static int fp_by_size(const void *a, const void *b) {
     const fp_size *x = a, *y = b;
@@ -176,16 +177,13 @@ static int fp_by_size(const void *a, const void *b) {
 /* Digests of all n tensors into out, on up to nth threads (the caller is
  * one; a thread that cannot start leaves its share to the others). */
 static int fp_hash_tensors(const gguf_file *f, int64_t n, int nth, XXH128_canonical_t *out) {
-    int64_t *order = malloc(sizeof *order * (size_t)(n ? n : 1));
-    fp_size *sz = malloc(sizeof *sz * (size_t)(n ? n : 1));
-    if (!order || !sz) { free(order); free(sz); return -1; }
+    fp_size *order = malloc(sizeof *order * (size_t)(n ? n : 1));
+    if (!order) return -1;
     for (int64_t i = 0; i < n; i++) {
         const gguf_tensor *t = gguf_get_tensor(f, i);
-        sz[i] = (fp_size){ t ? t->nbytes : 0, i };
+        order[i] = (fp_size){ t ? t->nbytes : 0, i };
     }
-    qsort(sz, (size_t)n, sizeof *sz, fp_by_size);
-    for (int64_t i = 0; i < n; i++) order[i] = sz[i].index;
-    free(sz);
+    qsort(order, (size_t)n, sizeof *order, fp_by_size);
     fp_hash_job j = { .f = f, .n = n, .order = order, .out = out };
     atomic_init(&j.next, 0);
     enum { FP_MAX_THREADS = 64 };
