@@ -64,15 +64,17 @@ $(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAG
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
 $(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 endif
-# arm64's dotprod set (quant_neon_dotprod.c); quant.c uses it when the
-# hwcaps say the CPU has the dot-product instructions.
+# arm64's dotprod and i8mm sets (quant_neon_dotprod.c, quant_neon_i8mm.c);
+# quant.c uses them when the hwcaps say the CPU has the dot-product (and
+# int8 matrix-multiply) instructions.
 ifneq ($(filter aarch64-% arm64-%,$(shell $(CC) -dumpmachine)),)
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
+$(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: CFLAGS += -march=armv8.2-a+dotprod+i8mm
 endif
 # quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names,
-# quant_neon_dotprod.c is quant_neon.c
+# quant_neon_dotprod.c and quant_neon_i8mm.c are quant_neon.c
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
-$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: src/backend/cpu/quant_neon.c
+$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: src/backend/cpu/quant_neon.c
 TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 # The fixture set (README, Correctness): $TANDEM_FIXTURES, or ../shared/fixtures.

@@ -679,9 +679,15 @@ static unsigned quant_cpu_features(void) {
 #include <sys/auxv.h>
 
 /* The kernel's hwcaps (asm/hwcap.h): bit 20 of AT_HWCAP is HWCAP_ASIMDDP,
- * the dot-product instructions (sdot/udot). NEON itself is in every arm64. */
+ * the dot-product instructions (sdot/udot); bit 13 of AT_HWCAP2 is
+ * HWCAP2_I8MM, the int8 matrix multiplies (smmla). NEON itself is in every
+ * arm64. */
 static unsigned quant_cpu_features(void) {
-    return (getauxval(AT_HWCAP) >> 20 & 1) ? QK_CPU_DOTPROD : 0;
+    unsigned f = (getauxval(AT_HWCAP) >> 20 & 1) ? QK_CPU_DOTPROD : 0;
+#ifdef AT_HWCAP2
+    if (getauxval(AT_HWCAP2) >> 13 & 1) f |= QK_CPU_I8MM;
+#endif
+    return f;
 }
 #else
 static unsigned quant_cpu_features(void) { return 0; }
@@ -691,7 +697,7 @@ static unsigned quant_cpu_features(void) { return 0; }
 /* Candidate sets, best last; a set is usable when it was built and the CPU
  * has what it needs. */
 static const quant_kset *const quant_ksets[] = {
-    &quant_kset_neon, &quant_kset_dotprod, &quant_kset_avx2, &quant_kset_avxvnni, &quant_kset_avx512,
+    &quant_kset_neon, &quant_kset_dotprod, &quant_kset_i8mm, &quant_kset_avx2, &quant_kset_avxvnni, &quant_kset_avx512,
 };
 #define QUANT_N_KSETS (int)(sizeof quant_ksets / sizeof quant_ksets[0])
 static const quant_kset quant_kset_ref = { .name = "ref", .built = 1 };

@@ -20,6 +20,7 @@ enum {
     QK_CPU_AVX512 = 1 << 2,     /* AVX-512 F, BW, VL, DQ and VNNI */
     QK_CPU_AVX512BF16 = 1 << 3,
     QK_CPU_DOTPROD = 1 << 4,    /* arm64 sdot/udot (FEAT_DotProd, armv8.2-a and later) */
+    QK_CPU_I8MM = 1 << 5,       /* arm64 smmla (FEAT_I8MM, optional from armv8.2-a, in armv8.6-a) */
 };
 
 typedef struct {
@@ -38,6 +39,7 @@ typedef struct {
                                const void *a, size_t a_stride, int na, float *out, size_t out_stride);
 } quant_kset;
 
-extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon, quant_kset_dotprod;
+extern const quant_kset quant_kset_avx2, quant_kset_avxvnni, quant_kset_avx512, quant_kset_neon, quant_kset_dotprod,
+    quant_kset_i8mm;
 
 #endif

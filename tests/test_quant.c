@@ -341,6 +341,13 @@ static void test_kernel_set(void) {
                             : wt == GGML_TYPE_F32 || wt == GGML_TYPE_F16 || wt == GGML_TYPE_BF16 ? lensF : lens32;
         int nl = lens == lensK ? 4 : lens == lensF ? 6 : 5;
         int worst_ok = 1, tile_ok = 1;
+#if defined(__aarch64__)
+        /* the NEON sets (neon, dotprod, i8mm) replay the reference's per-block
+         * arithmetic for the quantised formats: their tiles equal it bit for bit */
+        const int bits = lens != lensF;
+#else
+        const int bits = 0;
+#endif
         for (int li = 0; li < nl; li++) {
             int64_t n = lens[li];
             size_t wrb = row_bytes(wt, n), arb = row_bytes(at, n);
@@ -360,7 +367,7 @@ static void test_kernel_set(void) {
                 }
             }
             /* tiles of many shapes, with strides larger than a row */
-            const int shapes[][2] = { { 1, 1 }, { 1, 3 }, { 7, 1 }, { 7, 5 }, { 2, 4 }, { 4, 8 }, { 9, 9 }, { 3, 2 } };
+            const int shapes[][2] = { { 1, 1 }, { 1, 3 }, { 7, 1 }, { 7, 5 }, { 2, 4 }, { 4, 8 }, { 9, 9 }, { 3, 2 }, { 6, 7 } };
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 int nw = shapes[s][0], na = shapes[s][1];
                 size_t os = (size_t)nw + 2;
@@ -372,7 +379,8 @@ static void test_kernel_set(void) {
                         size_t k = j * os + i;
                         if (i >= nw) { if (out_fast[k] != -999.0f) tile_ok = 0; continue; }  /* untouched */
                         double m = dot_magnitude(wt, n, (char *)w + wrb * i, (char *)a + arb * j, fw, fa);
-                        if (!(fabs((double)out_fast[k] - out_ref[k]) <= 2e-6 * m + 1e-6)) {
+                        if (!(fabs((double)out_fast[k] - out_ref[k]) <= 2e-6 * m + 1e-6) ||
+                            (bits && out_fast[k] != out_ref[k])) {
                             tile_ok = 0;
                             fprintf(stderr, "  %s tile %dx%d n=%lld [%d,%d]: %.7g vs %.7g\n", tname(wt), nw, na,
                                     (long long)n, j, i, out_fast[k], out_ref[k]);
@@ -532,11 +540,14 @@ static void test_kernels(void) {
 #elif defined(__aarch64__) && defined(__linux__)
     /* one build: neon on every arm64, dotprod exactly where the CPU has sdot
      * (tools/arm64_check.sh runs this on CPU models with and without it) */
-    int has_dot = (int)(getauxval(AT_HWCAP) >> 20 & 1);
+    int has_dot = (int)(getauxval(AT_HWCAP) >> 20 & 1), has_mm = has_dot && (getauxval(AT_HWCAP2) >> 13 & 1);
     CHECK(quant_use_kernels("neon") == 0, "neon set present on arm64");
     CHECK((quant_use_kernels("dotprod") == 0) == has_dot, "dotprod set present %s the CPU has sdot",
           has_dot ? "where" : "only where");
-    printf("arm64 hwcaps: dot products %s\n", has_dot ? "yes" : "no");
+    CHECK((quant_use_kernels("i8mm") == 0) == has_mm, "i8mm set present %s the CPU has sdot and smmla",
+          has_mm ? "where" : "only where");
+    printf("arm64 hwcaps: dot products %s, int8 matrix multiplies %s\n", has_dot ? "yes" : "no",
+           has_mm ? "yes" : "no");
 #endif
     for (int i = 1; i < n && i < 16; i++) {
         CHECK(quant_use_kernels(names[i]) == 0 && strcmp(quant_kernel_name(), names[i]) == 0, "select %s", names[i]);

@@ -2,16 +2,18 @@
 # The arm64 build and its NEON kernels, checked on an x86-64 machine under
 # qemu-user (Debian multiarch): the tree cross-compiled once with
 # aarch64-linux-gnu-gcc for the baseline (armv8-a, no ARCH_FLAGS: the one
-# binary a user builds), and the kernel tests run on two emulated CPUs: a
+# binary a user builds), and the kernel tests run on three emulated CPUs: a
 # Cortex-A53 (NEON without dot products: the neon set must be chosen and
-# dotprod refused) and qemu's "max" (dot products: the dotprod set, picked
-# at run time from the hwcaps). test_quant, test_ops, test_backend_ops and
-# test_attention compare every kernel set present (ref, neon, dotprod) with
+# dotprod and i8mm refused), a Neoverse N1 (dot products without int8
+# matrix multiplies: dotprod chosen, i8mm refused) and qemu's "max" (both:
+# the i8mm set, picked at run time from the hwcaps). test_quant, test_ops,
+# test_backend_ops and test_attention compare every kernel set present
+# (ref, neon, dotprod, i8mm; test_quant's quantised tiles bit for bit) with
 # the reference; test_golden with stories260K runs the engine end to end
 # against llama.cpp's outputs. ARCH_FLAGS=-march=armv8.2-a+dotprod builds
 # a second tree for that target too (the neon set then uses sdot as well).
 # Correctness only: qemu says nothing about speed. Not part of CI (about
-# 5 minutes here); INSTALL=1 installs the cross compiler, qemu-user and the
+# 6 minutes here); INSTALL=1 installs the cross compiler, qemu-user and the
 # arm64 libraries first (apt-get, root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,11 +33,11 @@ builds=("build-arm64:")
 for v in "${builds[@]}"; do
     dir=${v%%:*} flags=${v#*:}
     make -j"$JOBS" CC=aarch64-linux-gnu-gcc BUILD="$dir" ARCH_FLAGS="$flags" "${tests[@]/#/$dir/}" >/dev/null
-    for cpu in cortex-a53 max; do
+    for cpu in cortex-a53 neoverse-n1 max; do
         echo "== $dir (${flags:-armv8-a}) on qemu's $cpu"
         for t in "${tests[@]}"; do
             out=$(TANDEM_GOLDEN=stories260K qemu-aarch64 -cpu "$cpu" "$dir/$t" 2>&1) || true
-            printf '%s\n' "$out" | grep -E '^(FAIL|CRASH)|kernels: |set (neon|dotprod)|arm64 hwcaps' | head -n 20 || true
+            printf '%s\n' "$out" | grep -E '^(FAIL|CRASH)|kernels: |set (neon|dotprod|i8mm)|arm64 hwcaps' | head -n 20 || true
             printf '%s\n' "$out" | grep -E '^[a-z0-9_]+: [0-9]+ passed' | tail -n 1 || echo "CRASH $dir/$t"
         done
     done

@@ -5,7 +5,12 @@
  * with QN_SET renamed and is compiled for armv8.2-a+dotprod, so qn_dot is
  * one sdot there and quant.c picks that set when the hwcaps say the CPU has
  * it (most arm64 cores since 2018: Graviton 2 on, Apple M1 on, the Grace and
- * GB10 CPUs). No -march flag is needed for either.
+ * GB10 CPUs). quant_neon_i8mm.c builds it a third time for
+ * armv8.2-a+dotprod+i8mm: there the prefill tiles take two weight rows
+ * against two activation rows at once with smmla (an 8-deep int8 product of
+ * 2x8 by 8x2 matrices), picked where the hwcaps say the CPU has it (Neoverse
+ * V1/V2 and N2, so Graviton 3/4 and Grace; Cortex-X2 on; Apple M2 on). No
+ * -march flag is needed for any of them.
  *
  * Each weight block is decoded once and multiplied against up to four
  * activation rows. Per-block integer sums equal the reference ones, and the
@@ -24,6 +29,7 @@
 #define QN_STR(a) QN_STR2(a)
 #define QN_NEEDS_neon 0u
 #define QN_NEEDS_dotprod QK_CPU_DOTPROD
+#define QN_NEEDS_i8mm (QK_CPU_DOTPROD | QK_CPU_I8MM)
 
 #if defined(__ARM_NEON) && defined(__aarch64__) && QN_SET_OK
 #include <arm_neon.h>
@@ -196,6 +202,195 @@ QN_INLINE void qn_row_k(uint32_t type, int RA, int64_t nb, const uint8_t *w, siz
     for (int r = 0; r < RA; r++) res[r] = acc[r];
 }
 
+/* ==== Two weight rows x two activation rows (i8mm) ====
+ * smmla multiplies a 2x8 int8 matrix by the transpose of another and adds
+ * the 2x2 int32 result: with weight rows w0, w1 as the first operand's rows
+ * and activation rows a0, a1 as the second's, one instruction gives the four
+ * 8-value dot products [w0.a0, w0.a1, w1.a0, w1.a1], the lane order of every
+ * int32x4 and float32x4 below. The integer sums per block are exactly the
+ * one-row path's, and each lane's float arithmetic is the reference's, in
+ * its order (products formed as there, then added block after block). */
+#if defined(__ARM_FEATURE_MATMUL_INT8)
+#define QN_MMLA 1
+
+/* 8-byte groups of two rows side by side: [x[0..8), y[0..8)] and [x[8..16), y[8..16)] */
+QN_INLINE int8x16_t qn_zip_lo(int8x16_t x, int8x16_t y) {
+    return vreinterpretq_s8_s64(vzip1q_s64(vreinterpretq_s64_s8(x), vreinterpretq_s64_s8(y)));
+}
+QN_INLINE int8x16_t qn_zip_hi(int8x16_t x, int8x16_t y) {
+    return vreinterpretq_s8_s64(vzip2q_s64(vreinterpretq_s64_s8(x), vreinterpretq_s64_s8(y)));
+}
+
+/* acc + the four dot products of 16 values: weights x0 (row 0), x1 (row 1)
+ * against activations y0, y1 */
+QN_INLINE int32x4_t qn_mmla16(int32x4_t acc, int8x16_t x0, int8x16_t x1, int8x16_t y0, int8x16_t y1) {
+    acc = vmmlaq_s32(acc, qn_zip_lo(x0, x1), qn_zip_lo(y0, y1));
+    return vmmlaq_s32(acc, qn_zip_hi(x0, x1), qn_zip_hi(y0, y1));
+}
+
+/* [p, q, p, q] and [p, p, q, q]: a per-activation and a per-weight value in the lane order */
+QN_INLINE float32x4_t qn_lanes_a(float p, float q) { return (float32x4_t){ p, q, p, q }; }
+QN_INLINE float32x4_t qn_lanes_w(float p, float q) { return (float32x4_t){ p, p, q, q }; }
+
+/* NP (1 or 2) pairs of activation rows a[2p], a[2p + 1] against weight rows
+ * w0, w1 of a 32-value format: acc[p] as above. */
+QN_INLINE void qn_pair_b32(uint32_t type, int NP, int64_t nb, const uint8_t *w0, const uint8_t *w1,
+                           const block_q8_0 *const *a, float32x4_t *res) {
+    float32x4_t acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+    const size_t bs = qn_bsize_b32(type);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t x00, x01, x10, x11;
+        float d0, d1;
+        qn_decode_b32(type, w0 + (size_t)b * bs, &x00, &x01, &d0);
+        qn_decode_b32(type, w1 + (size_t)b * bs, &x10, &x11, &d1);
+        const float32x4_t dw = qn_lanes_w(d0, d1);
+        for (int p = 0; p < NP; p++) {
+            const block_q8_0 *y0 = &a[2 * p][b], *y1 = &a[2 * p + 1][b];
+            int32x4_t s = qn_mmla16(vdupq_n_s32(0), x00, x10, vld1q_s8(y0->qs), vld1q_s8(y1->qs));
+            s = qn_mmla16(s, x01, x11, vld1q_s8(y0->qs + 16), vld1q_s8(y1->qs + 16));
+            /* (float)isum * (dw * da) */
+            const float32x4_t sc = vmulq_f32(dw, qn_lanes_a(qn_h2f(y0->d), qn_h2f(y1->d)));
+            acc[p] = vaddq_f32(acc[p], vmulq_f32(vcvtq_f32_s32(s), sc));
+        }
+    }
+    for (int p = 0; p < NP; p++) res[p] = acc[p];
+}
+
+/* Sub-block k (32 values, 0..7) of a Q4_K or Q5_K block as int8. */
+QN_INLINE void qn_k45_sub(int five, const uint8_t *wb, int k, int8x16_t *lo, int8x16_t *hi) {
+    const block_q4_K *x4 = (const block_q4_K *)wb;
+    const block_q5_K *x5 = (const block_q5_K *)wb;
+    const uint8_t *qs = (five ? x5->qs : x4->qs) + 32 * (k / 2);
+    uint8x16_t r0 = vld1q_u8(qs), r1 = vld1q_u8(qs + 16), m4 = vdupq_n_u8(0xF);
+    uint8x16_t v0 = k & 1 ? vshrq_n_u8(r0, 4) : vandq_u8(r0, m4);
+    uint8x16_t v1 = k & 1 ? vshrq_n_u8(r1, 4) : vandq_u8(r1, m4);
+    if (five) {
+        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << k)), h = vdupq_n_u8(0x10);
+        v0 = vorrq_u8(v0, vandq_u8(vtstq_u8(vld1q_u8(x5->qh), bit), h));
+        v1 = vorrq_u8(v1, vandq_u8(vtstq_u8(vld1q_u8(x5->qh + 16), bit), h));
+    }
+    *lo = vreinterpretq_s8_u8(v0);
+    *hi = vreinterpretq_s8_u8(v1);
+}
+
+/* Sub-block j (16 values, 0..15: its scale index) of a Q6_K block as int8:
+ * the layout qn_kblock walks, one group at a time. */
+QN_INLINE int8x16_t qn_q6_sub(const block_q6_K *x, int j) {
+    const int k = j / 2, half = j % 2, h = k / 4, t = k % 4;
+    const uint8_t *ql = x->ql + 64 * h + 16 * half + (t & 1) * 32;
+    uint8x16_t l = vld1q_u8(ql), hb = vld1q_u8(x->qh + 32 * h + 16 * half);
+    uint8x16_t lo = t < 2 ? vandq_u8(l, vdupq_n_u8(0xF)) : vshrq_n_u8(l, 4);
+    uint8x16_t hi = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * t))), vdupq_n_u8(3));
+    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+}
+
+/* Two K-quant weight blocks (w0, w1: super-block b of each row) against NP
+ * pairs of Q8_K activation rows: acc[p] += the block's term per lane. */
+QN_INLINE void qn_pair_kblock(uint32_t type, int NP, const uint8_t *w0, const uint8_t *w1,
+                              const block_q8_K *const *a, int64_t b, float32x4_t *acc) {
+    int32x4_t isum[2] = { vdupq_n_s32(0), vdupq_n_s32(0) };
+    if (type == GGML_TYPE_Q6_K) {
+        const block_q6_K *x0 = (const block_q6_K *)w0, *x1 = (const block_q6_K *)w1;
+        for (int j = 0; j < QK_K / 16; j++) {
+            const int8x16_t v0 = qn_q6_sub(x0, j), v1 = qn_q6_sub(x1, j);
+            const int32x4_t sc = { x0->scales[j], x0->scales[j], x1->scales[j], x1->scales[j] };
+            for (int p = 0; p < NP; p++) {
+                const int8x16_t y0 = vld1q_s8(a[2 * p][b].qs + 16 * j), y1 = vld1q_s8(a[2 * p + 1][b].qs + 16 * j);
+                isum[p] = vmlaq_s32(isum[p], qn_mmla16(vdupq_n_s32(0), v0, v1, y0, y1), sc);
+            }
+        }
+        const float32x4_t dw = qn_lanes_w(qn_h2f(x0->d), qn_h2f(x1->d));
+        for (int p = 0; p < NP; p++) {
+            /* a.d * d * (float)isum */
+            const float32x4_t da = qn_lanes_a(a[2 * p][b].d, a[2 * p + 1][b].d);
+            acc[p] = vaddq_f32(acc[p], vmulq_f32(vmulq_f32(da, dw), vcvtq_f32_s32(isum[p])));
+        }
+        return;
+    }
+    const int five = type == GGML_TYPE_Q5_K;
+    const block_q4_K *b40 = (const block_q4_K *)w0, *b41 = (const block_q4_K *)w1;
+    const block_q5_K *b50 = (const block_q5_K *)w0, *b51 = (const block_q5_K *)w1;
+    uint8_t sc0[8], mn0[8], sc1[8], mn1[8];
+    qn_k4_scales(five ? b50->scales : b40->scales, sc0, mn0);
+    qn_k4_scales(five ? b51->scales : b41->scales, sc1, mn1);
+    for (int k = 0; k < 8; k++) {
+        int8x16_t v00, v01, v10, v11;
+        qn_k45_sub(five, w0, k, &v00, &v01);
+        qn_k45_sub(five, w1, k, &v10, &v11);
+        const int32x4_t sc = { sc0[k], sc0[k], sc1[k], sc1[k] };
+        for (int p = 0; p < NP; p++) {
+            const int8_t *y0 = a[2 * p][b].qs + 32 * k, *y1 = a[2 * p + 1][b].qs + 32 * k;
+            int32x4_t dt = qn_mmla16(vdupq_n_s32(0), v00, v10, vld1q_s8(y0), vld1q_s8(y1));
+            dt = qn_mmla16(dt, v01, v11, vld1q_s8(y0 + 16), vld1q_s8(y1 + 16));
+            isum[p] = vmlaq_s32(isum[p], dt, sc);
+        }
+    }
+    const float32x4_t dw = five ? qn_lanes_w(qn_h2f(b50->d), qn_h2f(b51->d)) : qn_lanes_w(qn_h2f(b40->d), qn_h2f(b41->d));
+    const float32x4_t mw = five ? qn_lanes_w(qn_h2f(b50->dmin), qn_h2f(b51->dmin))
+                                : qn_lanes_w(qn_h2f(b40->dmin), qn_h2f(b41->dmin));
+    for (int p = 0; p < NP; p++) {
+        const block_q8_K *y0 = &a[2 * p][b], *y1 = &a[2 * p + 1][b];
+        int summ[4] = { 0, 0, 0, 0 };
+        for (int j = 0; j < 8; j++) {
+            int s0 = y0->bsums[2 * j] + y0->bsums[2 * j + 1], s1 = y1->bsums[2 * j] + y1->bsums[2 * j + 1];
+            summ[0] += mn0[j] * s0; summ[1] += mn0[j] * s1; summ[2] += mn1[j] * s0; summ[3] += mn1[j] * s1;
+        }
+        /* a.d * d * (float)isum - a.d * dmin * (float)summ */
+        const float32x4_t da = qn_lanes_a(y0->d, y1->d);
+        const float32x4_t t = vsubq_f32(vmulq_f32(vmulq_f32(da, dw), vcvtq_f32_s32(isum[p])),
+                                        vmulq_f32(vmulq_f32(da, mw), vcvtq_f32_s32(vld1q_s32(summ))));
+        acc[p] = vaddq_f32(acc[p], t);
+    }
+}
+
+QN_INLINE void qn_pair_k(uint32_t type, int NP, int64_t nb, const uint8_t *w0, const uint8_t *w1, size_t bsz,
+                         const block_q8_K *const *a, float32x4_t *res) {
+    float32x4_t acc[2] = { vdupq_n_f32(0.0f), vdupq_n_f32(0.0f) };
+    for (int64_t b = 0; b < nb; b++)
+        qn_pair_kblock(type, NP, w0 + (size_t)b * bsz, w1 + (size_t)b * bsz, a, b, acc);
+    for (int p = 0; p < NP; p++) res[p] = acc[p];
+}
+
+/* One pair of weight rows against NP pairs of activation rows, for a
+ * constant (type, NP). */
+#define QN_PAIR_B32(T)                                                                               \
+    static void qn_pair_##T(int NP, int64_t n, const uint8_t *w0, const uint8_t *w1,                 \
+                            const uint8_t *const *a, float32x4_t *res) {                             \
+        const block_q8_0 *const *y = (const block_q8_0 *const *)a;                                   \
+        if (NP == 1) qn_pair_b32(GGML_TYPE_##T, 1, n / 32, w0, w1, y, res);                          \
+        else qn_pair_b32(GGML_TYPE_##T, 2, n / 32, w0, w1, y, res);                                  \
+    }
+#define QN_PAIR_K(T, B)                                                                              \
+    static void qn_pair_##T(int NP, int64_t n, const uint8_t *w0, const uint8_t *w1,                 \
+                            const uint8_t *const *a, float32x4_t *res) {                             \
+        const block_q8_K *const *y = (const block_q8_K *const *)a;                                   \
+        if (NP == 1) qn_pair_k(GGML_TYPE_##T, 1, n / QK_K, w0, w1, sizeof(B), y, res);               \
+        else qn_pair_k(GGML_TYPE_##T, 2, n / QK_K, w0, w1, sizeof(B), y, res);                       \
+    }
+QN_PAIR_B32(Q4_0)
+QN_PAIR_B32(Q5_0)
+QN_PAIR_B32(Q8_0)
+QN_PAIR_K(Q4_K, block_q4_K)
+QN_PAIR_K(Q5_K, block_q5_K)
+QN_PAIR_K(Q6_K, block_q6_K)
+
+typedef void (*qn_pair_fn)(int, int64_t, const uint8_t *, const uint8_t *, const uint8_t *const *, float32x4_t *);
+
+static qn_pair_fn qn_pair_for(uint32_t wtype) {
+    switch (wtype) {
+    case GGML_TYPE_Q4_0: return qn_pair_Q4_0;
+    case GGML_TYPE_Q5_0: return qn_pair_Q5_0;
+    case GGML_TYPE_Q8_0: return qn_pair_Q8_0;
+    case GGML_TYPE_Q4_K: return qn_pair_Q4_K;
+    case GGML_TYPE_Q5_K: return qn_pair_Q5_K;
+    case GGML_TYPE_Q6_K: return qn_pair_Q6_K;
+    default: return NULL;
+    }
+}
+#else
+#define QN_MMLA 0
+#endif
+
 /* ==== Float formats ==== */
 QN_INLINE float32x4_t qn_load4(uint32_t type, const void *p, int64_t k) {
     if (type == GGML_TYPE_F32) return vld1q_f32((const float *)p + k);
@@ -263,6 +458,31 @@ QN_ROW_FN(BF16)
 
 typedef void (*qn_row_fn)(int, int64_t, const uint8_t *, const uint8_t *const *, float *);
 
+/* Weight rows two at a time against RA (2..4) activation rows (the last
+ * repeated when RA is odd, its extra products dropped); returns the rows
+ * done (nw rounded down to even). */
+#if QN_MMLA
+static int qn_tile_pairs(qn_pair_fn pf, int64_t n, const uint8_t *w, size_t w_stride, int nw,
+                         const uint8_t *const *ar, int RA, float *out, size_t out_stride) {
+    const uint8_t *ap[QN_ROWS] = { ar[0], ar[1], ar[RA > 2 ? 2 : 1], ar[RA > 3 ? 3 : RA - 1] };
+    const int NP = (RA + 1) / 2;
+    int i = 0;
+    for (; i + 2 <= nw; i += 2) {
+        float32x4_t res[2];
+        pf(NP, n, w + (size_t)i * w_stride, w + (size_t)(i + 1) * w_stride, ap, res);
+        for (int p = 0; p < NP; p++) {
+            float v[4];
+            vst1q_f32(v, res[p]);
+            for (int h = 0; h < 2 && 2 * p + h < RA; h++) {
+                out[(size_t)(2 * p + h) * out_stride + (size_t)i] = v[h];
+                out[(size_t)(2 * p + h) * out_stride + (size_t)i + 1] = v[2 + h];
+            }
+        }
+    }
+    return i;
+}
+#endif
+
 static int qn_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     qn_row_fn fn;
@@ -283,7 +503,13 @@ static int qn_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_st
         int RA = na - j0 < QN_ROWS ? na - j0 : QN_ROWS;
         const uint8_t *ar[QN_ROWS];
         for (int r = 0; r < RA; r++) ar[r] = (const uint8_t *)a + (size_t)(j0 + r) * a_stride;
-        for (int i = 0; i < nw; i++) {
+        int i = 0;
+#if QN_MMLA
+        qn_pair_fn pf = RA >= 2 ? qn_pair_for(wtype) : NULL;
+        if (pf) i = qn_tile_pairs(pf, n, (const uint8_t *)w, w_stride, nw, ar, RA, out + (size_t)j0 * out_stride,
+                                  out_stride);
+#endif
+        for (; i < nw; i++) {
             fn(RA, n, (const uint8_t *)w + (size_t)i * w_stride, ar, res);
             for (int r = 0; r < RA; r++) out[(size_t)(j0 + r) * out_stride + (size_t)i] = res[r];
         }
