@@ -466,12 +466,12 @@ static void test_q8_many_rows(void) {
  * decode (1-3 activation rows) and prefill shapes; the longest Q8_0 row
  * crosses the 128-block pass. */
 static void test_packed_type(uint32_t t, const int64_t lens[3]) {
-    enum { NW = 48, NA = 70 };
+    enum { NW = 80, NA = 70 };   /* past 64 rows and 64 activation rows: the buffered tiles of the K-quant walks */
     const int nas[7] = { 1, 2, 3, 5, 9, 13, NA };
     const uint32_t at = quant_vec_dot_type(t);
     int64_t nmax = lens[2];
     size_t rbmax = row_bytes(t, nmax), abmax = row_bytes(at, nmax);
-    float *tmp = malloc(sizeof(float) * nmax * NA);
+    float *tmp = malloc(sizeof(float) * nmax * (NW > NA ? NW : NA));
     uint8_t *w = malloc(rbmax * NW), *pk = malloc(rbmax * NW), *row = malloc(rbmax), *a = malloc(abmax * NA);
     static float out[NA * (NW + 3)], ref[NA * (NW + 3)];
     int ok_rt = 1, ok_mm = 1;
