@@ -1028,8 +1028,12 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
 }
 
+/* Kept out of line (noinline): once qa_mul_mat_kpacked grew its tile, GCC
+ * inlined the Q5_K and Q6_K walks into it, and decode ran 5-7% slower (the
+ * 30B-A3B shape, whose 255 MB output layer is Q6_K: tg64 74.1-75.2 t/s
+ * inlined, 78.7-80.1 out of line, alternated). */
 #define QA_KP_WALK(T)                                                                              \
-    static void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, \
+    static __attribute__((noinline)) void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, \
                                 float *out, size_t os) {                                           \
         switch (RA) {                                                                              \
         case 1: qa_##T##_walk(1, nb, pk, ar, out, os); break;                                      \
