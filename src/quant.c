@@ -697,7 +697,8 @@ static unsigned quant_cpu_features(void) { return 0; }
 /* Candidate sets, best last; a set is usable when it was built and the CPU
  * has what it needs. */
 static const quant_kset *const quant_ksets[] = {
-    &quant_kset_neon, &quant_kset_dotprod, &quant_kset_i8mm, &quant_kset_avx2, &quant_kset_avxvnni, &quant_kset_avx512,
+    &quant_kset_neon, &quant_kset_dotprod, &quant_kset_i8mm,
+    &quant_kset_avx2, &quant_kset_avxvnni, &quant_kset_avx512,
 };
 #define QUANT_N_KSETS (int)(sizeof quant_ksets / sizeof quant_ksets[0])
 static const quant_kset quant_kset_ref = { .name = "ref", .built = 1 };

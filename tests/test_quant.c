@@ -367,7 +367,8 @@ static void test_kernel_set(void) {
                 }
             }
             /* tiles of many shapes, with strides larger than a row */
-            const int shapes[][2] = { { 1, 1 }, { 1, 3 }, { 7, 1 }, { 7, 5 }, { 2, 4 }, { 4, 8 }, { 9, 9 }, { 3, 2 }, { 6, 7 } };
+            const int shapes[][2] = { { 1, 1 }, { 1, 3 }, { 7, 1 }, { 7, 5 }, { 2, 4 },
+                                      { 4, 8 }, { 9, 9 }, { 3, 2 }, { 6, 7 } };
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 int nw = shapes[s][0], na = shapes[s][1];
                 size_t os = (size_t)nw + 2;

@@ -1033,8 +1033,8 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
  * 30B-A3B shape, whose 255 MB output layer is Q6_K: tg64 74.1-75.2 t/s
  * inlined, 78.7-80.1 out of line, alternated). */
 #define QA_KP_WALK(T)                                                                              \
-    static __attribute__((noinline)) void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, \
-                                float *out, size_t os) {                                           \
+    static __attribute__((noinline)) void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk,   \
+                                                          const block_q8_K *const *ar, float *out, size_t os) { \
         switch (RA) {                                                                              \
         case 1: qa_##T##_walk(1, nb, pk, ar, out, os); break;                                      \
         case 2: qa_##T##_walk(2, nb, pk, ar, out, os); break;                                      \

@@ -325,7 +325,8 @@ QN_INLINE void qn_pair_kblock(uint32_t type, int NP, const uint8_t *w0, const ui
             isum[p] = vmlaq_s32(isum[p], dt, sc);
         }
     }
-    const float32x4_t dw = five ? qn_lanes_w(qn_h2f(b50->d), qn_h2f(b51->d)) : qn_lanes_w(qn_h2f(b40->d), qn_h2f(b41->d));
+    const float32x4_t dw = five ? qn_lanes_w(qn_h2f(b50->d), qn_h2f(b51->d))
+                                : qn_lanes_w(qn_h2f(b40->d), qn_h2f(b41->d));
     const float32x4_t mw = five ? qn_lanes_w(qn_h2f(b50->dmin), qn_h2f(b51->dmin))
                                 : qn_lanes_w(qn_h2f(b40->dmin), qn_h2f(b41->dmin));
     for (int p = 0; p < NP; p++) {
