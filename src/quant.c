@@ -199,18 +199,9 @@ static void quant_dequant_q5_K(const block_q5_K *x, float *y, int64_t nb) {
     }
 }
 
-/* Q6_K value at element e of a super-block, as 0..63 (subtract 32 for the signed value). */
-static inline int quant_q6_K_get(const block_q6_K *b, int e) {
-    int half = e / 128, g = (e % 128) / 32, l = e % 32;
-    const uint8_t *ql = b->ql + 64 * half, *qh = b->qh + 32 * half;
-    int lo = (g & 1) ? ql[l + 32] : ql[l];
-    lo = (g & 2) ? (lo >> 4) : (lo & 0xF);
-    return lo | (((qh[l] >> (2 * g)) & 3) << 4);
-}
-
-/* All 256 levels of b at once, as quant_q6_K_get gives them one by one:
- * element 128 h + 32 g + l is nibble g >> 1 of ql[64 h + 32 (g & 1) + l]
- * with bits 2g, 2g + 1 of qh[32 h + l] above it. */
+/* The 256 levels of a Q6_K super-block, each 0..63 (subtract 32 for the
+ * signed value): element 128 h + 32 g + l is nibble g >> 1 of
+ * ql[64 h + 32 (g & 1) + l] with bits 2g, 2g + 1 of qh[32 h + l] above it. */
 static void quant_q6_K_levels(const block_q6_K *b, uint8_t lv[QK_K]) {
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
@@ -227,8 +218,10 @@ static void quant_q6_K_levels(const block_q6_K *b, uint8_t lv[QK_K]) {
 static void quant_dequant_q6_K(const block_q6_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         float d = fp16_to_f32(x[i].d);
+        uint8_t lv[QK_K];
+        quant_q6_K_levels(&x[i], lv);
         for (int e = 0; e < QK_K; e++)
-            *y++ = d * (float)x[i].scales[e / 16] * (float)(quant_q6_K_get(&x[i], e) - 32);
+            *y++ = d * (float)x[i].scales[e / 16] * (float)(lv[e] - 32);
     }
 }
 
@@ -396,10 +389,12 @@ static float quant_ref_dot_q6_K(int64_t nb, const block_q6_K *x, const block_q8_
     float sumf = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
         int sumi = 0;
+        uint8_t lv[QK_K];
+        quant_q6_K_levels(&x[i], lv);
         for (int j = 0; j < QK_K / 16; j++) {
             int dot = 0;
             for (int l = 0; l < 16; l++)
-                dot += (quant_q6_K_get(&x[i], 16 * j + l) - 32) * y[i].qs[16 * j + l];
+                dot += (lv[16 * j + l] - 32) * y[i].qs[16 * j + l];
             sumi += x[i].scales[j] * dot;
         }
         sumf += y[i].d * fp16_to_f32(x[i].d) * (float)sumi;
@@ -870,7 +865,8 @@ static void quant_pack_block(uint32_t wtype, const void *blk, int r, uint8_t *p)
             for (int k = 0; k < 4; k++) {
                 int d = lv[16 * sb + 12 + k];
                 for (int t = 0; t < 3; t++)
-                    p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k] = (uint8_t)(lv[16 * sb + 4 * t + k] << 2 | (d >> (2 * t) & 3));
+                    p[288 + QUANT_RUN * (3 * sb + t) + 4 * r + k] =
+                        (uint8_t)(lv[16 * sb + 4 * t + k] << 2 | (d >> (2 * t) & 3));
             }
     }
 }
