@@ -119,37 +119,49 @@ QN_INLINE void qn_k4_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     }
 }
 
+/* Sub-block k (32 values, 0..7) of a Q4_K or Q5_K block as int8. */
+QN_INLINE void qn_k45_sub(int five, const uint8_t *wb, int k, int8x16_t *lo, int8x16_t *hi) {
+    const block_q4_K *x4 = (const block_q4_K *)wb;
+    const block_q5_K *x5 = (const block_q5_K *)wb;
+    const uint8_t *qs = (five ? x5->qs : x4->qs) + 32 * (k / 2);
+    uint8x16_t r0 = vld1q_u8(qs), r1 = vld1q_u8(qs + 16), m4 = vdupq_n_u8(0xF);
+    uint8x16_t v0 = k & 1 ? vshrq_n_u8(r0, 4) : vandq_u8(r0, m4);
+    uint8x16_t v1 = k & 1 ? vshrq_n_u8(r1, 4) : vandq_u8(r1, m4);
+    if (five) {
+        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << k)), h = vdupq_n_u8(0x10);
+        v0 = vorrq_u8(v0, vandq_u8(vtstq_u8(vld1q_u8(x5->qh), bit), h));
+        v1 = vorrq_u8(v1, vandq_u8(vtstq_u8(vld1q_u8(x5->qh + 16), bit), h));
+    }
+    *lo = vreinterpretq_s8_u8(v0);
+    *hi = vreinterpretq_s8_u8(v1);
+}
+
+/* Sub-block j (16 values, 0..15: its scale index) of a Q6_K block as int8,
+ * levels minus 32: element 128 h + 32 g + l is nibble g >> 1 of
+ * ql[64 h + 32 (g & 1) + l] with bits 2g, 2g + 1 of qh[32 h + l] above it. */
+QN_INLINE int8x16_t qn_q6_sub(const block_q6_K *x, int j) {
+    const int k = j / 2, half = j % 2, h = k / 4, t = k % 4;
+    const uint8_t *ql = x->ql + 64 * h + 16 * half + (t & 1) * 32;
+    uint8x16_t l = vld1q_u8(ql), hb = vld1q_u8(x->qh + 32 * h + 16 * half);
+    uint8x16_t lo = t < 2 ? vandq_u8(l, vdupq_n_u8(0xF)) : vshrq_n_u8(l, 4);
+    uint8x16_t hi = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * t))), vdupq_n_u8(3));
+    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
+}
+
 QN_INLINE void qn_kblock(uint32_t type, int RA, const uint8_t *wb, const block_q8_K *const *a, int64_t b,
                          float *acc) {
     int32x4_t isum[QN_ROWS];
     QN_UNROLL
     for (int r = 0; r < RA; r++) isum[r] = vdupq_n_s32(0);
-    const uint8x16_t m4 = vdupq_n_u8(0xF);
     if (type == GGML_TYPE_Q6_K) {
         const block_q6_K *x = (const block_q6_K *)wb;
-        const uint8x16_t m3 = vdupq_n_u8(3);
-        QN_UNROLL
-        for (int h = 0; h < 2; h++) {
-            const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+        _Pragma("GCC unroll 16")   /* whole: each sub-block's decode has constant shifts */
+        for (int j = 0; j < QK_K / 16; j++) {
+            const int8x16_t wq = qn_q6_sub(x, j);
             QN_UNROLL
-            for (int half = 0; half < 2; half++) {  /* values l = 16*half .. 16*half+15 of each group */
-                uint8x16_t l0 = vld1q_u8(ql + 16 * half), l1 = vld1q_u8(ql + 32 + 16 * half);
-                uint8x16_t hb = vld1q_u8(qh + 16 * half);
-                uint8x16_t g[4];
-                g[0] = vorrq_u8(vandq_u8(l0, m4), vshlq_n_u8(vandq_u8(hb, m3), 4));
-                g[1] = vorrq_u8(vandq_u8(l1, m4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 2), m3), 4));
-                g[2] = vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hb, 4), m3), 4));
-                g[3] = vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hb, 6), 4));
-                QN_UNROLL
-                for (int t = 0; t < 4; t++) {
-                    const int k = 4 * h + t, sub = 2 * k + half;  /* scale index of these 16 values */
-                    int8x16_t wq = vsubq_s8(vreinterpretq_s8_u8(g[t]), vdupq_n_s8(32));
-                    QN_UNROLL
-                    for (int r = 0; r < RA; r++) {
-                        int32x4_t dt = qn_dot(vdupq_n_s32(0), wq, vld1q_s8(a[r][b].qs + 16 * sub));
-                        isum[r] = vmlaq_n_s32(isum[r], dt, x->scales[sub]);
-                    }
-                }
+            for (int r = 0; r < RA; r++) {
+                int32x4_t dt = qn_dot(vdupq_n_s32(0), wq, vld1q_s8(a[r][b].qs + 16 * j));
+                isum[r] = vmlaq_n_s32(isum[r], dt, x->scales[j]);
             }
         }
         const float d = qn_h2f(x->d);
@@ -160,30 +172,17 @@ QN_INLINE void qn_kblock(uint32_t type, int RA, const uint8_t *wb, const block_q
     const block_q4_K *x4 = (const block_q4_K *)wb;
     const block_q5_K *x5 = (const block_q5_K *)wb;
     const int five = type == GGML_TYPE_Q5_K;
-    const uint8_t *qs = five ? x5->qs : x4->qs;
     uint8_t sc[8], mn[8];
     qn_k4_scales(five ? x5->scales : x4->scales, sc, mn);
-    uint8x16_t qh0 = vdupq_n_u8(0), qh1 = vdupq_n_u8(0);
-    if (five) { qh0 = vld1q_u8(x5->qh); qh1 = vld1q_u8(x5->qh + 16); }
     QN_UNROLL
-    for (int c = 0; c < 4; c++) {
-        uint8x16_t raw0 = vld1q_u8(qs + 32 * c), raw1 = vld1q_u8(qs + 32 * c + 16);
+    for (int k = 0; k < 8; k++) {
+        int8x16_t w0, w1;
+        qn_k45_sub(five, wb, k, &w0, &w1);
         QN_UNROLL
-        for (int s = 0; s < 2; s++) {
-            const int k = 2 * c + s;
-            uint8x16_t w0 = s ? vshrq_n_u8(raw0, 4) : vandq_u8(raw0, m4);
-            uint8x16_t w1 = s ? vshrq_n_u8(raw1, 4) : vandq_u8(raw1, m4);
-            if (five) {
-                uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << k));
-                w0 = vorrq_u8(w0, vandq_u8(vtstq_u8(qh0, bit), vdupq_n_u8(0x10)));
-                w1 = vorrq_u8(w1, vandq_u8(vtstq_u8(qh1, bit), vdupq_n_u8(0x10)));
-            }
-            QN_UNROLL
-            for (int r = 0; r < RA; r++) {
-                int32x4_t dt = qn_dot(vdupq_n_s32(0), vreinterpretq_s8_u8(w0), vld1q_s8(a[r][b].qs + 32 * k));
-                dt = qn_dot(dt, vreinterpretq_s8_u8(w1), vld1q_s8(a[r][b].qs + 32 * k + 16));
-                isum[r] = vmlaq_n_s32(isum[r], dt, sc[k]);
-            }
+        for (int r = 0; r < RA; r++) {
+            int32x4_t dt = qn_dot(vdupq_n_s32(0), w0, vld1q_s8(a[r][b].qs + 32 * k));
+            dt = qn_dot(dt, w1, vld1q_s8(a[r][b].qs + 32 * k + 16));
+            isum[r] = vmlaq_n_s32(isum[r], dt, sc[k]);
         }
     }
     const float d = qn_h2f(five ? x5->d : x4->d), dmin = qn_h2f(five ? x5->dmin : x4->dmin);
@@ -256,34 +255,6 @@ QN_INLINE void qn_pair_b32(uint32_t type, int NP, int64_t nb, const uint8_t *w0,
     for (int p = 0; p < NP; p++) res[p] = acc[p];
 }
 
-/* Sub-block k (32 values, 0..7) of a Q4_K or Q5_K block as int8. */
-QN_INLINE void qn_k45_sub(int five, const uint8_t *wb, int k, int8x16_t *lo, int8x16_t *hi) {
-    const block_q4_K *x4 = (const block_q4_K *)wb;
-    const block_q5_K *x5 = (const block_q5_K *)wb;
-    const uint8_t *qs = (five ? x5->qs : x4->qs) + 32 * (k / 2);
-    uint8x16_t r0 = vld1q_u8(qs), r1 = vld1q_u8(qs + 16), m4 = vdupq_n_u8(0xF);
-    uint8x16_t v0 = k & 1 ? vshrq_n_u8(r0, 4) : vandq_u8(r0, m4);
-    uint8x16_t v1 = k & 1 ? vshrq_n_u8(r1, 4) : vandq_u8(r1, m4);
-    if (five) {
-        const uint8x16_t bit = vdupq_n_u8((uint8_t)(1u << k)), h = vdupq_n_u8(0x10);
-        v0 = vorrq_u8(v0, vandq_u8(vtstq_u8(vld1q_u8(x5->qh), bit), h));
-        v1 = vorrq_u8(v1, vandq_u8(vtstq_u8(vld1q_u8(x5->qh + 16), bit), h));
-    }
-    *lo = vreinterpretq_s8_u8(v0);
-    *hi = vreinterpretq_s8_u8(v1);
-}
-
-/* Sub-block j (16 values, 0..15: its scale index) of a Q6_K block as int8:
- * the layout qn_kblock walks, one group at a time. */
-QN_INLINE int8x16_t qn_q6_sub(const block_q6_K *x, int j) {
-    const int k = j / 2, half = j % 2, h = k / 4, t = k % 4;
-    const uint8_t *ql = x->ql + 64 * h + 16 * half + (t & 1) * 32;
-    uint8x16_t l = vld1q_u8(ql), hb = vld1q_u8(x->qh + 32 * h + 16 * half);
-    uint8x16_t lo = t < 2 ? vandq_u8(l, vdupq_n_u8(0xF)) : vshrq_n_u8(l, 4);
-    uint8x16_t hi = vandq_u8(vshlq_u8(hb, vdupq_n_s8((int8_t)(-2 * t))), vdupq_n_u8(3));
-    return vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4))), vdupq_n_s8(32));
-}
-
 /* Two K-quant weight blocks (w0, w1: super-block b of each row) against NP
  * pairs of Q8_K activation rows: acc[p] += the block's term per lane. */
 QN_INLINE void qn_pair_kblock(uint32_t type, int NP, const uint8_t *w0, const uint8_t *w1,
@@ -291,6 +262,7 @@ QN_INLINE void qn_pair_kblock(uint32_t type, int NP, const uint8_t *w0, const ui
     int32x4_t isum[2] = { vdupq_n_s32(0), vdupq_n_s32(0) };
     if (type == GGML_TYPE_Q6_K) {
         const block_q6_K *x0 = (const block_q6_K *)w0, *x1 = (const block_q6_K *)w1;
+        _Pragma("GCC unroll 16")   /* as qn_kblock: constant shifts per sub-block */
         for (int j = 0; j < QK_K / 16; j++) {
             const int8x16_t v0 = qn_q6_sub(x0, j), v1 = qn_q6_sub(x1, j);
             const int32x4_t sc = { x0->scales[j], x0->scales[j], x1->scales[j], x1->scales[j] };
