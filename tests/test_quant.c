@@ -539,8 +539,9 @@ static void test_kernels(void) {
         __builtin_cpu_supports("avx512bw"))
         CHECK(quant_use_kernels("avx512") == 0, "avx512 set present on an AVX-512 VNNI CPU");
 #elif defined(__aarch64__) && defined(__linux__)
-    /* one build: neon on every arm64, dotprod exactly where the CPU has sdot
-     * (tools/arm64_check.sh runs this on CPU models with and without it) */
+    /* one build: neon on every arm64, dotprod exactly where the CPU has sdot,
+     * i8mm where it also has smmla (tools/arm64_check.sh runs this on CPU
+     * models with neither, with sdot only, and with both) */
     int has_dot = (int)(getauxval(AT_HWCAP) >> 20 & 1), has_mm = has_dot && (getauxval(AT_HWCAP2) >> 13 & 1);
     CHECK(quant_use_kernels("neon") == 0, "neon set present on arm64");
     CHECK((quant_use_kernels("dotprod") == 0) == has_dot, "dotprod set present %s the CPU has sdot",

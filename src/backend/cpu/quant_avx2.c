@@ -1065,11 +1065,11 @@ QA_KP_WALK(q6k)
  * group's blocks stay in cache while the activation rows pass over them.
  * With several activation rows the results go to a tile on the stack, copied
  * out row by row at the end: each walk stores one 64-byte piece per
- * activation row, QA_KP_TILE rows of out apart, and once out outgrew the
- * cache every piece was a store miss of its own. One Zen 5 core, a 3072 x
+ * activation row, out_stride floats (the matrix's height) apart, and once out
+ * outgrew the cache every piece was a store miss of its own. One Zen 5 core, a 3072 x
  * 1024 Q4_K matrix against 512 tokens in 64 x 64 tiles (out 6 MiB): 430-455
  * GFLOP/s storing in place, 560-595 through the tile (590-600 with a small
- * out); Qwen3-0.6B pp512, 2 threads, alternated: Q4_K_M 732-745 -> 827-864
+ * out); Qwen3-0.6B pp512, 2 threads, alternated: Q4_K_M 732-750 -> 827-864
  * t/s, Q5_K_M 692-716 -> 820-834. The Q8_0 / Q4_0 / Q5_0 walks stay as
  * they are: buffering all tiles (in the backend) left Qwen3-0.6B Q8_0's
  * pp512 1.5% slower. */
