@@ -821,6 +821,21 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * and the machine's bandwidth the limit (about 44 GB/s for the two), every
  * distance gave the same. */
 static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
+/* A second prefetch of every line, 32 KiB ahead. One 512 MiB Q4_K matrix
+ * walked from memory by both cores of a 2-core Zen 5 (streaming read 44-50
+ * GB/s), alternated: 36-39 GB/s with the near prefetch alone, 41-45 with a
+ * second one 48 or 64 KiB ahead; a far one alone gave nothing. Decode
+ * tokens alternated in one process, far 0 vs 32 KiB, at the machine's ~47
+ * GB/s: Qwen3-0.6B Q4_K_M +8-10%, Q5_K_M +2-6%, the 30B-A3B shape (8
+ * layers) +7-10%; 0-3% at its ~80 GB/s. 24 to 64 KiB were within 1-4% of
+ * each other; the Q8_0 walk gained nothing from one. */
+static volatile const size_t qa_kp_far = 32768;
+/* a line's two prefetches, near and far ahead of p */
+#define QA_PF_2(p, near, far)                                           \
+    do {                                                                \
+        _mm_prefetch((const char *)(p) + (near), _MM_HINT_T0);          \
+        _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);           \
+    } while (0)
 
 
 /* Q4_K: 6-bit scale j (sel 0) or min j (sel 1) of every lane, from the three
@@ -853,10 +868,10 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q4k;
+    const size_t pf = qa_kp_pf_q4k, far = qa_kp_far;
     for (int64_t b = 0; b < nb; b++, pk += Q5 ? QA_Q5KP_BLOCK : QA_Q4KP_BLOCK) {
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
-            for (int l = 0; l < 256; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
+            for (int l = 0; l < 256; l += 64) QA_PF_2(pk + l, pf, far);
         const __m512i A = _mm512_loadu_si512(pk + 64), B = _mm512_loadu_si512(pk + 128), C = _mm512_loadu_si512(pk + 192);
         /* decode: Q5_K's 8 qh runs in registers before the qs runs, so the
          * block is read front to back (loaded at c = 0, the qh lines had
@@ -881,8 +896,8 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
             QA_UNROLL
             for (int g = 0; g < 8; g++) {
                 __m512i v = _mm512_loadu_si512(pk + qs0 + 64 * (8 * c + g));
-                if (RA <= 2) _mm_prefetch((const char *)pk + qs0 + 64 * (8 * c + g) + pf, _MM_HINT_T0);
-                if (Q5 && RA <= 2 && c == 0) _mm_prefetch((const char *)pk + 256 + 64 * g + pf, _MM_HINT_T0);
+                if (RA <= 2) QA_PF_2(pk + qs0 + 64 * (8 * c + g), pf, far);
+                if (Q5 && RA <= 2 && c == 0) QA_PF_2(pk + 256 + 64 * g, pf, far);
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (Q5) {
                     const __m512i h = RA <= 2 ? H[g] : _mm512_loadu_si512(pk + 256 + 64 * g);
@@ -976,11 +991,11 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q6k;
+    const size_t pf = qa_kp_pf_q6k, far = qa_kp_far;
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
         __m512i sumi[QA_KP_ACTS], corr[QA_KP_ACTS], P[QA_KP_ACTS];
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
-            for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + pf + l, _MM_HINT_T0);
+            for (int l = 0; l < 288; l += 64) QA_PF_2(pk + l, pf, far);
         QA_UNROLL
         for (int r = 0; r < RA; r++) {
             sumi[r] = corr[r] = _mm512_setzero_si512();
@@ -999,7 +1014,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                 const uint8_t *run = pk + 288 + 192 * sb;
                 if (RA <= 2)
                     for (int l = 0; l < 192; l += 64)
-                        _mm_prefetch((const char *)run + pf + l, _MM_HINT_T0);
+                        QA_PF_2(run + l, pf, far);
                 __m512i lv[4];
                 qa_q6k_quads(run, lv);
                 const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * j), 24);   /* int8 scale sb */
