@@ -849,7 +849,8 @@ static volatile const size_t qa_kp_far = 32768;
  * meet them. One Zen 5 core, cache-resident rows, one activation row:
  * 74-75 -> 78-80 GB/s; decode tokens alternated in one process:
  * Qwen3-0.6B Q4_K_M +0.4-1.2% at ~47 GB/s, +4% at ~80, Q5_K_M and the
- * 30B-A3B shape 0-3%. The same integers: the same bits. */
+ * 30B-A3B shape -3% to +3% (7 of 10 runs above even). The same
+ * integers: the same bits. */
 typedef struct {
     __m512i A, S47;   /* scale j: byte j of A (j < 4) or j - 4 of S47, bits 6-7 to be masked */
     __m512i mp[4];    /* mins as int16 pairs (0, 2), (1, 3), (4, 6), (5, 7) */
