@@ -819,16 +819,17 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * gathered, 42-48 spread (slower again from 18 KiB). Q6_K 33 -> 44-46.
  * The Q8_0 walk reads 42-44 at any distance. With both cores streaming
  * and the machine's bandwidth the limit (about 44 GB/s for the two), every
- * distance gave the same. */
+ * distance of this one prefetch gave the same (a second one does not: below). */
 static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
 /* A second prefetch of every line, 32 KiB ahead. One 512 MiB Q4_K matrix
  * walked from memory by both cores of a 2-core Zen 5 (streaming read 44-50
  * GB/s), alternated: 36-39 GB/s with the near prefetch alone, 41-45 with a
  * second one 48 or 64 KiB ahead; a far one alone gave nothing. Decode
- * tokens alternated in one process, far 0 vs 32 KiB, at the machine's ~47
- * GB/s: Qwen3-0.6B Q4_K_M +8-10%, Q5_K_M +2-6%, the 30B-A3B shape (8
- * layers) +7-10%; 0-3% at its ~80 GB/s. 24 to 64 KiB were within 1-4% of
- * each other; the Q8_0 walk gained nothing from one. */
+ * tokens alternated in one process at the machine's ~47 GB/s: Qwen3-0.6B
+ * Q4_K_M +8-11% with a second prefetch 64 KiB ahead (-2% to +1% at its ~80
+ * GB/s), and 32 KiB another 3-4% above 64 (16, 24 and 48 KiB within 1.2%
+ * of 32); at 32 KiB Q5_K_M +2-6%, the 30B-A3B shape (8 layers) +7-10%. The
+ * Q8_0 walk gained nothing from one. */
 static volatile const size_t qa_kp_far = 32768;
 /* a line's two prefetches, near and far ahead of p */
 #define QA_PF_2(p, near, far)                                           \
@@ -836,7 +837,6 @@ static volatile const size_t qa_kp_far = 32768;
         _mm_prefetch((const char *)(p) + (near), _MM_HINT_T0);          \
         _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);           \
     } while (0)
-
 
 /* Q4_K's scales and mins, decoded once per block from the three scale runs
  * A, B, C (bytes 0-3, 4-7, 8-11 of each row's 12 scale bytes; for j < 4
