@@ -57,6 +57,7 @@ int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum)
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
 int ops_avx2_scale(float *x, float a, size_t n);
+int ops_avx2_axpy(float a, const float *x, float *y, size_t n);
 int ops_avx2_max(const float *x, size_t n, float *m);
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
@@ -132,6 +133,7 @@ void ops_add(float *x, const float *y, size_t n) {
 }
 
 void ops_axpy(float a, const float *x, float *y, size_t n) {
+    if (ops_use_avx2() && ops_avx2_axpy(a, x, y, n)) return;
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 

@@ -29,7 +29,7 @@ void ops_ref_rms_norm_row(const float *x, const float *w, float *y, size_t n, fl
 
 /* x[i] += y[i] */
 void ops_add(float *x, const float *y, size_t n);
-/* y[i] += a * x[i] (fused multiply-add in the vector version) */
+/* y[i] += a * x[i], the product rounded before the sum (the vector version too) */
 void ops_axpy(float a, const float *x, float *y, size_t n);
 /* max of x[0..n) (n >= 1) */
 float ops_max(const float *x, size_t n);

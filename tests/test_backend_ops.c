@@ -398,8 +398,49 @@ static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const
 
 /* ==== MoE ==== */
 
+/* The CPU backend's MoE block (its vector kernels) gives every token the
+ * same bits whether it runs alone, in a batch, or in a batch whose experts
+ * are split into groups of one expert each: batching never changes a token. */
+static void moe_cpu_same_run(backend *be, const be_weight *wgi, const be_weight *wg, const be_weight *wu,
+                             const be_weight *wd, int ne, int k, const float *x, int n_tok, int dim, int packed) {
+    be_moe m = { wgi, wg, wu, wd, ne, k, 1 };
+    size_t n = (size_t)n_tok * dim;
+    float *dx = upload(be, x, n), *dy = upload(be, NULL, n);
+    int ok = 1;
+    for (int t = 0; t < n_tok; t++)
+        ok &= be->ops->moe_ffn(be, &m, dx + (size_t)t * dim, 1, dy + (size_t)t * dim) == 0;
+    float *one = download(be, dy, n);
+    ok &= be->ops->moe_ffn(be, &m, dx, n_tok, dy) == 0;
+    float *all = download(be, dy, n);
+    backend_cpu_set_moe_scratch(be, 1);
+    ok &= be->ops->moe_ffn(be, &m, dx, n_tok, dy) == 0;
+    backend_cpu_set_moe_scratch(be, (size_t)64 << 20);   /* the default */
+    float *split = download(be, dy, n);
+    CHECK(ok, "moe_ffn on the CPU");
+    CHECK(!memcmp(one, all, sizeof(float) * n), "%s experts%s, %d rows: a batch differs from one token at a time",
+          gguf_type_name(wg->type), packed ? " (packed)" : "", n_tok);
+    CHECK(!memcmp(split, all, sizeof(float) * n), "%s experts%s, %d rows: experts in groups differ from one group",
+          gguf_type_name(wg->type), packed ? " (packed)" : "", n_tok);
+    be->ops->release(be, dx); be->ops->release(be, dy);
+    free(one); free(all); free(split);
+}
+
+static void moe_cpu_same(const test_weight *gi, const test_weight *g, const test_weight *u, const test_weight *d,
+                         int ne, int k, const float *x, int n_tok, int dim) {
+    backend *be = cpu_vs_ref ? test_be : ref_be;   /* the CPU with its vector kernels */
+    side(be);
+    for (int packed = 0; packed < 2; packed++) {
+        be_weight wgi = wcopy(gi), wg = wcopy(g), wu = wcopy(u), wd = wcopy(d);
+        char err[256];
+        if (packed)   /* the rows interleaved as at load, where the kernel set multiplies this type so */
+            CHECK(!be->ops->load_weight(be, &wg, err, sizeof err) && !be->ops->load_weight(be, &wu, err, sizeof err) &&
+                  !be->ops->load_weight(be, &wd, err, sizeof err), "load_weight: %s", err);
+        moe_cpu_same_run(be, &wgi, &wg, &wu, &wd, ne, k, x, n_tok, dim, packed);
+    }
+}
+
 static void case_moe(uint32_t type, int n_tok) {
-    int dim = is_k(type) ? 256 : 96, nff = is_k(type) ? 256 : 64, ne = 8, k = 2;
+    int dim = is_k(type) ? 256 : 96, nff = is_k(type) ? 256 : 64, ne = 8, k = 3;   /* 3: a sum order shows */
     test_weight gi, g, u, d;
     make_weight(&gi, GGML_TYPE_F32, dim, ne, 1, 1.0f);
     make_weight(&g, type, dim, nff, ne, 0.5f);
@@ -420,6 +461,7 @@ static void case_moe(uint32_t type, int n_tok) {
     char what[64];
     snprintf(what, sizeof what, "%s experts, %d rows", gguf_type_name(type), n_tok);
     record("moe_ffn", nmse(out[1], out[0], (size_t)n_tok * dim), is_q(type) ? 5e-4 : 1e-6, what);
+    moe_cpu_same(&gi, &g, &u, &d, ne, k, x, n_tok, dim);
     free(out[0]); free(out[1]); free(x);
     retire(gi.bytes); retire(g.bytes); retire(u.bytes); retire(d.bytes);
 }

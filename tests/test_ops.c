@@ -105,14 +105,18 @@ static void test_small(void) {
     ops_scale(y, 0.5f, 11);
     CHECK(y[10] == 15.5f, "scale");
     CHECK(ops_max(x, 11) == 10.0f, "max");
-    /* scale and max: each length through the vector body and its tail, the
+    /* scale, axpy and max: each length through the vector body and its tail, the
      * same results as the scalar loops */
-    static float z[70], w[70];
+    static float z[70], w[70], x70[70];
     for (int n = 1; n <= 70; n += 3) {
+        for (int i = 0; i < 70; i++) x70[i] = frand(-3.0f, 3.0f);
         for (int i = 0; i < 70; i++) z[i] = w[i] = frand(-5.0f, 5.0f);
         ops_scale(z, 0.37f, (size_t)n);
         for (int i = 0; i < n; i++) w[i] *= 0.37f;
         CHECK(!memcmp(z, w, sizeof z), "scale n %d", n);
+        ops_axpy(-1.7f, x70, z, (size_t)n);
+        for (int i = 0; i < n; i++) w[i] += -1.7f * x70[i];
+        CHECK(!memcmp(z, w, sizeof z), "axpy n %d", n);
         float m = z[0];
         for (int i = 1; i < n; i++) m = z[i] > m ? z[i] : m;
         CHECK(ops_max(z, (size_t)n) == m, "max n %d", n);

@@ -42,6 +42,7 @@ typedef struct {
     size_t *scratch_size;
     float *moe_buf;         /* MoE gather/scatter scratch */
     size_t moe_size;
+    size_t moe_cap;         /* bytes of scratch one group of experts may fill (CPU_MOE_GROUP_BYTES) */
     cpu_arena *arenas;      /* packed weight copies (be_weight.dev), unmapped with the backend */
     const be_weight *next[4];   /* warm_next's hint for the next product, consumed by it */
     int n_next;
@@ -612,9 +613,12 @@ void moe_select_experts(const float *logits, int n, int k, int norm, int32_t *id
     }
 }
 
-/* Tokens up to which a MoE block runs its experts' products as two pool jobs
- * (cpu_moe_fused): decode steps and small batches of them. */
-#define CPU_MOE_FUSE 4
+/* Scratch a MoE block's experts may fill at once (products, SwiGLU inputs,
+ * quantised rows): the used experts are taken in groups of whole experts
+ * whose rows fit it. 64 MiB holds all 4096 (token, expert) rows of a
+ * 512-token pass of Qwen3-30B-A3B's shape (n_embd 2048, expert ffn 768, 8
+ * of 128 used) in one group; one expert's rows always make a group. */
+#define CPU_MOE_GROUP_BYTES ((size_t)64 << 20)
 
 /* The experts' rows: for every used expert in index order, the (token,
  * slot) pairs routed to it. n_act experts; tok[] and slot[] (n_tok * k
@@ -625,124 +629,190 @@ typedef struct {
     int *tok, *slot;
 } moe_rows;
 
-/* NULL when out of memory; free() releases it whole. */
+/* Counting sort of the (token, slot) pairs by expert, tokens then slots in
+ * order within each. NULL when out of memory; free() releases it whole. */
 static moe_rows *moe_gather(const int32_t *sel, int n_tok, int k, int ne) {
     moe_rows *r = malloc(sizeof *r + sizeof(int) * 2 * (size_t)n_tok * k);
     if (!r) return NULL;
     r->tok = (int *)(r + 1);
     r->slot = r->tok + (size_t)n_tok * k;
+    int count[256] = {0}, at[256];
+    for (size_t i = 0; i < (size_t)n_tok * k; i++) count[sel[i]]++;
     int n = 0;
     r->n_act = 0;
     for (int e = 0; e < ne; e++) {
-        int first = n;
-        for (int t = 0; t < n_tok; t++)
-            for (int s = 0; s < k; s++)
-                if (sel[(size_t)t * k + s] == e) { r->tok[n] = t; r->slot[n] = s; n++; }
-        if (n > first) { r->act[r->n_act] = e; r->start[r->n_act++] = first; }
+        at[e] = n;
+        if (count[e]) { r->act[r->n_act] = e; r->start[r->n_act++] = n; }
+        n += count[e];
     }
     r->start[r->n_act] = n;
+    for (int t = 0; t < n_tok; t++)
+        for (int s = 0; s < k; s++) {
+            int i = at[sel[(size_t)t * k + s]]++;
+            r->tok[i] = t;
+            r->slot[i] = s;
+        }
     return r;
 }
 
-/* Same arithmetic as the per-expert loop of cpu_moe_ffn (each product is
- * its own job's, SwiGLU is element-wise, and the weighted sums are added in
- * expert order); two pool jobs instead of three per used expert. */
-static int cpu_moe_fused(backend *be, const be_moe *m, const float *x, int n_tok, const moe_rows *r,
-                         const float *selw, float *buf, float *y) {
-    cpu_impl *c = cpu_of(be);
-    const int k = m->n_expert_used;
-    const int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
-    mm_job *parts = malloc(sizeof(mm_job) * 2 * (size_t)r->n_act);
-    long *first = malloc(sizeof(long) * (2 * (size_t)r->n_act + 1));
-    int rc = -1;
-    if (!parts || !first) goto out;
-    const int R = r->start[r->n_act];
-    float *xg = buf, *gate = xg + (size_t)R * dim, *up = gate + (size_t)R * nff, *down = up + (size_t)R * nff;
-    const uint32_t vgu = quant_vec_dot_type(m->gate_exps->type), vd = quant_vec_dot_type(m->down_exps->type);
-    const size_t qgu = gguf_row_bytes(vgu, (uint64_t)dim), qd = gguf_row_bytes(vd, (uint64_t)nff);
-    if (cpu_grow((void **)&c->qbuf, &c->qbuf_size, (size_t)R * (qgu > qd ? qgu : qd))) goto out;
-    for (int i = 0; i < R; i++) {
-        memcpy(xg + (size_t)i * dim, x + (size_t)r->tok[i] * dim, sizeof(float) * dim);
-        quant_quantize_act_row(vgu, xg + (size_t)i * dim, c->qbuf + (size_t)i * qgu, dim);
+/* One group of experts, act[a0, a1): their rows [i0, i1) of the routing
+ * table. Buffers hold the group's rows from 0. */
+typedef struct {
+    const be_moe *m;
+    const moe_rows *r;
+    const float *x, *selw;
+    float *y;
+    int a0, a1, i0, i1, n_tok;
+    int64_t dim, nff;
+    uint32_t vg, vu, vd;    /* vec_dot types of gate, up, down */
+    size_t qg, qu, qd;      /* their quantised row bytes */
+    uint8_t *xg, *xu, *hq;  /* gate's and up's inputs (xu == xg when they share a type), down's */
+    float *gate, *up, *down;
+} moe_group;
+
+/* Rows [lo, hi) of the group's inputs, quantised for gate and up. */
+static void moe_quantize_in(void *ctx, int ith, int nth) {
+    const moe_group *g = ctx;
+    long lo, hi;
+    tpool_split(g->i1 - g->i0, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++) {
+        const float *xr = g->x + (size_t)g->r->tok[g->i0 + i] * g->dim;
+        quant_quantize_act_row(g->vg, xr, g->xg + (size_t)i * g->qg, g->dim);
+        if (g->xu != g->xg) quant_quantize_act_row(g->vu, xr, g->xu + (size_t)i * g->qu, g->dim);
     }
-    for (int a = 0; a < r->n_act; a++) {
-        int e = r->act[a], i0 = r->start[a], cnt = r->start[a + 1] - i0;
-        mm_part_init(&parts[2 * a], m->gate_exps, e, c->qbuf + (size_t)i0 * qgu, cnt, gate + (size_t)i0 * nff);
-        mm_part_init(&parts[2 * a + 1], m->up_exps, e, c->qbuf + (size_t)i0 * qgu, cnt, up + (size_t)i0 * nff);
+}
+
+/* Rows of SwiGLU's output, quantised for down. */
+static void moe_quantize_mid(void *ctx, int ith, int nth) {
+    const moe_group *g = ctx;
+    long lo, hi;
+    tpool_split(g->i1 - g->i0, ith, nth, &lo, &hi);
+    for (long i = lo; i < hi; i++)
+        quant_quantize_act_row(g->vd, g->gate + (size_t)i * g->nff, g->hq + (size_t)i * g->qd, g->nff);
+}
+
+/* y[t] += weight x down row, tokens [lo, hi) of this thread: every thread
+ * walks the group's rows in order, so each token's sum runs in expert order
+ * whatever the split (the serial loop's bits). */
+static void moe_scatter(void *ctx, int ith, int nth) {
+    const moe_group *g = ctx;
+    long lo, hi;
+    tpool_split(g->n_tok, ith, nth, &lo, &hi);
+    const int k = g->m->n_expert_used;
+    for (int i = g->i0; i < g->i1; i++) {
+        int t = g->r->tok[i];
+        if (t < lo || t >= hi) continue;
+        float wt = g->selw[(size_t)t * k + g->r->slot[i]];
+        ops_axpy(wt, g->down + (size_t)(i - g->i0) * g->dim, g->y + (size_t)t * g->dim, (size_t)g->dim);
     }
-    mm_run_many(c, parts, 2 * r->n_act, first);
-    for (int a = 0; a < r->n_act; a++) {   /* per expert, as the loop does: the vector ops' tails fall alike */
-        size_t o = (size_t)r->start[a] * nff, n = (size_t)(r->start[a + 1] - r->start[a]) * nff;
-        cpu_swiglu(be, gate + o, up + o, gate + o, n);
+}
+
+/* A row job on the pool, or on this thread when the group is small (a
+ * decode step's 8 rows: waking the pool would cost more than the rows). */
+static void moe_rows_run(cpu_impl *c, tpool_fn fn, moe_group *g, size_t work) {
+    if (c->nth == 1 || work < CPU_PAR_MIN) fn(g, 0, 1); else tpool_run(c->pool, fn, g);
+}
+
+/* The group's experts: every gate and up product in one pool job, SwiGLU,
+ * every down product in a second job, then the weighted sums. Each product
+ * is the one expert's rows against its own weights, as a product of that
+ * expert alone would be: the same tiles, the same bits. */
+static int moe_group_run(cpu_impl *c, backend *be, moe_group *g, mm_job *parts, long *first) {
+    const int n = g->i1 - g->i0;
+    moe_rows_run(c, moe_quantize_in, g, (size_t)n * g->dim);
+    for (int a = g->a0; a < g->a1; a++) {
+        int e = g->r->act[a], o = g->r->start[a] - g->i0, cnt = g->r->start[a + 1] - g->r->start[a];
+        mm_job *p = &parts[2 * (a - g->a0)];
+        mm_part_init(p, g->m->gate_exps, e, g->xg + (size_t)o * g->qg, cnt, g->gate + (size_t)o * g->nff);
+        mm_part_init(p + 1, g->m->up_exps, e, g->xu + (size_t)o * g->qu, cnt, g->up + (size_t)o * g->nff);
     }
-    for (int i = 0; i < R; i++) quant_quantize_act_row(vd, gate + (size_t)i * nff, c->qbuf + (size_t)i * qd, nff);
-    for (int a = 0; a < r->n_act; a++) {
-        int i0 = r->start[a], cnt = r->start[a + 1] - i0;
-        mm_part_init(&parts[a], m->down_exps, r->act[a], c->qbuf + (size_t)i0 * qd, cnt, down + (size_t)i0 * dim);
+    mm_run_many(c, parts, 2 * (g->a1 - g->a0), first);
+    cpu_swiglu(be, g->gate, g->up, g->gate, (size_t)n * g->nff);   /* element-wise: the same bits in one call */
+    moe_rows_run(c, moe_quantize_mid, g, (size_t)n * g->nff);
+    for (int a = g->a0; a < g->a1; a++) {
+        int o = g->r->start[a] - g->i0, cnt = g->r->start[a + 1] - g->r->start[a];
+        mm_part_init(&parts[a - g->a0], g->m->down_exps, g->r->act[a], g->hq + (size_t)o * g->qd, cnt,
+                     g->down + (size_t)o * g->dim);
     }
-    mm_run_many(c, parts, r->n_act, first);
-    memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
-    for (int i = 0; i < R; i++) {
-        float wt = selw[(size_t)r->tok[i] * k + r->slot[i]];
-        float *yr = y + (size_t)r->tok[i] * dim;
-        const float *d = down + (size_t)i * dim;
-        for (int64_t q = 0; q < dim; q++) yr[q] += wt * d[q];
-    }
-    rc = 0;
-out:
-    free(parts); free(first);
-    return rc;
+    mm_run_many(c, parts, g->a1 - g->a0, first);
+    moe_rows_run(c, moe_scatter, g, (size_t)n * g->dim);
+    return 0;
+}
+
+/* Rows of scratch one group may hold: whole experts from a0 on while their
+ * rows fit `cap`, at least one. Returns a1. */
+static int moe_group_end(const moe_rows *r, int a0, size_t cap) {
+    int a1 = a0 + 1;
+    while (a1 < r->n_act && (size_t)(r->start[a1 + 1] - r->start[a0]) <= cap) a1++;
+    return a1;
 }
 
 /* Tokens are grouped by expert, so each expert's matrices are multiplied
  * once against all the tokens routed to it (a matrix-matrix product in
- * prefill), then the outputs are scattered back with their weights. */
+ * prefill), then the outputs are added back with their weights in expert
+ * order. The products of a group of experts run as two pool jobs, not three
+ * per expert: a 512-token pass of a 128-expert model had waited for the
+ * slowest thread 3 x 128 times a layer. */
 static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
-    int ne = m->n_expert, k = m->n_expert_used;
-    int64_t dim = m->gate_inp->ne[0], nff = m->gate_exps->ne[1];
-    if (ne > 256 || k > ne || k < 1) return -1;
-    /* scratch: router logits, routing table, gathered x, gate, up, down */
-    const int fuse = n_tok <= CPU_MOE_FUSE && m->gate_exps->type == m->up_exps->type;
-    const size_t brows = fuse ? (size_t)n_tok * k : (size_t)n_tok;   /* fused: every (token, expert) row at once */
-    size_t need = sizeof(float) * ((size_t)n_tok * ne + (size_t)n_tok * k * 2 + brows * (dim * 2 + nff * 2));
-    if (cpu_grow((void **)&c->moe_buf, &c->moe_size, need)) return -1;
-    float *logits = c->moe_buf;
-    int32_t *sel = (int32_t *)(logits + (size_t)n_tok * ne);
-    float *selw = (float *)(sel + (size_t)n_tok * k);
-    float *xg = selw + (size_t)n_tok * k;
-    float *gate = xg + (size_t)n_tok * dim;
-    float *up = gate + (size_t)n_tok * nff;
-    float *down = up + (size_t)n_tok * nff;
+    const int ne = m->n_expert, k = m->n_expert_used;
+    if (ne > 256 || k > ne || k < 1 || n_tok < 1) return -1;
+    moe_group g = { .m = m, .x = x, .y = y, .n_tok = n_tok, .dim = m->gate_inp->ne[0], .nff = m->gate_exps->ne[1],
+                    .vg = quant_vec_dot_type(m->gate_exps->type), .vu = quant_vec_dot_type(m->up_exps->type),
+                    .vd = quant_vec_dot_type(m->down_exps->type) };
+    g.qg = gguf_row_bytes(g.vg, (uint64_t)g.dim);
+    g.qu = g.vu == g.vg ? 0 : gguf_row_bytes(g.vu, (uint64_t)g.dim);
+    g.qd = gguf_row_bytes(g.vd, (uint64_t)g.nff);
+    const size_t row_f = (size_t)(2 * g.nff + g.dim), row_q = g.qg + g.qu + g.qd;
+    const size_t rows = (size_t)n_tok * k, cap = c->moe_cap / (row_f * sizeof(float) + row_q);
 
+    /* the router: logits, then each token's experts and weights */
+    size_t head = (size_t)n_tok * ne + rows * 2;
+    if (cpu_grow((void **)&c->moe_buf, &c->moe_size, sizeof(float) * head)) return -1;
+    float *logits = c->moe_buf;
     cpu_mul_mat(be, m->gate_inp, 0, x, n_tok, logits);
+    int32_t *sel = (int32_t *)(logits + (size_t)n_tok * ne);
+    float *selw = (float *)(sel + rows);
     for (int t = 0; t < n_tok; t++)
         moe_select_experts(logits + (size_t)t * ne, ne, k, m->norm_topk, sel + (size_t)t * k, selw + (size_t)t * k);
     moe_rows *r = moe_gather(sel, n_tok, k, ne);
-    if (!r) return -1;
-    if (fuse) {
-        int rc = cpu_moe_fused(be, m, x, n_tok, r, selw, xg, y);
-        free(r);
-        return rc;
+    mm_job *parts = malloc(sizeof(mm_job) * 2 * (size_t)ne);
+    long *first = malloc(sizeof(long) * (2 * (size_t)ne + 1));
+    int rc = -1;
+    if (!r || !parts || !first) goto out;
+
+    /* the groups' scratch: the biggest group's rows */
+    size_t most = 0;
+    for (int a0 = 0, a1; a0 < r->n_act; a0 = a1) {
+        a1 = moe_group_end(r, a0, cap);
+        size_t n = (size_t)(r->start[a1] - r->start[a0]);
+        if (n > most) most = n;
     }
-    memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
-    for (int a = 0; a < r->n_act; a++) {
-        const int e = r->act[a], cnt = r->start[a + 1] - r->start[a];
-        const int *rows = r->tok + r->start[a], *slot = r->slot + r->start[a];
-        for (int i = 0; i < cnt; i++) memcpy(xg + (size_t)i * dim, x + (size_t)rows[i] * dim, sizeof(float) * dim);
-        cpu_mul_mat(be, m->gate_exps, e, xg, cnt, gate);
-        cpu_mul_mat(be, m->up_exps, e, xg, cnt, up);
-        cpu_swiglu(be, gate, up, gate, (size_t)cnt * nff);
-        cpu_mul_mat(be, m->down_exps, e, gate, cnt, down);
-        for (int i = 0; i < cnt; i++) {
-            float wt = selw[(size_t)rows[i] * k + slot[i]];
-            float *yr = y + (size_t)rows[i] * dim;
-            const float *d = down + (size_t)i * dim;
-            for (int64_t q = 0; q < dim; q++) yr[q] += wt * d[q];
-        }
+    if (cpu_grow((void **)&c->moe_buf, &c->moe_size, sizeof(float) * (head + most * row_f)) ||
+        cpu_grow((void **)&c->qbuf, &c->qbuf_size, most * row_q))
+        goto out;
+    logits = c->moe_buf;   /* moved by the growth */
+    g.selw = (float *)((int32_t *)(logits + (size_t)n_tok * ne) + rows);
+    g.r = r;
+    g.gate = logits + head;
+    g.up = g.gate + most * g.nff;
+    g.down = g.up + most * g.nff;
+    g.xg = c->qbuf;
+    g.xu = g.qu ? g.xg + most * g.qg : g.xg;
+    if (!g.qu) g.qu = g.qg;
+    g.hq = g.xg + most * (g.qg + (g.xu != g.xg ? g.qu : 0));
+
+    memset(y, 0, sizeof(float) * (size_t)n_tok * g.dim);
+    for (g.a0 = 0; g.a0 < r->n_act; g.a0 = g.a1) {
+        g.a1 = moe_group_end(r, g.a0, cap);
+        g.i0 = r->start[g.a0];
+        g.i1 = r->start[g.a1];
+        if (moe_group_run(c, be, &g, parts, first)) goto out;
     }
-    free(r);
-    return 0;
+    rc = 0;
+out:
+    free(r); free(parts); free(first);
+    return rc;
 }
 
 /* ==== Packed weights ====
@@ -896,7 +966,10 @@ backend *backend_cpu_create(int n_threads) {
     c->scratch_size = calloc((size_t)c->nth, sizeof *c->scratch_size);
     c->warm = calloc((size_t)c->nth, sizeof *c->warm);
     if (!c->pool || !c->scratch || !c->scratch_size || !c->warm) { cpu_destroy(be); return NULL; }
+    c->moe_cap = CPU_MOE_GROUP_BYTES;
     return be;
 }
 
 int backend_cpu_threads(const backend *be) { return ((const cpu_impl *)be->impl)->nth; }
+
+void backend_cpu_set_moe_scratch(backend *be, size_t bytes) { cpu_of(be)->moe_cap = bytes; }

@@ -20,6 +20,7 @@ int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum)
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
 int ops_avx2_scale(float *x, float a, size_t n);
+int ops_avx2_axpy(float a, const float *x, float *y, size_t n);
 int ops_avx2_max(const float *x, size_t n, float *m);
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
@@ -342,6 +343,17 @@ int ops_avx2_scale(float *x, float a, size_t n) {
     return 1;
 }
 
+/* y += a x as the scalar loop: the product rounded, then the sum (unfused;
+ * this file is built -std=c11, so the compiler contracts nothing). */
+int ops_avx2_axpy(float a, const float *x, float *y, size_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_mul_ps(va, _mm256_loadu_ps(x + i))));
+    for (; i < n; i++) y[i] += a * x[i];
+    return 1;
+}
+
 /* ==== Prefill scores ====
  * The float tile of quant_avx2.c, specialised for attention's many query
  * rows: each 128-key block converted to f32 once (kf, [key][hd]) instead of
@@ -447,6 +459,7 @@ int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum)
 int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n) { return 0; }
 int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) { return 0; }
 int ops_avx2_scale(float *x, float a, size_t n) { return 0; }
+int ops_avx2_axpy(float a, const float *x, float *y, size_t n) { return 0; }
 int ops_avx2_max(const float *x, size_t n, float *m) { return 0; }
 int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
                          int nq, int hd, float scale, float *s, size_t s_stride, float *kf) { return 0; }
