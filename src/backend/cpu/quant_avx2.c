@@ -511,7 +511,14 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
 
 /* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain Q8_0
  * rows (packed == 0) are gathered into the packed layout on the stack, 128
- * blocks at a time; packed ones (Q8_0, Q4_0, Q5_0) are walked where they lie. */
+ * blocks at a time; packed ones (Q8_0, Q4_0, Q5_0) are walked where they lie.
+ * With more than 8 activation rows each group's walks prefetch the next
+ * group, a share per walk, as the K-quant tiles do (qa_mul_mat_kpacked):
+ * 128 expert matrices of 768 x 2048 Q8_0 from memory, both cores of a Zen
+ * 5, each against its own rows (scratch program): 16 rows 467 -> 647
+ * GFLOP/s, 32 rows 475 -> 684, 64 rows 805 -> 928; 8 rows 358-363 ->
+ * 371-377, but 4 rows 302-305 -> 247-257 (a walk of so few rows reads at
+ * the memory's pace already), hence more than 8. */
 static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
                            size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
@@ -534,8 +541,13 @@ static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_
                 const uint8_t *pk = pbuf;
                 if (packed) pk = w + (size_t)i0 * w_stride + (size_t)b0 * bsz;
                 else qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, pbuf);
+                /* the next group's blocks of this pass, a share per walk (see above) */
+                const size_t lines = packed && nj > QA_R16_ACTS ? (size_t)nb * bsz / 64 : 0;
+                const int nch = (nj + QA_R16_ACTS - 1) / QA_R16_ACTS;
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
-                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
+                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS, ch = j0 / QA_R16_ACTS;
+                    for (size_t l = lines * (size_t)ch / (size_t)nch; l < lines * (size_t)(ch + 1) / (size_t)nch; l++)
+                        _mm_prefetch((const char *)pk + 16 * w_stride + 64 * l, _MM_HINT_T0);
                     const uint8_t *a0 = (const uint8_t *)a + (size_t)(jc + j0) * a_stride + (size_t)b0 * sizeof(block_q8_0);
                     walk(RA, nb, pk, a0, a_stride, cs[j0], b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0,
                          out_stride);
