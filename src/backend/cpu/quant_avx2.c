@@ -898,7 +898,7 @@ QA_INLINE __m512i qa_q5k_bit5(__m512i h, __m512i q, int c, int sel) {
 /* Q4_K and (Q5 = 1) Q5_K: the same walk, Q5_K's nibbles widened to 5 bits
  * by its qh runs (two shifts and two merges per run). */
 QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                            size_t out_stride) {
+                            size_t out_stride, size_t gn) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
     const int qs0 = Q5 ? 768 : 256;             /* the qs runs */
     __m512 acc[QA_KP_ACTS];
@@ -935,6 +935,10 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
                 __m512i v = _mm512_loadu_si512(pk + qs0 + 64 * (8 * c + g));
                 if (RA <= 2) QA_PF_2(pk + qs0 + 64 * (8 * c + g), pf, far);
                 if (Q5 && RA <= 2 && c == 0) QA_PF_2(pk + 256 + 64 * g, pf, far);
+                if (RA > 2 && gn) {   /* the same line of the next group (qa_mul_mat_kpacked) */
+                    _mm_prefetch((const char *)pk + gn + qs0 + 64 * (8 * c + g), _MM_HINT_T0);
+                    if (c == 0 && (g < 4 || Q5)) _mm_prefetch((const char *)pk + gn + 64 * g, _MM_HINT_T0);
+                }
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (Q5) {
                     const __m512i h = RA <= 2 ? H[g] : _mm512_loadu_si512(pk + 256 + 64 * g);
@@ -1021,7 +1025,7 @@ QA_INLINE __m512i qa_q6k_bsum_dot(__m512i corr, __m512i S, __m512i P, int c) {
 }
 
 QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                           size_t out_stride) {
+                           size_t out_stride, size_t gn) {
     /* bsums words reordered so that dword 2c is (4c, 4c + 2), 2c + 1 is (4c + 1, 4c + 3) */
     const __m256i bperm = _mm256_setr_epi16(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
     __m512 acc[QA_KP_ACTS];
@@ -1051,6 +1055,11 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                 if (RA <= 2)
                     for (int l = 0; l < 192; l += 64)
                         QA_PF_2(run + l, pf, far);
+                if (RA > 2 && gn) {   /* the same lines of the next group (qa_mul_mat_kpacked) */
+                    for (int l = 0; l < 192; l += 64) _mm_prefetch((const char *)run + gn + l, _MM_HINT_T0);
+                    if (sb == 0)
+                        for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
+                }
                 __m512i lv[4];
                 qa_q6k_quads(run, lv);
                 const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * j), 24);   /* int8 scale sb */
@@ -1085,25 +1094,26 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
  * inlined, 78.7-80.1 out of line, alternated). */
 #define QA_KP_WALK(T)                                                                              \
     static __attribute__((noinline)) void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk,   \
-                                                          const block_q8_K *const *ar, float *out, size_t os) { \
+                                                          const block_q8_K *const *ar, float *out, size_t os, \
+                                                          size_t gn) {                             \
         switch (RA) {                                                                              \
-        case 1: qa_##T##_walk(1, nb, pk, ar, out, os); break;                                      \
-        case 2: qa_##T##_walk(2, nb, pk, ar, out, os); break;                                      \
-        case 3: qa_##T##_walk(3, nb, pk, ar, out, os); break;                                      \
-        case 4: qa_##T##_walk(4, nb, pk, ar, out, os); break;                                      \
-        case 5: qa_##T##_walk(5, nb, pk, ar, out, os); break;                                      \
-        case 6: qa_##T##_walk(6, nb, pk, ar, out, os); break;                                      \
-        case 7: qa_##T##_walk(7, nb, pk, ar, out, os); break;                                      \
-        default: qa_##T##_walk(8, nb, pk, ar, out, os); break;                                     \
+        case 1: qa_##T##_walk(1, nb, pk, ar, out, os, 0); break;                                   \
+        case 2: qa_##T##_walk(2, nb, pk, ar, out, os, 0); break;                                   \
+        case 3: qa_##T##_walk(3, nb, pk, ar, out, os, gn); break;                                  \
+        case 4: qa_##T##_walk(4, nb, pk, ar, out, os, gn); break;                                  \
+        case 5: qa_##T##_walk(5, nb, pk, ar, out, os, gn); break;                                  \
+        case 6: qa_##T##_walk(6, nb, pk, ar, out, os, gn); break;                                  \
+        case 7: qa_##T##_walk(7, nb, pk, ar, out, os, gn); break;                                  \
+        default: qa_##T##_walk(8, nb, pk, ar, out, os, gn); break;                                 \
         }                                                                                          \
     }
 QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                           size_t out_stride) {
-    qa_q45k_walk(0, RA, nb, pk, ar, out, out_stride);
+                           size_t out_stride, size_t gn) {
+    qa_q45k_walk(0, RA, nb, pk, ar, out, out_stride, gn);
 }
 QA_INLINE void qa_q5k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                           size_t out_stride) {
-    qa_q45k_walk(1, RA, nb, pk, ar, out, out_stride);
+                           size_t out_stride, size_t gn) {
+    qa_q45k_walk(1, RA, nb, pk, ar, out, out_stride, gn);
 }
 QA_KP_WALK(q4k)
 QA_KP_WALK(q5k)
@@ -1125,20 +1135,24 @@ QA_KP_WALK(q6k)
  * they are: buffering all tiles (in the backend) left Qwen3-0.6B Q8_0's
  * pp512 1.5% slower.
  *
- * With three or more activation rows each group's chunks also prefetch the
- * next group, a share per chunk. The walks prefetch their own lines only
- * with one or two activation rows (decode, where a walk runs at the
- * memory's pace); with more, each group came from memory when its first
- * chunk reached it: the hardware prefetchers did not fetch it ahead.
+ * With three or more activation rows the first pass over each group (8
+ * activation rows) prefetches the next group, each line beside the same
+ * line of its own group (gn: the distance). The walks prefetch ahead by
+ * themselves only with one or two activation rows (decode, where a walk runs
+ * at the memory's pace); with more, each group came from memory when its
+ * first pass reached it: the hardware prefetchers did not fetch it ahead.
  * Measured on a 2-core Zen 5, 128 expert matrices of 768 x 2048 Q4_K (the
  * 30B-A3B shape's), each against its own activation rows, from memory
- * (scratch program): one core, 32 rows 370 -> 530 GFLOP/s (as from cache),
- * 8 rows 189 -> 378, 64 rows 487 -> 562; both cores, 32 rows 716 -> 1042, 4
- * rows 283 -> 411, 8 rows 349 -> 650; Q6_K 2048 x 768, 32 rows, one core
- * 257 -> 374. With one or two rows the same prefetch was no faster (decode
- * alternated in one process: 0.98-1.01). Prefetches never fault, so the
- * ones past a matrix's last group are harmless. (Written out here: the same
- * loop in a helper of its own, inlined, was dropped by GCC 12 at -O2.) */
+ * (scratch program). First the whole next group as a burst, a share per
+ * pass: one core, 32 rows 370 -> 530 GFLOP/s (as from cache), 8 rows 189 ->
+ * 378, 64 rows 487 -> 562; both cores, 32 rows 716 -> 1042, 4 rows 283 ->
+ * 411, 8 rows 349 -> 650; Q6_K 2048 x 768, 32 rows, one core 257 -> 374.
+ * But the burst stalled the core (perf: 5% of a batched decode step on the
+ * prefetch loop), and line beside line was faster again: both cores, 4 rows
+ * 431 -> 707, 8 rows 752 -> 794, 32 rows 982 -> 1148. With one or two rows
+ * the burst was no faster (decode alternated in one process: 0.98-1.01).
+ * Prefetches never fault, so the ones past a matrix's last group are
+ * harmless. */
 static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw, const void *a,
                                size_t a_stride, int na, float *out, size_t out_stride) {
     const int64_t nb = n / QK_K;
@@ -1151,19 +1165,16 @@ static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_
             const size_t os = buf ? QA_KP_TILE : out_stride;
             for (int i0 = 0; i0 < nc; i0 += 16) {
                 const uint8_t *pk = w + (size_t)(c0 + i0) * w_stride;
-                const size_t lines = nac > 2 ? 16 * w_stride / 64 : 0;   /* the next group's, see above */
-                const int nch = (nac + QA_KP_ACTS - 1) / QA_KP_ACTS;
                 for (int j0 = 0; j0 < nac; j0 += QA_KP_ACTS) {
-                    int RA = nac - j0 < QA_KP_ACTS ? nac - j0 : QA_KP_ACTS, ch = j0 / QA_KP_ACTS;
-                    for (size_t l = lines * (size_t)ch / (size_t)nch; l < lines * (size_t)(ch + 1) / (size_t)nch; l++)
-                        _mm_prefetch((const char *)pk + 16 * w_stride + 64 * l, _MM_HINT_T0);
+                    int RA = nac - j0 < QA_KP_ACTS ? nac - j0 : QA_KP_ACTS;
+                    const size_t gn = nac > 2 && j0 == 0 ? 16 * w_stride : 0;   /* the first pass fetches the next group */
                     const block_q8_K *ar[QA_KP_ACTS];
                     for (int r = 0; r < RA; r++)
                         ar[r] = (const block_q8_K *)((const uint8_t *)a + (size_t)(a0 + j0 + r) * a_stride);
                     float *o = ot + (size_t)j0 * os + (size_t)i0;
-                    if (type == GGML_TYPE_Q4_K) qa_q4k_walk_n(RA, nb, pk, ar, o, os);
-                    else if (type == GGML_TYPE_Q5_K) qa_q5k_walk_n(RA, nb, pk, ar, o, os);
-                    else qa_q6k_walk_n(RA, nb, pk, ar, o, os);
+                    if (type == GGML_TYPE_Q4_K) qa_q4k_walk_n(RA, nb, pk, ar, o, os, gn);
+                    else if (type == GGML_TYPE_Q5_K) qa_q5k_walk_n(RA, nb, pk, ar, o, os, gn);
+                    else qa_q6k_walk_n(RA, nb, pk, ar, o, os, gn);
                 }
             }
             if (buf)
