@@ -327,6 +327,7 @@ QA_TILE_B32(Q5_0)
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
 #define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
+#define QA_R16_PF_MIN 2   /* above this many activation rows a group's first walk fetches the next one */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
  * prefetcher alone. */
@@ -377,7 +378,7 @@ QA_INLINE __m512i qa_p16_levels(uint32_t T, __m512i v, __m512i qh, int g, int pa
  * split over two chains (integer sums: the same result) so that their
  * latency does not bound a decode step. */
 QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, const uint8_t *a0, size_t as,
-                           const int32_t *cs, int first, float *out, size_t out_stride) {
+                           const int32_t *cs, int first, float *out, size_t out_stride, size_t gn) {
     const int bsz = QA_P16_BSIZE(T);
     __m512 acc[QA_R16_ACTS];
     QA_UNROLL
@@ -385,6 +386,8 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
     for (int64_t b = 0; b < nb; b++, pk += bsz) {
         __m512i x[8];
         if (RA <= 2) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
+        if (RA > 2 && gn)   /* the next group's block (qa_mul_mat_r16) */
+            for (int l = 0; l < bsz; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
         if (T == GGML_TYPE_Q8_0) {
             QA_UNROLL
             for (int g = 0; g < 8; g++) x[g] = _mm512_loadu_si512(pk + 32 + 64 * g);
@@ -430,17 +433,17 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
 /* one walk per (type, activation rows), so the loops above fully unroll */
 #define QA_R16_WALK(TN)                                                                            \
     static void qa_r16_walk_##TN(int RA, int64_t nb, const uint8_t *pk, const uint8_t *a0, size_t as, \
-                                 const int32_t *cs, int first, float *out, size_t os) {            \
+                                 const int32_t *cs, int first, float *out, size_t os, size_t gn) { \
         const uint32_t T = GGML_TYPE_##TN;                                                         \
         switch (RA) {                                                                              \
-        case 1: qa_r16_walk(T, 1, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 2: qa_r16_walk(T, 2, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 3: qa_r16_walk(T, 3, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 4: qa_r16_walk(T, 4, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 5: qa_r16_walk(T, 5, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 6: qa_r16_walk(T, 6, nb, pk, a0, as, cs, first, out, os); break;                          \
-        case 7: qa_r16_walk(T, 7, nb, pk, a0, as, cs, first, out, os); break;                          \
-        default: qa_r16_walk(T, 8, nb, pk, a0, as, cs, first, out, os); break;                         \
+        case 1: qa_r16_walk(T, 1, nb, pk, a0, as, cs, first, out, os, 0); break;                   \
+        case 2: qa_r16_walk(T, 2, nb, pk, a0, as, cs, first, out, os, 0); break;                   \
+        case 3: qa_r16_walk(T, 3, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        case 4: qa_r16_walk(T, 4, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        case 5: qa_r16_walk(T, 5, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        case 6: qa_r16_walk(T, 6, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        case 7: qa_r16_walk(T, 7, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        default: qa_r16_walk(T, 8, nb, pk, a0, as, cs, first, out, os, gn); break;                 \
         }                                                                                          \
     }
 QA_R16_WALK(Q8_0)
@@ -512,19 +515,20 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
 /* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain Q8_0
  * rows (packed == 0) are gathered into the packed layout on the stack, 128
  * blocks at a time; packed ones (Q8_0, Q4_0, Q5_0) are walked where they lie.
- * With more than 8 activation rows each group's walks prefetch the next
- * group, a share per walk, as the K-quant tiles do (qa_mul_mat_kpacked):
- * 128 expert matrices of 768 x 2048 Q8_0 from memory, both cores of a Zen
- * 5, each against its own rows (scratch program): 16 rows 467 -> 647
- * GFLOP/s, 32 rows 475 -> 684, 64 rows 805 -> 928; 8 rows 358-363 ->
- * 371-377, but 4 rows 302-305 -> 247-257 (a walk of so few rows reads at
- * the memory's pace already), hence more than 8. */
+ * With three or more activation rows (QA_R16_PF_MIN) the first walk over
+ * each group prefetches the next group's blocks, each beside the same block
+ * of its own, as the K-quant tiles do (qa_mul_mat_kpacked). 128 expert
+ * matrices of 768 x 2048 Q8_0 from memory, both cores of a Zen 5, each
+ * against its own rows (scratch program), without / with: 4 rows 216 -> 334
+ * GFLOP/s, 8 rows 355 -> 631, 16 rows 677 -> 963, 32 rows 637 -> 925. (The
+ * whole next group as a burst before the walks had lost at 4 rows, 302-305
+ * -> 247-257.) */
 static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
                            size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
     const size_t bsz = QA_P16_BSIZE(type);
     void (*walk)(int, int64_t, const uint8_t *, const uint8_t *, size_t, const int32_t *, int, float *,
-                 size_t) = type == GGML_TYPE_Q8_0 ? qa_r16_walk_Q8_0
+                 size_t, size_t) = type == GGML_TYPE_Q8_0 ? qa_r16_walk_Q8_0
                          : type == GGML_TYPE_Q4_0 ? qa_r16_walk_Q4_0 : qa_r16_walk_Q5_0;
     _Alignas(64) uint8_t pbuf[QA_R16_MAXB * 544];   /* 68 KiB; unused when packed */
     int32_t cs[QA_R16_JC][QA_R16_MAXB];
@@ -541,16 +545,13 @@ static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_
                 const uint8_t *pk = pbuf;
                 if (packed) pk = w + (size_t)i0 * w_stride + (size_t)b0 * bsz;
                 else qa_r16_pack(w + (size_t)i0 * w_stride, w_stride, b0, nb, pbuf);
-                /* the next group's blocks of this pass, a share per walk (see above) */
-                const size_t lines = packed && nj > QA_R16_ACTS ? (size_t)nb * bsz / 64 : 0;
-                const int nch = (nj + QA_R16_ACTS - 1) / QA_R16_ACTS;
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
-                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS, ch = j0 / QA_R16_ACTS;
-                    for (size_t l = lines * (size_t)ch / (size_t)nch; l < lines * (size_t)(ch + 1) / (size_t)nch; l++)
-                        _mm_prefetch((const char *)pk + 16 * w_stride + 64 * l, _MM_HINT_T0);
+                    int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
+                    /* the first walk fetches the next group's blocks of this pass (see above) */
+                    const size_t gn = packed && j0 == 0 && nj > QA_R16_PF_MIN ? 16 * w_stride : 0;
                     const uint8_t *a0 = (const uint8_t *)a + (size_t)(jc + j0) * a_stride + (size_t)b0 * sizeof(block_q8_0);
                     walk(RA, nb, pk, a0, a_stride, cs[j0], b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0,
-                         out_stride);
+                         out_stride, gn);
                 }
             }
         }
