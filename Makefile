@@ -59,7 +59,13 @@ $(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(wildcard src/backend/cuda/*.h) $(
 endif
 # Per-file instruction sets of the x86-64 kernel sets (quant_kernels.h).
 ifneq ($(filter x86_64-% amd64-%,$(shell $(CC) -dumpmachine)),)
-KAVX2    := -mavx2 -mfma -mf16c
+# Loops start on 64-byte lines: where the code happened to fall decided the
+# kernels' speed. Measured on a 2-core Zen 5, one source (commit 636cf68),
+# Qwen3-0.6B Q4_K_M, 8 sequences decoding together (the 8-row K-quant walk):
+# 250-259 t/s as linked, 501-506 with loops aligned, the build before it
+# (whose walk fell 0x590 bytes earlier) 491-546.
+KALIGN   := -falign-loops=64
+KAVX2    := -mavx2 -mfma -mf16c $(KALIGN)
 $(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAGS += $(KAVX2)
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
 $(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
