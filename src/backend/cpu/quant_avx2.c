@@ -938,7 +938,9 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
                 if (Q5 && RA <= 2 && c == 0) QA_PF_2(pk + 256 + 64 * g, pf, far);
                 if (RA > 2 && gn) {   /* the same line of the next group (qa_mul_mat_kpacked) */
                     _mm_prefetch((const char *)pk + gn + qs0 + 64 * (8 * c + g), _MM_HINT_T0);
-                    if (c == 0 && (g < 4 || Q5)) _mm_prefetch((const char *)pk + gn + 64 * g, _MM_HINT_T0);
+                    if (c == 0 && (g < 4 || Q5))   /* the scales' 4 lines (Q5_K: and its 8 qh lines) */
+                        _mm_prefetch((const char *)pk + gn + 64 * g, _MM_HINT_T0);
+                    if (Q5 && c == 1 && g < 4) _mm_prefetch((const char *)pk + gn + 512 + 64 * g, _MM_HINT_T0);
                 }
                 __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
                 if (Q5) {
