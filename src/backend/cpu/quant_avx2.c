@@ -519,10 +519,11 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
  * each group prefetches the next group's blocks, each beside the same block
  * of its own, as the K-quant tiles do (qa_mul_mat_kpacked). 128 expert
  * matrices of 768 x 2048 Q8_0 from memory, both cores of a Zen 5, each
- * against its own rows (scratch program), without / with: 4 rows 216 -> 334
- * GFLOP/s, 8 rows 355 -> 631, 16 rows 677 -> 963, 32 rows 637 -> 925. (The
- * whole next group as a burst before the walks had lost at 4 rows, 302-305
- * -> 247-257.) */
+ * against its own rows (scratch program): 4 rows 216 -> 334 GFLOP/s, 8 rows
+ * 355 -> 631 without and with; 16 rows 677 -> 963, 32 rows 637 -> 925
+ * against the whole next group as a burst before the walks, which this
+ * replaced (the burst: 16 rows 467 -> 647, 32 rows 475 -> 684, but 4 rows
+ * 302-305 -> 247-257). */
 static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
                            size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
