@@ -46,6 +46,7 @@
 /* ==== Options ==== */
 
 #define BENCH_MAX_LIST 16
+#define BENCH_MAX_PAR 64      /* -np: sessions decoding together */
 
 typedef struct {
     int v[BENCH_MAX_LIST];
@@ -60,6 +61,7 @@ typedef struct {
     int reps, n_batch, bounds, cuda_bounds;
     int depth;                /* -d: cache depth of every test */
     int gp_depth, gp_n;       /* -gp D,N: one tgN at depth D (0 = none) */
+    int n_par;                /* -np P: each tgN again with P sequences decoding together (0 = none) */
     int bw_mib;
     int fmt;                  /* -o: BENCH_MD, BENCH_JSON, BENCH_CSV */
 } bench_opts;
@@ -78,6 +80,8 @@ static void bench_usage(FILE *f) {
         "  -n N[,N..]     generation lengths for tgN tests (default 128; 0 = none)\n"
         "  -d N           run every test at a cache depth of N tokens (default 0)\n"
         "  -gp D,N        also a tgN test at depth D\n"
+        "  -np P          also each tgN with P sequences decoding together, 2..64 (a row\n"
+        "                 \"tgN xP\": one token of each sequence per pass, aggregate t/s)\n"
         "  -b N           prefill chunk size (default 512)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
@@ -141,6 +145,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-r")) bad = cliopt_int(BENCH, a, v, 1, 100000, &o->reps);
         else if (!strcmp(a, "-b")) bad = cliopt_int(BENCH, a, v, 1, 1 << 16, &o->n_batch);
         else if (!strcmp(a, "-d")) bad = cliopt_int(BENCH, a, v, 0, 1000000, &o->depth);
+        else if (!strcmp(a, "-np")) bad = cliopt_int(BENCH, a, v, 2, BENCH_MAX_PAR, &o->n_par);
         else if (!strcmp(a, "-gp")) {
             bench_list l;
             bad = !v || bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
@@ -296,9 +301,29 @@ static double bench_tg_once(model *m, session *s, int depth, int n, float *logit
     return bench_now() - t0;
 }
 
+/* One timed tgN run of P sessions decoding together: one token of each per
+ * pass (model_eval_batch), as a server's decode step for P requests. */
+static double bench_tg_par_once(model *m, session *const *s, int P, int depth, int n, float *logits, uint64_t *rng,
+                                char *err, size_t errlen) {
+    int n_vocab = model_get_hparams(m)->n_vocab;
+    int32_t ids[BENCH_MAX_PAR];
+    model_batch_item it[BENCH_MAX_PAR];
+    for (int j = 0; j < P; j++) session_reset(s[j], depth);
+    double t0 = bench_now();
+    for (int i = 0; i < n; i++) {
+        for (int j = 0; j < P; j++) {
+            ids[j] = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
+            it[j] = (model_batch_item){ .s = s[j], .ids = &ids[j], .n = 1, .logits = logits + (size_t)j * n_vocab };
+        }
+        if (model_eval_batch(m, it, P, err, errlen)) return -1;
+    }
+    return bench_now() - t0;
+}
+
 typedef struct {
     int is_pp, n, threads, depth;
-    double mean, sd;          /* tokens per second */
+    int n_par;                /* generation: sequences decoding together (0: one) */
+    double mean, sd;          /* tokens per second (all sequences together) */
     double bw_before, bw_after;   /* generation with bounds: bandwidth just before and after it (bytes/s) */
 } bench_result;
 
@@ -318,29 +343,37 @@ static int bench_fill(model *m, session *s, int depth, float *logits, char *err,
 }
 
 /* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
- * prompt for pp and a single token for tg. */
-static int bench_run_test(model *m, session *s, const bench_opts *o, int is_pp, int depth, int n, bench_result *r,
-                          char *err, size_t errlen) {
+ * prompt for pp and a single token for tg. P > 1: generation by the P
+ * sessions ps together (ps[0] == s). */
+static int bench_run_test(model *m, session *s, session *const *ps, int P, const bench_opts *o, int is_pp, int depth,
+                          int n, bench_result *r, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
-    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab);
+    const int par = !is_pp && P > 1;
+    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)(par ? P : 1));
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     double *tps = malloc(sizeof(double) * (size_t)o->reps);
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
     if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
-    if (depth > 0 && bench_fill(m, s, depth, logits, err, errlen)) goto out;
-    if (depth == 0) session_reset(s, 0);
+    for (int j = 0; j < (par ? P : 1); j++) {
+        session *sj = par ? ps[j] : s;
+        if (depth > 0 && bench_fill(m, sj, depth, logits, err, errlen)) goto out;
+        if (depth == 0) session_reset(sj, 0);
+    }
     double t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+             : par   ? bench_tg_par_once(m, ps, P, depth, 1, logits, &rng, err, errlen)
                      : bench_tg_once(m, s, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
         t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
+          : par   ? bench_tg_par_once(m, ps, P, depth, n, logits, &rng, err, errlen)
                   : bench_tg_once(m, s, depth, n, logits, &rng, err, errlen);
-        tps[i] = t > 0 ? n / t : 0.0;
+        tps[i] = t > 0 ? (double)n * (par ? P : 1) / t : 0.0;
     }
     if (t < 0) goto out;
     r->is_pp = is_pp;
     r->n = n;
     r->depth = depth;
+    r->n_par = par ? P : 0;
     bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
     rc = 0;
 out:
@@ -357,12 +390,19 @@ static void bench_print_header(void) {
     printf("| ------------------------------ | ---------: | ---------: | ---------- | ------: | --------------: | -------------------: |\n");
 }
 
+/* "pp512", "tg128 @ d4096", "tg64 x8": the test's name in every format */
+static void bench_test_name(const bench_result *r, char *buf, size_t len) {
+    char par[16] = "";
+    if (r->n_par) snprintf(par, sizeof par, " x%d", r->n_par);
+    if (r->depth) snprintf(buf, len, "%s%d%s @ d%d", r->is_pp ? "pp" : "tg", r->n, par, r->depth);
+    else snprintf(buf, len, "%s%d%s", r->is_pp ? "pp" : "tg", r->n, par);
+}
+
 static void bench_print_row(const bench_info *bi, const bench_result *r) {
-    char size[32], params[32], test[32], tps[48];
+    char size[32], params[32], test[48], tps[48];
     bench_fmt_bytes(bi->tensor_bytes, size, sizeof size);
     bench_fmt_params(bi->params, params, sizeof params);
-    if (r->depth) snprintf(test, sizeof test, "%s%d @ d%d", r->is_pp ? "pp" : "tg", r->n, r->depth);
-    else snprintf(test, sizeof test, "%s%d", r->is_pp ? "pp" : "tg", r->n);
+    bench_test_name(r, test, sizeof test);
     snprintf(tps, sizeof tps, "%.2f ± %.2f", r->mean, r->sd);
     printf("| %-30s | %10s | %10s | %-10s | %7d | %15s | %20s |\n", bi->desc, size, params, bi->backend,
            r->threads, test, tps);
@@ -371,20 +411,16 @@ static void bench_print_row(const bench_info *bi, const bench_result *r) {
 
 /* ==== Machine-readable output (-o json|csv) ==== */
 
-/* "pp512", "tg128 @ d4096": the test's name in every format */
-static void bench_test_name(const bench_result *r, char *buf, size_t len) {
-    if (r->depth) snprintf(buf, len, "%s%d @ d%d", r->is_pp ? "pp" : "tg", r->n, r->depth);
-    else snprintf(buf, len, "%s%d", r->is_pp ? "pp" : "tg", r->n);
-}
 
 static json_t *bench_json_row(const bench_opts *o, const bench_info *bi, const bench_result *r) {
     char test[48];
     bench_test_name(r, test, sizeof test);
-    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f}",
+    return json_pack("{s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f}",
                      "model", bi->desc, "size_bytes", (json_int_t)bi->tensor_bytes, "n_params", (json_int_t)bi->params,
                      "backend", bi->backend, "kernels", quant_kernel_name(), "n_threads", r->threads,
                      "n_batch", o->n_batch, "kv_type", o->kv_name, "test", test,
                      "n_prompt", r->is_pp ? r->n : 0, "n_gen", r->is_pp ? 0 : r->n, "n_depth", r->depth,
+                     "n_parallel", r->n_par ? r->n_par : 1,
                      "reps", o->reps, "avg_ts", r->mean, "stddev_ts", r->sd);
 }
 
@@ -690,17 +726,37 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
         for (int i = 0; i < n_res; i++) {
             const bench_result *r = &res[i];
             if (r->is_pp || r->threads != n_threads) continue;
+            char test[48];
+            bench_test_name(r, test, sizeof test);
+            /* P sequences together: one pass reads the weights once for P
+             * tokens and each sequence's cache; a MoE pass reads the experts
+             * all P tokens chose, which this table does not know */
+            const int P = r->n_par ? r->n_par : 1;
+            if (P > 1) {   /* several tokens a pass: the products' arithmetic may bind first */
+                double macs = bench_layer_macs(h) + bench_attn_macs(h, r->n, r->depth) + (double)h->n_embd * h->n_vocab;
+                double rate = 2.0 * macs * r->mean;
+                printf("| %s compute | %.2f GFLOP/s | %.2f t/s x %.4f GFLOP per token (weight matmuls, attention, "
+                       "output layer) |\n", test, rate / 1e9, r->mean, 2.0 * macs / 1e9);
+                if (kpeak > 0)
+                    printf("| %s of the kernel ceiling | %.1f%% | of the matmul kernel ceiling %.2f GFLOP/s (below) |\n",
+                           test, 100.0 * rate / kpeak, kpeak / 1e9);
+            }
+            if (P > 1 && h->n_expert > 0) {
+                printf("| %s measured | %.2f t/s | (MoE: the experts a pass reads depend on its tokens: no bandwidth "
+                       "bound) |\n", test, r->mean);
+                continue;
+            }
             /* the cache read per token grows with the position: its mean over the run */
             double kvb = bench_kv_bytes(h, o->kv_type, r->depth + (r->n + 1) / 2.0);
-            double rb = bw / ((double)wb + kvb);
-            printf("| tg%d%s%.0d measured | %.2f t/s | %.1f%% of the bound %.2f t/s = bandwidth / (weights + "
-                   "%.2f MB of KV cache at mean position %.0f) |\n", r->n, r->depth ? " @ d" : "", r->depth,
-                   r->mean, 100.0 * r->mean / rb, rb, kvb / 1e6, r->depth + (r->n + 1) / 2.0);
+            double rb = P * bw / ((double)wb + P * kvb);
+            printf("| %s measured | %.2f t/s | %.1f%% of the bound %.2f t/s = %sbandwidth / (weights + %s"
+                   "%.2f MB of KV cache at mean position %.0f) |\n", test, r->mean, 100.0 * r->mean / rb, rb,
+                   P > 1 ? "sequences x " : "", P > 1 ? "sequences x " : "", kvb / 1e6, r->depth + (r->n + 1) / 2.0);
             if (r->bw_before > 0 && r->bw_after > 0) {
-                double bwa = (r->bw_before + r->bw_after) / 2, ra = bwa / ((double)wb + kvb);
-                printf("| tg%d%s%.0d against its own bandwidth | %.1f%% | of the bound %.2f t/s at %.2f GB/s, the mean "
-                       "of %.2f just before the test and %.2f just after%s |\n", r->n,
-                       r->depth ? " @ d" : "", r->depth, 100.0 * r->mean / ra, ra, bwa / 1e9, r->bw_before / 1e9,
+                double bwa = (r->bw_before + r->bw_after) / 2, ra = P * bwa / ((double)wb + P * kvb);
+                printf("| %s against its own bandwidth | %.1f%% | of the bound %.2f t/s at %.2f GB/s, the mean "
+                       "of %.2f just before the test and %.2f just after%s |\n", test,
+                       100.0 * r->mean / ra, ra, bwa / 1e9, r->bw_before / 1e9,
                        r->bw_after / 1e9,
                        fabs(r->bw_before - r->bw_after) > 0.15 * bwa ? "; they differ by more than 15%: "
                                                                       "the machine changed during the test" : "");
@@ -794,7 +850,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch, .backend = o->backend, .device = o->device,
                       .fingerprint_later = 1 };
     model *m = NULL;
-    session *s = NULL;
+    session *s = NULL, *ps[BENCH_MAX_PAR] = { NULL };   /* -np: ps[0] is s */
     int rc = -1, n_ctx = 1;
     for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
     for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
@@ -806,12 +862,16 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     if (model_load(&m, o->model, &mo, err, errlen)) { if (lp.drawn && lp.tty) fputc('\n', stderr); goto out; }
     cliopt_progress_end(&lp);
     if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
+    ps[0] = s;
+    for (int j = 1; j < o->n_par; j++)
+        if (session_new(&ps[j], m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0] && o->fmt == BENCH_MD) bench_print_header();
     bench_list gp = { .v = { o->gp_n }, .n = o->gp_n > 0 };
-    for (int pass = 0; pass < 3; pass++) {
-        const bench_list *l = pass == 0 ? &o->pp : pass == 1 ? &o->tg : &gp;
+    for (int pass = 0; pass < 4; pass++) {   /* pp, tg, -gp, tg with -np sequences */
+        const bench_list *l = pass == 0 ? &o->pp : pass == 1 || pass == 3 ? &o->tg : &gp;
         int depth = pass == 2 ? o->gp_depth : o->depth;
+        if (pass == 3 && o->n_par < 2) break;
         for (int i = 0; i < l->n; i++) {
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
@@ -820,18 +880,23 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
             int around = o->bounds && pass > 0 && n_threads == o->threads.v[o->threads.n - 1];
             int around_mib = o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB;
             double bw0 = around ? bench_bandwidth(n_threads, around_mib) : 0;
-            if (bench_run_test(m, s, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
+            if (bench_run_test(m, s, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], r, err, errlen))
+                goto out;
             r->bw_before = bw0;
             r->bw_after = around ? bench_bandwidth(n_threads, around_mib) : 0;
             r->threads = n_threads;
             if (o->fmt == BENCH_MD) bench_print_row(bi, r);
-            else fprintf(stderr, BENCH ": %s%d%s%.0d, %d threads: %.2f t/s\n", r->is_pp ? "pp" : "tg", r->n,
-                         r->depth ? " @ d" : "", r->depth, n_threads, r->mean);
+            else {
+                char test[48];
+                bench_test_name(r, test, sizeof test);
+                fprintf(stderr, BENCH ": %s, %d threads: %.2f t/s\n", test, n_threads, r->mean);
+            }
             (*n_res)++;
         }
     }
     const int last = n_threads == o->threads.v[o->threads.n - 1];   /* the bounds follow the last -t */
     if (o->bounds && last) {
+        for (int j = 1; j < o->n_par; j++) { session_free(ps[j]); ps[j] = NULL; }
         session_free(s);
         s = NULL;
         bench_print_bounds(m, o, bi, res, *n_res, n_threads);
@@ -841,6 +906,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
 #endif
     rc = 0;
 out:
+    for (int j = 1; j < o->n_par; j++) session_free(ps[j]);
     session_free(s);
     model_free(m);
     return rc;
@@ -851,7 +917,7 @@ int cli_bench(int argc, char **argv) {
     if (argc == 0) { bench_usage(stderr); return CLI_EXIT_USAGE; }
     int pr = bench_parse(argc, argv, &o);
     if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
-    bench_result res[3 * BENCH_MAX_LIST * BENCH_MAX_LIST];
+    bench_result res[4 * BENCH_MAX_LIST * BENCH_MAX_LIST];
     bench_info bi;
     int n_res = 0;
     char err[512];

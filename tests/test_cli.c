@@ -260,6 +260,21 @@ static void test_bench_formats(const char *model) {
           "bench -o csv: 1 header + 2 rows of 15 fields: '%s'", r.out);
     tc_free(&r);
 
+    /* -np: each tgN again with P sequences decoding together */
+    r = RUN(NULL, 300, "bench", "-m", (char *)model, "-p", "0", "-n", "3", "-np", "2", "-r", "1", "-t", "1", "-o", "json");
+    j = json_loads(r.out, 0, NULL);
+    json_t *r0 = json_array_get(j, 0), *r1 = json_array_get(j, 1);
+    const char *t0 = json_string_value(json_object_get(r0, "test")), *t1 = json_string_value(json_object_get(r1, "test"));
+    CHECK(r.status == 0 && json_array_size(j) == 2 && t0 && t1 && !strcmp(t0, "tg3") && !strcmp(t1, "tg3 x2") &&
+          json_integer_value(json_object_get(r0, "n_parallel")) == 1 &&
+          json_integer_value(json_object_get(r1, "n_parallel")) == 2 &&
+          json_real_value(json_object_get(r1, "avg_ts")) > 0,
+          "bench -np 2 -o json: exit %d, '%.400s'", r.status, r.out);
+    json_decref(j);
+    tc_free(&r);
+    r = RUN(NULL, 30, "bench", "-m", (char *)model, "-np", "1");
+    CHECK(r.status == 2 && strstr(r.err, "-np: 1 is out of range [2, 64]"), "bench -np 1: %d '%s'", r.status, r.err);
+    tc_free(&r);
     r = RUN(NULL, 30, "bench", "-m", (char *)model, "-o", "xml");
     CHECK(r.status == 2 && strstr(r.err, "-o: 'xml' is not one of md|json|csv"), "bench -o xml: %d '%s'", r.status, r.err);
     tc_free(&r);
