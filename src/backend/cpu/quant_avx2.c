@@ -327,7 +327,6 @@ QA_TILE_B32(Q5_0)
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
 #define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
-#define QA_R16_PF_MIN 2   /* above this many activation rows a group's first walk fetches the next one */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
  * prefetcher alone. */
@@ -386,7 +385,7 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
     for (int64_t b = 0; b < nb; b++, pk += bsz) {
         __m512i x[8];
         if (RA <= 2) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
-        if (RA > 2 && gn)   /* the next group's block (qa_mul_mat_r16) */
+        if (RA > 2 && gn)   /* the next group's block (qa_mul_mat_r16); RA <= 2 prefetches ahead above */
             for (int l = 0; l < bsz; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
         if (T == GGML_TYPE_Q8_0) {
             QA_UNROLL
@@ -436,8 +435,8 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
                                  const int32_t *cs, int first, float *out, size_t os, size_t gn) { \
         const uint32_t T = GGML_TYPE_##TN;                                                         \
         switch (RA) {                                                                              \
-        case 1: qa_r16_walk(T, 1, nb, pk, a0, as, cs, first, out, os, 0); break;                   \
-        case 2: qa_r16_walk(T, 2, nb, pk, a0, as, cs, first, out, os, 0); break;                   \
+        case 1: qa_r16_walk(T, 1, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
+        case 2: qa_r16_walk(T, 2, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
         case 3: qa_r16_walk(T, 3, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
         case 4: qa_r16_walk(T, 4, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
         case 5: qa_r16_walk(T, 5, nb, pk, a0, as, cs, first, out, os, gn); break;                  \
@@ -515,9 +514,9 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
 /* Rows [0, nw16) (a multiple of 16) x all na activation rows. Plain Q8_0
  * rows (packed == 0) are gathered into the packed layout on the stack, 128
  * blocks at a time; packed ones (Q8_0, Q4_0, Q5_0) are walked where they lie.
- * With three or more activation rows (QA_R16_PF_MIN) the first walk over
- * each group prefetches the next group's blocks, each beside the same block
- * of its own, as the K-quant tiles do (qa_mul_mat_kpacked). 128 expert
+ * The first walk over each group (gn), if it has three or more activation
+ * rows, prefetches the next group's blocks, each beside the same block of
+ * its own, as the K-quant tiles do (qa_mul_mat_kpacked). 128 expert
  * matrices of 768 x 2048 Q8_0 from memory, both cores of a Zen 5, each
  * against its own rows (scratch program): 4 rows 216 -> 334 GFLOP/s, 8 rows
  * 355 -> 631 without and with; 16 rows 677 -> 963, 32 rows 637 -> 925
@@ -549,7 +548,7 @@ static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_
                 for (int j0 = 0; j0 < nj; j0 += QA_R16_ACTS) {
                     int RA = nj - j0 < QA_R16_ACTS ? nj - j0 : QA_R16_ACTS;
                     /* the first walk fetches the next group's blocks of this pass (see above) */
-                    const size_t gn = packed && j0 == 0 && nj > QA_R16_PF_MIN ? 16 * w_stride : 0;
+                    const size_t gn = packed && j0 == 0 ? 16 * w_stride : 0;
                     const uint8_t *a0 = (const uint8_t *)a + (size_t)(jc + j0) * a_stride + (size_t)b0 * sizeof(block_q8_0);
                     walk(RA, nb, pk, a0, a_stride, cs[j0], b0 == 0, out + (size_t)(jc + j0) * out_stride + (size_t)i0,
                          out_stride, gn);
@@ -1101,8 +1100,8 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                                                           const block_q8_K *const *ar, float *out, size_t os, \
                                                           size_t gn) {                             \
         switch (RA) {                                                                              \
-        case 1: qa_##T##_walk(1, nb, pk, ar, out, os, 0); break;                                   \
-        case 2: qa_##T##_walk(2, nb, pk, ar, out, os, 0); break;                                   \
+        case 1: qa_##T##_walk(1, nb, pk, ar, out, os, gn); break;                                  \
+        case 2: qa_##T##_walk(2, nb, pk, ar, out, os, gn); break;                                  \
         case 3: qa_##T##_walk(3, nb, pk, ar, out, os, gn); break;                                  \
         case 4: qa_##T##_walk(4, nb, pk, ar, out, os, gn); break;                                  \
         case 5: qa_##T##_walk(5, nb, pk, ar, out, os, gn); break;                                  \
@@ -1139,9 +1138,9 @@ QA_KP_WALK(q6k)
  * they are: buffering all tiles (in the backend) left Qwen3-0.6B Q8_0's
  * pp512 1.5% slower.
  *
- * With three or more activation rows the first pass over each group (8
- * activation rows) prefetches the next group, each line beside the same
- * line of its own group (gn: the distance). The walks prefetch ahead by
+ * The first pass over each group (up to 8 activation rows), if it has
+ * three or more, prefetches the next group, each line beside the same line
+ * of its own group (gn: the distance; the walks test the row count). The walks prefetch ahead by
  * themselves only with one or two activation rows (decode, where a walk runs
  * at the memory's pace); with more, each group came from memory when its
  * first pass reached it: the hardware prefetchers did not fetch it ahead.
@@ -1171,7 +1170,7 @@ static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_
                 const uint8_t *pk = w + (size_t)(c0 + i0) * w_stride;
                 for (int j0 = 0; j0 < nac; j0 += QA_KP_ACTS) {
                     int RA = nac - j0 < QA_KP_ACTS ? nac - j0 : QA_KP_ACTS;
-                    const size_t gn = nac > 2 && j0 == 0 ? 16 * w_stride : 0;   /* the first pass fetches the next group */
+                    const size_t gn = j0 == 0 ? 16 * w_stride : 0;   /* the first pass fetches the next group */
                     const block_q8_K *ar[QA_KP_ACTS];
                     for (int r = 0; r < RA; r++)
                         ar[r] = (const block_q8_K *)((const uint8_t *)a + (size_t)(a0 + j0 + r) * a_stride);
