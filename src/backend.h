@@ -132,9 +132,9 @@ struct backend {
 /* CPU backend with n_threads workers (see threadpool.h). */
 backend *backend_cpu_create(int n_threads);
 int backend_cpu_threads(const backend *be);
-/* Scratch a MoE block's group of experts may fill (default 64 MiB): the used
- * experts run in groups of whole experts within it, a smaller cap giving
- * more groups and the same results (the tests split them so). */
+/* Scratch a MoE block's group of experts may fill (0: the default, 64
+ * MiB): the used experts run in groups of whole experts within it, a smaller
+ * cap giving more groups and the same results (the tests split them so). */
 void backend_cpu_set_moe_scratch(backend *be, size_t bytes);
 
 /* ==== Shared helpers (plain C; every backend uses the same routing math) ==== */

@@ -717,7 +717,7 @@ static void moe_rows_run(cpu_impl *c, tpool_fn fn, moe_group *g, size_t work) {
  * every down product in a second job, then the weighted sums. Each product
  * is the one expert's rows against its own weights, as a product of that
  * expert alone would be: the same tiles, the same bits. */
-static int moe_group_run(cpu_impl *c, backend *be, moe_group *g, mm_job *parts, long *first) {
+static void moe_group_run(cpu_impl *c, backend *be, moe_group *g, mm_job *parts, long *first) {
     const int n = g->i1 - g->i0;
     moe_rows_run(c, moe_quantize_in, g, (size_t)n * g->dim);
     for (int a = g->a0; a < g->a1; a++) {
@@ -736,7 +736,6 @@ static int moe_group_run(cpu_impl *c, backend *be, moe_group *g, mm_job *parts, 
     }
     mm_run_many(c, parts, g->a1 - g->a0, first);
     moe_rows_run(c, moe_scatter, g, (size_t)n * g->dim);
-    return 0;
 }
 
 /* Rows of scratch one group may hold: whole experts from a0 on while their
@@ -750,9 +749,10 @@ static int moe_group_end(const moe_rows *r, int a0, size_t cap) {
 /* Tokens are grouped by expert, so each expert's matrices are multiplied
  * once against all the tokens routed to it (a matrix-matrix product in
  * prefill), then the outputs are added back with their weights in expert
- * order. The products of a group of experts run as two pool jobs, not three
- * per expert: a 512-token pass of a 128-expert model had waited for the
- * slowest thread 3 x 128 times a layer. */
+ * order. A group of experts runs as six pool jobs, where each expert had
+ * been seven (quantising and product for gate, for up and for down, and
+ * SwiGLU): a 512-token pass of a 128-expert model had waited for the
+ * slowest thread 7 x 128 times a layer. */
 static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, float *y) {
     cpu_impl *c = cpu_of(be);
     const int ne = m->n_expert, k = m->n_expert_used;
@@ -760,10 +760,11 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     moe_group g = { .m = m, .x = x, .y = y, .n_tok = n_tok, .dim = m->gate_inp->ne[0], .nff = m->gate_exps->ne[1],
                     .vg = quant_vec_dot_type(m->gate_exps->type), .vu = quant_vec_dot_type(m->up_exps->type),
                     .vd = quant_vec_dot_type(m->down_exps->type) };
+    const int shared = g.vu == g.vg;   /* gate and up read one quantised copy of x */
     g.qg = gguf_row_bytes(g.vg, (uint64_t)g.dim);
-    g.qu = g.vu == g.vg ? 0 : gguf_row_bytes(g.vu, (uint64_t)g.dim);
+    g.qu = gguf_row_bytes(g.vu, (uint64_t)g.dim);
     g.qd = gguf_row_bytes(g.vd, (uint64_t)g.nff);
-    const size_t row_f = (size_t)(2 * g.nff + g.dim), row_q = g.qg + g.qu + g.qd;
+    const size_t row_f = (size_t)(2 * g.nff + g.dim), row_q = g.qg + (shared ? 0 : g.qu) + g.qd;
     const size_t rows = (size_t)n_tok * k, cap = c->moe_cap / (row_f * sizeof(float) + row_q);
 
     /* the router: logits, then each token's experts and weights */
@@ -798,16 +799,15 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     g.up = g.gate + most * g.nff;
     g.down = g.up + most * g.nff;
     g.xg = c->qbuf;
-    g.xu = g.qu ? g.xg + most * g.qg : g.xg;
-    if (!g.qu) g.qu = g.qg;
-    g.hq = g.xg + most * (g.qg + (g.xu != g.xg ? g.qu : 0));
+    g.xu = shared ? g.xg : g.xg + most * g.qg;
+    g.hq = g.xu + most * g.qu;
 
     memset(y, 0, sizeof(float) * (size_t)n_tok * g.dim);
     for (g.a0 = 0; g.a0 < r->n_act; g.a0 = g.a1) {
         g.a1 = moe_group_end(r, g.a0, cap);
         g.i0 = r->start[g.a0];
         g.i1 = r->start[g.a1];
-        if (moe_group_run(c, be, &g, parts, first)) goto out;
+        moe_group_run(c, be, &g, parts, first);
     }
     rc = 0;
 out:
@@ -972,4 +972,4 @@ backend *backend_cpu_create(int n_threads) {
 
 int backend_cpu_threads(const backend *be) { return ((const cpu_impl *)be->impl)->nth; }
 
-void backend_cpu_set_moe_scratch(backend *be, size_t bytes) { cpu_of(be)->moe_cap = bytes; }
+void backend_cpu_set_moe_scratch(backend *be, size_t bytes) { cpu_of(be)->moe_cap = bytes ? bytes : CPU_MOE_GROUP_BYTES; }
