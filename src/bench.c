@@ -288,23 +288,11 @@ static double bench_pp_once(model *m, session *s, int depth, int n, int32_t *ids
     return bench_now() - t0;
 }
 
-/* One timed tgN run. */
-static double bench_tg_once(model *m, session *s, int depth, int n, float *logits, uint64_t *rng, char *err,
-                            size_t errlen) {
-    int n_vocab = model_get_hparams(m)->n_vocab;
-    session_reset(s, depth);
-    double t0 = bench_now();
-    for (int i = 0; i < n; i++) {
-        int32_t id = (int32_t)(bench_rand(rng) % (uint32_t)n_vocab);
-        if (model_eval(m, s, &id, 1, logits, NULL, NULL, err, errlen)) return -1;
-    }
-    return bench_now() - t0;
-}
-
-/* One timed tgN run of P sessions decoding together: one token of each per
- * pass (model_eval_batch), as a server's decode step for P requests. */
-static double bench_tg_par_once(model *m, session *const *s, int P, int depth, int n, float *logits, uint64_t *rng,
-                                char *err, size_t errlen) {
+/* One timed tgN run of P sessions decoding together (P >= 1): one token of
+ * each per pass (model_eval_batch), as a server's decode step for P
+ * requests. */
+static double bench_tg_once(model *m, session *const *s, int P, int depth, int n, float *logits, uint64_t *rng,
+                            char *err, size_t errlen) {
     int n_vocab = model_get_hparams(m)->n_vocab;
     int32_t ids[BENCH_MAX_PAR];
     model_batch_item it[BENCH_MAX_PAR];
@@ -322,7 +310,7 @@ static double bench_tg_par_once(model *m, session *const *s, int P, int depth, i
 
 typedef struct {
     int is_pp, n, threads, depth;
-    int n_par;                /* generation: sequences decoding together (0: one) */
+    int n_par;                /* sequences decoding together (1 but for -np rows) */
     double mean, sd;          /* tokens per second (all sequences together) */
     double bw_before, bw_after;   /* generation with bounds: bandwidth just before and after it (bytes/s) */
 } bench_result;
@@ -343,37 +331,34 @@ static int bench_fill(model *m, session *s, int depth, float *logits, char *err,
 }
 
 /* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
- * prompt for pp and a single token for tg. P > 1: generation by the P
- * sessions ps together (ps[0] == s). */
-static int bench_run_test(model *m, session *s, session *const *ps, int P, const bench_opts *o, int is_pp, int depth,
-                          int n, bench_result *r, char *err, size_t errlen) {
+ * prompt for pp and a single token for tg. pp runs in ps[0]; tg decodes in
+ * the P sessions ps together (P = 1 but for the -np rows). */
+static int bench_run_test(model *m, session *const *ps, int P, const bench_opts *o, int is_pp, int depth, int n,
+                          bench_result *r, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
-    const int par = !is_pp && P > 1;
-    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)(par ? P : 1));
+    if (is_pp) P = 1;
+    float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)P);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     double *tps = malloc(sizeof(double) * (size_t)o->reps);
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
     if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
-    for (int j = 0; j < (par ? P : 1); j++) {
-        session *sj = par ? ps[j] : s;
-        if (depth > 0 && bench_fill(m, sj, depth, logits, err, errlen)) goto out;
-        if (depth == 0) session_reset(sj, 0);
+    for (int j = 0; j < P; j++) {
+        if (depth > 0 && bench_fill(m, ps[j], depth, logits, err, errlen)) goto out;
+        if (depth == 0) session_reset(ps[j], 0);
     }
-    double t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
-             : par   ? bench_tg_par_once(m, ps, P, depth, 1, logits, &rng, err, errlen)
-                     : bench_tg_once(m, s, depth, 1, logits, &rng, err, errlen);
+    double t = is_pp ? bench_pp_once(m, ps[0], depth, n, ids, logits, &rng, err, errlen)
+                     : bench_tg_once(m, ps, P, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
-        t = is_pp ? bench_pp_once(m, s, depth, n, ids, logits, &rng, err, errlen)
-          : par   ? bench_tg_par_once(m, ps, P, depth, n, logits, &rng, err, errlen)
-                  : bench_tg_once(m, s, depth, n, logits, &rng, err, errlen);
-        tps[i] = t > 0 ? (double)n * (par ? P : 1) / t : 0.0;
+        t = is_pp ? bench_pp_once(m, ps[0], depth, n, ids, logits, &rng, err, errlen)
+                  : bench_tg_once(m, ps, P, depth, n, logits, &rng, err, errlen);
+        tps[i] = t > 0 ? (double)n * P / t : 0.0;
     }
     if (t < 0) goto out;
     r->is_pp = is_pp;
     r->n = n;
     r->depth = depth;
-    r->n_par = par ? P : 0;
+    r->n_par = P;
     bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
     rc = 0;
 out:
@@ -393,7 +378,7 @@ static void bench_print_header(void) {
 /* "pp512", "tg128 @ d4096", "tg64 x8": the test's name in every format */
 static void bench_test_name(const bench_result *r, char *buf, size_t len) {
     char par[16] = "";
-    if (r->n_par) snprintf(par, sizeof par, " x%d", r->n_par);
+    if (r->n_par > 1) snprintf(par, sizeof par, " x%d", r->n_par);
     if (r->depth) snprintf(buf, len, "%s%d%s @ d%d", r->is_pp ? "pp" : "tg", r->n, par, r->depth);
     else snprintf(buf, len, "%s%d%s", r->is_pp ? "pp" : "tg", r->n, par);
 }
@@ -420,7 +405,7 @@ static json_t *bench_json_row(const bench_opts *o, const bench_info *bi, const b
                      "backend", bi->backend, "kernels", quant_kernel_name(), "n_threads", r->threads,
                      "n_batch", o->n_batch, "kv_type", o->kv_name, "test", test,
                      "n_prompt", r->is_pp ? r->n : 0, "n_gen", r->is_pp ? 0 : r->n, "n_depth", r->depth,
-                     "n_parallel", r->n_par ? r->n_par : 1,
+                     "n_parallel", r->n_par,
                      "reps", o->reps, "avg_ts", r->mean, "stddev_ts", r->sd);
 }
 
@@ -731,7 +716,7 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
             /* P sequences together: one pass reads the weights once for P
              * tokens and each sequence's cache; a MoE pass reads the experts
              * all P tokens chose, which this table does not know */
-            const int P = r->n_par ? r->n_par : 1;
+            const int P = r->n_par;
             if (P > 1) {   /* several tokens a pass: the products' arithmetic may bind first */
                 double macs = bench_layer_macs(h) + bench_attn_macs(h, r->n, r->depth) + (double)h->n_embd * h->n_vocab;
                 double rate = 2.0 * macs * r->mean;
@@ -850,7 +835,8 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     model_opts mo = { .n_threads = n_threads, .n_batch = o->n_batch, .backend = o->backend, .device = o->device,
                       .fingerprint_later = 1 };
     model *m = NULL;
-    session *s = NULL, *ps[BENCH_MAX_PAR] = { NULL };   /* -np: ps[0] is s */
+    session *ps[BENCH_MAX_PAR] = { NULL };   /* ps[0] for every test, the rest for -np */
+    const int n_sess = o->n_par > 1 ? o->n_par : 1;
     int rc = -1, n_ctx = 1;
     for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
     for (int i = 0; i < o->tg.n; i++) if (o->depth + o->tg.v[i] > n_ctx) n_ctx = o->depth + o->tg.v[i];
@@ -861,9 +847,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     mo.on_load_ud = &lp;
     if (model_load(&m, o->model, &mo, err, errlen)) { if (lp.drawn && lp.tty) fputc('\n', stderr); goto out; }
     cliopt_progress_end(&lp);
-    if (session_new(&s, m, n_ctx, o->kv_type, err, errlen)) goto out;
-    ps[0] = s;
-    for (int j = 1; j < o->n_par; j++)
+    for (int j = 0; j < n_sess; j++)
         if (session_new(&ps[j], m, n_ctx, o->kv_type, err, errlen)) goto out;
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0] && o->fmt == BENCH_MD) bench_print_header();
@@ -880,8 +864,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
             int around = o->bounds && pass > 0 && n_threads == o->threads.v[o->threads.n - 1];
             int around_mib = o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB;
             double bw0 = around ? bench_bandwidth(n_threads, around_mib) : 0;
-            if (bench_run_test(m, s, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], r, err, errlen))
-                goto out;
+            if (bench_run_test(m, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
             r->bw_before = bw0;
             r->bw_after = around ? bench_bandwidth(n_threads, around_mib) : 0;
             r->threads = n_threads;
@@ -896,9 +879,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     }
     const int last = n_threads == o->threads.v[o->threads.n - 1];   /* the bounds follow the last -t */
     if (o->bounds && last) {
-        for (int j = 1; j < o->n_par; j++) { session_free(ps[j]); ps[j] = NULL; }
-        session_free(s);
-        s = NULL;
+        for (int j = 0; j < n_sess; j++) { session_free(ps[j]); ps[j] = NULL; }
         bench_print_bounds(m, o, bi, res, *n_res, n_threads);
     }
 #ifdef TANDEM_CUDA
@@ -906,8 +887,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
 #endif
     rc = 0;
 out:
-    for (int j = 1; j < o->n_par; j++) session_free(ps[j]);
-    session_free(s);
+    for (int j = 0; j < n_sess; j++) session_free(ps[j]);
     model_free(m);
     return rc;
 }
