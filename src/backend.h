@@ -122,6 +122,9 @@ typedef struct {
      * end of a product and between products may start fetching them then
      * (the CPU's decode steps). The next product uses the hint up. */
     void (*warm_next)(backend *be, const be_weight *const *w, int n);
+    /* Rows of one forward pass where the caller names none (0: 512, the
+     * CPU's, whose products gain nothing from more). */
+    int pass_rows;
 } backend_ops;
 
 struct backend {

@@ -82,7 +82,7 @@ static void bench_usage(FILE *f) {
         "  -gp D,N        also a tgN test at depth D\n"
         "  -np P          also each tgN with P sequences decoding together, 2..64 (a row\n"
         "                 \"tgN xP\": one token of each sequence per pass, aggregate t/s)\n"
-        "  -b N           prefill chunk size (default 512)\n"
+        "  -b N           prefill chunk size (default: the backend's, 512 on the CPU, 4096 with cuda)\n"
         "  --kv-type T    f16 (default), bf16, q8_0\n"
         "  --bw-mib N     size of the bandwidth test buffer in MiB (default 1024)\n"
         "  --no-bounds    skip the bandwidth / compute bounds table (with cuda: the cuBLAS ceiling)\n"
@@ -129,7 +129,7 @@ static uint32_t bench_kv_type(const char *s) {
 
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
-    o->reps = 5; o->n_batch = 512; o->bounds = 1; o->bw_mib = 1024;
+    o->reps = 5; o->n_batch = 0; o->bounds = 1; o->bw_mib = 1024;
     o->kv_name = "f16";
     bench_parse_list("2", &o->threads);
     bench_parse_list("512", &o->pp);
@@ -210,6 +210,7 @@ typedef struct {
     char desc[96];
     uint32_t main_type;       /* type of the first FFN weight */
     const char *backend;      /* "CPU" or "CUDA" */
+    int n_batch;              /* rows per pass: -b, else the backend's */
 } bench_info;
 
 static const char *bench_ftype_name(uint32_t ft) {
@@ -240,6 +241,7 @@ static void bench_describe(model *m, bench_info *bi) {
     const model_hparams *hp = model_get_hparams(m);
     memset(bi, 0, sizeof *bi);
     bi->backend = strcmp(model_get_backend(m)->ops->name, "cuda") ? "CPU" : "CUDA";
+    bi->n_batch = model_get_n_batch(m);
     uint64_t expert_params = 0;
     for (int64_t i = 0; i < gguf_count_tensors(f); i++) {
         const gguf_tensor *t = gguf_get_tensor(f, i);
@@ -403,7 +405,7 @@ static json_t *bench_json_row(const bench_opts *o, const bench_info *bi, const b
     return json_pack("{s:s, s:I, s:I, s:s, s:s, s:i, s:i, s:s, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:f}",
                      "model", bi->desc, "size_bytes", (json_int_t)bi->tensor_bytes, "n_params", (json_int_t)bi->params,
                      "backend", bi->backend, "kernels", quant_kernel_name(), "n_threads", r->threads,
-                     "n_batch", o->n_batch, "kv_type", o->kv_name, "test", test,
+                     "n_batch", bi->n_batch, "kv_type", o->kv_name, "test", test,
                      "n_prompt", r->is_pp ? r->n : 0, "n_gen", r->is_pp ? 0 : r->n, "n_depth", r->depth,
                      "n_parallel", r->n_par,
                      "reps", o->reps, "avg_ts", r->mean, "stddev_ts", r->sd);
@@ -439,7 +441,7 @@ static void bench_print_csv(const bench_opts *o, const bench_info *bi, const ben
         bench_test_name(r, test, sizeof test);
         bench_csv_str(bi->desc);
         printf(",%llu,%llu,%s,%s,%d,%d,%s,%s,%d,%d,%d,%d,%.4f,%.4f\n", (unsigned long long)bi->tensor_bytes,
-               (unsigned long long)bi->params, bi->backend, quant_kernel_name(), r->threads, o->n_batch, o->kv_name,
+               (unsigned long long)bi->params, bi->backend, quant_kernel_name(), r->threads, bi->n_batch, o->kv_name,
                test, r->is_pp ? r->n : 0, r->is_pp ? 0 : r->n, r->depth, o->reps, r->mean, r->sd);
     }
 }

@@ -60,7 +60,8 @@ static void bh_usage(FILE *f) {
         "  --wire-dtype T,T..        f16, bf16, q8_0 (default f16,q8_0)\n"
         "  -r N                      repetitions after one warm-up (default 3)\n"
         "  -t N                      threads per model (default 2)\n"
-        "  -b N                      prefill chunk (default 512)\n"
+        "  -b N                      prefill chunk (default: the prefill backend's, 512 on the CPU,\n"
+        "                            4096 with cuda; with --prefill-node or --wire-only, 512)\n"
         "  --secret-file F           shared secret (or env TANDEM_SECRET; needed with --prefill-node)\n"
         "  --link-label TEXT         the link column (default \"loopback\" / the node's address)\n"
         "  --zstd                    zstd-compressed frames\n"
@@ -111,7 +112,7 @@ static int bh_dtypes(const char *s, bh_opts *o) {
 
 static int bh_parse(int argc, char **argv, bh_opts *o) {
     memset(o, 0, sizeof *o);
-    o->reps = 3; o->threads = 2; o->batch = 512; o->timeout_ms = 60000; o->seed = 1;
+    o->reps = 3; o->threads = 2; o->batch = 0; o->timeout_ms = 60000; o->seed = 1;
     bh_list("128,256,512,1024,2048,4096", o->lengths, &o->n_lengths, 2, 1 << 20);
     bh_dtypes("f16,q8_0", o);
     for (int i = 0; i < argc; i++) {
@@ -492,8 +493,11 @@ out:
 }
 
 /* --wire-only / --wire-source: the model only gives the row size. */
-static int bw_main(const bh_opts *o, const void *secret, size_t secret_len) {
+static int bw_main(const bh_opts *opts, const void *secret, size_t secret_len) {
     char err[512], addr[300];
+    bh_opts oo = *opts;
+    const bh_opts *o = &oo;
+    if (oo.batch <= 0) oo.batch = 512;   /* no backend computes here: the CPU's pass */
     model_opts mo = { .n_threads = 1, .n_batch = o->batch };
     model *m = NULL;
     if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); return 1; }
@@ -573,7 +577,6 @@ int cli_bench_handoff(int argc, char **argv) {
     const model_hparams *hp = model_get_hparams(x.m);
     x.n_vocab = hp->n_vocab;
     x.n_layer = hp->n_layer;
-    x.batch = o.batch;
     if (session_new(&x.s, x.m, max_n, GGML_TYPE_F16, err, sizeof err)) { fprintf(stderr, "tandem: %s\n", err); goto out; }
     x.logits = malloc(sizeof(float) * (size_t)x.n_vocab);
     toks = malloc(sizeof(int32_t) * (size_t)max_n);
@@ -584,12 +587,15 @@ int cli_bench_handoff(int argc, char **argv) {
         fprintf(stderr, "tandem bench-handoff: %s\n", err);
         goto out;
     }
+    /* the prefill side's chunk: our node's model knows it; a remote node's
+     * is taken to be the CPU's unless -b says otherwise */
+    x.batch = o.batch > 0 ? o.batch : model_get_n_batch(ln.m ? ln.m : x.m);
     snprintf(link, sizeof link, "%s", o.label ? o.label : o.node ? o.node : "loopback");
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     printf("bench-handoff: %s (%s, %d layers, n_embd %d, %d KV heads x %d, %s), %d thread(s) per node, "
            "%d rep(s) after a warm-up, KV cache f16, prefill chunk %d%s\n",
            o.model, hp->arch_name, hp->n_layer, hp->n_embd, hp->n_head_kv, hp->head_dim_k, model_type_summary(x.m),
-           o.threads, o.reps, o.batch, o.zstd ? ", zstd frames" : "");
+           o.threads, o.reps, x.batch, o.zstd ? ", zstd frames" : "");
     printf("prefill node: %s%s; this machine has %ld core(s)%s\n\n", addr, o.node ? "" : " (in this process)", cores,
            o.node ? "" : ": the prefill and decode sides share them");
     printf("| link | wire dtype | prompt tokens | prefill ms (remote compute) | KV bytes | wire bytes | transfer ms | "

@@ -34,7 +34,8 @@ static void cli_usage_run(FILE *f) {
         "  -t N            threads, 1..256 (default 2)\n"
         "  -c N            context size (default: the model's, at most 4096); generation\n"
         "                  stops with a note when it is full\n"
-        "  -b N            prefill chunk size, 1..65536 (default 512)\n"
+        "  -b N            prefill chunk size, 1..65536 (default: the backend's, 512 on the CPU,\n"
+        "                  4096 with cuda)\n"
         "  --chat          wrap the prompt in the model's chat template\n"
         "  --ids           print generated token ids instead of text\n"
         "  --ignore-eos    keep generating past end-of-generation tokens\n"
@@ -91,7 +92,7 @@ static int cli_parse_run_value(run_opts *o, const char *a, const char *v) {
  * printing what is wrong. */
 static int cli_parse_run(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
-    o->n_predict = 128; o->n_threads = 2; o->n_batch = 512; o->kv_type = "f16";
+    o->n_predict = 128; o->n_threads = 2; o->n_batch = 0; o->kv_type = "f16";
     o->sp = sampler_defaults();
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];

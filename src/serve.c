@@ -56,7 +56,8 @@ static void serve_usage(FILE *f) {
         "                       required for network roles\n"
         "  -t N                 threads (default 2)\n"
         "  -c N                 context per request (default: the model's, at most 4096)\n"
-        "  -b N                 prefill chunk size (default 512)\n"
+        "  -b N                 prefill chunk size (default: the backend's, 512 on the CPU, 4096\n"
+        "                       with cuda)\n"
         "  --kv-type T          KV cache type: f16 (default), bf16, q8_0\n"
         "  --node-id NAME       this node's name in handshakes and logs\n"
         "  --timeout-ms N       per-frame I/O deadline (default 10000)\n"
@@ -101,7 +102,7 @@ static int serve_role_parse(const char *s, enum serve_role *r) {
 /* Parses the options; 0, or -1 after printing what is wrong. */
 static int serve_parse(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
-    o->n_threads = 2; o->n_batch = 512; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
+    o->n_threads = 2; o->n_batch = 0; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
     for (int i = 0; i < argc; i += 2) {   /* every option here takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;

@@ -439,8 +439,12 @@ static void moe_cpu_same(const test_weight *gi, const test_weight *g, const test
     }
 }
 
-static void case_moe(uint32_t type, int n_tok) {
-    int dim = is_k(type) ? 256 : 96, nff = is_k(type) ? 256 : 64, ne = 8, k = 3;   /* 3: a sum order shows */
+/* ne experts, k of them per token (3 of 8: a sum order shows; 8 of 128
+ * over 300 tokens: Qwen3-30B-A3B's routing, 2400 selections, so the CUDA
+ * grouping scans several block-widths and most experts get a product of
+ * their own). */
+static void case_moe(uint32_t type, int n_tok, int ne, int k) {
+    int dim = is_k(type) ? 256 : 96, nff = is_k(type) ? 256 : 64;
     test_weight gi, g, u, d;
     make_weight(&gi, GGML_TYPE_F32, dim, ne, 1, 1.0f);
     make_weight(&g, type, dim, nff, ne, 0.5f);
@@ -468,7 +472,7 @@ static void case_moe(uint32_t type, int n_tok) {
 
 /* Every attention case: batches of prompt spans and decode tokens, GQA
  * groups of 1 to 16, head sizes 32 to 256, and long spans (64-row blocks
- * and more: the CUDA tensor-core path, TANDEM_CUDA_ATTN=tc). */
+ * and more: the CUDA tensor-core path, its default for long spans). */
 static void attention_cases(void) {
     const uint32_t dts[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
     const seq_shape one[] = { { 0, 37 } };
@@ -507,10 +511,12 @@ static void run_cases(void) {
     attention_cases();
     const uint32_t mt[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
     for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) {
-        case_moe(mt[i], 1);
-        case_moe(mt[i], 5);
-        case_moe(mt[i], 40);
+        case_moe(mt[i], 1, 8, 3);
+        case_moe(mt[i], 5, 8, 3);
+        case_moe(mt[i], 40, 8, 3);
     }
+    case_moe(GGML_TYPE_F16, 300, 128, 8);
+    case_moe(GGML_TYPE_Q4_K, 300, 128, 8);
 }
 
 static void print_stats(void) {
@@ -616,17 +622,18 @@ int main(void) {
 #endif
     run_cases();
 #ifdef TANDEM_CUDA
-    /* the attention cases again on the opt-in tensor-core path */
-    setenv("TANDEM_CUDA_ATTN", "tc", 1);
-    backend *tc = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
-    CHECK(tc != NULL, "CUDA backend with TANDEM_CUDA_ATTN=tc: %s", err);
-    if (tc) {
+    /* the attention cases again with long spans on CUDA cores too
+     * (TANDEM_CUDA_ATTN=cores; the default puts them on tensor cores) */
+    setenv("TANDEM_CUDA_ATTN", "cores", 1);
+    backend *cores = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
+    CHECK(cores != NULL, "CUDA backend with TANDEM_CUDA_ATTN=cores: %s", err);
+    if (cores) {
         backend *plain = test_be;
-        test_be = tc;
-        att_label = "attention_tc";
+        test_be = cores;
+        att_label = "attention_cores";
         attention_cases();
         test_be = plain;
-        tc->ops->destroy(tc);
+        cores->ops->destroy(cores);
     }
 #endif
     quant_force_reference(0);

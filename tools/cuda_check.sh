@@ -9,9 +9,9 @@
 #   3. test_handoff with CUDA prefill nodes and CPU decode (the cross-backend
 #      KV proof: F16/F32 split output == CPU-only output)
 #   4. tandem bench --backend cuda on the model files named in BENCH_MODELS
-# Steps 2 and 4 run again with TANDEM_CUDA_ATTN=tc (attention of long
-# prompts on tensor cores, opt-in until it has run on a GPU; step 1 checks
-# it in any case).
+# Step 2 runs again with TANDEM_CUDA_ATTN=cores (long prompts' attention on
+# CUDA cores instead of the default tensor cores; step 1 checks both), and
+# step 4 benchmarks both ways.
 # Needs the fixture set (TANDEM_FIXTURES) for 1-3; the F16 test models are
 # generated into TANDEM_MODELS if missing (tools/gen_mini.py, about 10 s).
 set -uo pipefail
@@ -19,7 +19,7 @@ BIN=${BIN:-build-cuda}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 MODELS=${TANDEM_MODELS:-$BIN/models}
 LOG_DIR=${LOG_DIR:-$BIN/cuda-check}
-STEPS=${STEPS:-ops golden golden_tc handoff bench}
+STEPS=${STEPS:-ops golden golden_cores handoff bench}
 BENCH_MODELS=${BENCH_MODELS:-}
 BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
 export TANDEM_FIXTURES=$FIX TANDEM_MODELS=$MODELS
@@ -47,7 +47,7 @@ for s in $STEPS; do
     case $s in
     ops) step backend_ops ${T_OPS:-180} "$BIN/test_backend_ops" ;;
     golden) TANDEM_BACKEND=cuda step golden ${T_GOLDEN:-240} "$BIN/test_golden" ;;
-    golden_tc) TANDEM_CUDA_ATTN=tc TANDEM_BACKEND=cuda step golden_tc ${T_GOLDEN:-240} "$BIN/test_golden" ;;
+    golden_cores) TANDEM_CUDA_ATTN=cores TANDEM_BACKEND=cuda step golden_cores ${T_GOLDEN:-240} "$BIN/test_golden" ;;
     handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
     bench) for m in $BENCH_MODELS; do
                for a in cores tc; do

@@ -21,6 +21,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "cuda_internal.h"
 #include "log.h"
@@ -29,6 +30,12 @@
  * may be dequantized to F16: KV mirrors and activations come later. */
 #define CU_RESERVE_FRACTION 8          /* 1/8 of the device ... */
 #define CU_RESERVE_MIN (1ull << 30)    /* ... and at least 1 GiB */
+/* Rows of a forward pass unless the caller names a size: 4096-row passes
+ * against 512-row ones on an H200 (tandem bench, Q4_K_M): Qwen3-0.6B shape
+ * pp4096 24.5k vs 18.3k t/s, pp16384 8.2k vs 6.3k; Qwen3-30B-A3B shape
+ * pp4096 4.2k vs 1.4k, pp16384 2.0k vs 0.96k (the experts' products get 8x
+ * the rows each). A long prompt's KV still streams layer by layer. */
+#define CU_PASS_ROWS 4096
 
 /* ==== Errors ==== */
 
@@ -52,6 +59,45 @@ int cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what) {
 }
 
 #define CU_ENTER(c) cudaSetDevice((c)->device)
+
+/* ==== Op timing ==== */
+
+static const char *const cu_prof_name[CU_P_N] = {
+    "get_rows", "rms_norm", "mul_mat (matrix-vector)", "mul_mat (cuBLAS)", "add_bias", "rope", "kv_store",
+    "attention", "swiglu", "add", "moe: router + grouping", "moe: expert products", "moe: combine", "sync_kv",
+};
+
+static double cu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double cu_prof_begin(cu_impl *c) {
+    if (!c->prof) return 0.0;
+    cudaStreamSynchronize(c->cs);
+    return cu_now();
+}
+
+void cu_prof_end(cu_impl *c, int op, double t0) {
+    if (!c->prof) return;
+    cudaStreamSynchronize(c->cs);
+    c->prof_s[op] += cu_now() - t0;
+    c->prof_n[op]++;
+}
+
+static void cu_prof_print(const cu_impl *c) {
+    double tot = 0.0;
+    for (int i = 0; i < CU_P_N; i++) tot += c->prof_s[i];
+    if (tot <= 0.0) return;
+    fprintf(stderr, "CUDA op times (TANDEM_CUDA_PROFILE; each op waited for, so no overlap):\n"
+                    "| op | calls | ms | %% | us per call |\n|---|---:|---:|---:|---:|\n");
+    for (int i = 0; i < CU_P_N; i++)
+        if (c->prof_n[i])
+            fprintf(stderr, "| %s | %ld | %.1f | %.1f | %.1f |\n", cu_prof_name[i], c->prof_n[i], c->prof_s[i] * 1e3,
+                    100.0 * c->prof_s[i] / tot, c->prof_s[i] * 1e6 / (double)c->prof_n[i]);
+    fprintf(stderr, "| all | | %.1f | 100 | |\n", tot * 1e3);
+}
 
 /* ==== Device buffers ==== */
 
@@ -347,6 +393,7 @@ static void cu_kv_store(backend *be, const be_batch *b, int layer, const float *
     cu_kv **mir = (cu_kv **)malloc(sizeof *mir * (size_t)b->n_seq);
     uint8_t **dst = (uint8_t **)malloc(sizeof *dst * 2 * (size_t)b->n_tok);
     if (!mir || !dst) { free(mir); free(dst); cu_fail(c, "kv_store", "out of memory"); return; }
+    double t0 = cu_prof_begin(c);
     pthread_mutex_lock(&c->mu);
     if (cu_kv_prepare(c, b, layer, mir, 1)) goto out;
     /* one launch per cache type in the batch (sessions may differ) */
@@ -392,6 +439,7 @@ static void cu_kv_store(backend *be, const be_batch *b, int layer, const float *
     cu_kv_copy_back(c, b, layer, mir);
 out:
     pthread_mutex_unlock(&c->mu);
+    cu_prof_end(c, CU_P_KV_STORE, t0);
     free(mir);
     free(dst);
 }
@@ -399,10 +447,12 @@ out:
 static void cu_sync_kv(backend *be, const be_batch *b, int layer) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
+    double t0 = cu_prof_begin(c);
     pthread_mutex_lock(&c->mu);
     cu_kv_slot *s = &c->slot[layer & 1];
     if (s->pending && s->layer == layer) cu_slot_finish(c, s);
     pthread_mutex_unlock(&c->mu);
+    cu_prof_end(c, CU_P_SYNC_KV, t0);
 }
 
 static void cu_kv_forget(backend *be, const kvcache *kv, int pos) {
@@ -440,28 +490,40 @@ static int cu_get_rows(backend *be, const be_weight *w, const int32_t *ids, int 
         if (ids[i] < 0 || ids[i] >= w->ne[1]) return -1;
     cu_weight *cw = cu_weight_of(c, w);
     if (!cw || c->failed || cu_buf_need(c, &c->stage, sizeof(int32_t) * (size_t)n)) return -1;
+    double t0 = cu_prof_begin(c);
     const int32_t *d = (const int32_t *)cu_stage_put(c, 0, ids, sizeof(int32_t) * (size_t)n);
-    return cu_launch_get_rows(c, cw, d, n, out) || c->failed ? -1 : 0;
+    int rc = cu_launch_get_rows(c, cw, d, n, out);
+    cu_prof_end(c, CU_P_GET_ROWS, t0);
+    return rc || c->failed ? -1 : 0;
 }
 
 static void cu_rms_norm(backend *be, const float *x, const be_weight *w, float *y, int n_rows, int dim, float eps) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
-    cu_launch_rms_norm(c, x, cu_vec(c, w), y, n_rows, dim, eps);
+    const float *wd = cu_vec(c, w);
+    double t0 = cu_prof_begin(c);
+    cu_launch_rms_norm(c, x, wd, y, n_rows, dim, eps);
+    cu_prof_end(c, CU_P_RMS_NORM, t0);
 }
 
 static void cu_mul_mat(backend *be, const be_weight *w, int expert, const float *x, int n_tok, float *y) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
     cu_weight *cw = cu_weight_of(c, w);
-    if (cw) cu_matmul(c, cw, expert, x, n_tok, y);
+    if (!cw) return;
+    double t0 = cu_prof_begin(c);
+    cu_matmul(c, cw, expert, x, n_tok, y);
+    cu_prof_end(c, cu_matmul_uses_mmv(n_tok) ? CU_P_MMV : CU_P_GEMM, t0);
 }
 
 static void cu_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
     const float *d = cu_vec(c, b);
-    if (d) cu_launch_add_bias(c, x, d, n_tok, (int)b->ne[0]);
+    if (!d) return;
+    double t0 = cu_prof_begin(c);
+    cu_launch_add_bias(c, x, d, n_tok, (int)b->ne[0]);
+    cu_prof_end(c, CU_P_BIAS, t0);
 }
 
 /* The device copy of the rope frequency factors (one array per model). */
@@ -489,20 +551,26 @@ static void cu_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, 
     const float *ff = cu_freq_factors(c, rc);
     if (rc->freq_factors && !ff) return;
     if (cu_buf_need(c, &c->stage, sizeof(int32_t) * (size_t)n_tok)) return;
+    double t0 = cu_prof_begin(c);
     const int32_t *d = (const int32_t *)cu_stage_put(c, 0, pos, sizeof(int32_t) * (size_t)n_tok);
     cu_launch_rope(c, x, n_tok, n_head, head_dim, d, rc, ff);
+    cu_prof_end(c, CU_P_ROPE, t0);
 }
 
 static void cu_swiglu(backend *be, const float *g, const float *u, float *y, size_t n) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
+    double t0 = cu_prof_begin(c);
     cu_launch_swiglu(c, g, u, y, n);
+    cu_prof_end(c, CU_P_SWIGLU, t0);
 }
 
 static void cu_add(backend *be, float *x, const float *y, size_t n) {
     cu_impl *c = cu_of(be);
     CU_ENTER(c);
+    double t0 = cu_prof_begin(c);
     cu_launch_add(c, x, y, n);
+    cu_prof_end(c, CU_P_ADD, t0);
 }
 
 /* ==== Attention ==== */
@@ -515,6 +583,7 @@ static int cu_attention(backend *be, const float *q, const be_batch *b, int laye
     cu_kv **mir = (cu_kv **)malloc(sizeof *mir * (size_t)b->n_seq);
     cu_attn_seq *as = (cu_attn_seq *)malloc(sizeof *as * (size_t)b->n_seq);
     int rc = -1;
+    double t0 = cu_prof_begin(c);
     if (!mir || !as) goto out;
     pthread_mutex_lock(&c->mu);
     rc = cu_kv_prepare(c, b, layer, mir, 0);
@@ -534,6 +603,7 @@ static int cu_attention(backend *be, const float *q, const be_batch *b, int laye
         rc = cu_launch_attention(c, dt, q, as, n, n_head, n_head_kv, head_dim, mir[pass]->row_bytes, scale, out);
     }
 out:
+    cu_prof_end(c, CU_P_ATTN, t0);
     free(mir);
     free(as);
     return rc || c->failed ? -1 : 0;
@@ -553,6 +623,7 @@ static void cu_destroy(backend *be) {
     cu_impl *c = cu_of(be);
     if (c) {
         CU_ENTER(c);
+        if (c->prof) cu_prof_print(c);
         for (int i = 0; i < 2; i++) {
             cu_slot_finish(c, &c->slot[i]);
             if (c->slot[i].host) cudaFreeHost(c->slot[i].host);
@@ -605,6 +676,9 @@ static const backend_ops cu_ops = {
     /* .load_weight = */ cu_load_weight,
     /* .sync_kv = */ cu_sync_kv,
     /* .kv_forget = */ cu_kv_forget,
+    /* .mul_mat_n = */ NULL,
+    /* .warm_next = */ NULL,
+    /* .pass_rows = */ CU_PASS_ROWS,
 };
 
 /* ==== Creation ==== */
@@ -672,8 +746,9 @@ static int cu_start(cu_impl *c, int device, char *err, size_t errlen) {
     c->dequant = cu_env_int("TANDEM_CUDA_DEQUANT", -1);
     c->gemm_split = cu_env_int("TANDEM_CUDA_GEMM_SPLIT", 1);
     c->moe_grouped = cu_env_int("TANDEM_CUDA_MOE_GROUPED", 1);
+    c->prof = cu_env_int("TANDEM_CUDA_PROFILE", 0) > 0;
     const char *att = getenv("TANDEM_CUDA_ATTN");
-    c->attn_tc = att && !strcmp(att, "tc");
+    c->attn_tc = !(att && !strcmp(att, "cores"));   /* long prompts on tensor cores unless told otherwise */
     c->smem_optin = p.sharedMemPerBlockOptin;
     return 0;
 }

@@ -229,6 +229,16 @@ typedef struct {
     int n_span, span_cap;
 } cu_kv_slot;
 
+/* ==== Op timing (TANDEM_CUDA_PROFILE=1) ==== */
+/* With profiling on, every op waits for the stream before and after it and
+ * adds its wall time to its kind; the table goes to stderr when the backend
+ * is destroyed. The waits serialise the copy-back stream with compute, so
+ * the sum is the pass without overlap: a breakdown, not a speed. */
+enum {
+    CU_P_GET_ROWS, CU_P_RMS_NORM, CU_P_MMV, CU_P_GEMM, CU_P_BIAS, CU_P_ROPE, CU_P_KV_STORE, CU_P_ATTN,
+    CU_P_SWIGLU, CU_P_ADD, CU_P_MOE_ROUTE, CU_P_MOE_GEMM, CU_P_MOE_COMBINE, CU_P_SYNC_KV, CU_P_N
+};
+
 /* A grow-only device buffer. */
 typedef struct { void *p; size_t cap; } cu_buf;
 
@@ -254,9 +264,13 @@ typedef struct {
     int gemm_split;             /* F16/BF16 GEMMs: activations as hi + lo halves (two products) */
     int dequant;                /* -1 auto (memory permitting), 0 never, 1 always */
     int moe_grouped;            /* MoE experts in one grouped GEMM call */
-    int attn_tc;                /* long prompts' attention on tensor cores (opt-in: not yet run on a GPU) */
+    unsigned moe_grouped_no;    /* bit 0 F16, 1 BF16, 2 F32: cuBLAS refused the grouped call for that type */
+    int attn_tc;                /* long prompts' attention on tensor cores (TANDEM_CUDA_ATTN=cores: off) */
     size_t smem_optin;          /* shared memory a block may opt in to (sm_90: 227 KiB, sm_120: 99 KiB) */
     size_t reserve;             /* device bytes kept free for caches and activations */
+    int prof;                   /* TANDEM_CUDA_PROFILE: per-op wall time */
+    double prof_s[CU_P_N];
+    long prof_n[CU_P_N];
     int failed;
     char err[256];
 } cu_impl;
@@ -270,6 +284,10 @@ int cu_check(cu_impl *c, cudaError_t e, const char *what);
 int cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what);
 /* Grow-only device buffer; waits for the compute stream before freeing. */
 int cu_buf_need(cu_impl *c, cu_buf *b, size_t bytes);
+/* Op timing: t0 = cu_prof_begin(c); ...; cu_prof_end(c, CU_P_X, t0). Both
+ * do nothing unless c->prof. */
+double cu_prof_begin(cu_impl *c);
+void cu_prof_end(cu_impl *c, int op, double t0);
 /* The device copy of w (made now if load_weight did not run), or NULL. */
 cu_weight *cu_weight_of(cu_impl *c, const be_weight *w);
 
@@ -289,6 +307,8 @@ void cu_launch_to_half(cu_impl *c, int bf16, const float *x, void *hi, void *lo,
 /* ==== Matrix products (cuda_matmul.cu) ==== */
 /* y[t][r] = sum_c W_e[r][c] x[t][c] for t < n_tok, r < ne1 (expert e of a 3-D weight). */
 void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y);
+/* Whether cu_matmul takes n_tok rows through the matrix-vector kernel. */
+int cu_matmul_uses_mmv(int n_tok);
 /* The same for several experts at once: group g multiplies expert e[g]
  * with cnt[g] rows of x at row off[g] into y at row off[g]. */
 void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off,

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+#include "log.h"
 
 /* Rows up to which the matrix-vector kernel beats cuBLAS: it reads the
  * weights once however many rows, and 8 accumulators per lane fit in
@@ -75,21 +76,26 @@ static void cu_mmv(cu_impl *c, const cu_weight *w, int expert, const float *x, i
 
 /* ==== cuBLAS ==== */
 
-/* Expert e of w as a cuBLAS operand: its address and type (dequantizing a
- * quantized weight into the scratch buffer if it has no F16 copy). */
-static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert, cudaDataType_t *at) {
-    size_t n = (size_t)w->ne1 * (size_t)w->ne0;
-    if (w->half) { *at = CUDA_R_16F; return w->half + (size_t)expert * n; }
-    const uint8_t *raw = (const uint8_t *)w->raw + (size_t)expert * w->ne1 * w->row_bytes;
+/* The type w meets cuBLAS in: its resident half copy or native type, else
+ * F16 (quantized weights dequantized per product). */
+static cudaDataType_t cu_gemm_type(const cu_weight *w) {
+    if (w->half) return CUDA_R_16F;
     switch (w->type) {
-    case GGML_TYPE_F32: *at = CUDA_R_32F; return raw;
-    case GGML_TYPE_F16: *at = CUDA_R_16F; return raw;
-    case GGML_TYPE_BF16: *at = CUDA_R_16BF; return raw;
-    default: break;
+    case GGML_TYPE_F32: return CUDA_R_32F;
+    case GGML_TYPE_BF16: return CUDA_R_16BF;
+    default: return CUDA_R_16F;
     }
+}
+
+/* Expert e of w as a cuBLAS operand of type cu_gemm_type(w) (dequantizing a
+ * quantized weight into the scratch buffer if it has no F16 copy). */
+static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert) {
+    size_t n = (size_t)w->ne1 * (size_t)w->ne0;
+    if (w->half) return w->half + (size_t)expert * n;
+    const uint8_t *raw = (const uint8_t *)w->raw + (size_t)expert * w->ne1 * w->row_bytes;
+    if (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) return raw;
     if (cu_buf_need(c, &c->wtmp, n * 2) || cu_launch_dequant(c, w->type, raw, (uint16_t *)c->wtmp.p, (int64_t)n))
         return NULL;
-    *at = CUDA_R_16F;
     return c->wtmp.p;
 }
 
@@ -107,10 +113,12 @@ static int cu_gemm_act(cu_impl *c, cudaDataType_t at, const float *x, size_t n, 
     return 0;
 }
 
-static void cu_gemm(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
-    cudaDataType_t at;
-    const void *a = cu_gemm_weight(c, w, expert, &at), *bh, *bl;
-    if (!a || cu_gemm_act(c, at, x, (size_t)n_tok * w->ne0, &bh, &bl)) return;
+/* y = W_e x for n_tok rows whose activations cu_gemm_act prepared (bl may
+ * be NULL): one product, or two summed. */
+static void cu_gemm_run(cu_impl *c, const cu_weight *w, int expert, cudaDataType_t at, const void *bh,
+                        const void *bl, int n_tok, float *y) {
+    const void *a = cu_gemm_weight(c, w, expert);
+    if (!a) return;
     const float one = 1.0f, zero = 0.0f;
     int m = (int)w->ne1, k = (int)w->ne0;
     cu_check_blas(c, cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, a, at, k, bh, at, k, &zero,
@@ -120,9 +128,18 @@ static void cu_gemm(cu_impl *c, const cu_weight *w, int expert, const float *x, 
                                       y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT), "cublasGemmEx (lo)");
 }
 
+static void cu_gemm(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
+    cudaDataType_t at = cu_gemm_type(w);
+    const void *bh, *bl;
+    if (cu_gemm_act(c, at, x, (size_t)n_tok * w->ne0, &bh, &bl)) return;
+    cu_gemm_run(c, w, expert, at, bh, bl, n_tok, y);
+}
+
+int cu_matmul_uses_mmv(int n_tok) { return n_tok <= CU_MMV_MAX_TOK; }
+
 void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
     if (n_tok <= 0 || c->failed) return;
-    if (n_tok <= CU_MMV_MAX_TOK) cu_mmv(c, w, expert, x, n_tok, y);
+    if (cu_matmul_uses_mmv(n_tok)) cu_mmv(c, w, expert, x, n_tok, y);
     else cu_gemm(c, w, expert, x, n_tok, y);
 }
 
@@ -139,6 +156,8 @@ static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e,
     else if (w->type == GGML_TYPE_BF16) at = CUDA_R_16BF;
     else if (w->type == GGML_TYPE_F32) at = CUDA_R_32F;
     else return 1;
+    const unsigned tbit = 1u << (at == CUDA_R_16F ? 0 : at == CUDA_R_16BF ? 1 : 2);
+    if (c->moe_grouped_no & tbit) return 1;
     size_t rows = (size_t)off[n_group - 1] + (size_t)cnt[n_group - 1];
     const void *bh, *bl;
     if (cu_gemm_act(c, at, x, rows * (size_t)w->ne0, &bh, &bl)) return 0;
@@ -173,7 +192,13 @@ static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e,
         cublasStatus_t s = cublasGemmGroupedBatchedEx(c->blas, ops, ops + n_group, mm, nn, kk, ab, dp, at, lda,
                                                       dp + n_group, at, ldb, ab + n_group, (void *const *)(dp + 3 * n_group),
                                                       CUDA_R_32F, ldc, n_group, gs, CUBLAS_COMPUTE_32F);
-        if (s == CUBLAS_STATUS_NOT_SUPPORTED) { c->moe_grouped = 0; rc = 1; goto out; }
+        if (s == CUBLAS_STATUS_NOT_SUPPORTED) {
+            log_info(NULL, "CUDA backend: cublasGemmGroupedBatchedEx does not take %s weights here; their MoE "
+                           "experts go one cublasGemmEx each", at == CUDA_R_16F ? "F16" : at == CUDA_R_16BF ? "BF16" : "F32");
+            c->moe_grouped_no |= tbit;
+            rc = 1;
+            goto out;
+        }
         if (cu_check_blas(c, s, "cublasGemmGroupedBatchedEx")) goto out;
         if (bl) {
             for (int g = 0; g < n_group; g++) ab[n_group + g] = 1.0f;   /* beta: add the lo product */
@@ -201,8 +226,21 @@ void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e
     if (c->moe_grouped && total > CU_MMV_MAX_TOK * n_group &&
         cu_grouped(c, w, n_group, e, off, cnt, x, y) == 0)
         return;
-    for (int g = 0; g < n_group; g++)
-        cu_matmul(c, w, e[g], x + (size_t)off[g] * w->ne0, cnt[g], y + (size_t)off[g] * w->ne1);
+    /* one expert at a time: the activations of all groups converted once,
+     * each group then one product (or the matrix-vector kernel) */
+    cudaDataType_t at = cu_gemm_type(w);
+    const size_t esz = at == CUDA_R_32F ? 4 : 2;
+    const void *bh = NULL, *bl = NULL;
+    int any_gemm = 0;
+    for (int g = 0; g < n_group; g++) any_gemm |= !cu_matmul_uses_mmv(cnt[g]);
+    if (any_gemm && cu_gemm_act(c, at, x, (size_t)total * w->ne0, &bh, &bl)) return;
+    for (int g = 0; g < n_group && !c->failed; g++) {
+        const size_t xo = (size_t)off[g] * w->ne0;
+        float *yg = y + (size_t)off[g] * w->ne1;
+        if (cu_matmul_uses_mmv(cnt[g])) cu_mmv(c, w, e[g], x + xo, cnt[g], yg);
+        else cu_gemm_run(c, w, e[g], at, (const uint8_t *)bh + xo * esz, bl ? (const uint8_t *)bl + xo * esz : NULL,
+                         cnt[g], yg);
+    }
 }
 
 /* ==== The cuBLAS ceiling (tandem bench) ==== */

@@ -3,7 +3,8 @@
  *   1. router logits = W_gate_inp x                       (cu_matmul)
  *   2. per token: softmax, top-k, renormalise            (k_moe_route, the
  *      arithmetic of moe_select_experts, ties to the lower index)
- *   3. rows grouped by expert, in token order            (k_moe_group)
+ *   3. rows grouped by expert, in token order            (k_moe_count,
+ *      one block per expert                                 k_moe_place)
  *   4. the experts' row counts come back to the host (the one wait of the
  *      block: cuBLAS takes its shapes from the host)
  *   5. gathered rows through gate, up, SwiGLU and down, all experts in one
@@ -44,27 +45,56 @@ __global__ void k_moe_route(const float *logits, int n_tok, int ne, int k, int n
     }
 }
 
-/* One block, thread e for expert e: the rows routed to e get consecutive
- * places (token order) after those of experts < e. */
-__global__ void k_moe_group(const int *sel, int n_sel, int k, int ne, int *counts, int *offs, int *slot_row, int *src_tok) {
-    __shared__ int cnt[CU_MOE_MAX_EXPERTS], off[CU_MOE_MAX_EXPERTS];
-    int e = threadIdx.x;
+/* The sum of v over the block (every thread gets it); part holds 32 ints. */
+__device__ int cu_block_sum(int v, int *part) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = (blockDim.x + 31) / 32;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();                            /* part may still be read */
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    v = lane < nw ? part[lane] : 0;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block e counts the selections of expert e. */
+__global__ void k_moe_count(const int *sel, int n_sel, int *counts) {
+    __shared__ int part[32];
+    const int e = blockIdx.x;
     int n = 0;
-    if (e < ne)
-        for (int i = 0; i < n_sel; i++) n += sel[i] == e;
-    if (e < CU_MOE_MAX_EXPERTS) cnt[e] = n;
-    __syncthreads();
-    if (e == 0) {
-        int o = 0;
-        for (int i = 0; i < ne; i++) { off[i] = o; o += cnt[i]; }
+    for (int i = threadIdx.x; i < n_sel; i += blockDim.x) n += sel[i] == e;
+    n = cu_block_sum(n, part);
+    if (threadIdx.x == 0) counts[e] = n;
+}
+
+/* Block e gives the rows routed to e consecutive places (token order)
+ * after those of experts < e: the selections are scanned a block-width at
+ * a time, each hit placed by the hits before it (ballot counts within a
+ * warp, the warps' totals across). */
+__global__ void k_moe_place(const int *sel, int n_sel, int k, const int *counts, int *offs, int *slot_row,
+                            int *src_tok) {
+    __shared__ int part[32];
+    const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    int before = 0;
+    for (int i = threadIdx.x; i < e; i += blockDim.x) before += counts[i];
+    int j = cu_block_sum(before, part);         /* this expert's first row */
+    if (threadIdx.x == 0) offs[e] = j;
+    for (int base = 0; base < n_sel; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const bool hit = i < n_sel && sel[i] == e;
+        const unsigned m = __ballot_sync(0xffffffffu, hit);
+        __syncthreads();                        /* the last round's part is read */
+        if (lane == 0) part[warp] = __popc(m);
+        __syncthreads();
+        int pre = 0, tot = 0;
+        for (int w = 0; w < nw; w++) { int p = part[w]; pre += w < warp ? p : 0; tot += p; }
+        if (hit) {
+            const int r = j + pre + __popc(m & ((1u << lane) - 1u));
+            slot_row[i] = r;
+            src_tok[r] = i / k;
+        }
+        j += tot;
     }
-    __syncthreads();
-    if (e >= ne) return;
-    int j = off[e];
-    for (int i = 0; i < n_sel; i++)
-        if (sel[i] == e) { slot_row[i] = j; src_tok[j] = i / k; j++; }
-    counts[e] = cnt[e];
-    offs[e] = off[e];
 }
 
 __global__ void k_moe_gather(const float *x, const int *src_tok, int rows, int dim, float *xg) {
@@ -114,9 +144,11 @@ int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y)
     float *xg = (float *)(offs + ne), *gate = xg + (size_t)rows * dim, *up = gate + (size_t)rows * nff;
     float *down = up + (size_t)rows * nff;
 
+    double t0 = cu_prof_begin(c);
     cu_matmul(c, gi, 0, x, n_tok, logits);
     k_moe_route<<<(n_tok + 63) / 64, 64, 0, c->cs>>>(logits, n_tok, ne, k, m->norm_topk, sel, selw);
-    k_moe_group<<<1, CU_MOE_MAX_EXPERTS, 0, c->cs>>>(sel, rows, k, ne, counts, offs, slot_row, src_tok);
+    k_moe_count<<<ne, 256, 0, c->cs>>>(sel, rows, counts);
+    k_moe_place<<<ne, 256, 0, c->cs>>>(sel, rows, k, counts, offs, slot_row, src_tok);
     k_moe_gather<<<cu_moe_blocks((size_t)rows * dim), 256, 0, c->cs>>>(x, src_tok, rows, dim, xg);
     if (cu_check(c, cudaGetLastError(), "MoE routing")) return -1;
     int *hc = (int *)malloc(sizeof(int) * 5 * (size_t)ne);
@@ -129,11 +161,17 @@ int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y)
     }
     for (int e = 0; e < ne; e++)
         if (hc[e] > 0) { ge[ng] = e; goff[ng] = ho[e]; gcnt[ng] = hc[e]; ng++; }
+    cu_prof_end(c, CU_P_MOE_ROUTE, t0);
+    t0 = cu_prof_begin(c);
     cu_matmul_experts(c, wg, ng, ge, goff, gcnt, xg, gate);
     cu_matmul_experts(c, wu, ng, ge, goff, gcnt, xg, up);
     cu_launch_swiglu(c, gate, up, gate, (size_t)rows * nff);
     cu_matmul_experts(c, wd, ng, ge, goff, gcnt, gate, down);
     free(hc);
+    cu_prof_end(c, CU_P_MOE_GEMM, t0);
+    t0 = cu_prof_begin(c);
     k_moe_combine<<<cu_moe_blocks((size_t)n_tok * dim), 256, 0, c->cs>>>(down, sel, selw, slot_row, n_tok, k, dim, y);
-    return cu_check(c, cudaGetLastError(), "MoE combine");
+    int rc = cu_check(c, cudaGetLastError(), "MoE combine");
+    cu_prof_end(c, CU_P_MOE_COMBINE, t0);
+    return rc;
 }
