@@ -2,20 +2,42 @@
 # Packs what tools/cuda_check.sh needs into one folder, to run the GPU
 # checks on a machine that has an NVIDIA driver and CUDA 13's cuBLAS but
 # not this project's build dependencies (a rented GPU box, a lab machine):
-#   tools/cuda_pack.sh OUT [--quantized]
+#   tools/cuda_pack.sh OUT [--quantized] [--model NAME ...] [--gz]
 # OUT/bin: the CUDA build's tandem and its three GPU tests, stripped;
 # OUT/lib: the shared libraries they load, except the C library and CUDA's
 # (a newer glibc there is fine); OUT/fx: the part of the fixture set the
-# tests read (goldens, stories260K, the F16 generator and its tokenizer; the
-# quantized models with --quantized, about 190 MB more); OUT/run.sh runs
+# tests read (goldens, stories260K, the F16 generator and its tokenizer;
+# with --quantized every quantized model too, about 190 MB more; with
+# --model NAME only that one, e.g. qwen3-mini-Q4_K_M.gguf); OUT/run.sh runs
 # tools/cuda_check.sh from there (extra environment as for cuda_check.sh,
-# e.g. BENCH_MODELS). About 30 MB without the quantized models.
+# e.g. BENCH_MODELS). About 30 MB without the quantized models. A set
+# without every quantized model runs with TANDEM_FIXTURES_PARTIAL=1: the
+# goldens of the models left out print "skipped" lines instead of failing.
+# --gz: OUT holds pack.tgz and run.sh only (14 MB without models; a
+# quantized model shrinks by about 10%), for a machine that takes at most
+# 64 MiB a call: one quantized model fits beside the pack.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: tools/cuda_pack.sh OUT [--quantized]}
-QUANT=${2:-}
+OUT=${1:?usage: tools/cuda_pack.sh OUT [--quantized] [--model NAME ...] [--gz]}
+shift
+QUANT= GZ= MODELS=
+while [ $# -gt 0 ]; do
+    case $1 in
+    --quantized) QUANT=1 ;;
+    --gz) GZ=1 ;;
+    --model) MODELS="$MODELS ${2:?--model needs a file name}"; shift ;;
+    *) echo "cuda_pack: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 [ -d "$FIX" ] || { echo "cuda_pack: fixture set $FIX not found (set TANDEM_FIXTURES)" >&2; exit 1; }
+for m in $MODELS; do [ -f "$FIX/models/$m" ] || { echo "cuda_pack: $FIX/models/$m not found" >&2; exit 1; }; done
+DEST=$OUT
+if [ -n "$GZ" ]; then   # staged in a folder of its own, then packed into DEST
+    OUT=$(mktemp -d)
+    trap 'rm -rf "$OUT"' EXIT
+fi
 make -j"$(nproc)" CUDA=1 BUILD=build-cuda build-cuda/tandem build-cuda/test_backend_ops build-cuda/test_golden \
     build-cuda/test_handoff >/dev/null
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/fx/golden" "$OUT/fx/golden-mainline" "$OUT/fx/models" "$OUT/fx/tools" \
@@ -27,7 +49,8 @@ ldd "$OUT/bin/tandem" "$OUT/bin/test_handoff" | awk '$3 ~ /^\// { print $3 }' | 
 cp -r "$FIX/golden/visible" "$FIX"/golden/*.txt "$OUT/fx/golden/"
 cp -r "$FIX/golden-mainline/visible" "$OUT/fx/golden-mainline/"
 cp "$FIX"/models/stories260K*.gguf "$OUT/fx/models/"
-[ "$QUANT" = --quantized ] && cp "$FIX"/models/*-Q*.gguf "$OUT/fx/models/"
+if [ -n "$QUANT" ]; then cp "$FIX"/models/*-Q*.gguf "$OUT/fx/models/"; fi
+for m in $MODELS; do cp "$FIX/models/$m" "$OUT/fx/models/"; done
 cp "$FIX/tools/gen_mini.py" "$OUT/fx/tools/"
 cp -r "$FIX/tokenizers/qwen3" "$OUT/fx/tokenizers/"
 cp "$FIX/README.md" "$OUT/fx/"
@@ -44,8 +67,23 @@ for a in qwen3 qwen3moe qwen2; do
     [ -f "models/$a-mini-F16.gguf" ] || python3 fx/tools/gen_mini.py "$a" "models/$a-mini-F16.gguf" >/dev/null
 done
 export LD_LIBRARY_PATH=$here/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -f fx/.partial ] && export TANDEM_FIXTURES_PARTIAL=1
 BIN=$here/bin TANDEM_FIXTURES=$here/fx TANDEM_MODELS=$here/models LOG_DIR=${LOG_DIR:-$here/logs} \
     exec bash tools/cuda_check.sh
 RUN
 chmod +x "$OUT/run.sh"
-du -sh "$OUT"
+[ -n "$QUANT" ] || touch "$OUT/fx/.partial"
+if [ -n "$GZ" ]; then
+    mkdir -p "$DEST"
+    tar czf "$DEST/pack.tgz" -C "$OUT" .
+    cat >"$DEST/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Unpacks pack.tgz (made by tools/cuda_pack.sh --gz) beside it and runs its run.sh.
+cd "$(dirname "$0")"
+mkdir -p unpacked
+tar xzf pack.tgz -C unpacked
+exec unpacked/run.sh
+RUN
+    chmod +x "$DEST/run.sh"
+fi
+du -sh "$DEST"
