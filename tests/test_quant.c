@@ -425,7 +425,7 @@ static void test_kernel_set(void) {
 static void test_q8_many_rows(void) {
     enum { NW = 37, NA = 70 };   /* 70: past the 64 activation rows whose corrections are kept */
     const int64_t lens[3] = { 32, 1024, 130 * 32 };
-    const int nas[7] = { 1, 2, 3, 4, 9, 13, NA };   /* the decode (< 4) and the gathering paths */
+    const int nas[8] = { 1, 2, 3, 9, 16, 17, 29, NA };   /* the few-row (< 17) and the gathering paths */
     int64_t nmax = lens[2];
     size_t wrb = row_bytes(GGML_TYPE_Q8_0, nmax) + 34, arb = row_bytes(GGML_TYPE_Q8_0, nmax);
     float *tmp = malloc(sizeof(float) * nmax * (NW > NA ? NW : NA));
@@ -440,7 +440,7 @@ static void test_q8_many_rows(void) {
         for (int64_t i = 0; i < n * NA; i++) tmp[i] = rng_normal();
         for (int r = 0; r < NA; r++) quant_ref_quantize_act_row(GGML_TYPE_Q8_0, tmp + r * n, a + arb * r, n);
         (void)rb;
-        for (int c = 0; c < 7; c++) {
+        for (int c = 0; c < 8; c++) {
             int na = nas[c];
             size_t os = NW + 3;
             for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;

@@ -325,7 +325,14 @@ QA_TILE_B32(Q5_0)
  * the call's activation rows. */
 #define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 68 KiB (stack) */
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
-#define QA_R16_MIN 4      /* fewer activation rows do not repay the gathering */
+/* Fewer activation rows do not repay the gathering: the few-row tile, two
+ * rows a pass, against it on Q8_0 keys (scratch program, 28 x 8 heads,
+ * one thread of an AMD EPYC; 128-wide rows, 4096 keys): 4 rows 16.3 against
+ * 58-60 ms, 8 rows 25.2-25.5 against 57.2-57.7; 1024 keys: 16 rows 10.4
+ * against 14.2, 20 rows 12.7 against 13.9, 24 rows 14.4 against 15.0, 28
+ * rows 16.6 against 14.9, 32 rows 18.4 against 14.1; 1024-wide rows, 128
+ * keys: 4 rows 3.9 against 10.0, 16 rows 9.6 against 11.2. */
+#define QA_R16_MIN 17
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
@@ -553,7 +560,7 @@ QA_INLINE void qa_q8_few_rows(int NA, int64_t b0, int64_t nb, const uint8_t *w, 
 
 /* Rows [0, nw16) (a multiple of 16) x na (< QA_R16_MIN) activation rows,
  * two at a time (a decode step's query heads that share a KV head: one
- * pass over the keys for both); the corrections and scales of up to
+ * pass over the keys for two of them); the corrections and scales of up to
  * QA_R16_MAXB blocks at a time, made once instead of once per 16 rows.
  * Q8_0 keys of the Qwen3-0.6B shape at depth 4096 (28 layers x 8 heads, one
  * thread of an AMD EPYC, scratch program), a pass: two query rows
