@@ -497,10 +497,10 @@ static int bw_main(const bh_opts *opts, const void *secret, size_t secret_len) {
     char err[512], addr[300];
     bh_opts oo = *opts;
     const bh_opts *o = &oo;
-    if (oo.batch <= 0) oo.batch = 512;   /* no backend computes here: the CPU's pass */
     model_opts mo = { .n_threads = 1, .n_batch = o->batch };
     model *m = NULL;
     if (model_load(&m, o->model, &mo, err, sizeof err)) { fprintf(stderr, "tandem bench-handoff: %s\n", err); return 1; }
+    oo.batch = model_get_n_batch(m);   /* -b, else the CPU's pass: no backend computes here */
     const model_hparams *hp = model_get_hparams(m);
     int kv_dim = hp->n_head_kv * hp->head_dim_k;
     model_free(m);

@@ -410,7 +410,6 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     *out = NULL;
     model *m = calloc(1, sizeof *m);
     if (!m) { snprintf(err, errlen, "out of memory"); return -1; }
-    m->n_batch = o && o->n_batch > 0 ? o->n_batch : 512;   /* the backend may raise the default below */
     pthread_mutex_init(&m->eval_mu, NULL);
     if (!(m->fp = calloc(1, sizeof *m->fp))) { free(m); snprintf(err, errlen, "out of memory"); return -1; }
     pthread_mutex_init(&m->fp->mu, NULL);
@@ -422,7 +421,8 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (model_check_vocab(m, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
     if (!(m->be = model_create_backend(o, nth, err, errlen))) goto fail;
-    if (!(o && o->n_batch > 0) && m->be->ops->pass_rows > 0) m->n_batch = m->be->ops->pass_rows;
+    /* rows per pass: the caller's, else the backend's, else the CPU's 512 */
+    m->n_batch = o && o->n_batch > 0 ? o->n_batch : m->be->ops->pass_rows > 0 ? m->be->ops->pass_rows : 512;
     /* A backend that copies the weights (CUDA uploads them, the CPU packs
      * them and gives the file's pages back): hash them now, while they are
      * read anyway, not later from the disk at a node's first handshake. */

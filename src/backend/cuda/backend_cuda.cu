@@ -157,10 +157,6 @@ static void *cu_stage_put(cu_impl *c, size_t off, const void *host, size_t n) {
 
 /* ==== Weights ==== */
 
-static int cu_is_half_native(uint32_t t) {
-    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
-}
-
 /* Whether a quantized weight of `half_bytes` as F16 may be kept that way. */
 static int cu_want_dequant(cu_impl *c, size_t half_bytes) {
     if (c->dequant >= 0) return c->dequant;

@@ -288,6 +288,11 @@ int cu_buf_need(cu_impl *c, cu_buf *b, size_t bytes);
  * do nothing unless c->prof. */
 double cu_prof_begin(cu_impl *c);
 void cu_prof_end(cu_impl *c, int op, double t0);
+/* Whether weights of type t go to cuBLAS as stored (F32, F16, BF16), with no
+ * F16 copy or per-product dequantization. */
+static inline int cu_is_half_native(uint32_t t) {
+    return t == GGML_TYPE_F32 || t == GGML_TYPE_F16 || t == GGML_TYPE_BF16;
+}
 /* The device copy of w (made now if load_weight did not run), or NULL. */
 cu_weight *cu_weight_of(cu_impl *c, const be_weight *w);
 

@@ -93,7 +93,7 @@ static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert) {
     size_t n = (size_t)w->ne1 * (size_t)w->ne0;
     if (w->half) return w->half + (size_t)expert * n;
     const uint8_t *raw = (const uint8_t *)w->raw + (size_t)expert * w->ne1 * w->row_bytes;
-    if (w->type == GGML_TYPE_F32 || w->type == GGML_TYPE_F16 || w->type == GGML_TYPE_BF16) return raw;
+    if (cu_is_half_native(w->type)) return raw;
     if (cu_buf_need(c, &c->wtmp, n * 2) || cu_launch_dequant(c, w->type, raw, (uint16_t *)c->wtmp.p, (int64_t)n))
         return NULL;
     return c->wtmp.p;
@@ -150,12 +150,8 @@ void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n
  * ran, 1 if the caller must loop instead. */
 static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off, const int *cnt,
                       const float *x, float *y) {
-    cudaDataType_t at;
-    if (w->half) at = CUDA_R_16F;
-    else if (w->type == GGML_TYPE_F16) at = CUDA_R_16F;
-    else if (w->type == GGML_TYPE_BF16) at = CUDA_R_16BF;
-    else if (w->type == GGML_TYPE_F32) at = CUDA_R_32F;
-    else return 1;
+    if (!w->half && !cu_is_half_native(w->type)) return 1;   /* no resident half or f32 form */
+    const cudaDataType_t at = cu_gemm_type(w);
     const unsigned tbit = 1u << (at == CUDA_R_16F ? 0 : at == CUDA_R_16BF ? 1 : 2);
     if (c->moe_grouped_no & tbit) return 1;
     size_t rows = (size_t)off[n_group - 1] + (size_t)cnt[n_group - 1];
