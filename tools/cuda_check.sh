@@ -11,7 +11,10 @@
 #   4. tandem bench --backend cuda on the model files named in BENCH_MODELS
 # Step 2 runs again with TANDEM_CUDA_ATTN=cores (long prompts' attention on
 # CUDA cores instead of the default tensor cores; step 1 checks both), and
-# step 4 benchmarks both ways.
+# step 4 benchmarks both ways. Step golden_repeat loads each quantized file
+# REPEAT times (default 8) in fresh processes: a race between a weight's
+# upload and its first use showed up in about one load in eight, so one
+# passing run proves little.
 # Needs the fixture set (TANDEM_FIXTURES) for 1-3; the F16 test models are
 # generated into TANDEM_MODELS if missing (tools/gen_mini.py, about 10 s).
 set -uo pipefail
@@ -19,7 +22,8 @@ BIN=${BIN:-build-cuda}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 MODELS=${TANDEM_MODELS:-$BIN/models}
 LOG_DIR=${LOG_DIR:-$BIN/cuda-check}
-STEPS=${STEPS:-ops golden golden_cores handoff bench}
+STEPS=${STEPS:-ops golden golden_cores golden_repeat handoff bench}
+REPEAT=${REPEAT:-8}
 BENCH_MODELS=${BENCH_MODELS:-}
 BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
 export TANDEM_FIXTURES=$FIX TANDEM_MODELS=$MODELS
@@ -48,6 +52,17 @@ for s in $STEPS; do
     ops) step backend_ops ${T_OPS:-180} "$BIN/test_backend_ops" ;;
     golden) TANDEM_BACKEND=cuda step golden ${T_GOLDEN:-240} "$BIN/test_golden" ;;
     golden_cores) TANDEM_CUDA_ATTN=cores TANDEM_BACKEND=cuda step golden_cores ${T_GOLDEN:-240} "$BIN/test_golden" ;;
+    golden_repeat)
+        for q in qwen3-mini-Q8_0 qwen3-mini-Q4_K_M qwen3moe-mini-Q4_K_M qwen2-mini-Q4_0; do
+            [ -f "$FIX/models/$q.gguf" ] || continue
+            bad=0
+            for i in $(seq 1 "$REPEAT"); do
+                TANDEM_BACKEND=cuda TANDEM_GOLDEN=$q timeout -k 5 120 "$BIN/test_golden" >"$LOG_DIR/repeat.log" 2>&1 ||
+                    { bad=$((bad + 1)); cp "$LOG_DIR/repeat.log" "$LOG_DIR/repeat-fail-$q.log"; }
+            done
+            if grep -q '^skipped: no CUDA device' "$LOG_DIR/repeat.log"; then echo "== golden_repeat: skipped, no CUDA device"; break; fi
+            echo "== golden_repeat $q: $((REPEAT - bad)) of $REPEAT loads passed"
+        done ;;
     handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
     bench) for m in $BENCH_MODELS; do
                for a in cores tc; do

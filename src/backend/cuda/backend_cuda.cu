@@ -184,7 +184,14 @@ static cu_weight *cu_weight_upload(cu_impl *c, const be_weight *bw, char *err, s
     if (!w) { snprintf(err, errlen, "out of memory"); return NULL; }
     w->host = bw->data; w->type = bw->type; w->ne0 = bw->ne[0]; w->ne1 = bw->ne[1]; w->rows = rows; w->row_bytes = bw->row_bytes;
     cudaError_t e = cudaMalloc(&w->raw, bytes ? bytes : 1);
-    if (e == cudaSuccess) e = cudaMemcpy(w->raw, bw->data, bytes, cudaMemcpyHostToDevice);
+    /* In the compute stream's order and waited for: a plain cudaMemcpy goes
+     * on the legacy stream, which the non-blocking streams do not wait for,
+     * and from pageable memory it returns once the bytes are staged, not
+     * landed. The dequantize kernel below (and every kernel after) read
+     * w->raw; on an H200 that race left a Q8_0 file's F16 copies partly
+     * garbage in one load of several (every logit off by ~10). */
+    if (e == cudaSuccess) e = cudaMemcpyAsync(w->raw, bw->data, bytes, cudaMemcpyHostToDevice, c->cs);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->cs);
     if (e != cudaSuccess) goto fail;
     if (!cu_is_half_native(w->type)) {
         size_t hb = (size_t)w->ne0 * (size_t)rows * 2;
@@ -532,8 +539,8 @@ static const float *cu_freq_factors(cu_impl *c, const rope_cfg *rc) {
     c->ff_dev = NULL;
     c->ff_host = NULL;
     if (cu_check(c, cudaMalloc(&c->ff_dev, sizeof(float) * (size_t)n), "cudaMalloc (rope factors)") ||
-        cu_check(c, cudaMemcpy(c->ff_dev, rc->freq_factors, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice),
-                 "rope factors"))
+        cu_check(c, cudaMemcpyAsync(c->ff_dev, rc->freq_factors, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice,
+                                    c->cs), "rope factors"))   /* stream order: see cu_weight_upload */
         return NULL;
     c->ff_host = rc->freq_factors;
     c->ff_n = n;
