@@ -33,6 +33,8 @@ void ops_ref_rms_norm_row(const float *x, const float *w, float *y, size_t n, fl
     if (w) for (size_t i = 0; i < n; i++) y[i] = y[i] * w[i];
 }
 
+/* out[g] = sum over p of pr[g][p] * V[p], one fmaf per term in position
+ * order: the vector sets fuse the same products (ops_avx512.c says why). */
 void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                      int grp, int hd, float *out, float *tmp) {
     for (size_t i = 0; i < (size_t)grp * (size_t)hd; i++) out[i] = 0.0f;
@@ -41,7 +43,7 @@ void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
         for (int g = 0; g < grp; g++) {
             float a = pr[(size_t)g * pr_stride + (size_t)p];
             float *o = out + (size_t)g * hd;
-            for (int d = 0; d < hd; d++) o[d] += a * tmp[d];
+            for (int d = 0; d < hd; d++) o[d] = fmaf(a, tmp[d], o[d]);
         }
     }
 }

@@ -39,8 +39,8 @@ void ops_scale(float *x, float a, size_t n);
 /* Attention's weighted sum of V rows for grp query heads at once:
  * out[g][d] = sum_p pr[g * pr_stride + p] * V_p[d] for p < npos, d < hd,
  * where V_p is the row of type dt (F16, BF16 or anything quant.h dequantises)
- * at v + p * v_stride. Positions are summed in order, one multiply then one
- * add each. tmp: ops_attn_tmp(hd) floats of scratch. */
+ * at v + p * v_stride. Positions are summed in order, one fused
+ * multiply-add each. tmp: ops_attn_tmp(hd) floats of scratch. */
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp);
 void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,

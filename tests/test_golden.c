@@ -43,7 +43,12 @@ static const golden_case CASES[] = {
      * primary oracle (measured medians 0.17 on Q8_0, 0.28 on Q4_K_M), so the
      * tolerance is calibrated to the measured spread. */
     { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, 1 },
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, 1 },
+    /* Q4_K_M: 0.65 since the V sums fuse their multiply-adds (as the
+     * oracle's own f16 dot products do): the worst step of the 256 moved
+     * from 0.594 to 0.617 with the avx2 kernel set (0.505 -> 0.542 with
+     * avx512 and the reference) while the median and p95 did not move
+     * (0.27, 0.43-0.45). A broken engine is off by whole units. */
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, 1 },
     /* MoE + quantised: that spread flips near-tied router decisions at some
      * positions (a different expert, logits several units apart), so here
      * only most steps (75%; measured 83%) are held to the tolerance. */

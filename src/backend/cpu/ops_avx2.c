@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* unfused multiply then add where written so (see ops_pv_block) */
+/* unfused multiply then add where written so (axpy, the float tiles) */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
@@ -234,9 +234,8 @@ static inline void ops_load_v16(uint32_t dt, const uint8_t *row, int d, __m256 *
 
 /* G (<= 4) heads x 16 columns starting at d: accumulators stay in registers
  * while the positions stream past, starting from 0 (first) or from the sums
- * out holds (the prefill walk's later blocks). Multiply then add, unfused, in
- * position order: bit-identical to the reference (the quantised golden tests
- * are chaotic enough that a fused rounding difference shows). */
+ * out holds (the prefill walk's later blocks). One fused multiply-add per
+ * position, in position order: bit-identical to the reference's fmaf. */
 static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int G, const uint8_t *v,
         size_t v_stride, int npos, const float *pr, size_t pr_stride, int hd, int d, float *out, int first) {
     __m256 acc[4][2];
@@ -251,8 +250,8 @@ static inline __attribute__((always_inline)) void ops_pv_block(uint32_t dt, int 
         _Pragma("GCC unroll 4")
         for (int g = 0; g < G; g++) {
             __m256 a = _mm256_broadcast_ss(pr + (size_t)g * pr_stride + (size_t)p);
-            acc[g][0] = _mm256_add_ps(acc[g][0], _mm256_mul_ps(a, lo));
-            acc[g][1] = _mm256_add_ps(acc[g][1], _mm256_mul_ps(a, hi));
+            acc[g][0] = _mm256_fmadd_ps(a, lo, acc[g][0]);
+            acc[g][1] = _mm256_fmadd_ps(a, hi, acc[g][1]);
         }
     }
     _Pragma("GCC unroll 4")
