@@ -19,7 +19,9 @@
  * backend quantizes q to Q8_0 first; this kernel does not).
  *
  * Launches with a span of 64 rows or more (the default since its first GPU
- * run: 3.2x at pp4096, 3.9x at pp16384 of the Qwen3-0.6B shape on an H200;
+ * run: 3.2x at pp4096, 3.9x at pp16384 of the Qwen3-0.6B shape on an H200,
+ * and with its shared rows padded against bank conflicts 1.3-1.5x and 3x
+ * more;
  * TANDEM_CUDA_ATTN=cores keeps them on k_attn): k_attn_tc, the same online
  * softmax with the two
  * products of each key tile on tensor cores (WMMA 16x16x16, f16 inputs,
@@ -145,15 +147,24 @@ static int cu_attn_tables(cu_impl *c, const cu_attn_seq *seqs, int n_seq, int ro
 
 #define CU_TC_ROWS 64              /* query rows per block: 4 warps x 16 */
 #define CU_TC_KEYS 64              /* keys per tile */
+/* Row padding of the shared tiles. Unpadded, every row was 256 bytes from
+ * the next, so the 8 rows a WMMA load or store touches at once, and the 16
+ * score rows the softmax lanes read, all fell on the same banks: ncu on an
+ * H200 (Qwen3-0.6B shape, 4096 rows) showed the L1/shared pipe 94% busy,
+ * 73% of stalls waiting on it, the SM issuing 6% of its slots. 8 halves
+ * (Q, K, V rows) and 4 floats (score rows) move consecutive rows by 4 banks. */
+#define CU_TC_PADH 8
+#define CU_TC_PADS 4
 
 /* Shared memory of k_attn_tc<HDIM> (bytes): q hi/lo and the K and V tiles
- * (f16), the scores (f32; each row's probabilities overwrite it as hi/lo
- * f16), and one 16 x 16 f32 tile per warp for the row factors. 84 KiB at
+ * (f16, rows padded), the scores (f32; each row's probabilities overwrite it as hi/lo
+ * f16), and one 16 x 16 f32 tile per warp for the row factors. 89 KiB at
  * 128: under the 99 KiB a block may have on sm_120/121, two blocks per SM
  * on sm_90. */
 static size_t cu_tc_smem(int hd) {
-    return (size_t)CU_TC_ROWS * hd * 2 * 2 + (size_t)CU_TC_KEYS * hd * 2 * 2 + (size_t)CU_TC_ROWS * CU_TC_KEYS * 4 +
-           (size_t)(CU_TC_ROWS / 16) * 256 * 4;
+    const size_t ld = (size_t)hd + CU_TC_PADH;
+    return (size_t)CU_TC_ROWS * ld * 2 * 2 + (size_t)CU_TC_KEYS * ld * 2 * 2 +
+           (size_t)CU_TC_ROWS * (CU_TC_KEYS + CU_TC_PADS) * 4 + (size_t)(CU_TC_ROWS / 16) * 256 * 4;
 }
 
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> cu_tc_acc;
@@ -181,17 +192,18 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
     const int h = blockIdx.y, kvh = h / (n_head / n_head_kv), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const cu_attn_blk bk = blks[blockIdx.x];
     const cu_attn_seq sq = seqs[bk.seq];
-    __half *Qh = (__half *)smraw, *Ql = Qh + CU_TC_ROWS * HDIM;          /* [64][HDIM] */
-    __half *Kt = Ql + CU_TC_ROWS * HDIM, *Vt = Kt + CU_TC_KEYS * HDIM;     /* [64 keys][HDIM] */
-    float *S = (float *)(Vt + CU_TC_KEYS * HDIM);                        /* [64][64]; P: [64][hi 64 | lo 64] f16 */
-    float *F = S + CU_TC_ROWS * CU_TC_KEYS + warp * 256;               /* this warp's factor tile */
+    constexpr int LD = HDIM + CU_TC_PADH, LS = CU_TC_KEYS + CU_TC_PADS;   /* row strides (halves, floats) */
+    __half *Qh = (__half *)smraw, *Ql = Qh + CU_TC_ROWS * LD;            /* [64][LD] */
+    __half *Kt = Ql + CU_TC_ROWS * LD, *Vt = Kt + CU_TC_KEYS * LD;       /* [64 keys][LD] */
+    float *S = (float *)(Vt + CU_TC_KEYS * LD);                          /* [64][LS]; P: [64][hi 64 | lo 64 | pad] f16 */
+    float *F = S + CU_TC_ROWS * LS + warp * 256;                         /* this warp's factor tile */
     const int nrow = sq.n - bk.r0 < CU_TC_ROWS ? sq.n - bk.r0 : CU_TC_ROWS;
     for (int i = threadIdx.x; i < CU_TC_ROWS * HDIM; i += blockDim.x) {
         int r = i / HDIM, d = i - r * HDIM;
         float x = r < nrow ? q[((size_t)(sq.t0 + bk.r0 + r) * n_head + h) * HDIM + d] : 0.0f;
         __half hi = __float2half_rn(x);
-        Qh[i] = hi;
-        Ql[i] = __float2half_rn(x - __half2float(hi));
+        Qh[r * LD + d] = hi;
+        Ql[r * LD + d] = __float2half_rn(x - __half2float(hi));
     }
     const int w16 = 16 * warp, r = w16 + lane / 2, half = lane & 1, qpos = sq.pos0 + bk.r0 + r;
     float m = -INFINITY, l = 0.0f;   /* row r's, in both of its lanes */
@@ -212,8 +224,8 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
                     kx = *(const uint4 *)(sq.k + ro);
                     vx = *(const uint4 *)(sq.v + ro);
                 }
-                *(uint4 *)(Kt + j * HDIM + 8 * c8) = kx;
-                *(uint4 *)(Vt + j * HDIM + 8 * c8) = vx;
+                *(uint4 *)(Kt + j * LD + 8 * c8) = kx;
+                *(uint4 *)(Vt + j * LD + 8 * c8) = vx;
             }
         } else {
             for (int i = threadIdx.x; i < CU_TC_KEYS * HDIM; i += blockDim.x) {
@@ -224,8 +236,8 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
                     kx = cu_kv_get<DT>(sq.k + ro, kvh * HDIM + d);
                     vx = cu_kv_get<DT>(sq.v + ro, kvh * HDIM + d);
                 }
-                Kt[i] = __float2half_rn(kx);
-                Vt[i] = __float2half_rn(vx);
+                Kt[j * LD + d] = __float2half_rn(kx);
+                Vt[j * LD + d] = __float2half_rn(vx);
             }
         }
         __syncthreads();
@@ -238,21 +250,23 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
             for (int ks = 0; ks < HDIM / 16; ks++) {
                 wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-                wmma::load_matrix_sync(b, Kt + t * 16 * HDIM + ks * 16, HDIM);
-                wmma::load_matrix_sync(a, Qh + w16 * HDIM + ks * 16, HDIM);
+                wmma::load_matrix_sync(b, Kt + t * 16 * LD + ks * 16, LD);
+                wmma::load_matrix_sync(a, Qh + w16 * LD + ks * 16, LD);
                 wmma::mma_sync(acc, a, b, acc);
-                wmma::load_matrix_sync(a, Ql + w16 * HDIM + ks * 16, HDIM);
+                wmma::load_matrix_sync(a, Ql + w16 * LD + ks * 16, LD);
                 wmma::mma_sync(acc, a, b, acc);
             }
-            wmma::store_matrix_sync(S + w16 * CU_TC_KEYS + t * 16, acc, CU_TC_KEYS, wmma::mem_row_major);
+            wmma::store_matrix_sync(S + w16 * LS + t * 16, acc, LS, wmma::mem_row_major);
         }
         __syncwarp();
-        /* online softmax of row r: this lane's 32 keys */
+        /* online softmax of row r: this lane's 32 keys, visited from key
+         * lane on (v[j] is key (j + lane) % 32 of the lane's half), so
+         * that the 32 lanes read 32 banks at each step */
         float v[32], mt = -INFINITY;
 #pragma unroll
         for (int j = 0; j < 32; j++) {
-            int p = p0 + 32 * half + j;
-            v[j] = r < nrow && p <= qpos ? S[r * CU_TC_KEYS + 32 * half + j] * scale : -INFINITY;
+            const int jj = (j + lane) & 31, p = p0 + 32 * half + jj;
+            v[j] = r < nrow && p <= qpos ? S[r * LS + 32 * half + jj] * scale : -INFINITY;
             mt = fmaxf(mt, v[j]);
         }
         mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
@@ -273,47 +287,50 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
         m = mnew;
         l = l * corr + sum;
         __syncwarp();   /* the warp's scores are all read: the probabilities take their place */
-        __half *P = (__half *)(S + r * CU_TC_KEYS);
+        __half *P = (__half *)(S + r * LS);
 #pragma unroll
         for (int j = 0; j < 32; j++) {
+            const int jj = (j + lane) & 31;
             __half hi = __float2half_rn(v[j]);
-            P[32 * half + j] = hi;
-            P[CU_TC_KEYS + 32 * half + j] = __float2half_rn(v[j] - __half2float(hi));
+            P[32 * half + jj] = hi;
+            P[CU_TC_KEYS + 32 * half + jj] = __float2half_rn(v[j] - __half2float(hi));
         }
 #pragma unroll
-        for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + j] = corr;
+        for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + ((j + (lane >> 2)) & 7)] = corr;
         __syncwarp();
         cu_tc_scale_rows<HDIM>(o, F);
         /* O += P V: hi and lo probabilities */
-        const __half *Pw = (const __half *)(S + w16 * CU_TC_KEYS);
+        const __half *Pw = (const __half *)(S + w16 * LS);
 #pragma unroll
         for (int ks = 0; ks < CU_TC_KEYS / 16; ks++) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
-            wmma::load_matrix_sync(ah, Pw + ks * 16, 2 * CU_TC_KEYS);
-            wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * CU_TC_KEYS);
+            wmma::load_matrix_sync(ah, Pw + ks * 16, 2 * LS);
+            wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * LS);
 #pragma unroll
             for (int t = 0; t < HDIM / 16; t++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                wmma::load_matrix_sync(b, Vt + ks * 16 * HDIM + t * 16, HDIM);
+                wmma::load_matrix_sync(b, Vt + ks * 16 * LD + t * 16, LD);
                 wmma::mma_sync(o[t], ah, b, o[t]);
                 wmma::mma_sync(o[t], al, b, o[t]);
             }
         }
     }
-    /* out = O / l, through the K/V tiles' memory (64 x HDIM f32 fits it exactly) */
+    /* out = O / l, through the K/V tiles' memory (64 x (HDIM + 4) f32 fits in it) */
     __syncwarp();   /* the last correction tile is read */
 #pragma unroll
-    for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + j] = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + ((j + (lane >> 2)) & 7)] = l > 0.0f ? 1.0f / l : 0.0f;
     __syncwarp();
     cu_tc_scale_rows<HDIM>(o, F);
     __syncthreads();   /* every warp is done with the K/V tiles */
-    float *stage = (float *)Kt + w16 * HDIM;
+    constexpr int LO = HDIM + 4;   /* staged output rows, floats */
+    static_assert(CU_TC_ROWS * LO * 4 <= 2 * CU_TC_KEYS * LD * 2, "the staged output fits the K/V tiles");
+    float *stage = (float *)Kt + w16 * LO;
 #pragma unroll
-    for (int t = 0; t < HDIM / 16; t++) wmma::store_matrix_sync(stage + t * 16, o[t], HDIM, wmma::mem_row_major);
+    for (int t = 0; t < HDIM / 16; t++) wmma::store_matrix_sync(stage + t * 16, o[t], LO, wmma::mem_row_major);
     __syncwarp();
     for (int i = lane; i < 16 * HDIM; i += 32) {
         int rr = w16 + i / HDIM, d = i % HDIM;
-        if (rr < nrow) out[((size_t)(sq.t0 + bk.r0 + rr) * n_head + h) * HDIM + d] = stage[i];
+        if (rr < nrow) out[((size_t)(sq.t0 + bk.r0 + rr) * n_head + h) * HDIM + d] = stage[(i / HDIM) * LO + d];
     }
 }
 
