@@ -53,8 +53,9 @@ for s in $STEPS; do
     golden) TANDEM_BACKEND=cuda step golden ${T_GOLDEN:-240} "$BIN/test_golden" ;;
     golden_cores) TANDEM_CUDA_ATTN=cores TANDEM_BACKEND=cuda step golden_cores ${T_GOLDEN:-240} "$BIN/test_golden" ;;
     golden_repeat)
-        for q in qwen3-mini-Q8_0 qwen3-mini-Q4_K_M qwen3moe-mini-Q4_K_M qwen2-mini-Q4_0; do
-            [ -f "$FIX/models/$q.gguf" ] || continue
+        for f in "$FIX"/models/*-Q*.gguf; do   # the quantized fixture files present
+            [ -f "$f" ] || continue
+            q=$(basename "$f" .gguf)
             bad=0
             for i in $(seq 1 "$REPEAT"); do
                 TANDEM_BACKEND=cuda TANDEM_GOLDEN=$q timeout -k 5 120 "$BIN/test_golden" >"$LOG_DIR/repeat.log" 2>&1 ||

@@ -71,15 +71,6 @@ static double ops_avx_exp_sum(const float *x, float sub, float *y, size_t n) {
     __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
     const __m256 vs = _mm256_set1_ps(sub);
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        _Pragma("GCC unroll 2")
-        for (int j = 0; j < 2; j++) {
-            __m256 y8 = ops_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i + 8 * j), vs));
-            _mm256_storeu_ps(y + i + 8 * j, y8);
-            s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(y8)));
-            s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(y8, 1)));
-        }
-    }
     for (; i + 8 <= n; i += 8) {
         __m256 e = ops_exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), vs));
         _mm256_storeu_ps(y + i, e);
