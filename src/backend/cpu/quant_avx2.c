@@ -44,13 +44,19 @@
 /* Blocks of 32 per K-chunk: bounds the stack copies of activation scales
  * (and, with VNNI, offset corrections: QA_ROWS * QA_CHUNK * 32 bytes). */
 #define QA_CHUNK 128
-/* Decode (one activation row) streams four weight rows at once, an access
- * pattern the hardware prefetcher follows only in part (measured: ~13 t/s
- * without, ~20 t/s with, Q8_0 0.6B tg on one Zen 4 core): the tile
- * prefetches each row QA_PF bytes ahead, once per 64-byte line. 256 and
- * 1024 were slower. The K-quant kernel walks one row at a time and was
- * slower with prefetching, so it has none. */
+/* The AVX-512 pair tile and r16 packing prefetch each row QA_PF bytes
+ * ahead, once per 64-byte line (256 and 1024 were slower). */
 #define QA_PF 512
+/* Decode (one activation row) of the AVX2 / AVX-VNNI 32-element tile walks
+ * one weight row at a time: one sequential stream per thread, each line
+ * prefetched QA_PF_ROW bytes ahead (into the rows that follow). It walked
+ * four rows side by side, four streams 1088 bytes apart (a 1024-wide Q8_0
+ * row) that the hardware prefetcher followed badly: Qwen3-0.6B Q8_0 tg64,
+ * 2 threads, avx2 set on a Zen 4, alternated runs: four rows 21.5-23.1 t/s
+ * (512 bytes ahead in each row), four rows prefetching the next tile 28-31,
+ * one row 4096 bytes ahead 40-50 (2048-12288 ahead all within the machine's
+ * noise; a huge-page copy of the plain rows changed nothing). */
+#define QA_PF_ROW 4096
 
 
 #if !defined(QA_PLAIN) && ((defined(__AVX512VNNI__) && defined(__AVX512VL__)) || defined(__AVXVNNI__))
@@ -160,8 +166,8 @@ QA_INLINE void qa_tile_b32(uint32_t type, int RW, int RA, int64_t nb, const uint
         for (int i = 0; i < RW; i++) {
             float d;
             q[i] = qa_decode_b32(type, w + (size_t)i * w_stride + (size_t)b * bs, &d);
-            if (RA == 1 && (b & 1) == 0)   /* see QA_PF */
-                _mm_prefetch((const char *)w + (size_t)i * w_stride + (size_t)b * bs + QA_PF, _MM_HINT_T0);
+            if (RA == 1 && (b & 1) == 0)   /* see QA_PF_ROW */
+                _mm_prefetch((const char *)w + (size_t)i * w_stride + (size_t)b * bs + QA_PF_ROW, _MM_HINT_T0);
 #if defined(QA_VNNI)
             aq[i] = _mm256_xor_si256(q[i], _mm256_set1_epi8((char)0x80));  /* w + 128 as u8 */
 #else
@@ -289,7 +295,8 @@ QA_INLINE void qa_tile_b32_zmm(uint32_t type, int RW, int RA, int64_t nb, const 
         }                                                                                          \
     }
 #else
-/* Instantiate the tile for constant shapes so the loops above fully unroll. */
+/* Instantiate the tile for the shapes qa_mul_mat_b32 asks for (decode: 1 x 1;
+ * prefill: 1-2 weight rows x 1-4 activation rows) so the loops fully unroll. */
 #define QA_TILE_B32(T)                                                                             \
     static void qa_tile_b32_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,           \
                                 const block_q8_0 *const *a, const float (*da)[QA_CHUNK],          \
@@ -299,11 +306,8 @@ QA_INLINE void qa_tile_b32_zmm(uint32_t type, int RW, int RA, int64_t nb, const 
         case 10: qa_tile_b32(GGML_TYPE_##T, 1, 2, nb, w, ws, a, da, corr, res); break;                   \
         case 11: qa_tile_b32(GGML_TYPE_##T, 1, 3, nb, w, ws, a, da, corr, res); break;                   \
         case 12: qa_tile_b32(GGML_TYPE_##T, 1, 4, nb, w, ws, a, da, corr, res); break;                   \
-        case 17: qa_tile_b32(GGML_TYPE_##T, 2, 1, nb, w, ws, a, da, corr, res); break;                   \
         case 18: qa_tile_b32(GGML_TYPE_##T, 2, 2, nb, w, ws, a, da, corr, res); break;                   \
         case 19: qa_tile_b32(GGML_TYPE_##T, 2, 3, nb, w, ws, a, da, corr, res); break;                   \
-        case 25: qa_tile_b32(GGML_TYPE_##T, 3, 1, nb, w, ws, a, da, corr, res); break;                   \
-        case 33: qa_tile_b32(GGML_TYPE_##T, 4, 1, nb, w, ws, a, da, corr, res); break;                   \
         default: qa_tile_b32(GGML_TYPE_##T, 2, 4, nb, w, ws, a, da, corr, res); break;                   \
         }                                                                                          \
     }
@@ -680,12 +684,13 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #endif
                 }
             }
-            /* one activation row (decode): four weight rows give four independent chains;
-             * AVX-512's 32 registers hold 4 x 4 tiles */
+            /* one activation row (decode): one weight row at a time, a
+             * single stream (QA_PF_ROW); AVX-512's 32 registers hold 4 x 4
+             * tiles (its decode rows are packed: this is only their tail) */
 #if defined(QA_ZMM)
             const int rw_max = 4;
 #else
-            const int rw_max = RA == 1 ? 4 : 2;
+            const int rw_max = RA == 1 ? 1 : 2;
 #endif
             for (int i0 = 0; i0 < nw; i0 += rw_max) {
                 int RW = nw - i0 < rw_max ? nw - i0 : rw_max;
