@@ -47,15 +47,18 @@
 /* The AVX-512 pair tile and r16 packing prefetch each row QA_PF bytes
  * ahead, once per 64-byte line (256 and 1024 were slower). */
 #define QA_PF 512
-/* Decode (one activation row) of the AVX2 / AVX-VNNI 32-element tile walks
- * one weight row at a time: one sequential stream per thread, each line
- * prefetched QA_PF_ROW bytes ahead (into the rows that follow). It walked
- * four rows side by side, four streams 1088 bytes apart (a 1024-wide Q8_0
- * row) that the hardware prefetcher followed badly: Qwen3-0.6B Q8_0 tg64,
- * 2 threads, avx2 set on a Zen 4, alternated runs: four rows 21.5-23.1 t/s
- * (512 bytes ahead in each row), four rows prefetching the next tile 28-31,
- * one row 4096 bytes ahead 40-50 (2048-12288 ahead all within the machine's
- * noise; a huge-page copy of the plain rows changed nothing). */
+/* Decode (one activation row) with the AVX2 / AVX-VNNI sets walks one
+ * weight row at a time, a sequential stream per thread, each line
+ * prefetched QA_PF_ROW bytes ahead (into the rows that follow). Measured
+ * with 2 threads, avx2 set, on a Zen 4, alternated runs, tg64: the
+ * 32-element tile walked four rows side by side, four streams 1088 bytes
+ * apart (a 1024-wide Q8_0 row) that the hardware prefetcher followed badly:
+ * Qwen3-0.6B Q8_0 21.5-23.1 t/s (512 bytes ahead in each row), 28-31
+ * prefetching the next four rows, one row 4096 bytes ahead 40-50 (2048 to
+ * 12288 ahead all within the machine's noise; a huge-page copy of the plain
+ * rows changed nothing). The K-quant walk, one row already, had no
+ * prefetch: Qwen3-0.6B Q4_K_M 57-67 t/s without, 67-74 at 4096 bytes
+ * ahead (five pairs, each higher), 66-70 at 8192. */
 #define QA_PF_ROW 4096
 
 
@@ -849,7 +852,12 @@ QA_INLINE void qa_tile_k(uint32_t type, int RA, int64_t nb, const uint8_t *w, si
     __m256 acc[QA_ROWS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) qa_kblock(type, RA, w + (size_t)b * bsz, a, b, acc);
+    for (int64_t b = 0; b < nb; b++) {
+        if (RA == 1)   /* decode: see QA_PF_ROW */
+            for (size_t l = 0; l < bsz; l += 64)
+                _mm_prefetch((const char *)w + (size_t)b * bsz + l + QA_PF_ROW, _MM_HINT_T0);
+        qa_kblock(type, RA, w + (size_t)b * bsz, a, b, acc);
+    }
     QA_UNROLL
     for (int r = 0; r < RA; r++) res[r] = qa_hsum_ps(acc[r]);
 }
