@@ -10,7 +10,10 @@
 # build machine) is run directly; if it then dies with SIGILL it is run as a
 # copy from tools/peer_nofp16.py (its AVX512-FP16 scalar moves rewritten,
 # its kernels untouched). A peer that cannot load the architecture is
-# reported and skipped. Quiet machine only: every number is a rate.
+# reported and skipped. DEBIAN_PEER=1 adds llama.cpp's llama-bench as Debian
+# unstable builds it (tools/peer_debian.sh: one CPU backend per x86-64
+# generation, chosen at start-up, so it runs where the reference builds
+# cannot; needs root). Quiet machine only: every number is a rate.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -66,6 +69,12 @@ for round in $(seq 1 "$ROUNDS"); do
         echo "ik-llama-bench -rtr 1, tg64 @ d4096:"; peer ik-llama-bench "$m" -p 0 -n 0 -gp 4096,64 -r 1 -rtr 1
         echo "llama-bench:"; peer llama-bench "$m" -p 512 -n 128 -r 3
         echo "llama-bench pp4096 (-fa 1):"; peer llama-bench "$m" -p 4096 -n 0 -r 1 -fa 1
+        if [ "${DEBIAN_PEER:-0}" = 1 ]; then
+            echo "llama-bench (Debian):"; tools/peer_debian.sh "$m" -t "$THREADS" -p 512 -n 128 -r 3 2>&1 | rows
+            echo "llama-bench (Debian) pp4096, tg64 @ d4096:"
+            tools/peer_debian.sh "$m" -t "$THREADS" -p 4096 -n 0 -r 1 2>&1 | rows
+            tools/peer_debian.sh "$m" -t "$THREADS" -p 0 -n 64 -d 4096 -r 1 2>&1 | rows
+        fi
     done
 done
 echo "load: $(cat /proc/loadavg)"
