@@ -1298,7 +1298,17 @@ static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_
  * into a stack buffer and reused by every weight row; weights are converted
  * as they stream. */
 #define QA_FCHUNK 512
+/* Activation rows per pass: 4 weight rows x 3 fill AVX2's 16 registers
+ * (12 accumulators, 4 weights); with AVX-512's 32, 4 x 6 (24 and 4), each
+ * converted weight vector used twice as often. Each output's sums are the
+ * same whatever the tile: the same bits. Qwen3-0.6B F16 pp512, 2 threads,
+ * Zen 4, five alternated pairs: 148-169 -> 153-179 t/s (4 of 5 higher,
+ * mean +6%). */
+#if defined(QA_ZMM)
+#define QA_FROWS 6
+#else
 #define QA_FROWS 3
+#endif
 
 QA_INLINE __m256 qa_load8(uint32_t type, const void *p, int64_t k) {
     if (type == GGML_TYPE_F32) return _mm256_loadu_ps((const float *)p + k);
@@ -1341,22 +1351,21 @@ QA_INLINE void qa_tile_float(uint32_t type, int RW, int RA, int64_t n, const uin
         }
 }
 
+#define QA_TF_CASE(T, RW, RA) \
+    case RW * 8 + RA: qa_tile_float(GGML_TYPE_##T, RW, RA, n, w, ws, af, res); break;
+#if QA_FROWS > 3
+#define QA_TF_RW(T, RW) QA_TF_CASE(T, RW, 1) QA_TF_CASE(T, RW, 2) QA_TF_CASE(T, RW, 3) \
+    QA_TF_CASE(T, RW, 4) QA_TF_CASE(T, RW, 5) QA_TF_CASE(T, RW, 6)
+#else
+#define QA_TF_RW(T, RW) QA_TF_CASE(T, RW, 1) QA_TF_CASE(T, RW, 2) QA_TF_CASE(T, RW, 3)
+#endif
+/* every shape up to 4 x QA_FROWS, instantiated so the loops fully unroll */
 #define QA_TILE_F(T)                                                                               \
     static void qa_tile_f_##T(int RW, int RA, int64_t n, const uint8_t *w, size_t ws,              \
                               const float *const *af, float *res) {                                \
         switch (RW * 8 + RA) {                                                                     \
-        case 9: qa_tile_float(GGML_TYPE_##T, 1, 1, n, w, ws, af, res); break;                      \
-        case 10: qa_tile_float(GGML_TYPE_##T, 1, 2, n, w, ws, af, res); break;                     \
-        case 11: qa_tile_float(GGML_TYPE_##T, 1, 3, n, w, ws, af, res); break;                     \
-        case 17: qa_tile_float(GGML_TYPE_##T, 2, 1, n, w, ws, af, res); break;                     \
-        case 18: qa_tile_float(GGML_TYPE_##T, 2, 2, n, w, ws, af, res); break;                     \
-        case 19: qa_tile_float(GGML_TYPE_##T, 2, 3, n, w, ws, af, res); break;                     \
-        case 25: qa_tile_float(GGML_TYPE_##T, 3, 1, n, w, ws, af, res); break;                     \
-        case 26: qa_tile_float(GGML_TYPE_##T, 3, 2, n, w, ws, af, res); break;                     \
-        case 27: qa_tile_float(GGML_TYPE_##T, 3, 3, n, w, ws, af, res); break;                     \
-        case 33: qa_tile_float(GGML_TYPE_##T, 4, 1, n, w, ws, af, res); break;                     \
-        case 34: qa_tile_float(GGML_TYPE_##T, 4, 2, n, w, ws, af, res); break;                     \
-        default: qa_tile_float(GGML_TYPE_##T, 4, 3, n, w, ws, af, res); break;                     \
+            QA_TF_RW(T, 1) QA_TF_RW(T, 2) QA_TF_RW(T, 3) QA_TF_RW(T, 4)                           \
+        default: break;   /* no caller asks for more */                                            \
         }                                                                                          \
     }
 QA_TILE_F(F32)
