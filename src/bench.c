@@ -36,6 +36,7 @@
 
 #include "cliopt.h"
 #include "gguf.h"
+#include "kvcache.h"
 #include "model.h"
 #include "quant.h"
 #include "threadpool.h"
@@ -89,7 +90,7 @@ static void bench_usage(FILE *f) {
         "  -o FMT         md (default: markdown tables, bounds included), json (an array of\n"
         "                 one object per test) or csv (a header line, then one line per test);\n"
         "                 json and csv carry the speed tests only and are printed at the end\n");
-    cli_usage_backend_to(f, 14);
+    cliopt_usage_backend(f, 14);
 }
 
 /* "512" or "128,256,512" */
@@ -118,15 +119,6 @@ static int bench_parse_list(const char *s, bench_list *l) {
     return l->n ? 0 : -1;
 }
 
-static const char *const bench_kv_names[] = { "f16", "bf16", "q8_0", NULL };
-
-static uint32_t bench_kv_type(const char *s) {
-    if (!strcmp(s, "f16")) return GGML_TYPE_F16;
-    if (!strcmp(s, "bf16")) return GGML_TYPE_BF16;
-    if (!strcmp(s, "q8_0")) return GGML_TYPE_Q8_0;
-    return UINT32_MAX;
-}
-
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->reps = 5; o->n_batch = 0; o->bounds = 1; o->bw_mib = 1024;
@@ -152,9 +144,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
             if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
             else fprintf(stderr, BENCH ": -gp needs DEPTH,N (N >= 1), got '%s'\n", v ? v : "");
         }
-        else if (!strcmp(a, "--kv-type")) bad = cliopt_choice(BENCH, a, v, bench_kv_names, &k) || cliopt_str(BENCH, a, v, &o->kv_name);
+        else if (!strcmp(a, "--kv-type")) bad = cliopt_choice(BENCH, a, v, kv_dtype_names, &k) || cliopt_str(BENCH, a, v, &o->kv_name);
         else if (!strcmp(a, "--bw-mib")) bad = cliopt_int(BENCH, a, v, 16, 1 << 20, &o->bw_mib);
-        else if (!strcmp(a, "--backend")) bad = cli_backend_check(BENCH, v, &o->backend);
+        else if (!strcmp(a, "--backend")) bad = cliopt_backend(BENCH, v, &o->backend);
         else if (!strcmp(a, "--device")) bad = cliopt_int(BENCH, a, v, 0, 63, &o->device);
         else if (!strcmp(a, "-o")) bad = cliopt_choice(BENCH, a, v, bench_fmt_names, &o->fmt);
         else {
@@ -173,7 +165,7 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         }
     if (!o->model) { if (argc) fprintf(stderr, BENCH ": give -m MODEL.gguf\n"); bench_usage(stderr); return -1; }
     if (o->fmt != BENCH_MD) o->bounds = 0;   /* the bounds are a markdown table of their own */
-    o->kv_type = bench_kv_type(o->kv_name);
+    o->kv_type = kv_dtype_parse(o->kv_name);
     /* the bounds are the CPU's (memory bandwidth, SIMD peak) */
     o->cuda_bounds = o->bounds;   /* with cuda: the cuBLAS ceiling instead */
     if (o->backend && strcmp(o->backend, "cpu")) o->bounds = 0;

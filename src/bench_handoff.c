@@ -28,6 +28,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "handoff.h"
+#include "kvcache.h"
 #include "model.h"
 #include "quant.h"
 #include "sampler.h"
@@ -71,7 +72,7 @@ static void bh_usage(FILE *f) {
         "                            and report GB/s; with --prefill-node, from a --wire-source there\n"
         "  --wire-source HOST:PORT   serve --wire-only runs on this address until killed\n"
         "The in-process prefill node (the decode side always runs on the CPU):\n");
-    cli_usage_backend_to(f, 25);
+    cliopt_usage_backend(f, 25);
 }
 
 static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
@@ -103,7 +104,7 @@ static int bh_dtypes(const char *s, bh_opts *o) {
     snprintf(buf, sizeof buf, "%s", s);
     o->n_dtypes = 0;
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        uint32_t d = cli_kv_type(t);
+        uint32_t d = kv_dtype_parse(t);
         if (d == UINT32_MAX || o->n_dtypes == BH_MAX_LIST) return -1;
         o->dtypes[o->n_dtypes++] = d;
     }
@@ -132,7 +133,7 @@ static int bh_parse(int argc, char **argv, bh_opts *o) {
         else if (!strcmp(a, "-b")) bad = bh_int(a, v, 1, 1 << 16, &o->batch);
         else if (!strcmp(a, "--timeout-ms")) bad = bh_int(a, v, 1, 3600000, &o->timeout_ms);
         else if (!strcmp(a, "--seed")) { bad = bh_int(a, v, 0, 1 << 30, &x); o->seed = (uint64_t)x; }
-        else if (!strcmp(a, "--backend")) bad = cli_backend_check(BH, v, &o->backend);
+        else if (!strcmp(a, "--backend")) bad = cliopt_backend(BH, v, &o->backend);
         else if (!strcmp(a, "--device")) bad = bh_int(a, v, 0, 63, &o->device);
         else if (!strcmp(a, "--zstd")) { o->zstd = 1; takes = 0; }
         else if (!strcmp(a, "--wire-only")) { o->wire_only = 1; takes = 0; }
@@ -262,15 +263,11 @@ static int bh_measure(bh_ctx *x, const int32_t *t, int n, int flip, bh_row *r, c
     return 0;
 }
 
-static const char *bh_dtype_name(uint32_t d) {
-    return d == GGML_TYPE_F16 ? "f16" : d == GGML_TYPE_BF16 ? "bf16" : d == GGML_TYPE_Q8_0 ? "q8_0" : "?";
-}
-
 static void bh_print_row(const char *link, uint32_t dt, int n, const bh_row *r) {
     double k = r->runs ? 1.0 / r->runs : 0;
     double exposed = (r->ttft_split - r->ttft_local) * k, pf = r->prefill_remote * k, xfer = r->xfer * k;
     printf("| %s | %s | %d | %.1f | %.0f | %.0f | %.1f | %.1f | %.1f%% | %.3f | %.1f | %.1f | %.1f | %d/%d |\n",
-           link, bh_dtype_name(dt), n, pf, r->kv_bytes * k, r->wire_bytes * k, xfer, exposed,
+           link, kv_dtype_name(dt), n, pf, r->kv_bytes * k, r->wire_bytes * k, xfer, exposed,
            pf > 0 ? 100.0 * exposed / pf : 0.0, xfer > 0 ? r->wire_bytes * k / (xfer * 1e6) : 0.0,
            r->ttft_local * k, r->ttft_split * k, r->tail * k, r->agree, r->runs);
     fflush(stdout);
@@ -481,7 +478,7 @@ static int bw_receiver(const bh_opts *o, const char *addr, const char *link, int
         for (int r = 0; r < reps; r++) { vp += (gp[r] - mp) * (gp[r] - mp); vw += (gw[r] - mw) * (gw[r] - mw); }
         vp = reps > 1 ? sqrt(vp / (reps - 1)) : 0;
         vw = reps > 1 ? sqrt(vw / (reps - 1)) : 0;
-        printf("| %s | %s | %s | %zu | %u | %.3f ± %.3f | %.3f ± %.3f |\n", link, bh_dtype_name(dt),
+        printf("| %s | %s | %s | %zu | %u | %.3f ± %.3f | %.3f ± %.3f |\n", link, kv_dtype_name(dt),
                o->zstd ? "yes" : "no", fbytes, q.frames, mp, vp, mw, vw);
         fflush(stdout);
     }
@@ -550,7 +547,7 @@ int cli_bench_handoff(int argc, char **argv) {
     uint8_t rnd[32];
     char rnd_hex[65];
     if (o.node || o.secret_file || o.wire_source) {
-        if (cli_load_secret(o.secret_file, &secret, &secret_len, err, sizeof err)) {
+        if (cliopt_load_secret(o.secret_file, &secret, &secret_len, err, sizeof err)) {
             fprintf(stderr, "tandem bench-handoff: %s\n", err);
             return 2;
         }
@@ -604,7 +601,7 @@ int cli_bench_handoff(int argc, char **argv) {
     fflush(stdout);
     for (int d = 0; d < o.n_dtypes; d++) {
         if (bh_run_dtype(&x, &o, addr, link, o.dtypes[d], secret, secret_len, toks, err, sizeof err)) {
-            fprintf(stderr, "tandem bench-handoff: %s wire: %s\n", bh_dtype_name(o.dtypes[d]), err);
+            fprintf(stderr, "tandem bench-handoff: %s wire: %s\n", kv_dtype_name(o.dtypes[d]), err);
             goto out;
         }
     }

@@ -9,6 +9,7 @@
 #include "cliopt.h"
 #include "generate.h"
 #include "handoff.h"
+#include "kvcache.h"
 #include "model.h"
 #include "quant.h"
 #include "sampler.h"
@@ -45,7 +46,7 @@ static void cli_usage_run(FILE *f) {
         "  --seed S        sampling seed, 0 to 2^63-1 (default: a fresh one per run, printed with -v)\n"
         "  --kv-type T     KV cache type: f16 (default), bf16, q8_0\n"
         "  -v              print the sampling seed\n");
-    cli_usage_backend_to(f, 15);
+    cliopt_usage_backend(f, 15);
     fprintf(f,
         "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
         "  --prefill-node HOST:PORT   prefill node to use\n"
@@ -60,8 +61,6 @@ static void cli_usage_run(FILE *f) {
 #define RUN_MAX_PROMPT_BYTES ((size_t)64 << 20)
 /* -n upper bound: far beyond any context; -1 means "until the context is full". */
 #define RUN_MAX_PREDICT 100000000L
-
-static const char *const run_kv_names[] = { "f16", "bf16", "q8_0", NULL };
 
 /* One option that takes a value; 0, or -1 after printing what is wrong. */
 static int cli_parse_run_value(run_opts *o, const char *a, const char *v) {
@@ -78,9 +77,9 @@ static int cli_parse_run_value(run_opts *o, const char *a, const char *v) {
     if (!strcmp(a, "--top-p")) return cliopt_float(RUN, a, v, 0, 1, &o->sp.top_p);
     if (!strcmp(a, "--min-p")) return cliopt_float(RUN, a, v, 0, 1, &o->sp.min_p);
     if (!strcmp(a, "--seed")) { o->seed_given = 1; return cliopt_u64(RUN, a, v, 0, INT64_MAX, &o->sp.seed); }
-    if (!strcmp(a, "--kv-type")) return cliopt_choice(RUN, a, v, run_kv_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->kv_type);
-    if (!strcmp(a, "--wire-dtype")) return cliopt_choice(RUN, a, v, run_kv_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->wire_dtype);
-    if (!strcmp(a, "--backend")) return cli_backend_check(RUN, v, &o->backend);
+    if (!strcmp(a, "--kv-type")) return cliopt_choice(RUN, a, v, kv_dtype_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->kv_type);
+    if (!strcmp(a, "--wire-dtype")) return cliopt_choice(RUN, a, v, kv_dtype_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->wire_dtype);
+    if (!strcmp(a, "--backend")) return cliopt_backend(RUN, v, &o->backend);
     if (!strcmp(a, "--device")) return cliopt_int(RUN, a, v, 0, 63, &o->device);
     if (!strcmp(a, "--prefill-node")) return cliopt_str(RUN, a, v, &o->prefill_node);
     if (!strcmp(a, "--secret-file")) return cliopt_str(RUN, a, v, &o->secret_file);
@@ -116,56 +115,6 @@ static int cli_parse_run(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
-int cli_backend_ok(const char *name) { return name && (!strcmp(name, "cpu") || !strcmp(name, "cuda")) ? 0 : -1; }
-
-int cli_device_ok(const char *s, int *out) {
-    char *end;
-    errno = 0;
-    long v = s ? strtol(s, &end, 10) : -1;
-    if (!s || errno || *end || end == s || v < 0 || v > 63) return -1;
-    *out = (int)v;
-    return 0;
-}
-
-int cli_backend_check(const char *cmd, const char *v, const char **out) {
-    static const char *const names[] = { "cpu", "cuda", NULL };
-    int k;
-    if (cliopt_choice(cmd, "--backend", v, names, &k)) return -1;
-    *out = v;
-    return 0;
-}
-
-void cli_usage_backend_to(FILE *f, int width) {
-    fprintf(f, "  %-*s compute on cpu (default) or cuda (a build with make CUDA=1)\n", width, "--backend B");
-    fprintf(f, "  %-*s CUDA device, 0..63 (default 0)\n", width, "--device N");
-}
-
-void cli_usage_backend(int width) { cli_usage_backend_to(stderr, width); }
-
-uint32_t cli_kv_type(const char *s) {
-    if (!strcmp(s, "f16")) return GGML_TYPE_F16;
-    if (!strcmp(s, "bf16")) return GGML_TYPE_BF16;
-    if (!strcmp(s, "q8_0")) return GGML_TYPE_Q8_0;
-    return UINT32_MAX;
-}
-
-/* Reads a whole file into a NUL-terminated buffer (caller frees). */
-char *cli_read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
-        if (r == 0) break;
-        if (cap - n - 1 == 0) { char *nb = realloc(buf, cap * 2); if (!nb) { free(buf); buf = NULL; break; } buf = nb; cap *= 2; }
-    }
-    fclose(f);
-    if (buf) { buf[n] = 0; if (len) *len = n; }
-    return buf;
-}
-
 /* ==== run ==== */
 
 typedef struct {
@@ -180,11 +129,11 @@ typedef struct {
 static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t kvt, const int32_t *ids, int n,
                               float *logits, run_remote *rr, char *err, size_t errlen) {
     memset(rr, 0, sizeof *rr);
-    uint32_t wdt = o->wire_dtype ? cli_kv_type(o->wire_dtype) : kvt;
+    uint32_t wdt = o->wire_dtype ? kv_dtype_parse(o->wire_dtype) : kvt;
     if (wdt == UINT32_MAX) { snprintf(err, errlen, "unknown wire dtype %s", o->wire_dtype); return -1; }
     char *secret = NULL;
     size_t slen = 0;
-    if (cli_load_secret(o->secret_file, &secret, &slen, err, errlen)) return -1;
+    if (cliopt_load_secret(o->secret_file, &secret, &slen, err, errlen)) return -1;
     handoff_opts ho = { .wire_dtype = wdt, .zstd = o->zstd, .timeout_ms = o->timeout_ms,
                         .secret = secret, .secret_len = slen, .node_id = "tandem-run" };
     handoff_client *c = NULL;
@@ -221,31 +170,6 @@ static int run_on_token(void *ud, int32_t id) {
     rp->first = 0;
     fflush(stdout);
     return 0;
-}
-
-/* Builds the prompt text (chat-wrapped if asked) and tokenizes it. */
-int32_t *cli_tokenize_prompt(model *m, const char *text, int chat, int *n_out, char *err, size_t errlen) {
-    const tokenizer *tok = model_get_tokenizer(m);
-    char *owned = NULL;
-    if (chat) {
-        enum chat_format fmt = chat_detect(model_get_gguf(m), err, errlen);
-        if (fmt == CHAT_NONE) return NULL;
-        chat_msg msg = { "user", text };
-        owned = chat_render(fmt, &msg, 1, 1);
-        if (!owned) { snprintf(err, errlen, "chat template rendering failed"); return NULL; }
-        text = owned;
-    }
-    size_t len = strlen(text);
-    int64_t need = tokenizer_encode(tok, text, len, 1, 1, NULL, 0);
-    int32_t *ids = need > 0 ? malloc(sizeof(int32_t) * (size_t)need) : NULL;
-    if (!ids || tokenizer_encode(tok, text, len, 1, 1, ids, need) != need) {
-        snprintf(err, errlen, need == 0 ? "the prompt is empty" : "tokenization failed");
-        free(ids); free(owned);
-        return NULL;
-    }
-    free(owned);
-    *n_out = (int)need;
-    return ids;
 }
 
 /* The context size: -c, else the model's trained one capped at 4096; a -c
@@ -285,7 +209,7 @@ int cli_run(int argc, char **argv) {
     int pr = cli_parse_run(argc, argv, &o);
     if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     char err[512];
-    uint32_t kvt = cli_kv_type(o.kv_type);
+    uint32_t kvt = kv_dtype_parse(o.kv_type);
     char *text = NULL;
     if (o.prompt_file && !(text = cliopt_read_text(o.prompt_file, RUN_MAX_PROMPT_BYTES, NULL, err, sizeof err))) {
         fprintf(stderr, RUN ": %s\n", err);
@@ -310,7 +234,7 @@ int cli_run(int argc, char **argv) {
     cliopt_progress_end(&lp);
     const model_hparams *hp = model_get_hparams(m);
     int n_ctx = run_pick_ctx(&o, hp);
-    if (!(ids = cli_tokenize_prompt(m, text ? text : o.prompt, o.chat, &n_prompt, err, sizeof err))) {
+    if (!(ids = gen_tokenize_prompt(m, text ? text : o.prompt, o.chat, &n_prompt, err, sizeof err))) {
         fprintf(stderr, RUN ": %s\n", err); goto out;
     }
     if (n_prompt > n_ctx) {

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -84,6 +85,19 @@ int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *c
     return -1;
 }
 
+int cliopt_backend(const char *cmd, const char *v, const char **out) {
+    static const char *const names[] = { "cpu", "cuda", NULL };
+    int k;
+    if (cliopt_choice(cmd, "--backend", v, names, &k)) return -1;
+    *out = v;
+    return 0;
+}
+
+void cliopt_usage_backend(FILE *f, int width) {
+    fprintf(f, "  %-*s compute on cpu (default) or cuda (a build with make CUDA=1)\n", width, "--backend B");
+    fprintf(f, "  %-*s CUDA device, 0..63 (default 0)\n", width, "--device N");
+}
+
 int cliopt_is_help(const char *a) { return a && (!strcmp(a, "-h") || !strcmp(a, "--help")); }
 
 int cliopt_wants_help(int argc, char **argv) {
@@ -119,12 +133,65 @@ char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, siz
     if (fail == 1) snprintf(err, errlen, "out of memory reading %s", path);
     if (!fail && n > max) {
         snprintf(err, errlen, "%s is longer than %zu bytes", is_stdin ? "stdin" : path, max);
-        fail = 1;
+        fail = 3;
     }
-    if (fail) { free(buf); return NULL; }
+    if (fail) { free(buf); errno = fail == 3 ? EFBIG : errno; return NULL; }
     buf[n] = 0;
     if (len) *len = n;
     return buf;
+}
+
+/* A secret file holds a line of text: a bigger file is the wrong file and
+ * is refused unread. */
+#define CLIOPT_MAX_SECRET_FILE 4096
+
+int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen) {
+    *out = NULL;
+    *len = 0;
+    char *s = NULL;
+    size_t n = 0;
+    if (file) {
+        char why[512];
+        if (!(s = cliopt_read_text(file, CLIOPT_MAX_SECRET_FILE, &n, why, sizeof why))) {
+            snprintf(err, errlen, "the secret file: %s", why);
+            return -1;
+        }
+    } else {
+        const char *e = getenv("TANDEM_SECRET");
+        if (!e || !*e) { snprintf(err, errlen, "no shared secret: give --secret-file FILE or set TANDEM_SECRET"); return -1; }
+        if (!(s = strdup(e))) { snprintf(err, errlen, "out of memory"); return -1; }
+        n = strlen(s);
+    }
+    /* A trailing newline is an artefact of how the file was written, not part of the secret. */
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    if (n == 0) {
+        snprintf(err, errlen, "the shared secret%s%s is empty", file ? " in " : "", file ? file : "");
+        free(s);
+        return -1;
+    }
+    *out = s;
+    *len = n;
+    return 0;
+}
+
+/* ==== Signals ==== */
+
+static volatile int cliopt_stop;
+
+static void cliopt_on_signal(int sig) {
+    (void)sig;
+    cliopt_stop = 1;
+}
+
+volatile int *cliopt_stop_on_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cliopt_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return &cliopt_stop;
 }
 
 /* ==== Progress ==== */

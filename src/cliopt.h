@@ -37,6 +37,12 @@ int cliopt_str(const char *cmd, const char *opt, const char *v, const char **out
 /* One of a NULL-terminated list of names; *out gets its index. */
 int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *const *names, int *out);
 
+/* --backend NAME: "cpu" or "cuda", else "CMD: --backend: 'x' is not one of
+ * cpu|cuda"; *out gets v. */
+int cliopt_backend(const char *cmd, const char *v, const char **out);
+/* The usage lines of --backend and --device on f, option column `width` wide. */
+void cliopt_usage_backend(FILE *f, int width);
+
 /* 1 for -h / --help. */
 int cliopt_is_help(const char *a);
 /* 1 when any of argv[0..argc) is -h / --help. */
@@ -44,10 +50,23 @@ int cliopt_wants_help(int argc, char **argv);
 
 /* ==== Input ==== */
 
-/* The prompt text of `-f PATH`, PATH "-" meaning stdin; at most max bytes
- * (more is refused, not cut). NUL-terminated, caller frees; NULL with a
- * message. */
+/* A text file read whole (a prompt's `-f PATH`, a rubric, a key), PATH "-"
+ * meaning stdin; at most max bytes, more is refused unread, never cut.
+ * NUL-terminated, caller frees; NULL with a message (errno EFBIG when the
+ * file is longer than max). */
 char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* The shared node secret from FILE (or the environment's TANDEM_SECRET when
+ * file is NULL), at most 4 KiB, trailing whitespace stripped; an empty one is
+ * refused. 0 with *out malloc'd (the caller frees it), or -1 with a message. */
+int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen);
+
+/* ==== Signals ==== */
+
+/* Makes SIGINT and SIGTERM set the flag returned (no SA_RESTART: blocking
+ * calls wake up) and ignores SIGPIPE (a peer that hangs up is an error
+ * return, not a death): what every server role does at start-up. */
+volatile int *cliopt_stop_on_signals(void);
 
 /* ==== Progress ==== */
 

@@ -2,10 +2,35 @@
 #include "generate.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "kvcache.h"
+
+int32_t *gen_tokenize_prompt(model *m, const char *text, int chat, int *n_out, char *err, size_t errlen) {
+    const tokenizer *tok = model_get_tokenizer(m);
+    char *owned = NULL;
+    if (chat) {
+        enum chat_format fmt = chat_detect(model_get_gguf(m), err, errlen);
+        if (fmt == CHAT_NONE) return NULL;
+        chat_msg msg = { "user", text };
+        owned = chat_render(fmt, &msg, 1, 1);
+        if (!owned) { snprintf(err, errlen, "chat template rendering failed"); return NULL; }
+        text = owned;
+    }
+    size_t len = strlen(text);
+    int64_t need = tokenizer_encode(tok, text, len, 1, 1, NULL, 0);
+    int32_t *ids = need > 0 ? malloc(sizeof(int32_t) * (size_t)need) : NULL;
+    if (!ids || tokenizer_encode(tok, text, len, 1, 1, ids, need) != need) {
+        snprintf(err, errlen, need == 0 ? "the prompt is empty" : "tokenization failed");
+        free(ids); free(owned);
+        return NULL;
+    }
+    free(owned);
+    *n_out = (int)need;
+    return ids;
+}
 
 double gen_now_ms(void) {
     struct timespec ts;

@@ -35,6 +35,11 @@ typedef struct {
 
 double gen_now_ms(void);
 
+/* The prompt's token ids: text chat-wrapped first when chat is set (the
+ * model's chat format), BOS added as the vocabulary asks. malloc'd, count in
+ * *n_out; NULL with a message. */
+int32_t *gen_tokenize_prompt(model *m, const char *text, int chat, int *n_out, char *err, size_t errlen);
+
 /* logits: n_vocab floats. If `have_logits` is set they already hold the
  * prompt's last-position logits and the prompt is not evaluated here. */
 int generate_run(model *m, session *s, sampler *smp, const int32_t *prompt, int n_prompt,

@@ -212,6 +212,9 @@ static void grade_sha256_str(const char *s, char out[65]) {
  * a class submission is a small project, not a disk. */
 #define GRADE_MAX_FILES 500
 #define GRADE_MAX_DEPTH 16
+/* A rubric or a prompt template is a page of text; a bigger file is the
+ * wrong one (a model, a log), refused before it is read. */
+#define GRADE_MAX_CONFIG_BYTES ((size_t)1 << 20)
 
 typedef struct {
     char *path;                  /* as given */
@@ -274,15 +277,15 @@ static int grade_walk(const char *root, const char *rel, int depth, grade_paths 
 static int grade_list_file(grade_sub *s, const char *full, const char *rel, strbuf *b, EVP_MD_CTX *h,
                            size_t max_bytes) {
     size_t n = 0;
-    char *raw = cli_read_file(full, &n);
-    if (!raw) { snprintf(s->error, sizeof s->error, "cannot read %.400s", full); return -1; }
-    EVP_DigestUpdate(h, rel, strlen(rel) + 1);
-    EVP_DigestUpdate(h, raw, n);
-    if (n > max_bytes) {
-        snprintf(s->error, sizeof s->error, "%s is %zu bytes (the limit is %zu, --max-bytes)", rel, n, max_bytes);
-        free(raw);
+    char err[600];
+    /* read no further than the limit: a submission may hold a file of any size */
+    char *raw = cliopt_read_text(full, max_bytes, &n, err, sizeof err);
+    if (!raw) {
+        snprintf(s->error, sizeof s->error, "%.440s%s", err, errno == EFBIG ? " (the limit is --max-bytes)" : "");
         return -1;
     }
+    EVP_DigestUpdate(h, rel, strlen(rel) + 1);
+    EVP_DigestUpdate(h, raw, n);
     if (memchr(raw, 0, n)) {
         json_array_append_new(s->files, json_pack("{s:s, s:I, s:s}", "path", rel, "bytes", (json_int_t)n, "skipped", "binary"));
         free(raw);
@@ -334,7 +337,7 @@ static void grade_sub_load(grade_sub *s, size_t max_bytes) {
     if (!h) { snprintf(s->error, sizeof s->error, "out of memory"); goto out; }
     EVP_DigestInit_ex(h, EVP_sha256(), NULL);
     int rc = 0;
-    for (int i = 0; i < ps.n && !rc; i++) {
+    for (int i = 0; i < ps.n && !rc && b.len <= max_bytes; i++) {   /* over the limit already: stop reading */
         char full[8200];
         snprintf(full, sizeof full, "%s/%s", root, ps.v[i]);
         rc = grade_list_file(s, full, ps.v[i], &b, h, max_bytes);
@@ -1042,9 +1045,9 @@ static int grade_write_templates(const char *dir) {
 }
 
 static int grade_load_template(const char *path, const char *def, grade_template *t) {
-    char *text = path ? cli_read_file(path, NULL) : NULL;
     char err[512];
-    if (path && !text) { fprintf(stderr, "tandem grade: cannot read the template %s\n", path); return -1; }
+    char *text = path ? cliopt_read_text(path, GRADE_MAX_CONFIG_BYTES, NULL, err, sizeof err) : NULL;
+    if (path && !text) { fprintf(stderr, "tandem grade: the template: %s\n", err); return -1; }
     int rc = grade_template_parse(text ? text : def, t, err, sizeof err);
     if (rc) fprintf(stderr, "tandem grade: template %s: %s\n", path ? path : "(built-in)", err);
     free(text);
@@ -1053,8 +1056,9 @@ static int grade_load_template(const char *path, const char *def, grade_template
 
 static int grade_setup_rubric(grade_class *g, const char *path) {
     size_t n = 0;
-    char *text = cli_read_file(path, &n), err[512];
-    if (!text) { fprintf(stderr, "tandem grade: cannot read the rubric %s\n", path); return -1; }
+    char err[512];
+    char *text = cliopt_read_text(path, GRADE_MAX_CONFIG_BYTES, &n, err, sizeof err);
+    if (!text) { fprintf(stderr, "tandem grade: the rubric: %s\n", err); return -1; }
     int rc = grade_rubric_parse(text, n, &g->rubric, err, sizeof err);
     free(text);
     if (rc) { fprintf(stderr, "tandem grade: rubric %s: %s\n", path, err); return -1; }

@@ -9,6 +9,23 @@
 #include "gguf.h"
 #include "quant.h"
 
+/* ==== Element types ==== */
+
+const char *const kv_dtype_names[] = { "f16", "bf16", "q8_0", NULL };
+static const uint32_t kv_dtype_types[] = { GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 };
+
+uint32_t kv_dtype_parse(const char *name) {
+    for (int i = 0; name && kv_dtype_names[i]; i++)
+        if (!strcmp(name, kv_dtype_names[i])) return kv_dtype_types[i];
+    return UINT32_MAX;
+}
+
+const char *kv_dtype_name(uint32_t dtype) {
+    for (int i = 0; kv_dtype_names[i]; i++)
+        if (kv_dtype_types[i] == dtype) return kv_dtype_names[i];
+    return "?";
+}
+
 struct kvcache {
     int n_layer, n_ctx, n_head, head_dim, dim, used;
     uint32_t dtype;

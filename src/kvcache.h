@@ -26,6 +26,13 @@
 
 typedef struct kvcache kvcache;
 
+/* ==== Element types ====
+ * The types a cache (and the wire) may hold, by the names users give them
+ * (--kv-type, --wire-dtype): "f16", "bf16", "q8_0". */
+extern const char *const kv_dtype_names[];      /* NULL-terminated, for cliopt_choice */
+uint32_t kv_dtype_parse(const char *name);      /* ggml type; UINT32_MAX when unknown */
+const char *kv_dtype_name(uint32_t dtype);      /* "?" when not one of them */
+
 int kv_create(kvcache **out, int n_layer, int n_ctx, int n_head, int head_dim, uint32_t dtype,
               char *err, size_t errlen);
 void kv_free(kvcache *kv);

@@ -29,12 +29,12 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "cli.h"
 #include "cliopt.h"
 #include "generate.h"
 #include "gguf.h"
 #include "grammar.h"
 #include "handoff.h"
+#include "kvcache.h"
 #include "scheduler.h"
 #include "strbuf.h"
 #include "httpd.h"
@@ -400,7 +400,7 @@ static int dn_parse_prompt(dnode *n, json_t *o, dn_req *r, char *err, size_t err
         if (strlen(text) != json_string_length(p)) { snprintf(err, errlen, "'prompt' contains a NUL character"); return -1; }
         if (!*text) { snprintf(err, errlen, "'prompt' is empty"); return -1; }
         if (!dn_prompt_bytes_fit(n, json_string_length(p), err, errlen)) return -1;
-        if (!(r->prompt = cli_tokenize_prompt(n->m, text, chat, &r->n_prompt, err, errlen))) return -1;
+        if (!(r->prompt = gen_tokenize_prompt(n->m, text, chat, &r->n_prompt, err, errlen))) return -1;
     } else {
         size_t cnt = json_is_array(t) ? json_array_size(t) : 0;
         if (!json_is_array(t)) { snprintf(err, errlen, "'tokens' must be an array of token ids"); return -1; }
@@ -1557,10 +1557,6 @@ stop:
 
 /* ==== Command line ==== */
 
-static volatile int dn_cli_stop;
-
-static void dn_on_signal(int sig) { (void)sig; dn_cli_stop = 1; }
-
 void decode_node_usage(FILE *f) {
     fprintf(f,
         "usage: tandem serve --role decode|local -m MODEL.gguf [options]\n"
@@ -1600,8 +1596,6 @@ static int dn_cli_int(const char *opt, const char *v, int lo, int hi, int *out) 
     return cliopt_int(DN_CMD, opt, v, lo, hi, out);
 }
 
-/* the names cli_kv_type knows */
-static const char *const dn_cli_kv_names[] = { "f16", "bf16", "q8_0", NULL };
 static const char *const dn_cli_roles[] = { "decode", "local", NULL };
 
 /* A value that must be one of names, kept as its string. */
@@ -1644,8 +1638,8 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--port-file")) bad = cliopt_str(DN_CMD, a, v, &c->o.port_file);
         else if (!strcmp(a, "--secret-file")) bad = cliopt_str(DN_CMD, a, v, &c->secret_file);
         else if (!strcmp(a, "--node-id")) bad = cliopt_str(DN_CMD, a, v, &c->o.node_id);
-        else if (!strcmp(a, "--kv-type")) bad = dn_cli_choice(a, v, dn_cli_kv_names, &c->kv);
-        else if (!strcmp(a, "--wire-dtype")) bad = dn_cli_choice(a, v, dn_cli_kv_names, &c->wire);
+        else if (!strcmp(a, "--kv-type")) bad = dn_cli_choice(a, v, kv_dtype_names, &c->kv);
+        else if (!strcmp(a, "--wire-dtype")) bad = dn_cli_choice(a, v, kv_dtype_names, &c->wire);
         else if (!strcmp(a, "--prefill-node")) bad = dn_cli_prefill_node(c, a, v);
         else if (!strcmp(a, "-t")) bad = dn_cli_int(a, v, 1, 256, &c->threads);
         else if (!strcmp(a, "-c")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.n_ctx);
@@ -1690,8 +1684,8 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     c.threads = 2;
     if (dn_cli_parse(argc, argv, &c)) return 2;
     char err[512];
-    c.o.kv_dtype = cli_kv_type(c.kv ? c.kv : "f16");
-    c.o.wire_dtype = c.wire ? cli_kv_type(c.wire) : c.o.kv_dtype;
+    c.o.kv_dtype = kv_dtype_parse(c.kv ? c.kv : "f16");
+    c.o.wire_dtype = c.wire ? kv_dtype_parse(c.wire) : c.o.kv_dtype;
     if (c.o.kv_dtype == UINT32_MAX || c.o.wire_dtype == UINT32_MAX) {
         fprintf(stderr, "tandem serve: unknown KV or wire type (use f16, bf16, q8_0)\n");
         return 2;
@@ -1700,21 +1694,14 @@ int decode_node_cli(int argc, char **argv, int local_only) {
      * can be used), the router to us, and our registration */
     char *secret = NULL;
     if ((c.secret_file || getenv("TANDEM_SECRET") || c.o.n_prefill_nodes || c.router) &&
-        cli_load_secret(c.secret_file, &secret, &c.o.secret_len, err, sizeof err)) {
+        cliopt_load_secret(c.secret_file, &secret, &c.o.secret_len, err, sizeof err)) {
         fprintf(stderr, "tandem serve: %s\n", err);
         return 2;
     }
     c.o.secret = secret;
     c.o.model_path = c.model;
     c.o.model_name = c.model_name;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = dn_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    c.o.stop = &dn_cli_stop;
+    c.o.stop = cliopt_stop_on_signals();
     model_opts mo = { .n_threads = c.threads, .n_batch = c.batch };
     model *m = NULL;
     int rc = 1;

@@ -29,7 +29,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
 #include "cliopt.h"
 #include "httpd.h"
 #include "log.h"
@@ -207,7 +206,7 @@ static int rt_cfg_secret(router_config *c, json_t *root, char *err, size_t errle
         if (!(val = strdup(json_string_value(s)))) { rt_errf(err, errlen, "out of memory"); return -1; }
         n = strlen(val);
     } else if (json_is_string(f)) {
-        if (cli_load_secret(json_string_value(f), &val, &n, err, errlen)) return -1;
+        if (cliopt_load_secret(json_string_value(f), &val, &n, err, errlen)) return -1;
     } else if (s || f) {
         rt_errf(err, errlen, "config: \"secret\"/\"secret_file\" must be strings");
         return -1;
@@ -2431,9 +2430,6 @@ void router_stop(router *r) {
 
 /* ==== CLI ==== */
 
-static volatile sig_atomic_t rt_stop_flag;
-static void rt_on_signal(int sig) { (void)sig; rt_stop_flag = 1; }
-
 void router_usage(FILE *f) {
     fprintf(f,
         "usage: tandem serve --role router (--config FILE | --decode MODEL=HOST:PORT ... |\n"
@@ -2475,22 +2471,29 @@ static int rt_cli_node(router_config *c, const char *opt, const char *role, cons
     return 0;
 }
 
-static int rt_cli_file_str(const char *path, char *out, size_t outlen) {
+/* A key file is a line of text; a bigger file is the wrong one, refused unread. */
+#define RT_MAX_KEY_FILE 4096
+
+/* The text of the file at path, trailing whitespace stripped, into out: 1
+ * to outlen - 1 bytes. 0, or -1 with a message. */
+static int rt_cli_file_str(const char *path, char *out, size_t outlen, char *err, size_t errlen) {
     size_t n = 0;
-    char *s = cli_read_file(path, &n);
+    char *s = cliopt_read_text(path, RT_MAX_KEY_FILE, &n, err, errlen);
     if (!s) return -1;
     while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ')) s[--n] = 0;
     int bad = n == 0 || n >= outlen;
-    if (!bad) snprintf(out, outlen, "%s", s);
+    if (bad) snprintf(err, errlen, "the key in %s is not 1 to %zu bytes", path, outlen - 1);
+    else snprintf(out, outlen, "%s", s);
     free(s);
     return bad ? -1 : 0;
 }
 
 /* --api-key-file FILE: the key is the file's text, 1 to 255 bytes. */
 static int rt_cli_api_key(router_config *c, const char *opt, const char *v) {
+    char err[600];
     if (cliopt_str(RT_CMD, opt, v, &v)) return -1;
-    if (!rt_cli_file_str(v, c->api_key, sizeof c->api_key)) return 0;
-    fprintf(stderr, RT_CMD ": %s: cannot read %s, or its key is not 1 to %zu bytes\n", opt, v, sizeof c->api_key - 1);
+    if (!rt_cli_file_str(v, c->api_key, sizeof c->api_key, err, sizeof err)) return 0;
+    fprintf(stderr, RT_CMD ": %s: %s\n", opt, err);
     return -1;
 }
 
@@ -2534,7 +2537,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
     char err[256];
     if (secret_file || (!c->secret && getenv("TANDEM_SECRET"))) {
         router_config_free(c);
-        if (cli_load_secret(secret_file, &c->secret, &c->secret_len, err, sizeof err)) {
+        if (cliopt_load_secret(secret_file, &c->secret, &c->secret_len, err, sizeof err)) {
             fprintf(stderr, RT_CMD ": %s\n", err);
             return -1;
         }
@@ -2555,13 +2558,7 @@ int router_cli(int argc, char **argv) {
         router_config_free(&c);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = rt_on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    volatile int *stop = cliopt_stop_on_signals();
     router *r = NULL;
     char err[512];
     if (router_start(&r, &c, err, sizeof err)) {
@@ -2576,7 +2573,7 @@ int router_cli(int argc, char **argv) {
         FILE *f = fopen(port_file, "w");
         if (f) { fprintf(f, "%d\n", router_port(r)); fclose(f); }
     }
-    while (!rt_stop_flag) usleep(100 * 1000);
+    while (!*stop) usleep(100 * 1000);
     log_info(NULL, "shutting down");
     router_stop(r);
     router_config_free(&c);

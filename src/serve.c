@@ -17,6 +17,7 @@
 
 #include "cliopt.h"
 #include "handoff.h"
+#include "kvcache.h"
 #include "log.h"
 #include "model.h"
 #include "node_decode.h"
@@ -76,7 +77,7 @@ static void serve_usage(FILE *f) {
         "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
         "  --metrics-port-file FILE    write the bound metrics port there\n");
-    cli_usage_backend_to(f, 20);
+    cliopt_usage_backend(f, 20);
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
@@ -123,7 +124,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "-b")) bad = serve_int(a, v, 1, 1 << 16, &o->n_batch);
         else if (!strcmp(a, "--timeout-ms")) bad = serve_int(a, v, 1, 3600000, &o->timeout_ms);
         else if (!strcmp(a, "--max-conns")) bad = serve_int(a, v, 1, 256, &o->max_conns);
-        else if (!strcmp(a, "--backend")) bad = cli_backend_check(SERVE, v, &o->backend);
+        else if (!strcmp(a, "--backend")) bad = cliopt_backend(SERVE, v, &o->backend);
         else if (!strcmp(a, "--device")) bad = serve_int(a, v, 0, 63, &o->device);
         else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(a, v, 0, 60000, &o->debug_frame_delay_ms);
         else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_corrupt_frame);
@@ -140,56 +141,14 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         serve_usage(stderr);
         return -1;
     }
-    o->kv_dtype = cli_kv_type(o->kv_type);
+    o->kv_dtype = kv_dtype_parse(o->kv_type);
     if (o->kv_dtype == UINT32_MAX) { fprintf(stderr, "tandem serve: unknown KV type %s\n", o->kv_type); return -1; }
-    return 0;
-}
-
-/* ==== Secret ==== */
-
-int cli_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen) {
-    *out = NULL;
-    *len = 0;
-    char *s = NULL;
-    size_t n = 0;
-    if (file) {
-        if (!(s = cli_read_file(file, &n))) { snprintf(err, errlen, "cannot read the secret file %s", file); return -1; }
-    } else {
-        const char *e = getenv("TANDEM_SECRET");
-        if (!e || !*e) { snprintf(err, errlen, "no shared secret: give --secret-file FILE or set TANDEM_SECRET"); return -1; }
-        if (!(s = strdup(e))) { snprintf(err, errlen, "out of memory"); return -1; }
-        n = strlen(s);
-    }
-    /* A trailing newline is an artefact of how the file was written, not part of the secret. */
-    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
-    if (n == 0) {
-        snprintf(err, errlen, "the shared secret%s%s is empty", file ? " in " : "", file ? file : "");
-        free(s);
-        return -1;
-    }
-    *out = s;
-    *len = n;
     return 0;
 }
 
 /* ==== Signals ==== */
 
-static volatile int serve_stop;
-
-static void serve_on_signal(int sig) {
-    (void)sig;
-    serve_stop = 1;
-}
-
-static void serve_signals(void) {
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = serve_on_signal;   /* no SA_RESTART: blocking calls wake up */
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-}
+static volatile int *serve_stop;   /* cliopt_stop_on_signals */
 
 /* ==== Roles ==== */
 
@@ -207,7 +166,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
     prefill_node_opts po = {
         .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
         .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
-        .timeout_ms = o->timeout_ms, .stop = &serve_stop, .port_file = o->port_file,
+        .timeout_ms = o->timeout_ms, .stop = serve_stop, .port_file = o->port_file,
         .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
         .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
@@ -265,11 +224,11 @@ int cli_serve(int argc, char **argv) {
     serve_opts o;
     if (serve_parse(argc, argv, &o)) return 2;
     char err[512];
-    if (cli_load_secret(o.secret_file, &o.secret, &o.secret_len, err, sizeof err)) {
+    if (cliopt_load_secret(o.secret_file, &o.secret, &o.secret_len, err, sizeof err)) {
         log_error(NULL, "refusing to start a network node: %s", err);
         return 2;
     }
-    serve_signals();
+    serve_stop = cliopt_stop_on_signals();
     model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
     model *m = NULL;
     int rc = 1;

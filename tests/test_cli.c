@@ -14,6 +14,8 @@
 #include <jansson.h>
 
 #include "cliopt.h"
+#include "gguf.h"
+#include "kvcache.h"
 #include "node_decode.h"
 #include "proc.h"
 
@@ -366,8 +368,31 @@ static void test_cliopt(void) {
         free(s);
     }
     s = cliopt_read_text(TC_DIR, 100, &len, err, sizeof err);
-    CHECK(!s, "a directory is not a prompt file");
+    CHECK(!s && errno != EFBIG, "a directory is not a prompt file");
     free(s);
+    f = fopen(path, "wb");
+    for (int i = 0; f && i < 4097; i++) fputc('k', f);
+    if (f) fclose(f);
+    s = cliopt_read_text(path, 4096, &len, err, sizeof err);
+    CHECK(!s && errno == EFBIG, "past the bound: errno EFBIG");
+    free(s);
+    /* the node secret: at most 4 KiB, trailing whitespace not part of it */
+    char *sec = NULL;
+    CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == -1 && !sec && strstr(err, "longer than 4096 bytes"),
+          "a 4097-byte secret file refused: '%s'", err);
+    f = fopen(path, "wb");
+    if (f) { fputs("s3cret \t\r\n\n", f); fclose(f); }
+    CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == 0 && len == 6 && !strcmp(sec, "s3cret"),
+          "a secret file's line: len %zu", len);
+    free(sec);
+    sec = NULL;
+    f = fopen(path, "wb");
+    if (f) { fputs(" \n", f); fclose(f); }
+    CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == -1 && !sec && strstr(err, "is empty"),
+          "a blank secret file refused: '%s'", err);
+    CHECK(kv_dtype_parse("q8_0") == GGML_TYPE_Q8_0 && kv_dtype_parse("F16") == UINT32_MAX &&
+          !strcmp(kv_dtype_name(kv_dtype_parse("bf16")), "bf16") && !strcmp(kv_dtype_name(GGML_TYPE_F32), "?"),
+          "KV types by name and back");
     int v = 7;
     CHECK(cliopt_int("t", "-x", "12", 0, 12, &v) == 0 && v == 12, "12 in [0, 12]");
     CHECK(cliopt_int("t", "-x", "13", 0, 12, &v) == -1 && v == 12, "13 refused, value untouched");

@@ -457,6 +457,33 @@ static void test_class(tg_cluster *c) {
     free(so);
 }
 
+/* A submission holding a file past --max-bytes is recorded as failed with
+ * the reason, and the file is read no further than the limit (no router is
+ * needed: the submission fails before any request). */
+static void test_oversize(void) {
+    const char *sub = TG_DIR "/big-sub", *out = TG_DIR "/big-out";
+    if (system("rm -rf " TG_DIR "/big-sub " TG_DIR "/big-out")) {}
+    mkdir(sub, 0755);
+    write_text(TG_DIR "/rubric.md", tg_rubric_md);
+    write_text(TG_DIR "/big-sub/ok.py", "print(1)\n");
+    char big[5001];
+    memset(big, 'x', 5000);
+    big[5000] = 0;
+    write_text(TG_DIR "/big-sub/big.py", big);
+    char *argv[] = { (char *)bin(), "grade", "--router", "http://127.0.0.1:1", "--rubric", TG_DIR "/rubric.md",
+                     "--analysis-model", "a", "--feedback-model", "b", "--out", (char *)out, "--max-bytes", "4096",
+                     "--quiet", (char *)sub, NULL };
+    pid_t pid = spawn(argv, TG_DIR "/big-out.stdout");
+    int st = 0;
+    waitpid(pid, &st, 0);
+    json_t *r = tg_rec(out, "big-sub");
+    const char *e = jstr(r, "error", NULL);
+    CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1 && !strcmp(jstr(r, "status", NULL), "failed") &&
+          strstr(e, "big.py is longer than 4096 bytes (the limit is --max-bytes)"),
+          "a file past --max-bytes: exit %d, error '%s'", WIFEXITED(st) ? WEXITSTATUS(st) : -1, e);
+    json_decref(r);
+}
+
 static int tg_busy(int port) {
     char *body = NULL;
     int busy = 0;
@@ -532,6 +559,7 @@ int main(void) {
     mkdir(TG_DIR, 0755);
     if (system("rm -rf " TG_DIR "/class-out " TG_DIR "/kill-out")) {}
     tg_class();
+    test_oversize();
     tg_cluster c;
     memset(&c, 0, sizeof c);
     char need_a[1024], need_b[1024];
