@@ -23,6 +23,11 @@ enum {
     QK_CPU_I8MM = 1 << 5,       /* arm64 smmla (FEAT_I8MM, optional from armv8.2-a, in armv8.6-a) */
 };
 
+/* How far ahead (bytes) the one-row K-quant decode walks prefetch each
+ * line a second time, 0 for not at all: set with the CPU's features (see
+ * quant.c), read once per walk (volatile: see qa_kp_pf_q4k). */
+extern volatile size_t quant_walk_far;
+
 typedef struct {
     const char *name;           /* what TANDEM_KERNELS names it by */
     unsigned needs;             /* QK_CPU_* bits the CPU must have */

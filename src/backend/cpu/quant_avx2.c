@@ -922,23 +922,16 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * gathered, 42-48 spread (slower again from 18 KiB). Q6_K 33 -> 44-46.
  * The Q8_0 walk reads 42-44 at any distance. With both cores streaming
  * and the machine's bandwidth the limit (about 44 GB/s for the two), every
- * distance of this one prefetch gave the same (a second one does not: below). */
+ * distance of this one prefetch gave the same (a second one does not: quant.c,
+ * "Walk prefetch"). */
 static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
-/* A second prefetch of every line, 32 KiB ahead. One 512 MiB Q4_K matrix
- * walked from memory by both cores of a 2-core Zen 5 (streaming read 44-50
- * GB/s), alternated: 36-39 GB/s with the near prefetch alone, 41-45 with a
- * second one 48 or 64 KiB ahead; a far one alone gave nothing. Decode
- * tokens alternated in one process at the machine's ~47 GB/s: Qwen3-0.6B
- * Q4_K_M +8-11% with a second prefetch 64 KiB ahead (-2% to +1% at its ~80
- * GB/s), and 32 KiB another 3-4% above 64 (16, 24 and 48 KiB within 1.2%
- * of 32); at 32 KiB Q5_K_M +2-6%, the 30B-A3B shape (8 layers) +7-10%. The
- * Q8_0 walk gained nothing from one. */
-static volatile const size_t qa_kp_far = 32768;
-/* a line's two prefetches, near and far ahead of p */
+/* A second prefetch of every line, quant_walk_far bytes ahead (32 KiB, or 0
+ * for none: chosen for the CPU's L1, see quant.c). */
+/* a line's two prefetches, near and far ahead of p (far 0: the near one only) */
 #define QA_PF_2(p, near, far)                                           \
     do {                                                                \
         _mm_prefetch((const char *)(p) + (near), _MM_HINT_T0);          \
-        _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);           \
+        if (far) _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);  \
     } while (0)
 
 /* Q4_K's scales and mins, decoded once per block from the three scale runs
@@ -995,7 +988,7 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q4k, far = qa_kp_far;
+    const size_t pf = qa_kp_pf_q4k, far = quant_walk_far;
     for (int64_t b = 0; b < nb; b++, pk += Q5 ? QA_Q5KP_BLOCK : QA_Q4KP_BLOCK) {
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
             for (int l = 0; l < 256; l += 64) QA_PF_2(pk + l, pf, far);
@@ -1124,7 +1117,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q6k, far = qa_kp_far;
+    const size_t pf = qa_kp_pf_q6k, far = quant_walk_far;
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
         __m512i sumi[QA_KP_ACTS], corr[QA_KP_ACTS], P[QA_KP_ACTS];
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
