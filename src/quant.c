@@ -690,27 +690,31 @@ static unsigned quant_cpu_features(void) { return 0; }
 #endif
 
 /* ==== Walk prefetch ====
- * The K-quant decode walks prefetch every line twice, about 12 KiB ahead
- * and 32 KiB ahead, both into L1. The far one pays where 32 KiB fits the
- * L1 data cache with room, and costs where it does not (presumably the
- * lines it brings are evicted again before their loads reach them).
- * - Zen 5 (48 KiB L1D), decode tokens alternated in one process at the
- *   machine's ~47 GB/s: Qwen3-0.6B Q4_K_M +8-11% with a second prefetch 64
- *   KiB ahead (-2% to +1% at its ~80 GB/s), and 32 KiB another 3-4% above 64
- *   (16, 24 and 48 KiB within 1.2% of 32); at 32 KiB Q5_K_M +2-6%, the
- *   30B-A3B shape (8 layers) +7-10%. A 512 MiB Q4_K matrix walked by both
- *   cores: 36-39 GB/s with the near prefetch alone, 41-45 with both.
- * - Zen 4 (32 KiB L1D), decode tokens alternated in one process (three
- *   runs, 48-64 tokens per variant): the 30B-A3B
- *   shape 48.9-52.5 t/s with it, 54.0-56.6 without; Qwen3-0.6B Q4_K_M
- *   58.5-62.8 and 69.3-73.3. 16 KiB ahead gave the same as none, 24 KiB
- *   less. A 512 MiB matrix walked by both cores (6 passes each,
- *   alternated): Q4_K 22.7 GB/s with it, 28.0 without; Q6_K 26.6 and 33.2.
- * So it is on where the L1D holds 48 KiB or more, and off where it is
- * smaller or unknown (the hardware prefetchers alone then). */
-volatile size_t quant_walk_far = 0;
-#define QUANT_WALK_FAR 32768
-#define QUANT_WALK_FAR_L1D (48 << 10)
+ * Decoding one token, the AVX-512 walks of packed weights prefetch ahead in
+ * software: the K-quant walks every line twice, about 12 KiB and 32 KiB
+ * ahead (qa_kp_pf_q4k, qa_kp_far), the Q8_0 / Q4_0 / Q5_0 walk 2 KiB ahead
+ * (QA_P16_PF), all into L1. Tuned on a Zen 5 (48 KiB L1D), where they pay;
+ * on a Zen 4 (32 KiB L1D) the hardware prefetchers alone do better.
+ * - Zen 5, decode tokens alternated in one process at the machine's ~47
+ *   GB/s: Qwen3-0.6B Q4_K_M +8-11% with a second prefetch 64 KiB ahead (-2%
+ *   to +1% at its ~80 GB/s), and 32 KiB another 3-4% above 64 (16, 24 and
+ *   48 KiB within 1.2% of 32); at 32 KiB Q5_K_M +2-6%, the 30B-A3B shape
+ *   (8 layers) +7-10%. A 512 MiB Q4_K matrix walked by both cores: 36-39
+ *   GB/s with the near prefetch alone, 41-45 with both.
+ * - Zen 4, decode tokens alternated in one process (three runs of 48-64
+ *   tokens per variant, each switching one thing): without the far
+ *   prefetch the 30B-A3B shape 48.9-52.5 -> 54.0-56.6 t/s and Qwen3-0.6B
+ *   Q4_K_M 58.5-62.8 -> 69.3-73.3 (16 KiB ahead the same as none, 24 KiB
+ *   less); then without the near one too, 52.9-58.0 -> 54.5-59.8 and
+ *   69.4-75.8 -> 68.9-77.1; without the Q8_0 walk's, Qwen2.5-0.5B Q8_0
+ *   46.3-60.3 -> 52.4-75.8 and Qwen3-0.6B Q8_0 43.5-47.6 -> 46.2-49.7
+ *   (512 bytes and 8 KiB ahead no better than 2 KiB). A 512 MiB matrix
+ *   walked by both cores: Q4_K 22.7 GB/s with both K-quant prefetches, 28.0
+ *   with the near one, 32.7 with none; Q6_K 26.6, 33.2, 35.7.
+ * The two cores differ in many ways; what this goes by is the L1D: on
+ * where it holds 48 KiB or more, off where it is smaller or unknown. */
+volatile int quant_walk_prefetch = 0;
+#define QUANT_WALK_PREFETCH_L1D (48 << 10)
 
 static size_t quant_cpu_l1d_bytes(void) {
 #if defined(_SC_LEVEL1_DCACHE_SIZE)
@@ -739,7 +743,7 @@ static int quant_kset_usable(const quant_kset *k) {
     int f = atomic_load_explicit(&feats, memory_order_relaxed);
     if (f < 0) {
         f = (int)quant_cpu_features();
-        quant_walk_far = quant_cpu_l1d_bytes() >= QUANT_WALK_FAR_L1D ? QUANT_WALK_FAR : 0;
+        quant_walk_prefetch = quant_cpu_l1d_bytes() >= QUANT_WALK_PREFETCH_L1D;
         atomic_store(&feats, f);
     }
     return k->built && (k->needs & ~(unsigned)f) == 0;

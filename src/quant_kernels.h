@@ -23,10 +23,10 @@ enum {
     QK_CPU_I8MM = 1 << 5,       /* arm64 smmla (FEAT_I8MM, optional from armv8.2-a, in armv8.6-a) */
 };
 
-/* How far ahead (bytes) the one-row K-quant decode walks prefetch each
- * line a second time, 0 for not at all: set with the CPU's features (see
- * quant.c), read once per walk (volatile: see qa_kp_pf_q4k). */
-extern volatile size_t quant_walk_far;
+/* 1: the AVX-512 decode walks of packed weights prefetch ahead in software;
+ * 0: they leave it to the hardware prefetchers. Set with the CPU's features
+ * (quant.c, "Walk prefetch"), read once per walk. */
+extern volatile int quant_walk_prefetch;
 
 typedef struct {
     const char *name;           /* what TANDEM_KERNELS names it by */

@@ -343,7 +343,7 @@ QA_TILE_B32(Q5_0)
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
- * prefetcher alone. */
+ * prefetcher alone, where quant_walk_prefetch is on (quant.c). */
 #define QA_P16_PF 2048
 
 /* rows [0, 16) of w, blocks [b0, b0 + nb) -> the packed layout of quant.h
@@ -396,9 +396,10 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
     __m512 acc[QA_R16_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + (size_t)r * out_stride);
+    const int pf = quant_walk_prefetch;
     for (int64_t b = 0; b < nb; b++, pk += bsz) {
         __m512i x[8];
-        if (RA <= 2) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
+        if (RA <= 2 && pf) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
         if (RA > 2 && gn)   /* the next group's block (qa_mul_mat_r16); RA <= 2 prefetches ahead above */
             for (int l = 0; l < bsz; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
         if (T == GGML_TYPE_Q8_0) {
@@ -925,13 +926,17 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * distance of this one prefetch gave the same (a second one does not: quant.c,
  * "Walk prefetch"). */
 static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
-/* A second prefetch of every line, quant_walk_far bytes ahead (32 KiB, or 0
- * for none: chosen for the CPU's L1, see quant.c). */
-/* a line's two prefetches, near and far ahead of p (far 0: the near one only) */
+/* A second prefetch of every line, 32 KiB ahead: see quant.c, "Walk
+ * prefetch" (where it is measured, and the CPUs it is off on). */
+static volatile const size_t qa_kp_far = 32768;
+/* a line's two prefetches, near and far ahead of p; none when near is 0
+ * (quant_walk_prefetch off) */
 #define QA_PF_2(p, near, far)                                           \
     do {                                                                \
-        _mm_prefetch((const char *)(p) + (near), _MM_HINT_T0);          \
-        if (far) _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);  \
+        if (near) {                                                     \
+            _mm_prefetch((const char *)(p) + (near), _MM_HINT_T0);      \
+            _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);       \
+        }                                                               \
     } while (0)
 
 /* Q4_K's scales and mins, decoded once per block from the three scale runs
@@ -988,7 +993,7 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q4k, far = quant_walk_far;
+    const size_t pf = quant_walk_prefetch ? qa_kp_pf_q4k : 0, far = qa_kp_far;
     for (int64_t b = 0; b < nb; b++, pk += Q5 ? QA_Q5KP_BLOCK : QA_Q4KP_BLOCK) {
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
             for (int l = 0; l < 256; l += 64) QA_PF_2(pk + l, pf, far);
@@ -1117,7 +1122,7 @@ QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
     __m512 acc[QA_KP_ACTS];
     QA_UNROLL
     for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = qa_kp_pf_q6k, far = quant_walk_far;
+    const size_t pf = quant_walk_prefetch ? qa_kp_pf_q6k : 0, far = qa_kp_far;
     for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
         __m512i sumi[QA_KP_ACTS], corr[QA_KP_ACTS], P[QA_KP_ACTS];
         if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
