@@ -40,6 +40,7 @@ typedef struct {
     uint32_t kv_dtype;
     char *secret;
     size_t secret_len;
+    volatile int *stop;   /* set by SIGINT / SIGTERM (cliopt_stop_on_signals) */
 } serve_opts;
 
 static void serve_usage(FILE *f) {
@@ -146,10 +147,6 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
     return 0;
 }
 
-/* ==== Signals ==== */
-
-static volatile int *serve_stop;   /* cliopt_stop_on_signals */
-
 /* ==== Roles ==== */
 
 static int serve_prefill(model *m, const serve_opts *o) {
@@ -166,7 +163,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
     prefill_node_opts po = {
         .listen = o->listen, .secret = o->secret, .secret_len = o->secret_len,
         .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
-        .timeout_ms = o->timeout_ms, .stop = serve_stop, .port_file = o->port_file,
+        .timeout_ms = o->timeout_ms, .stop = o->stop, .port_file = o->port_file,
         .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
         .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
@@ -228,7 +225,7 @@ int cli_serve(int argc, char **argv) {
         log_error(NULL, "refusing to start a network node: %s", err);
         return 2;
     }
-    serve_stop = cliopt_stop_on_signals();
+    o.stop = cliopt_stop_on_signals();
     model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
     model *m = NULL;
     int rc = 1;
