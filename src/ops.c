@@ -1,5 +1,6 @@
 /* ops.c - see ops.h. */
 #include "ops.h"
+#include "ops_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -53,26 +54,7 @@ void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
 /* The AVX2 ops go with the x86 kernel sets (quant_kernel_vec_ops). */
 static int ops_use_avx2(void) { return quant_kernel_vec_ops(); }
 
-/* The AVX2/FMA versions (src/backend/cpu/ops_avx2.c, built with those flags);
- * each returns 0 when that file was built without them. */
-int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
-int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
-int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
-int ops_avx2_scale(float *x, float a, size_t n);
-int ops_avx2_axpy(float a, const float *x, float *y, size_t n);
-int ops_avx2_max(const float *x, size_t n, float *m);
-int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
-                         int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
-int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out, float *vf);
-/* src/backend/cpu/ops_avx512.c, with the avx512 kernel set */
-int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out, float *vf);
-int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
-int ops_avx512_max(const float *x, size_t n, float *m);
-int ops_avx512_scale(float *x, float a, size_t n);
-int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
-                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
+/* The vector versions: ops_kernels.h. */
 
 /* ==== Public entry points ==== */
 

@@ -5,6 +5,7 @@
  * these extensions. Without the flags every entry returns 0 (not handled).
  */
 #include "ops.h"
+#include "ops_kernels.h"
 #include "quant.h"
 
 #include <stddef.h>
@@ -15,17 +16,6 @@
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-
-int ops_avx2_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
-int ops_avx2_swiglu(const float *g, const float *u, float *y, size_t n);
-int ops_avx2_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps);
-int ops_avx2_scale(float *x, float a, size_t n);
-int ops_avx2_axpy(float a, const float *x, float *y, size_t n);
-int ops_avx2_max(const float *x, size_t n, float *m);
-int ops_avx2_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
-                         int nq, int hd, float scale, float *s, size_t s_stride, float *kf);
-int ops_avx2_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                     size_t pr_stride, int grp, int hd, float *out, float *vf);
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>

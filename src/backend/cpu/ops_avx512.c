@@ -21,6 +21,7 @@
  * The quantised golden tests sit close to their tolerances and move with
  * any change of rounding, which is why exactness is kept. */
 #include "ops.h"
+#include "ops_kernels.h"
 #include "quant.h"
 
 #include <stddef.h>
@@ -30,13 +31,6 @@
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #endif
-int ops_avx512_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr,
-                       size_t pr_stride, int grp, int hd, float *out, float *vf);
-int ops_avx512_exp_sum(const float *x, float sub, float *y, size_t n, double *sum);
-int ops_avx512_max(const float *x, size_t n, float *m);
-int ops_avx512_scale(float *x, float a, size_t n);
-int ops_avx512_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const float *q, size_t q_stride,
-                           int nq, int hd, float scale, float *s, size_t s_stride, float *tmp);
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__)
 #include <immintrin.h>
