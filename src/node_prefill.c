@@ -688,14 +688,12 @@ static int pn_metrics_start(pnode *node, char *err, size_t errlen) {
     return 0;
 }
 
-/* Handles one REQUEST. Returns 0 to keep the connection, -1 to drop it. */
-static int pn_request(pn_conn *pc, uint64_t req) {
+/* Checks a REQUEST before anything runs: its id, its payload, what it asks
+ * for, a session for it. 0: admitted (q, send_flags filled); 1: refused
+ * with an ERROR, the connection kept; -1: refused, the connection dropped. */
+static int pn_request_admit(pn_conn *pc, uint64_t req, const char *rid, wire_request *q, uint32_t *send_flags) {
     pnode *node = pc->node;
-    wire_request q;
-    char err[512];
-    double t_req = gen_now_ms();
-    char rid[LOG_ID_CHARS + 1], why[WIRE_ERROR_MAX_MSG + 1];
-    pn_rid(req, rid);
+    char err[512], why[WIRE_ERROR_MAX_MSG + 1];
     /* Ids are non-zero and increase along a connection (one request at a
      * time): a replayed or confused REQUEST is refused, and the connection
      * with it. */
@@ -708,98 +706,152 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         return -1;
     }
     pc->last_req = req;
-    if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, &q, err, sizeof err)) {
+    if (wire_decode_request(pc->conn.rx.data, pc->conn.rx.len, q, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_PROTOCOL, "malformed request: %s", err);
         log_warn(rid, "conn %u (%s): malformed request, closing: %s", pc->id, pc->peer, err);
         pn_metrics_outcome(node, "refused");
         return -1;
     }
-    uint32_t send_flags;
-    if (pn_validate(pc, req, &q, &send_flags, why, sizeof why)) {
+    if (pn_validate(pc, req, q, send_flags, why, sizeof why)) {
         log_info(rid, "refused: %s", why);
         pn_metrics_outcome(node, "refused");
-        return 0;
+        return 1;
     }
-    if (pn_conn_session(pc, (int)q.n_tokens, err, sizeof err)) {
+    if (pn_conn_session(pc, (int)q->n_tokens, err, sizeof err)) {
         pn_send_error(&pc->conn, req, WERR_INTERNAL, "%s", err);
         log_error(rid, "refused: %s", err);
         pn_metrics_outcome(node, "error");
-        return 0;
+        return 1;
     }
-    /* Reuse whatever prefix of the previous prompt the session holds. */
-    int have = 0, hold = session_pos(pc->s);
-    while (have < hold && have < (int)q.end_pos && pc->prev[have] == (int32_t)wire_request_token(&q, (uint32_t)have)) have++;
-    for (uint32_t i = 0; i < q.n_tokens; i++) pc->prev[i] = (int32_t)wire_request_token(&q, i);  /* rx is reused by the hook */
-    session_reset(pc->s, have);
+    return 0;
+}
 
+/* Keeps whatever prefix of the previous prompt the session holds and makes
+ * q's tokens the connection's prompt (rx is reused by the hook). Returns
+ * the positions kept. */
+static int pn_request_reuse(pn_conn *pc, const wire_request *q) {
+    int have = 0, hold = session_pos(pc->s);
+    while (have < hold && have < (int)q->end_pos && pc->prev[have] == (int32_t)wire_request_token(q, (uint32_t)have))
+        have++;
+    for (uint32_t i = 0; i < q->n_tokens; i++) pc->prev[i] = (int32_t)wire_request_token(q, i);
+    session_reset(pc->s, have);
+    return have;
+}
+
+/* The state one admitted request runs with (pn_run), or NULL. */
+static pn_req *pn_request_new(pn_conn *pc, uint64_t req, const wire_request *q, uint32_t send_flags, double t_req) {
+    pnode *node = pc->node;
     pthread_mutex_lock(&node->mu);
     uint64_t seq = ++node->n_requests;
     pthread_mutex_unlock(&node->mu);
     pn_req *r = calloc(1, sizeof *r);
-    if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); pn_metrics_outcome(node, "error"); return 0; }
+    if (!r) return NULL;
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     int n_layer = kv_n_layer(session_kv(pc->s));
     r->cap = n_layer < PN_QUEUE_MIN ? PN_QUEUE_MIN : n_layer > PN_QUEUE_MAX ? PN_QUEUE_MAX : n_layer;
     r->node = node; r->conn = &pc->conn; r->kv = session_kv(pc->s);
-    r->req_id = req; r->seq = seq; r->start = (int)q.start_pos; r->end = (int)q.end_pos;
+    r->req_id = req; r->seq = seq; r->start = (int)q->start_pos; r->end = (int)q->end_pos;
     r->deadline = t_req + node->o->request_ms;
-    r->wire_dtype = q.wire_dtype; r->send_flags = send_flags;
+    r->wire_dtype = q->wire_dtype; r->send_flags = send_flags;
+    return r;
+}
+
+/* A request that ran to its end: DONE with its figures, and its log line.
+ * Returns 1 when DONE went out (the connection is kept). */
+static int pn_request_done(pn_conn *pc, const pn_req *r, int have, double ms, double t0, uint64_t out0,
+                           uint32_t n_tokens, const char *rid) {
+    pnode *node = pc->node;
+    char err[512];
+    wire_done d = { .n_positions = (uint32_t)(r->end - r->start), .n_computed = (uint32_t)(r->end - have),
+                    .prefill_ms = ms, .kv_bytes = r->kv_bytes, .wire_bytes = pc->conn.bytes_out - out0 };
+    wire_buf b = { 0 };
+    int keep = wire_encode_done(&b, &d) == 0 && wire_send(&pc->conn, WIRE_DONE, r->req_id, 0, b.data, b.len, err,
+                                                           sizeof err) == 0;
+    wire_buf_free(&b);
+    pthread_mutex_lock(&node->mu);
+    prefill_rate_update(&node->prefill_tps, r->end - have, ms);
+    pthread_mutex_unlock(&node->mu);
+    if (keep)
+        log_info(rid, "done tokens=%u sent=%d..%d frames=%d cached=%d computed=%d prefill_ms=%.1f total_ms=%.1f "
+                 "kv_bytes=%llu wire_bytes=%llu conn=%u seq=%llu", n_tokens, r->start, r->end, r->frames, have,
+                 r->end - have, ms, gen_now_ms() - t0, (unsigned long long)r->kv_bytes,
+                 (unsigned long long)d.wire_bytes, pc->id, (unsigned long long)r->seq);
+    else
+        log_warn(rid, "request %llu (conn %u): sending DONE failed: %s", (unsigned long long)r->seq, pc->id, err);
+    return keep;
+}
+
+/* A request that did not finish: the ERROR that ends its stream (none when
+ * the decode node is gone) and its log line. Returns 1 to keep the
+ * connection. */
+static int pn_request_failed(pn_conn *pc, const pn_req *r, const char *err, const char *rid) {
+    pnode *node = pc->node;
+    unsigned long long seq = (unsigned long long)r->seq;
+    if (r->cancelled) {
+        /* the ERROR ends the request's stream: a decode node may keep the connection */
+        pn_send_error(&pc->conn, r->req_id, WERR_CANCELLED, "request cancelled");
+        if (!r->computing)
+            log_info(rid, "request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
+                     seq, pc->id);
+        else
+            log_info(rid, "request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
+                     seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
+        return 1;
+    }
+    if (r->too_big) {
+        pn_send_error(&pc->conn, r->req_id, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
+                      "run the prefill node with a smaller -b", r->too_big);
+        log_error(rid, "request %llu (conn %u): chunk too big for a frame (lower -b)", seq, pc->id);
+        return 1;
+    }
+    if (r->expired) {
+        pn_send_error(&pc->conn, r->req_id, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
+                      node->o->request_ms);
+        log_warn(rid, "request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", seq, pc->id,
+                 node->o->request_ms, r->frames);
+        return 0;
+    }
+    if (r->stopping) {
+        pn_send_error(&pc->conn, r->req_id, WERR_CANCELLED, "prefill node shutting down");
+        log_info(rid, "request %llu (conn %u) stopped: shutting down", seq, pc->id);
+        return 0;
+    }
+    if (r->peer_gone && !r->computing) {
+        log_info(rid, "decode node went away while queued for the model, dropping request %llu (never computed): %s",
+                 seq, r->fail_msg);
+        return 0;
+    }
+    if (r->failed || r->peer_gone) {
+        log_warn(rid, "decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s", seq,
+                 r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
+        return 0;
+    }
+    pn_send_error(&pc->conn, r->req_id, WERR_INTERNAL, "prefill failed: %s", err);
+    log_error(rid, "request %llu (conn %u) failed: %s", seq, pc->id, err);
+    return 1;
+}
+
+/* Handles one REQUEST: admit, run, report. Returns 0 to keep the
+ * connection, -1 to drop it. */
+static int pn_request(pn_conn *pc, uint64_t req) {
+    pnode *node = pc->node;
+    wire_request q;
+    uint32_t send_flags;
+    char err[512] = "", rid[LOG_ID_CHARS + 1];
+    double t_req = gen_now_ms();
+    pn_rid(req, rid);
+    int admit = pn_request_admit(pc, req, rid, &q, &send_flags);
+    if (admit) return admit > 0 ? 0 : -1;
+    int have = pn_request_reuse(pc, &q);
+    pn_req *r = pn_request_new(pc, req, &q, send_flags, t_req);
+    if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); pn_metrics_outcome(node, "error"); return 0; }
 
     double t0 = gen_now_ms(), ms = 0;
     uint64_t out0 = pc->conn.bytes_out;
     int rc = pn_run(pc, r, pc->prev, have, &ms, err, sizeof err);
-    int keep = 0;
-    if (rc == 0 && !r->failed) {
-        wire_done d = { .n_positions = (uint32_t)(r->end - r->start), .n_computed = (uint32_t)(r->end - have),
-                        .prefill_ms = ms, .kv_bytes = r->kv_bytes, .wire_bytes = pc->conn.bytes_out - out0 };
-        wire_buf b = { 0 };
-        keep = wire_encode_done(&b, &d) == 0 && wire_send(&pc->conn, WIRE_DONE, req, 0, b.data, b.len, err, sizeof err) == 0;
-        wire_buf_free(&b);
-        pthread_mutex_lock(&node->mu);
-        prefill_rate_update(&node->prefill_tps, r->end - have, ms);
-        pthread_mutex_unlock(&node->mu);
-        if (keep)
-            log_info(rid, "done tokens=%u sent=%d..%d frames=%d cached=%d computed=%d prefill_ms=%.1f total_ms=%.1f "
-                     "kv_bytes=%llu wire_bytes=%llu conn=%u seq=%llu", q.n_tokens, r->start, r->end, r->frames, have,
-                     r->end - have, ms, gen_now_ms() - t0, (unsigned long long)r->kv_bytes,
-                     (unsigned long long)d.wire_bytes, pc->id, (unsigned long long)seq);
-        else
-            log_warn(rid, "request %llu (conn %u): sending DONE failed: %s", (unsigned long long)seq, pc->id, err);
-    } else if (r->cancelled) {
-        /* the ERROR ends the request's stream: a decode node may keep the connection */
-        pn_send_error(&pc->conn, req, WERR_CANCELLED, "request cancelled");
-        if (!r->computing)
-            log_info(rid, "request %llu (conn %u) cancelled by the decode node while queued for the model (never computed)",
-                     (unsigned long long)seq, pc->id);
-        else
-            log_info(rid, "request %llu (conn %u) cancelled by the decode node at layer %d of chunk %d (%d frames sent)",
-                     (unsigned long long)seq, pc->id, r->cur_layer, r->cur_pos, r->frames);
-        keep = 1;
-    } else if (r->too_big) {
-        pn_send_error(&pc->conn, req, WERR_RANGE, "a %d-position chunk does not fit in one frame: "
-                      "run the prefill node with a smaller -b", r->too_big);
-        log_error(rid, "request %llu (conn %u): chunk too big for a frame (lower -b)", (unsigned long long)seq, pc->id);
-        keep = 1;
-    } else if (r->expired) {
-        pn_send_error(&pc->conn, req, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
-                      node->o->request_ms);
-        log_warn(rid, "request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", (unsigned long long)seq,
-                 pc->id, node->o->request_ms, r->frames);
-    } else if (r->stopping) {
-        pn_send_error(&pc->conn, req, WERR_CANCELLED, "prefill node shutting down");
-        log_info(rid, "request %llu (conn %u) stopped: shutting down", (unsigned long long)seq, pc->id);
-    } else if (r->peer_gone && !r->computing) {
-        log_info(rid, "decode node went away while queued for the model, dropping request %llu (never computed): %s",
-                 (unsigned long long)seq, r->fail_msg);
-    } else if (r->failed || r->peer_gone) {
-        log_warn(rid, "decode node went away, stopping request %llu at layer %d of chunk %d (%d frames sent): %s",
-                 (unsigned long long)seq, r->cur_layer, r->cur_pos, r->frames - (r->failed ? 1 : 0), r->fail_msg);
-    } else {
-        pn_send_error(&pc->conn, req, WERR_INTERNAL, "prefill failed: %s", err);
-        log_error(rid, "request %llu (conn %u) failed: %s", (unsigned long long)seq, pc->id, err);
-        keep = 1;
-    }
+    int keep = rc == 0 && !r->failed ? pn_request_done(pc, r, have, ms, t0, out0, q.n_tokens, rid)
+                                     : pn_request_failed(pc, r, err, rid);
     pn_metrics_request(node, r, pn_outcome(r, rc, keep), r->end > have ? r->end - have : 0, ms, gen_now_ms() - t_req,
                        pc->conn.bytes_out - out0);
     pn_req_free(r);
