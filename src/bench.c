@@ -307,8 +307,17 @@ typedef struct {
     int is_pp, n, threads, depth;
     int n_par;                /* sequences decoding together (1 but for -np rows) */
     double mean, sd;          /* tokens per second (all sequences together) */
-    double bw_before, bw_after;   /* generation with bounds: bandwidth just before and after it (bytes/s) */
+    /* generation with bounds, per repetition: its t/s over the mean of the
+     * readings just before and after it; the median over the reps whose two
+     * readings agree within BENCH_BW_AGREE (over all reps when none do) */
+    double per_bw;                /* t/s per byte/s */
+    int n_agree;
+    double bw_lo, bw_hi;          /* the lowest and highest reading */
 } bench_result;
+
+/* Two bandwidth readings agree when they differ by at most this fraction
+ * of their mean. */
+#define BENCH_BW_AGREE 0.15
 
 /* Fill the cache with `depth` random tokens (untimed; prefill in chunks of
  * n_batch inside model_eval), unless it holds them already. */
@@ -328,16 +337,51 @@ static int bench_fill(model *m, session *s, int depth, float *logits, char *err,
 /* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
  * prompt for pp and a single token for tg. pp runs in ps[0]; tg decodes in
  * the P sessions ps together (P = 1 but for the -np rows). */
+static double bench_bandwidth(int n_threads, int mib);
+
+static int bench_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* r->per_bw, r->n_agree, r->bw_lo/hi from reps t/s figures and the reps + 1
+ * readings around them (bw[i] before rep i, bw[i + 1] after it); q is
+ * scratch for reps values. */
+static void bench_per_bw(bench_result *r, const double *tps, const double *bw, int reps, double *q) {
+    int nq = 0;
+    r->bw_lo = r->bw_hi = bw[0];
+    for (int i = 0; i <= reps; i++) {
+        if (bw[i] < r->bw_lo) r->bw_lo = bw[i];
+        if (bw[i] > r->bw_hi) r->bw_hi = bw[i];
+    }
+    for (int pass = 0; pass < 2 && nq == 0; pass++)   /* the agreeing reps; failing those, all */
+        for (int i = 0; i < reps; i++) {
+            double mean = (bw[i] + bw[i + 1]) / 2;
+            if (mean > 0 && (pass == 1 || fabs(bw[i] - bw[i + 1]) <= BENCH_BW_AGREE * mean)) q[nq++] = tps[i] / mean;
+        }
+    r->n_agree = 0;
+    for (int i = 0; i < reps; i++) {
+        double mean = (bw[i] + bw[i + 1]) / 2;
+        if (mean > 0 && fabs(bw[i] - bw[i + 1]) <= BENCH_BW_AGREE * mean) r->n_agree++;
+    }
+    qsort(q, (size_t)nq, sizeof *q, bench_cmp_double);
+    r->per_bw = nq == 0 ? 0 : nq % 2 ? q[nq / 2] : (q[nq / 2 - 1] + q[nq / 2]) / 2;
+}
+
 static int bench_run_test(model *m, session *const *ps, int P, const bench_opts *o, int is_pp, int depth, int n,
-                          bench_result *r, char *err, size_t errlen) {
+                          int bw_threads, int bw_mib, bench_result *r, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     if (is_pp) P = 1;
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)P);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     double *tps = malloc(sizeof(double) * (size_t)o->reps);
+    /* bw_mib > 0 (generation with bounds): a bandwidth reading (bw_threads
+     * threads) before each rep and after the last */
+    double *bw = bw_mib > 0 ? calloc((size_t)o->reps + 1, sizeof(double)) : NULL;
+    double *q = bw_mib > 0 ? calloc((size_t)o->reps, sizeof(double)) : NULL;
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
-    if (!logits || !ids || !tps) { snprintf(err, errlen, "out of memory"); goto out; }
+    if (!logits || !ids || !tps || (bw_mib > 0 && (!bw || !q))) { snprintf(err, errlen, "out of memory"); goto out; }
     for (int j = 0; j < P; j++) {
         if (depth > 0 && bench_fill(m, ps[j], depth, logits, err, errlen)) goto out;
         if (depth == 0) session_reset(ps[j], 0);
@@ -345,11 +389,19 @@ static int bench_run_test(model *m, session *const *ps, int P, const bench_opts 
     double t = is_pp ? bench_pp_once(m, ps[0], depth, n, ids, logits, &rng, err, errlen)
                      : bench_tg_once(m, ps, P, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
+        if (bw) {   /* the reading evicts the caches: the warm-up token again after it */
+            bw[i] = bench_bandwidth(bw_threads, bw_mib);
+            if (bench_tg_once(m, ps, P, depth, 1, logits, &rng, err, errlen) < 0) { t = -1; break; }
+        }
         t = is_pp ? bench_pp_once(m, ps[0], depth, n, ids, logits, &rng, err, errlen)
                   : bench_tg_once(m, ps, P, depth, n, logits, &rng, err, errlen);
         tps[i] = t > 0 ? (double)n * P / t : 0.0;
     }
     if (t < 0) goto out;
+    if (bw) {
+        bw[o->reps] = bench_bandwidth(bw_threads, bw_mib);
+        bench_per_bw(r, tps, bw, o->reps, q);
+    }
     r->is_pp = is_pp;
     r->n = n;
     r->depth = depth;
@@ -357,7 +409,7 @@ static int bench_run_test(model *m, session *const *ps, int P, const bench_opts 
     bench_mean_sd(tps, o->reps, &r->mean, &r->sd);
     rc = 0;
 out:
-    free(logits); free(ids); free(tps);
+    free(logits); free(ids); free(tps); free(bw); free(q);
     return rc;
 }
 
@@ -483,9 +535,9 @@ static void bw_read(void *ctx, int ith, int nth) {
     j->sink[ith % 64] = a0 ^ a1 ^ a2 ^ a3;
 }
 
-/* The quick measurement around each generation test (at most this, at
- * most --bw-mib): 256 MiB is still 8 times a 32 MiB L3, and it takes a
- * fraction of a second. */
+/* The quick measurement before each repetition of a generation test and
+ * after the last (at most this, at most --bw-mib): 256 MiB is still 8 times
+ * a 32 MiB L3, and it takes a fraction of a second. */
 #define BENCH_BW_AROUND_MIB 256
 
 /* The buffer is asked for on transparent huge pages, as the CPU backend
@@ -754,14 +806,16 @@ static void bench_print_bounds(model *m, const bench_opts *o, const bench_info *
             printf("| %s measured | %.2f t/s | %.1f%% of the bound %.2f t/s = %sbandwidth / (weights + %s"
                    "%.2f MB of KV cache at mean position %.0f) |\n", test, r->mean, 100.0 * r->mean / rb, rb,
                    P > 1 ? "sequences x " : "", P > 1 ? "sequences x " : "", kvb / 1e6, r->depth + (r->n + 1) / 2.0);
-            if (r->bw_before > 0 && r->bw_after > 0) {
-                double bwa = (r->bw_before + r->bw_after) / 2, ra = P * bwa / ((double)wb + P * kvb);
-                printf("| %s against its own bandwidth | %.1f%% | of the bound %.2f t/s at %.2f GB/s, the mean "
-                       "of %.2f just before the test and %.2f just after%s |\n", test,
-                       100.0 * r->mean / ra, ra, bwa / 1e9, r->bw_before / 1e9,
-                       r->bw_after / 1e9,
-                       fabs(r->bw_before - r->bw_after) > 0.15 * bwa ? "; they differ by more than 15%: "
-                                                                      "the machine changed during the test" : "");
+            if (r->per_bw > 0) {
+                int reps = o->reps;
+                printf("| %s against its own bandwidth | %.1f%% | median over %s%d rep%s of each rep's t/s against the "
+                       "bound at the mean of the readings just before and after it (readings %.2f-%.2f GB/s)%s |\n",
+                       test, 100.0 * r->per_bw * ((double)wb + P * kvb) / P, r->n_agree ? "the " : "all ",
+                       r->n_agree ? r->n_agree : reps, (r->n_agree ? r->n_agree : reps) == 1 ? "" : "s",
+                       r->bw_lo / 1e9, r->bw_hi / 1e9,
+                       r->n_agree == reps ? ""
+                       : r->n_agree ? "; the other reps' two readings differed by more than 15%"
+                                    : "; no rep's two readings agreed within 15%: the machine changed during each");
             }
         }
     }
@@ -876,14 +930,14 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
         for (int i = 0; i < l->n; i++) {
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
+            *r = (bench_result){ 0 };
             /* on a shared machine the bandwidth moves between runs: a
              * generation row is set against what was measured around it */
             int around = o->bounds && pass > 0 && n_threads == o->threads.v[o->threads.n - 1];
             int around_mib = o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB;
-            double bw0 = around ? bench_bandwidth(n_threads, around_mib) : 0;
-            if (bench_run_test(m, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], r, err, errlen)) goto out;
-            r->bw_before = bw0;
-            r->bw_after = around ? bench_bandwidth(n_threads, around_mib) : 0;
+            if (bench_run_test(m, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], n_threads,
+                               around ? around_mib : 0, r, err, errlen))
+                goto out;
             r->threads = n_threads;
             if (o->fmt == BENCH_MD) bench_print_row(bi, r);
             else {
