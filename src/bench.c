@@ -334,9 +334,6 @@ static int bench_fill(model *m, session *s, int depth, float *logits, char *err,
     return rc;
 }
 
-/* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
- * prompt for pp and a single token for tg. pp runs in ps[0]; tg decodes in
- * the P sessions ps together (P = 1 but for the -np rows). */
 static double bench_bandwidth(int n_threads, int mib);
 
 static int bench_cmp_double(const void *a, const void *b) {
@@ -368,6 +365,9 @@ static void bench_per_bw(bench_result *r, const double *tps, const double *bw, i
     r->per_bw = nq == 0 ? 0 : nq % 2 ? q[nq / 2] : (q[nq / 2 - 1] + q[nq / 2]) / 2;
 }
 
+/* Warm-up then o->reps timed runs, as llama-bench: the warm-up is the whole
+ * prompt for pp and a single token for tg. pp runs in ps[0]; tg decodes in
+ * the P sessions ps together (P = 1 but for the -np rows). */
 static int bench_run_test(model *m, session *const *ps, int P, const bench_opts *o, int is_pp, int depth, int n,
                           int bw_threads, int bw_mib, bench_result *r, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
