@@ -258,6 +258,13 @@ void quant_dequantize_row(uint32_t type, const void *x, float *y, int64_t n) {
 }
 
 /* ==== Activation quantization (llama.cpp's reference definitions) ==== */
+/* roundf(v) as an int8; NaN (an activation of a file with NaN or infinite
+ * weights) becomes 0: converting NaN to an integer type is undefined. */
+static inline int8_t quant_round_i8(float v) {
+    float r = roundf(v);
+    return r >= -128.0f && r <= 127.0f ? (int8_t)r : 0;
+}
+
 /* Q8_0: d = amax/127 (stored as fp16), q = roundf(x / d) with ties away from zero. */
 static void quant_ref_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += QK8_0) {
@@ -266,7 +273,7 @@ static void quant_ref_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
         float d = amax / 127.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = f32_to_fp16(d);
-        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = (int8_t)roundf(x[j] * id);
+        for (int j = 0; j < QK8_0; j++) y[i].qs[j] = quant_round_i8(x[j] * id);
     }
 }
 

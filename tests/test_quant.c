@@ -308,6 +308,18 @@ static void test_act_quant(void) {
     int s = 0;
     for (int i = 0; i < 16; i++) s += qk[2].qs[16 * 3 + i];
     CHECK(qk[2].bsums[3] == s, "Q8_K bsums");
+    /* NaN and infinite activations (a file with such weights): no undefined
+     * float-to-int conversion (the ASan+UBSan run aborts on one), finite
+     * blocks as before */
+    float bad[64];
+    for (int i = 0; i < 64; i++) bad[i] = x[i];
+    bad[3] = NAN; bad[5] = INFINITY; bad[9] = -INFINITY;
+    block_q8_0 qb[2];
+    quant_ref_quantize_act_row(GGML_TYPE_Q8_0, bad, qb, 64);
+    CHECK(qb[0].qs[3] == 0 && qb[0].qs[5] == 0 && qb[1].d == q0[1].d && !memcmp(qb[1].qs, q0[1].qs, 32),
+          "Q8_0 with NaN/inf: %d %d", qb[0].qs[3], qb[0].qs[5]);
+    quant_quantize_act_row(GGML_TYPE_Q8_0, bad, qb, 64);
+    CHECK(qb[1].d == q0[1].d && !memcmp(qb[1].qs, q0[1].qs, 32), "Q8_0 (kernel set) with NaN/inf: finite block changed");
     free(x); free(a); free(b);
 }
 
