@@ -23,7 +23,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #if defined(__x86_64__)
@@ -37,6 +36,7 @@
 
 #include "cliopt.h"
 #include "gguf.h"
+#include "hugemap.h"
 #include "kvcache.h"
 #include "model.h"
 #include "quant.h"
@@ -334,7 +334,9 @@ static int bench_fill(model *m, session *s, int depth, float *logits, char *err,
     return rc;
 }
 
-static double bench_bandwidth(int n_threads, int mib);
+/* a bandwidth reader (below) */
+typedef struct bench_bw_reader bench_bw_reader;
+static double bench_bw_read(bench_bw_reader *rd);
 
 static int bench_cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -345,21 +347,20 @@ static int bench_cmp_double(const void *a, const void *b) {
  * readings around them (bw[i] before rep i, bw[i + 1] after it); q is
  * scratch for reps values. */
 static void bench_per_bw(bench_result *r, const double *tps, const double *bw, int reps, double *q) {
-    int nq = 0;
     r->bw_lo = r->bw_hi = bw[0];
     for (int i = 0; i <= reps; i++) {
         if (bw[i] < r->bw_lo) r->bw_lo = bw[i];
         if (bw[i] > r->bw_hi) r->bw_hi = bw[i];
     }
-    for (int pass = 0; pass < 2 && nq == 0; pass++)   /* the agreeing reps; failing those, all */
-        for (int i = 0; i < reps; i++) {
-            double mean = (bw[i] + bw[i + 1]) / 2;
-            if (mean > 0 && (pass == 1 || fabs(bw[i] - bw[i + 1]) <= BENCH_BW_AGREE * mean)) q[nq++] = tps[i] / mean;
-        }
     r->n_agree = 0;
-    for (int i = 0; i < reps; i++) {
+    for (int i = 0; i < reps; i++) {   /* the agreeing reps first */
         double mean = (bw[i] + bw[i + 1]) / 2;
-        if (mean > 0 && fabs(bw[i] - bw[i + 1]) <= BENCH_BW_AGREE * mean) r->n_agree++;
+        if (mean > 0 && fabs(bw[i] - bw[i + 1]) <= BENCH_BW_AGREE * mean) q[r->n_agree++] = tps[i] / mean;
+    }
+    int nq = r->n_agree;
+    for (int i = 0; i < reps && r->n_agree == 0; i++) {   /* failing those, all */
+        double mean = (bw[i] + bw[i + 1]) / 2;
+        if (mean > 0) q[nq++] = tps[i] / mean;
     }
     qsort(q, (size_t)nq, sizeof *q, bench_cmp_double);
     r->per_bw = nq == 0 ? 0 : nq % 2 ? q[nq / 2] : (q[nq / 2 - 1] + q[nq / 2]) / 2;
@@ -369,19 +370,18 @@ static void bench_per_bw(bench_result *r, const double *tps, const double *bw, i
  * prompt for pp and a single token for tg. pp runs in ps[0]; tg decodes in
  * the P sessions ps together (P = 1 but for the -np rows). */
 static int bench_run_test(model *m, session *const *ps, int P, const bench_opts *o, int is_pp, int depth, int n,
-                          int bw_threads, int bw_mib, bench_result *r, char *err, size_t errlen) {
+                          bench_bw_reader *rd, bench_result *r, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);
     if (is_pp) P = 1;
     float *logits = malloc(sizeof(float) * (size_t)hp->n_vocab * (size_t)P);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1));
     double *tps = malloc(sizeof(double) * (size_t)o->reps);
-    /* bw_mib > 0 (generation with bounds): a bandwidth reading (bw_threads
-     * threads) before each rep and after the last */
-    double *bw = bw_mib > 0 ? calloc((size_t)o->reps + 1, sizeof(double)) : NULL;
-    double *q = bw_mib > 0 ? calloc((size_t)o->reps, sizeof(double)) : NULL;
+    /* rd (generation with bounds): a bandwidth reading before each rep and after the last */
+    double *bw = rd ? calloc((size_t)o->reps + 1, sizeof(double)) : NULL;
+    double *q = rd ? calloc((size_t)o->reps, sizeof(double)) : NULL;
     uint64_t rng = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
     int rc = -1;
-    if (!logits || !ids || !tps || (bw_mib > 0 && (!bw || !q))) { snprintf(err, errlen, "out of memory"); goto out; }
+    if (!logits || !ids || !tps || (rd && (!bw || !q))) { snprintf(err, errlen, "out of memory"); goto out; }
     for (int j = 0; j < P; j++) {
         if (depth > 0 && bench_fill(m, ps[j], depth, logits, err, errlen)) goto out;
         if (depth == 0) session_reset(ps[j], 0);
@@ -390,7 +390,7 @@ static int bench_run_test(model *m, session *const *ps, int P, const bench_opts 
                      : bench_tg_once(m, ps, P, depth, 1, logits, &rng, err, errlen);
     for (int i = 0; i < o->reps && t >= 0; i++) {
         if (bw) {   /* the reading evicts the caches: the warm-up token again after it */
-            bw[i] = bench_bandwidth(bw_threads, bw_mib);
+            bw[i] = bench_bw_read(rd);
             if (bench_tg_once(m, ps, P, depth, 1, logits, &rng, err, errlen) < 0) { t = -1; break; }
         }
         t = is_pp ? bench_pp_once(m, ps[0], depth, n, ids, logits, &rng, err, errlen)
@@ -399,7 +399,7 @@ static int bench_run_test(model *m, session *const *ps, int P, const bench_opts 
     }
     if (t < 0) goto out;
     if (bw) {
-        bw[o->reps] = bench_bandwidth(bw_threads, bw_mib);
+        bw[o->reps] = bench_bw_read(rd);
         bench_per_bw(r, tps, bw, o->reps, q);
     }
     r->is_pp = is_pp;
@@ -540,48 +540,55 @@ static void bw_read(void *ctx, int ith, int nth) {
  * a 32 MiB L3, and it takes a fraction of a second. */
 #define BENCH_BW_AROUND_MIB 256
 
-/* The buffer is asked for on transparent huge pages, as the CPU backend
- * asks for its packed weights (backend_cpu.c, arenas): the bound is then the
- * best the machine streams. On 4 KiB pages the same read was 10-13% slower
- * (AMD EPYC Zen 4, 2 threads, 1 GiB, pages alternated in one process:
- * 29.4-30.6 vs 33.2-33.8 GB/s), and decode steps over huge-page weights
- * came out above 100% of it. */
-#define BENCH_HUGE_PAGE ((size_t)2 << 20)
+/* The buffer is on transparent huge pages (hugemap.h), as the CPU backend
+ * keeps its packed weights: the bound is then the best the machine streams.
+ * On 4 KiB pages the same read was 10-13% slower (AMD EPYC Zen 4, 2 threads,
+ * 1 GiB, pages alternated in one process: 29.4-30.6 vs 33.2-33.8 GB/s), and
+ * decode steps over huge-page weights came out above 100% of it. */
+struct bench_bw_reader {
+    tpool *pool;
+    uint8_t *buf;
+    size_t size, mapped;
+};
 
-/* size bytes, 2 MiB aligned, huge pages requested; *map and *map_len are
- * what to munmap. NULL if the mapping failed. */
-static uint8_t *bench_map_huge(size_t size, void **map, size_t *map_len) {
-    *map_len = size + BENCH_HUGE_PAGE;
-    *map = mmap(NULL, *map_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (*map == MAP_FAILED) { *map = NULL; return NULL; }
-    uint8_t *buf = (uint8_t *)(((uintptr_t)*map + BENCH_HUGE_PAGE - 1) & ~(uintptr_t)(BENCH_HUGE_PAGE - 1));
-#ifdef MADV_HUGEPAGE
-    madvise(buf, size, MADV_HUGEPAGE);   /* a hint: without THP the pages stay small */
-#endif
-    return buf;
+static void bench_bw_close(bench_bw_reader *rd) {
+    if (rd->pool) tpool_destroy(rd->pool);
+    hugemap_free(rd->buf, rd->mapped);
+    *rd = (bench_bw_reader){ 0 };
 }
 
-/* Best of 5 full passes over a buffer of mib MiB, bytes per second. */
-static double bench_bandwidth(int n_threads, int mib) {
-    size_t size = (size_t)mib << 20, map_len = 0;
-    void *map = NULL;
-    uint8_t *buf = bench_map_huge(size, &map, &map_len);
-    tpool *pool = tpool_create(n_threads);
+/* A buffer of mib MiB, every page touched (the lines given distinct
+ * values), and n_threads threads to read it; 0, or -1 (rd closed). */
+static int bench_bw_open(bench_bw_reader *rd, int n_threads, int mib) {
+    *rd = (bench_bw_reader){ .size = (size_t)mib << 20 };
+    rd->buf = hugemap_alloc(rd->size, &rd->mapped);
+    rd->pool = tpool_create(n_threads);
+    if (!rd->buf || !rd->pool) { bench_bw_close(rd); return -1; }
+    for (size_t i = 0; i < rd->size; i += 4096) memset(rd->buf + i, (int)(i >> 12), 4096);
+    return 0;
+}
+
+/* Best of 5 full passes over the buffer, bytes per second (0 if rd is not open). */
+static double bench_bw_read(bench_bw_reader *rd) {
     double best = 0;
-    if (buf && pool) {
-        /* touch every page (and give the lines distinct values) first */
-        for (size_t i = 0; i < size; i += 4096) memset(buf + i, (int)(i >> 12), 4096);
-        bw_job j = { buf, size, { 0 } };
-        for (int rep = 0; rep < 5; rep++) {
-            double t0 = bench_now();
-            tpool_run(pool, bw_read, &j);
-            double dt = bench_now() - t0;
-            if (dt > 0 && size / dt > best) best = size / dt;
-        }
+    if (!rd->buf) return 0;
+    bw_job j = { rd->buf, rd->size, { 0 } };
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = bench_now();
+        tpool_run(rd->pool, bw_read, &j);
+        double dt = bench_now() - t0;
+        if (dt > 0 && rd->size / dt > best) best = rd->size / dt;
     }
-    if (pool) tpool_destroy(pool);
-    if (map) munmap(map, map_len);
     return best;
+}
+
+/* One reading of a buffer of mib MiB, bytes per second (0 if it could not be set up). */
+static double bench_bandwidth(int n_threads, int mib) {
+    bench_bw_reader rd;
+    if (bench_bw_open(&rd, n_threads, mib)) return 0;
+    double bw = bench_bw_read(&rd);
+    bench_bw_close(&rd);
+    return bw;
 }
 
 /* ==== Compute ceilings ==== */
@@ -907,6 +914,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
                       .fingerprint_later = 1 };
     model *m = NULL;
     session *ps[BENCH_MAX_PAR] = { NULL };   /* ps[0] for every test, the rest for -np */
+    bench_bw_reader around = { 0 };
     const int n_sess = o->n_par > 1 ? o->n_par : 1;
     int rc = -1, n_ctx = 1;
     for (int i = 0; i < o->pp.n; i++) if (o->depth + o->pp.v[i] > n_ctx) n_ctx = o->depth + o->pp.v[i];
@@ -923,6 +931,11 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     bench_describe(m, bi);
     if (*n_res == 0 && n_threads == o->threads.v[0] && o->fmt == BENCH_MD) bench_print_header();
     bench_list gp = { .v = { o->gp_n }, .n = o->gp_n > 0 };
+    /* on a shared machine the bandwidth moves between runs: each rep of a
+     * generation row is set against readings taken around it (the bounds
+     * follow the last -t; without the buffer, no such rows) */
+    if (o->bounds && n_threads == o->threads.v[o->threads.n - 1])
+        bench_bw_open(&around, n_threads, o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB);
     for (int pass = 0; pass < 4; pass++) {   /* pp, tg, -gp, tg with -np sequences */
         const bench_list *l = pass == 0 ? &o->pp : pass == 1 || pass == 3 ? &o->tg : &gp;
         int depth = pass == 2 ? o->gp_depth : o->depth;
@@ -931,12 +944,8 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
             if (l->v[i] == 0) continue;
             bench_result *r = &res[*n_res];
             *r = (bench_result){ 0 };
-            /* on a shared machine the bandwidth moves between runs: a
-             * generation row is set against what was measured around it */
-            int around = o->bounds && pass > 0 && n_threads == o->threads.v[o->threads.n - 1];
-            int around_mib = o->bw_mib < BENCH_BW_AROUND_MIB ? o->bw_mib : BENCH_BW_AROUND_MIB;
-            if (bench_run_test(m, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i], n_threads,
-                               around ? around_mib : 0, r, err, errlen))
+            if (bench_run_test(m, ps, pass == 3 ? o->n_par : 1, o, pass == 0, depth, l->v[i],
+                               pass > 0 && around.buf ? &around : NULL, r, err, errlen))
                 goto out;
             r->threads = n_threads;
             if (o->fmt == BENCH_MD) bench_print_row(bi, r);
@@ -951,6 +960,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
     const int last = n_threads == o->threads.v[o->threads.n - 1];   /* the bounds follow the last -t */
     if (o->bounds && last) {
         for (int j = 0; j < n_sess; j++) { session_free(ps[j]); ps[j] = NULL; }
+        bench_bw_close(&around);   /* the bound's own, bigger read follows */
         bench_print_bounds(m, o, bi, res, *n_res, n_threads);
     }
 #ifdef TANDEM_CUDA
@@ -958,6 +968,7 @@ static int bench_threads(const bench_opts *o, int n_threads, bench_info *bi, ben
 #endif
     rc = 0;
 out:
+    bench_bw_close(&around);
     for (int j = 0; j < n_sess; j++) session_free(ps[j]);
     model_free(m);
     return rc;

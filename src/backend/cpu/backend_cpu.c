@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "hugemap.h"
 #include "ops.h"
 #include "quant.h"
 #include "threadpool.h"
@@ -862,7 +863,6 @@ static void cpu_drop_pages(const void *data, size_t bytes) {
  * (a plain read: 75-86 either way). Pages never written are never backed,
  * so an arena's unused tail costs address space only. */
 #define CPU_ARENA_BYTES ((size_t)256 << 20)
-#define CPU_HUGE_PAGE ((size_t)2 << 20)
 
 struct cpu_arena {
     cpu_arena *next;
@@ -871,20 +871,10 @@ struct cpu_arena {
 };
 
 static cpu_arena *cpu_arena_new(size_t need) {
-    size_t size = need > CPU_ARENA_BYTES ? (need + CPU_HUGE_PAGE - 1) / CPU_HUGE_PAGE * CPU_HUGE_PAGE : CPU_ARENA_BYTES;
     cpu_arena *a = calloc(1, sizeof *a);
     if (!a) return NULL;
-    /* one huge page more, so the base can be aligned to one */
-    void *p = mmap(NULL, size + CPU_HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) { free(a); return NULL; }
-    uintptr_t lo = (uintptr_t)p, al = (lo + CPU_HUGE_PAGE - 1) & ~(uintptr_t)(CPU_HUGE_PAGE - 1);
-    if (al > lo) munmap(p, al - lo);
-    if (al + size < lo + size + CPU_HUGE_PAGE) munmap((void *)(al + size), lo + CPU_HUGE_PAGE - al);
-#ifdef MADV_HUGEPAGE
-    madvise((void *)al, size, MADV_HUGEPAGE);   /* a hint: without THP the pages stay small */
-#endif
-    a->base = (uint8_t *)al;
-    a->size = size;
+    a->base = hugemap_alloc(need > CPU_ARENA_BYTES ? need : CPU_ARENA_BYTES, &a->size);
+    if (!a->base) { free(a); return NULL; }
     return a;
 }
 
@@ -905,7 +895,7 @@ static void cpu_arena_free_all(cpu_impl *c) {
     while (c->arenas) {
         cpu_arena *a = c->arenas;
         c->arenas = a->next;
-        munmap(a->base, a->size);
+        hugemap_free(a->base, a->size);
         free(a);
     }
 }
