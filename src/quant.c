@@ -745,15 +745,21 @@ static const quant_kset quant_kset_ref = { .name = "ref", .built = 1 };
 /* The active set; NULL until the first use decides. */
 static _Atomic(const quant_kset *) quant_active;
 
-static int quant_kset_usable(const quant_kset *k) {
+/* What this CPU has, read once: its instruction-set features (the return)
+ * and whether the decode walks prefetch (quant_walk_prefetch). */
+static unsigned quant_cpu_probe(void) {
     static atomic_int feats = -1;
-    int f = atomic_load_explicit(&feats, memory_order_relaxed);
+    int f = atomic_load_explicit(&feats, memory_order_acquire);
     if (f < 0) {
-        f = (int)quant_cpu_features();
         quant_walk_prefetch = quant_cpu_l1d_bytes() >= QUANT_WALK_PREFETCH_L1D;
-        atomic_store(&feats, f);
+        f = (int)quant_cpu_features();
+        atomic_store_explicit(&feats, f, memory_order_release);
     }
-    return k->built && (k->needs & ~(unsigned)f) == 0;
+    return (unsigned)f;
+}
+
+static int quant_kset_usable(const quant_kset *k) {
+    return k->built && (k->needs & ~quant_cpu_probe()) == 0;
 }
 
 static const quant_kset *quant_kset_best(void) {
