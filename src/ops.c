@@ -51,8 +51,15 @@ void ops_ref_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, c
 
 /* ==== Dispatch ==== */
 
-/* The AVX2 ops go with the x86 kernel sets (quant_kernel_vec_ops). */
-static int ops_use_avx2(void) { return quant_kernel_vec_ops(); }
+/* Which vector ops go with the active kernel set (quant_kernel_vec_ops):
+ * the AVX2 ones with every x86 set, the AVX-512 ones too with avx512, the
+ * NEON ones with the arm64 sets. */
+static int ops_use_avx2(void) {
+    const int v = quant_kernel_vec_ops();
+    return v == QK_VEC_AVX2 || v == QK_VEC_AVX512;
+}
+static int ops_use_avx512(void) { return quant_kernel_vec_ops() == QK_VEC_AVX512; }
+static int ops_use_neon(void) { return quant_kernel_vec_ops() == QK_VEC_NEON; }
 
 /* The vector versions: ops_kernels.h. */
 
@@ -60,21 +67,22 @@ static int ops_use_avx2(void) { return quant_kernel_vec_ops(); }
 
 void ops_attn_pv(uint32_t dt, const uint8_t *v, size_t v_stride, int npos, const float *pr, size_t pr_stride,
                  int grp, int hd, float *out, float *tmp) {
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp))
+    if (ops_use_avx512() && ops_avx512_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp))
         return;
     if (ops_use_avx2() && ops_avx2_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp)) return;
+    if (ops_use_neon() && ops_neon_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp)) return;
     ops_ref_attn_pv(dt, v, v_stride, npos, pr, pr_stride, grp, hd, out, tmp);
 }
 
 /* the vector versions convert blocks of 128 keys (AVX-512, AVX2) or 64 V rows
- * (AVX-512) to f32 */
+ * (AVX-512, NEON) to f32 */
 size_t ops_attn_tmp(int hd) { return (size_t)128 * (size_t)(hd > 0 ? hd : 1); }
 
 #define OPS_ATT_KB 128
 
 void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, const void *q, size_t q_stride,
                      int nq, int hd, float scale, float *s, size_t s_stride, float *tmp) {
-    if (quant_kernel_vec_ops() >= 2 && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
+    if (ops_use_avx512() && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
         ops_avx512_attn_scores(dt, k, k_stride, nk, q, q_stride, nq, hd, scale, s, s_stride, tmp))
         return;
     if (ops_use_avx2() && quant_vec_dot_type(dt) == GGML_TYPE_F32 &&
@@ -91,23 +99,27 @@ void ops_attn_scores(uint32_t dt, const uint8_t *k, size_t k_stride, int nk, con
 
 int ops_vectorised(void) {
     double s;
-    return ops_use_avx2() && ops_avx2_exp_sum(NULL, 0.0f, NULL, 0, &s);
+    return (ops_use_avx2() && ops_avx2_exp_sum(NULL, 0.0f, NULL, 0, &s)) ||
+           (ops_use_neon() && ops_neon_exp_sum(NULL, 0.0f, NULL, 0, &s));
 }
 
 double ops_exp_sum(const float *x, float sub, float *y, size_t n) {
     double sum;
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_exp_sum(x, sub, y, n, &sum)) return sum;
+    if (ops_use_avx512() && ops_avx512_exp_sum(x, sub, y, n, &sum)) return sum;
     if (ops_use_avx2() && ops_avx2_exp_sum(x, sub, y, n, &sum)) return sum;
+    if (ops_use_neon() && ops_neon_exp_sum(x, sub, y, n, &sum)) return sum;
     return ops_ref_exp_sum(x, sub, y, n);
 }
 
 void ops_swiglu(const float *g, const float *u, float *y, size_t n) {
     if (ops_use_avx2() && ops_avx2_swiglu(g, u, y, n)) return;
+    if (ops_use_neon() && ops_neon_swiglu(g, u, y, n)) return;
     ops_ref_swiglu(g, u, y, n);
 }
 
 void ops_rms_norm_row(const float *x, const float *w, float *y, size_t n, float eps) {
     if (ops_use_avx2() && ops_avx2_rms_norm_row(x, w, y, n, eps)) return;
+    if (ops_use_neon() && ops_neon_rms_norm_row(x, w, y, n, eps)) return;
     ops_ref_rms_norm_row(x, w, y, n, eps);
 }
 
@@ -118,19 +130,22 @@ void ops_add(float *x, const float *y, size_t n) {
 
 void ops_axpy(float a, const float *x, float *y, size_t n) {
     if (ops_use_avx2() && ops_avx2_axpy(a, x, y, n)) return;
+    if (ops_use_neon() && ops_neon_axpy(a, x, y, n)) return;
     for (size_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
 void ops_scale(float *x, float a, size_t n) {
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_scale(x, a, n)) return;
+    if (ops_use_avx512() && ops_avx512_scale(x, a, n)) return;
     if (ops_use_avx2() && ops_avx2_scale(x, a, n)) return;
+    if (ops_use_neon() && ops_neon_scale(x, a, n)) return;
     for (size_t i = 0; i < n; i++) x[i] *= a;
 }
 
 float ops_max(const float *x, size_t n) {
     float m = x[0];
-    if (quant_kernel_vec_ops() >= 2 && ops_avx512_max(x, n, &m)) return m;
+    if (ops_use_avx512() && ops_avx512_max(x, n, &m)) return m;
     if (ops_use_avx2() && ops_avx2_max(x, n, &m)) return m;
+    if (ops_use_neon() && ops_neon_max(x, n, &m)) return m;
     for (size_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }

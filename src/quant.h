@@ -117,8 +117,11 @@ int quant_use_kernels(const char *name);
 /* Names of the sets this CPU runs, "ref" first and the best last; returns
  * how many there are (names gets at most cap of them). */
 int quant_kernel_sets(const char **names, int cap);
-const char *quant_kernel_name(void);  /* the active set: "ref", "avx2", "avxvnni", "avx512", "neon" */
-/* 0: plain C element-wise ops (ops.h); 1: the AVX2 ones; 2: AVX2 and AVX-512 */
+const char *quant_kernel_name(void);  /* the active set: "ref", "avx2", "avxvnni", "avx512", "neon", "dotprod", "i8mm" */
+/* The element-wise ops (ops.h) that go with the active set: plain C, the
+ * AVX2 ones (ops_avx2.c), AVX2 and AVX-512 (ops_avx512.c), or NEON
+ * (ops_neon.c). */
+enum { QK_VEC_NONE = 0, QK_VEC_AVX2 = 1, QK_VEC_AVX512 = 2, QK_VEC_NEON = 3 };
 int quant_kernel_vec_ops(void);
 
 #endif

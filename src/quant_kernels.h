@@ -32,8 +32,7 @@ typedef struct {
     const char *name;           /* what TANDEM_KERNELS names it by */
     unsigned needs;             /* QK_CPU_* bits the CPU must have */
     int built;                  /* 0 when the build target lacked the flags: the set is empty */
-    int vec_ops;                /* 1: the AVX2 element-wise ops (ops_avx2.c) go with it;
-                                 * 2: also the AVX-512 ones (ops_avx512.c) */
+    int vec_ops;                /* QK_VEC_*: the vector element-wise ops that go with it */
     int (*mul_mat_tile)(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
                         const void *a, size_t a_stride, int na, float *out, size_t out_stride);
     int (*quantize_act_row)(uint32_t type, const float *x, void *y, int64_t n);

@@ -1,7 +1,7 @@
 /* ops_avx512.c - attention's inner kernels on zmm registers: the scores
  * (ops_attn_scores), the softmax pieces (max, exp and sum) and the weighted
  * sum of V rows (ops_attn_pv). Built with the avx512 kernel set's flags and
- * used with that set (quant_kernel_vec_ops() == 2).
+ * used with that set (quant_kernel_vec_ops() == QK_VEC_AVX512).
  *
  * Every kernel here computes each value with the same operations in the
  * same order as the version it replaces, so results are bit-identical:

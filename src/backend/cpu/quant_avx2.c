@@ -1554,9 +1554,9 @@ static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
 #define QA_NEEDS_avxvnni (QK_CPU_AVX2 | QK_CPU_AVXVNNI)
 #define QA_NEEDS_avx512 (QK_CPU_AVX2 | QK_CPU_AVX512)
 #if defined(QA_ZMM)
-#define QA_VEC_OPS 2    /* the AVX2 ops plus ops_avx512.c */
+#define QA_VEC_OPS QK_VEC_AVX512    /* the AVX2 ops plus ops_avx512.c */
 #else
-#define QA_VEC_OPS 1
+#define QA_VEC_OPS QK_VEC_AVX2
 #endif
 const quant_kset QA_CAT(quant_kset, QA_SET) = {
     .name = QA_STR(QA_SET), .needs = QA_CAT(QA_NEEDS, QA_SET), .built = QA_BUILT, .vec_ops = QA_VEC_OPS,

@@ -546,7 +546,7 @@ static int qn_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
 }
 
 const quant_kset QN_CAT(quant_kset, QN_SET) = {
-    .name = QN_STR(QN_SET), .needs = QN_CAT(QN_NEEDS, QN_SET), .built = 1, .vec_ops = 0,
+    .name = QN_STR(QN_SET), .needs = QN_CAT(QN_NEEDS, QN_SET), .built = 1, .vec_ops = QK_VEC_NEON,
     .mul_mat_tile = qn_mul_mat_tile, .quantize_act_row = qn_quantize_act_row,
 };
 #else
