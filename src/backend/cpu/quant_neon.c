@@ -378,19 +378,38 @@ QN_INLINE float qn_load1(uint32_t type, const void *p, int64_t k) {
     return bf16_to_f32(((const uint16_t *)p)[k]);
 }
 
+/* Partial sums per activation row: one 4-lane sum made every multiply-add
+ * wait for the one before (a 3-4 cycle latency chain: at most one FMA per
+ * cycle with 4 rows, a quarter of one with a single row, on cores that
+ * issue 2-4 a cycle); four independent sums per row hide it. Derived, not
+ * timed: no arm64 machine here (docs/architecture.md). */
+#define QN_FACC 4
+
 QN_INLINE void qn_row_float(uint32_t type, int RA, int64_t n, const uint8_t *w, const uint8_t *const *a,
                             float *res) {
-    float32x4_t acc[QN_ROWS];
+    float32x4_t acc[QN_ROWS][QN_FACC];
     QN_UNROLL
-    for (int r = 0; r < RA; r++) acc[r] = vdupq_n_f32(0.0f);
+    for (int r = 0; r < RA; r++)
+        QN_UNROLL
+        for (int i = 0; i < QN_FACC; i++) acc[r][i] = vdupq_n_f32(0.0f);
     int64_t k = 0;
+    for (; k + 4 * QN_FACC <= n; k += 4 * QN_FACC) {
+        float32x4_t x[QN_FACC];
+        QN_UNROLL
+        for (int i = 0; i < QN_FACC; i++) x[i] = qn_load4(type, w, k + 4 * i);
+        QN_UNROLL
+        for (int r = 0; r < RA; r++)
+            QN_UNROLL
+            for (int i = 0; i < QN_FACC; i++)   /* f32 activations */
+                acc[r][i] = vfmaq_f32(acc[r][i], x[i], vld1q_f32((const float *)a[r] + k + 4 * i));
+    }
     for (; k + 4 <= n; k += 4) {
         float32x4_t x = qn_load4(type, w, k);
         QN_UNROLL
-        for (int r = 0; r < RA; r++) acc[r] = vfmaq_f32(acc[r], x, vld1q_f32((const float *)a[r] + k));  /* f32 activations */
+        for (int r = 0; r < RA; r++) acc[r][0] = vfmaq_f32(acc[r][0], x, vld1q_f32((const float *)a[r] + k));
     }
     for (int r = 0; r < RA; r++) {
-        float s = vaddvq_f32(acc[r]);
+        float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3])));
         for (int64_t t = k; t < n; t++) s += qn_load1(type, w, t) * ((const float *)a[r])[t];
         res[r] = s;
     }
