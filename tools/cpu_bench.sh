@@ -7,9 +7,9 @@
 # Environment: THREADS (2), PEERS (../shared/peers), OTHER (a second tandem
 # binary, e.g. an older build, run alternately with this one: "before/after").
 # A peer that peers/run refuses (exit 3: this CPU lacks an extension of the
-# build machine) is run directly; if it then dies with SIGILL it is run as a
-# copy from tools/peer_nofp16.py (its AVX512-FP16 scalar moves rewritten,
-# its kernels untouched). A peer that cannot load the architecture is
+# build machine) is run directly; if it then dies with SIGILL it is run
+# through tools/peer_fit.sh (its AVX-VNNI and AVX512-FP16 instructions moved
+# to exact AVX-512 equivalents, everything else its own). A peer that cannot load the architecture is
 # reported and skipped. DEBIAN_PEER=1 adds llama.cpp's llama-bench as Debian
 # unstable builds it (tools/peer_debian.sh: one CPU backend per x86-64
 # generation, chosen at start-up, so it runs where the reference builds
@@ -33,15 +33,11 @@ peer() {   # peer NAME MODEL ARGS...
         # the binary itself may still run here (it dies with SIGILL at the
         # first instruction this CPU lacks, so a finished run is a valid one)
         out=$("$bin" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
-        if [ $rc -eq 132 ] && command -v python3 >/dev/null; then
-            # built with AVX512-FP16, which its kernels use only to move
-            # scalar halves: run a copy with those moves rewritten
-            bin=build/peers/$name
-            # (made again when the peer binary is newer than the copy)
-            [ -x "$bin" ] && [ "$bin" -nt "$PEERS/$name" ] ||
-                { mkdir -p build/peers && python3 tools/peer_nofp16.py "$PEERS/$name" "$bin" && chmod +x "$bin"; }
-            out=$("$bin" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
-            [ $rc -eq 0 ] && echo "  ($name: its AVX512-FP16 moves rewritten by tools/peer_nofp16.py)"
+        if [ $rc -eq 132 ]; then
+            # built with AVX-VNNI and AVX512-FP16: run it with the blocks that
+            # hold those moved to exact AVX-512 equivalents (tools/peer_fit.sh)
+            out=$(tools/peer_fit.sh "$name" -m "$model" -t "$THREADS" "$@" 2>&1); rc=$?
+            [ $rc -eq 0 ] && echo "  ($name: run through tools/peer_fit.sh)"
         elif [ $rc -eq 0 ]; then
             echo "  ($name run directly: peers/run refused this CPU)"
         fi
