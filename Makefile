@@ -120,9 +120,11 @@ models:
 endif
 
 # tests/twohost.sh: README's two-machine recipe in two network namespaces
-# (needs root; otherwise it says "skipped").
+# (needs root; otherwise it says "skipped"). tests/peer_fit.sh: the benchmark
+# helper that runs the reference peers on CPUs without their extensions
+# (needs AVX-512 VNNI; otherwise it says "skipped").
 test: all models
-	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh
+	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh tests/peer_fit.sh
 
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:

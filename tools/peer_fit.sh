@@ -7,15 +7,16 @@
 # instructions into trampolines with exact AVX-512 equivalents (see its
 # docstring), preload.c applies that at start-up; every other instruction is
 # the peer's own. The self-test (selftest.c against plain C) runs first.
+# `tools/peer_fit.sh --self-test` runs only the self-test.
 # Environment: PEERS (../shared/peers), PEER_FIT_VERBOSE=1 (blocks moved,
 # entries redirected). Exit 3: this CPU lacks what the replacements need.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 PEERS=${PEERS:-$here/../shared/peers}
-name=${1:?usage: tools/peer_fit.sh NAME [ARGS...]}
+name=${1:?usage: tools/peer_fit.sh NAME [ARGS...] | --self-test}
 shift
 bin=$PEERS/$name
-[ -x "$bin" ] || { echo "peer_fit: no peer $bin" >&2; exit 2; }
+[ "$name" = --self-test ] || [ -x "$bin" ] || { echo "peer_fit: no peer $bin" >&2; exit 2; }
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 for f in avx512f avx512bw avx512vl avx512_vnni; do
     echo "$flags" | grep -qw "$f" || { echo "peer_fit: this CPU lacks $f" >&2; exit 3; }
@@ -31,11 +32,13 @@ if [ ! -f "$out/selftest.ok" ] || [ "$src/relocate.py" -nt "$out/selftest.ok" ] 
     cc -O2 -mavx2 -mfma -mavxvnni -mavx512fp16 -mno-avx512vnni -fPIE -pie -o "$out/selftest" "$src/selftest.c"
     for jt in "" --no-jump-tables; do
         python3 "$src/relocate.py" "$out/selftest" "$out/selftest.blob" $jt 2>/dev/null
-        LD_PRELOAD=$out/preload.so PEER_FIT_BLOB=$out/selftest.blob "$out/selftest" >"$out/selftest.log" 2>&1 ||
+        env -u PEER_FIT_VERBOSE LD_PRELOAD="$out/preload.so" PEER_FIT_BLOB="$out/selftest.blob" \
+            "$out/selftest" >"$out/selftest.log" 2>&1 ||
             { echo "peer_fit: self-test failed ($jt):" >&2; cat "$out/selftest.log" >&2; exit 1; }
     done
     touch "$out/selftest.ok"
 fi
+if [ "$name" = --self-test ]; then cat "$out/selftest.log"; exit 0; fi
 blob=$out/$name.blob
 if [ ! -f "$blob" ] || [ "$bin" -nt "$blob" ] || [ "$src/relocate.py" -nt "$blob" ]; then
     python3 "$src/relocate.py" "$bin" "$blob.tmp" && mv "$blob.tmp" "$blob"

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# peer_fit.sh - checks tools/peer_fit, the benchmark helper that runs the
+# reference peer builds of ../shared/peers on a CPU without their AVX-VNNI
+# and AVX512-FP16 (docs/bench.md's side-by-side tables rest on it):
+#  1. its self-test (selftest.c's replaced instructions against plain C,
+#     with and without the jump tables read);
+#  2. the ggml-org llama-server of ../shared/peers, run through it on the
+#     fixture qwen2-mini-Q4_0.gguf, gives fixtures/golden-mainline's 32
+#     greedy token ids for every prompt (that build is the golden's oracle).
+# Prints "peer_fit: N passed, M failed" (tests/run.sh sums it); without
+# AVX-512 F/BW/VL/VNNI, a compiler that takes -mavxvnni -mavx512fp16,
+# python3 or the peers it says "skipped: ..." and checks nothing.
+set -u
+cd "$(dirname "$0")/.."
+FIX=${TANDEM_FIXTURES:-../shared/fixtures}
+PEERS=${PEERS:-../shared/peers}
+pass=0 fail=0
+skip() { echo "skipped: $1"; echo "peer_fit: 0 passed, 0 failed, 1 skipped"; exit 0; }
+flags=$(grep -m1 '^flags' /proc/cpuinfo)
+for f in avx512f avx512bw avx512vl avx512_vnni; do
+    echo "$flags" | grep -qw "$f" || skip "this CPU lacks $f"
+done
+command -v python3 >/dev/null || skip "no python3"
+echo 'int main(void){return 0;}' | cc -x c -mavxvnni -mavx512fp16 -o /dev/null - 2>/dev/null ||
+    skip "the compiler does not take -mavxvnni -mavx512fp16"
+
+out=$(tools/peer_fit.sh --self-test 2>&1)
+if echo "$out" | grep -q "checks, 0 failed"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL self-test: $out"; fi
+
+model=$FIX/models/qwen2-mini-Q4_0.gguf gold=$FIX/golden-mainline/visible/qwen2-mini-Q4_0.jsonl
+if [ -x "$PEERS/llama-server" ] && [ -f "$model" ] && [ -f "$gold" ]; then
+    port=$((20000 + $$ % 20000))
+    log=$(mktemp)
+    tools/peer_fit.sh llama-server -m "$model" -t 1 -c 4096 -np 1 --host 127.0.0.1 --port "$port" >"$log" 2>&1 &
+    srv=$!
+    up=0
+    for _ in $(seq 1 150); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && { up=1; break; }
+        kill -0 $srv 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ $up = 1 ]; then
+        res=$(python3 - "$gold" "$port" <<'PY'
+import json, sys, urllib.request
+gold = [json.loads(l) for l in open(sys.argv[1])][1:]
+ok = 0
+for g in gold:
+    req = {"prompt": g["prompt_ids"], "n_predict": 32, "temperature": 0, "top_k": 1, "ignore_eos": True,
+           "cache_prompt": False, "return_tokens": True}
+    r = json.load(urllib.request.urlopen(urllib.request.Request(
+        f"http://127.0.0.1:{sys.argv[2]}/completion", json.dumps(req).encode(), {"Content-Type": "application/json"})))
+    if r.get("tokens") == g["generated_ids"]:
+        ok += 1
+    else:
+        print(f"{g['name']}: {r.get('tokens')} != {g['generated_ids']}")
+print(f"{ok} of {len(gold)}")
+PY
+)
+        if echo "$res" | tail -1 | grep -qE '^([0-9]+) of \1$'; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL llama-server through peer_fit: $res"; fi
+    else
+        fail=$((fail + 1)); echo "FAIL llama-server through peer_fit did not start:"; tail -5 "$log"
+    fi
+    kill $srv 2>/dev/null; wait $srv 2>/dev/null
+    rm -f "$log"
+else
+    echo "(no $PEERS/llama-server or fixture: the golden check skipped)"
+fi
+echo "peer_fit: $pass passed, $fail failed"
