@@ -121,8 +121,9 @@ endif
 
 # tests/twohost.sh: README's two-machine recipe in two network namespaces
 # (needs root; otherwise it says "skipped"). tests/peer_fit.sh: the benchmark
-# helper that runs the reference peers on CPUs without their extensions
-# (needs AVX-512 VNNI; otherwise it says "skipped").
+# helper that runs the reference peers on CPUs without their extensions, and
+# the avxvnni kernel set through it on CPUs without AVX-VNNI (needs AVX-512
+# VNNI; otherwise it says "skipped").
 test: all models
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh tests/peer_fit.sh
 

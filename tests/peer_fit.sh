@@ -6,7 +6,13 @@
 #     with and without the jump tables read);
 #  2. the ggml-org llama-server of ../shared/peers, run through it on the
 #     fixture qwen2-mini-Q4_0.gguf, gives fixtures/golden-mainline's 32
-#     greedy token ids for every prompt (that build is the golden's oracle).
+#     greedy token ids for every prompt (that build is the golden's oracle);
+#  3. on a CPU without AVX-VNNI, tandem's own avxvnni kernel set, which the
+#     other tests cannot reach there: test_quant, test_ops and
+#     test_attention (every set present against the reference) and
+#     test_golden with TANDEM_KERNELS=avxvnni, each moved with
+#     --cpuid-avxvnni (its cpuid reports the extension, its VEX vpdpbusd
+#     run as EVEX), must pass and must have tested that set.
 # Prints "peer_fit: N passed, M failed" (tests/run.sh sums it); without
 # AVX-512 F/BW/VL/VNNI, a compiler that takes -mavxvnni -mavx512fp16,
 # python3 or the peers it says "skipped: ..." and checks nothing.
@@ -64,5 +70,29 @@ PY
     rm -f "$log"
 else
     echo "(no $PEERS/llama-server or fixture: the golden check skipped)"
+fi
+# 3. tandem's avxvnni set, where the CPU itself cannot run it
+BUILD=${BUILD:-build}
+if echo "$flags" | grep -qw avx_vnni; then
+    echo "(this CPU has AVX-VNNI: the other tests run the avxvnni set themselves)"
+else
+    blobdir=$(mktemp -d)
+    for t in test_quant test_ops test_attention test_golden; do
+        [ -x "$BUILD/$t" ] || { fail=$((fail + 1)); echo "FAIL no $BUILD/$t"; continue; }
+        python3 tools/peer_fit/relocate.py "$BUILD/$t" "$blobdir/$t.blob" --cpuid-avxvnni 2>/dev/null ||
+            { fail=$((fail + 1)); echo "FAIL relocate $t"; continue; }
+        ks=; [ $t = test_golden ] && ks=avxvnni
+        res=$(TANDEM_KERNELS=$ks LD_PRELOAD="$(pwd)/build/peer_fit/preload.so" PEER_FIT_BLOB="$blobdir/$t.blob" \
+              "$BUILD/$t" 2>&1)
+        line=$(echo "$res" | grep -E "^$t: [0-9]+ passed, 0 failed" | tail -1)
+        if [ $t = test_golden ]; then tested=$(echo "$res" | grep -c "not a kernel set" | sed 's/^0$/yes/')
+        else tested=$(echo "$res" | grep -qE "kernels: avxvnni|\(set avxvnni\)" && echo yes); fi
+        if [ -n "$line" ] && [ "$tested" = yes ]; then
+            pass=$((pass + 1)); echo "avxvnni set, emulated: $line"
+        else
+            fail=$((fail + 1)); echo "FAIL avxvnni set in $t: $(echo "$res" | grep -E "FAIL|failed|not a kernel" | head -5)"
+        fi
+    done
+    rm -rf "$blobdir"
 fi
 echo "peer_fit: $pass passed, $fail failed"

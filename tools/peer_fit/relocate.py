@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""relocate.py BINARY OUT.blob [--also REGEX] [--no-jump-tables]
+"""relocate.py BINARY OUT.blob [--also REGEX] [--no-jump-tables] [--cpuid-avxvnni]
 
 A benchmark helper, not part of tandem. The reference peer builds in
 ../shared/peers were compiled with -march=native on a Xeon with AVX-VNNI and
@@ -31,6 +31,10 @@ the same instruction in the trampoline (the blob maps every instruction).
 --also REGEX moves the blocks holding matching instructions too (unchanged
 but moved: a measure of what moving costs). --no-jump-tables leaves the
 tables unread (the self-test's way to reach the int3 path).
+--cpuid-avxvnni also replaces each cpuid with one that reports AVX-VNNI
+(leaf 7, subleaf 1, eax bit 4): tandem's own test programs, so moved, run
+and check its avxvnni kernel set on a CPU that lacks the extension
+(tests/peer_fit.sh).
 Blob layout (little-endian): "IKPATCH1", u32 trampoline bytes, relocation
 count, block count, map count; u64 address and 16 original bytes of the
 first block (preload.c checks them: the blob belongs to this program);
@@ -53,6 +57,7 @@ if len(args) < 2:
 binary, outp = args[0], args[1]
 no_jt = '--no-jump-tables' in args
 also = re.compile(args[args.index('--also') + 1]) if '--also' in args else None
+fake_vnni = '--cpuid-avxvnni' in args
 
 def run(*cmd):
     return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -82,7 +87,8 @@ NOFALL = re.compile(PFX + r'(jmp|ret[a-z]*|ud2|hlt)\b')         # ... and these 
 PAD = re.compile(r'(nop|xchg\s+%ax,%ax|data16|cs nop|int3)')
 
 def needs_repl(t):
-    return t.startswith('{vex} vpdp') or re.match(r'vmov(w|sh)\s', t) is not None
+    return (t.startswith('{vex} vpdp') or re.match(r'vmov(w|sh)\s', t) is not None or
+            (fake_vnni and t == 'cpuid'))
 def moves(t):
     return needs_repl(t) or (also is not None and also.match(t) is not None)
 
@@ -165,7 +171,13 @@ def split_ops(s):
         if ch == ',' and depth == 0:
             cut = k
     return s[:cut], s[cut + 1:]
+# cpuid, then AVX-VNNI set in leaf 7.1's eax; below the red zone, which the
+# function may be using, the leaf and subleaf are kept on the stack
+CPUID_AVXVNNI = ('lea -128(%rsp),%rsp', 'push %rax', 'push %rcx', 'cpuid', 'cmpl $7,8(%rsp)', 'jne 1f',
+                 'cmpl $1,(%rsp)', 'jne 1f', 'or $0x10,%eax', '1: lea 144(%rsp),%rsp')
 def repl_text(t):
+    if t == 'cpuid':
+        return CPUID_AVXVNNI
     t = re.sub(r'\s+#.*$', '', t)
     t = re.sub(r'-?0x[0-9a-f]+\(%rip\)', f'{MARK:#x}(%rip)', t)
     m = re.match(r'\{vex\}\s+(vpdp\w+)\s+(.*)$', t)
