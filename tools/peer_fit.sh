@@ -31,7 +31,7 @@ if [ ! -f "$out/selftest.ok" ] || [ "$src/relocate.py" -nt "$out/selftest.ok" ] 
    [ "$out/preload.so" -nt "$out/selftest.ok" ] || [ "$src/selftest.c" -nt "$out/selftest.ok" ]; then
     cc -O2 -mavx2 -mfma -mavxvnni -mavx512fp16 -mno-avx512vnni -fPIE -pie -o "$out/selftest" "$src/selftest.c"
     for jt in "" --no-jump-tables; do
-        python3 "$src/relocate.py" "$out/selftest" "$out/selftest.blob" $jt 2>/dev/null
+        python3 "$src/relocate.py" "$out/selftest" "$out/selftest.blob" $jt
         env -u PEER_FIT_VERBOSE LD_PRELOAD="$out/preload.so" PEER_FIT_BLOB="$out/selftest.blob" \
             "$out/selftest" >"$out/selftest.log" 2>&1 ||
             { echo "peer_fit: self-test failed ($jt):" >&2; cat "$out/selftest.log" >&2; exit 1; }
