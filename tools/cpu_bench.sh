@@ -9,8 +9,8 @@
 # A peer that peers/run refuses (exit 3: this CPU lacks an extension of the
 # build machine) is run directly; if it then dies with SIGILL it is run
 # through tools/peer_fit.sh (its AVX-VNNI and AVX512-FP16 instructions moved
-# to exact AVX-512 equivalents, everything else its own). A peer that cannot load the architecture is
-# reported and skipped. DEBIAN_PEER=1 adds llama.cpp's llama-bench as Debian
+# to exact AVX-512 equivalents, everything else its own). A peer that cannot
+# load the architecture is reported and skipped. DEBIAN_PEER=1 adds llama.cpp's llama-bench as Debian
 # unstable builds it (tools/peer_debian.sh: one CPU backend per x86-64
 # generation, chosen at start-up, so it runs where the reference builds
 # cannot; needs root). Quiet machine only: every number is a rate.

@@ -29,6 +29,7 @@ static uint32_t nmap;
 static volatile long redirects;
 static uint64_t sig_at;
 static int sig_mapped;
+static uint64_t text_lo, text_hi;      /* the executable segment holding sig_at */
 
 static void pf_die(const char *msg) {
     fprintf(stderr, "peer_fit: %s\n", msg);
@@ -42,8 +43,11 @@ static int pf_first_object(struct dl_phdr_info *info, size_t size, void *arg) {
     for (int k = 0; k < info->dlpi_phnum; k++) {
         const ElfW(Phdr) *ph = &info->dlpi_phdr[k];
         if (ph->p_type == PT_LOAD && (ph->p_flags & PF_X) && ph->p_vaddr <= sig_at &&
-            sig_at + 16 <= ph->p_vaddr + ph->p_memsz)
+            sig_at + 16 <= ph->p_vaddr + ph->p_memsz) {
             sig_mapped = 1;
+            text_lo = ph->p_vaddr;
+            text_hi = ph->p_vaddr + ph->p_memsz;
+        }
     }
     return 1;                          /* the first object is the executable */
 }
@@ -73,6 +77,23 @@ static void pf_report(void) {
 }
 
 /* ==== Applying the blob ==== */
+/* Every offset the blob gives stays inside what it names before anything is
+ * written through it: relocations inside the trampolines, blocks inside the
+ * executable segment and at least a jmp long, the map sorted (the trap
+ * handler searches it) and pointing into the trampolines. */
+static void pf_check_blob(const struct pf_hdr *h, const struct pf_rel *rel, const struct pf_blk *blk) {
+    for (uint32_t i = 0; i < h->nrel; i++)
+        if (rel[i].pos > h->tramp || h->tramp - rel[i].pos < 4 || rel[i].end < rel[i].pos + 4 || rel[i].end > h->tramp)
+            pf_die("a relocation outside the trampolines");
+    for (uint32_t i = 0; i < h->nblk; i++)
+        if (blk[i].len < 5 || blk[i].toff >= h->tramp || blk[i].addr < text_lo || blk[i].addr > text_hi ||
+            text_hi - blk[i].addr < blk[i].len)
+            pf_die("a block outside the executable segment");
+    for (uint32_t i = 0; i < nmap; i++)
+        if (map[i].toff >= h->tramp || (i && map[i].addr < map[i - 1].addr))
+            pf_die("the instruction map is out of order or out of range");
+}
+
 static void *pf_map_near(size_t size) {
     /* rel32 reaches +-2 GiB: try just above the executable's image */
     for (uintptr_t at = base + (64u << 20); at < base + (1u << 30); at += 16u << 20) {
@@ -110,12 +131,14 @@ __attribute__((constructor)) static void pf_init(void) {
     fclose(f);
     const struct pf_hdr *h = (const struct pf_hdr *)buf;
     if (memcmp(h->magic, "IKPATCH1", 8)) pf_die("not a blob of relocate.py");
+    uint64_t want = sizeof *h + (uint64_t)h->tramp + (uint64_t)h->nrel * sizeof(struct pf_rel) +
+                    (uint64_t)h->nblk * sizeof(struct pf_blk) + (uint64_t)h->nmap * sizeof(struct pf_map);
+    if (want != (uint64_t)n) pf_die("blob size does not match its header");
     const uint8_t *code = buf + sizeof *h;
     const struct pf_rel *rel = (const struct pf_rel *)(code + h->tramp);
     const struct pf_blk *blk = (const struct pf_blk *)(rel + h->nrel);
     map = (const struct pf_map *)(blk + h->nblk);
     nmap = h->nmap;
-    if ((const uint8_t *)(map + nmap) != buf + n) pf_die("blob size does not match its header");
 
     sig_at = h->sig_at;
     dl_iterate_phdr(pf_first_object, &base);
@@ -123,6 +146,7 @@ __attribute__((constructor)) static void pf_init(void) {
         free(buf);                     /* another program: leave it alone */
         return;
     }
+    pf_check_blob(h, rel, blk);
     size_t size = ((size_t)h->tramp + 4095) & ~(size_t)4095;
     uint8_t *t = pf_map_near(size);
     if (!t) pf_die("no room for the trampolines within 2 GiB of the executable");
