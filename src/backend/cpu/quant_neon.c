@@ -384,6 +384,7 @@ QN_INLINE float qn_load1(uint32_t type, const void *p, int64_t k) {
  * issue 2-4 a cycle); four independent sums per row hide it. Derived, not
  * timed: no arm64 machine here (docs/architecture.md). */
 #define QN_FACC 4
+_Static_assert(QN_FACC >= 1 && (QN_FACC & (QN_FACC - 1)) == 0, "QN_FACC: a power of two (pairwise sums)");
 
 QN_INLINE void qn_row_float(uint32_t type, int RA, int64_t n, const uint8_t *w, const uint8_t *const *a,
                             float *res) {
@@ -409,7 +410,12 @@ QN_INLINE void qn_row_float(uint32_t type, int RA, int64_t n, const uint8_t *w, 
         for (int r = 0; r < RA; r++) acc[r][0] = vfmaq_f32(acc[r][0], x, vld1q_f32((const float *)a[r] + k));
     }
     for (int r = 0; r < RA; r++) {
-        float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[r][0], acc[r][1]), vaddq_f32(acc[r][2], acc[r][3])));
+        /* pairwise, neighbours first: (a0 + a1) + (a2 + a3) for four */
+        QN_UNROLL
+        for (int step = 1; step < QN_FACC; step *= 2)
+            QN_UNROLL
+            for (int i = 0; i < QN_FACC; i += 2 * step) acc[r][i] = vaddq_f32(acc[r][i], acc[r][i + step]);
+        float s = vaddvq_f32(acc[r][0]);
         for (int64_t t = k; t < n; t++) s += qn_load1(type, w, t) * ((const float *)a[r])[t];
         res[r] = s;
     }
