@@ -439,6 +439,8 @@ static void moe_cpu_same(const test_weight *gi, const test_weight *g, const test
     }
 }
 
+static const char *moe_label = "moe_ffn";       /* the stats line of the MoE cases */
+
 /* ne experts, k of them per token (3 of 8: a sum order shows; 8 of 128
  * over 300 tokens: Qwen3-30B-A3B's routing, 2400 selections, so the CUDA
  * grouping scans several block-widths and most experts get a product of
@@ -464,7 +466,7 @@ static void case_moe(uint32_t type, int n_tok, int ne, int k) {
     }
     char what[64];
     snprintf(what, sizeof what, "%s experts, %d rows", gguf_type_name(type), n_tok);
-    record("moe_ffn", nmse(out[1], out[0], (size_t)n_tok * dim), is_q(type) ? 5e-4 : 1e-6, what);
+    record(moe_label, nmse(out[1], out[0], (size_t)n_tok * dim), is_q(type) ? 5e-4 : 1e-6, what);
     moe_cpu_same(&gi, &g, &u, &d, ne, k, x, n_tok, dim);
     free(out[0]); free(out[1]); free(x);
     retire(gi.bytes); retire(g.bytes); retire(u.bytes); retire(d.bytes);
@@ -491,6 +493,22 @@ static void attention_cases(void) {
     case_attention(GGML_TYPE_F16, 3, 3, 40, mix, 4, 0);  /* a head size that is no multiple of 32 */
 }
 
+/* Every weight type at decode and prompt sizes, and Qwen3-30B-A3B's
+ * routing (the CUDA backend picks a packed or padded layout by the counts:
+ * its default run meets both, and the padded-only and packed-only runs
+ * below check each on every case). */
+static void moe_cases(void) {
+    const uint32_t mt[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
+    for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) {
+        case_moe(mt[i], 1, 8, 3);
+        case_moe(mt[i], 5, 8, 3);
+        case_moe(mt[i], 40, 8, 3);
+    }
+    case_moe(GGML_TYPE_F16, 300, 128, 8);
+    case_moe(GGML_TYPE_Q4_K, 300, 128, 8);
+    case_moe(GGML_TYPE_F16, 2048, 128, 8);
+}
+
 /* ==== Everything ==== */
 
 static void run_cases(void) {
@@ -509,14 +527,7 @@ static void run_cases(void) {
     case_rope(ROPE_NORM, 128, 128, 1, 1.0f);
     case_rope(ROPE_NEOX, 128, 128, 1, 0.5f);
     attention_cases();
-    const uint32_t mt[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K };
-    for (size_t i = 0; i < sizeof mt / sizeof mt[0]; i++) {
-        case_moe(mt[i], 1, 8, 3);
-        case_moe(mt[i], 5, 8, 3);
-        case_moe(mt[i], 40, 8, 3);
-    }
-    case_moe(GGML_TYPE_F16, 300, 128, 8);
-    case_moe(GGML_TYPE_Q4_K, 300, 128, 8);
+    moe_cases();
 }
 
 static void print_stats(void) {
@@ -635,6 +646,22 @@ int main(void) {
         test_be = plain;
         cores->ops->destroy(cores);
     }
+    unsetenv("TANDEM_CUDA_ATTN");
+    /* the MoE cases with every group padded, then with none */
+    const char *pads[][2] = { { "2", "moe_ffn_padded" }, { "0", "moe_ffn_packed" } };
+    for (int i = 0; i < 2; i++) {
+        setenv("TANDEM_CUDA_MOE_PAD", pads[i][0], 1);
+        backend *pb = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
+        CHECK(pb != NULL, "CUDA backend with TANDEM_CUDA_MOE_PAD=%s: %s", pads[i][0], err);
+        if (!pb) continue;
+        backend *plain = test_be;
+        test_be = pb;
+        moe_label = pads[i][1];
+        moe_cases();
+        test_be = plain;
+        pb->ops->destroy(pb);
+    }
+    unsetenv("TANDEM_CUDA_MOE_PAD");
 #endif
     quant_force_reference(0);
     check_rope_reuse();

@@ -64,7 +64,8 @@ int cu_check_blas(cu_impl *c, cublasStatus_t s, const char *what) {
 
 static const char *const cu_prof_name[CU_P_N] = {
     "get_rows", "rms_norm", "mul_mat (matrix-vector)", "mul_mat (cuBLAS)", "add_bias", "rope", "kv_store",
-    "attention", "swiglu", "add", "moe: router + grouping", "moe: expert products", "moe: combine", "sync_kv",
+    "attention", "swiglu", "add", "moe: router logits", "moe: top-k", "moe: counts to the host",
+    "moe: place + gather", "moe: gate + up products, SwiGLU", "moe: down product", "moe: combine", "sync_kv",
 };
 
 static double cu_now(void) {
@@ -97,6 +98,9 @@ static void cu_prof_print(const cu_impl *c) {
             fprintf(stderr, "| %s | %ld | %.1f | %.1f | %.1f |\n", cu_prof_name[i], c->prof_n[i], c->prof_s[i] * 1e3,
                     100.0 * c->prof_s[i] / tot, c->prof_s[i] * 1e6 / (double)c->prof_n[i]);
     fprintf(stderr, "| all | | %.1f | 100 | |\n", tot * 1e3);
+    if (c->moe_calls)
+        fprintf(stderr, "MoE layouts: %ld of %ld blocks padded (they multiplied %lld rows for %lld routed)\n",
+                c->moe_padded, c->moe_calls, c->moe_rows_padded, c->moe_rows_routed);
 }
 
 /* ==== Device buffers ==== */
@@ -646,7 +650,7 @@ static void cu_destroy(backend *be) {
             c->kvs = m->next;
             cu_kv_free(m);
         }
-        cu_buf *bufs[] = { &c->stage, &c->act, &c->wtmp, &c->moe, &c->ptrs };
+        cu_buf *bufs[] = { &c->stage, &c->act, &c->wtmp, &c->moe, &c->moe_rows, &c->ptrs };
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) cudaFree(bufs[i]->p);
         cudaFree(c->ff_dev);
         if (c->blas) cublasDestroy(c->blas);
@@ -749,6 +753,7 @@ static int cu_start(cu_impl *c, int device, char *err, size_t errlen) {
     c->dequant = cu_env_int("TANDEM_CUDA_DEQUANT", -1);
     c->gemm_split = cu_env_int("TANDEM_CUDA_GEMM_SPLIT", 1);
     c->moe_grouped = cu_env_int("TANDEM_CUDA_MOE_GROUPED", 1);
+    c->moe_pad = cu_env_int("TANDEM_CUDA_MOE_PAD", 1);
     c->prof = cu_env_int("TANDEM_CUDA_PROFILE", 0) > 0;
     const char *att = getenv("TANDEM_CUDA_ATTN");
     c->attn_tc = !(att && !strcmp(att, "cores"));   /* long prompts on tensor cores unless told otherwise */

@@ -236,7 +236,8 @@ typedef struct {
  * the sum is the pass without overlap: a breakdown, not a speed. */
 enum {
     CU_P_GET_ROWS, CU_P_RMS_NORM, CU_P_MMV, CU_P_GEMM, CU_P_BIAS, CU_P_ROPE, CU_P_KV_STORE, CU_P_ATTN,
-    CU_P_SWIGLU, CU_P_ADD, CU_P_MOE_ROUTE, CU_P_MOE_GEMM, CU_P_MOE_COMBINE, CU_P_SYNC_KV, CU_P_N
+    CU_P_SWIGLU, CU_P_ADD, CU_P_MOE_LOGITS, CU_P_MOE_TOPK, CU_P_MOE_COUNTS, CU_P_MOE_GATHER, CU_P_MOE_GATE_UP,
+    CU_P_MOE_DOWN, CU_P_MOE_COMBINE, CU_P_SYNC_KV, CU_P_N
 };
 
 /* A grow-only device buffer. */
@@ -256,7 +257,8 @@ typedef struct {
     cu_buf stage;               /* per-op tables uploaded from the host */
     cu_buf act;                 /* activations converted to F16/BF16 for cuBLAS */
     cu_buf wtmp;                /* a quantized weight dequantized for one product */
-    cu_buf moe;                 /* MoE routing and gathered rows */
+    cu_buf moe;                 /* MoE routing */
+    cu_buf moe_rows;            /* MoE gathered rows and their products */
     cu_buf ptrs;                /* grouped GEMM pointer arrays */
     const float *ff_host;       /* rope frequency factors: host pointer and its device copy */
     float *ff_dev;
@@ -265,12 +267,15 @@ typedef struct {
     int dequant;                /* -1 auto (memory permitting), 0 never, 1 always */
     int moe_grouped;            /* MoE experts in one grouped GEMM call */
     unsigned moe_grouped_no;    /* bit 0 F16, 1 BF16, 2 F32: cuBLAS refused the grouped call for that type */
+    int moe_pad;                /* MoE experts padded to one batched GEMM: 0 never, 1 when it wastes little, 2 always */
     int attn_tc;                /* long prompts' attention on tensor cores (TANDEM_CUDA_ATTN=cores: off) */
     size_t smem_optin;          /* shared memory a block may opt in to (sm_90: 227 KiB, sm_120: 99 KiB) */
     size_t reserve;             /* device bytes kept free for caches and activations */
     int prof;                   /* TANDEM_CUDA_PROFILE: per-op wall time */
     double prof_s[CU_P_N];
     long prof_n[CU_P_N];
+    long moe_calls, moe_padded;                 /* profile: MoE blocks, how many padded */
+    long long moe_rows_routed, moe_rows_padded; /* padded blocks: routed rows, rows multiplied */
     int failed;
     char err[256];
 } cu_impl;
@@ -318,6 +323,14 @@ int cu_matmul_uses_mmv(int n_tok);
  * with cnt[g] rows of x at row off[g] into y at row off[g]. */
 void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off,
                        const int *cnt, const float *x, float *y);
+/* Whether w can go through cu_matmul_experts_padded (a resident half or
+ * f32 form). */
+int cu_matmul_pads(const cu_weight *w);
+/* Padded groups: group g multiplies expert e[g] with the stride rows of x
+ * at row g * stride into y at row g * stride (rows past a group's own are
+ * zeros, and their products are not read); one batched GEMM. */
+void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride, const float *x,
+                              float *y);
 
 /* ==== Attention (cuda_attention.cu) ==== */
 typedef struct {

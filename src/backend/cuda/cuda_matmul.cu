@@ -239,6 +239,69 @@ void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e
     }
 }
 
+/* ==== Several experts, padded to one shape ==== */
+
+/* The rows of each group's operands and products stay 16-byte aligned. */
+int cu_matmul_pads(const cu_weight *w) {
+    return (w->half != NULL || cu_is_half_native(w->type)) && w->ne0 % 8 == 0 && w->ne1 % 4 == 0;
+}
+
+/* Every group is stride rows (the MoE block zero-filled the rows past a
+ * group's count), so all of them are one uniform batched GEMM: strided when
+ * the groups are all the experts in order (a long pass uses every one),
+ * else through pointer arrays. cuBLAS runs a uniform batch as one kernel
+ * over every expert at once, where the grouped call's small problems of
+ * different sizes ran at a fraction of the card (docs/bench.md). */
+void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride, const float *x,
+                              float *y) {
+    if (n_group <= 0 || stride <= 0 || c->failed) return;
+    const cudaDataType_t at = cu_gemm_type(w);
+    const size_t esz = at == CUDA_R_32F ? 4 : 2, rows = (size_t)n_group * (size_t)stride;
+    const void *bh, *bl;
+    if (cu_gemm_act(c, at, x, rows * (size_t)w->ne0, &bh, &bl)) return;
+    const uint8_t *wbase = w->half ? (const uint8_t *)w->half : (const uint8_t *)w->raw;
+    const size_t wexp = (size_t)w->ne1 * (size_t)w->ne0;          /* elements of one expert */
+    const int m = (int)w->ne1, k = (int)w->ne0;
+    const long long sb = (long long)stride * k, sc = (long long)stride * m;
+    const float one = 1.0f, zero = 0.0f;
+    int in_order = (int64_t)n_group * w->ne1 == w->rows;
+    for (int g = 0; g < n_group && in_order; g++) in_order = e[g] == g;
+    if (in_order) {
+        const void *half[2] = { bh, bl };
+        for (int h = 0; h < 2 && half[h]; h++)
+            cu_check_blas(c, cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, stride, k, &one, wbase,
+                                                        at, k, (long long)wexp, half[h], at, k, sb, h ? &one : &zero, y,
+                                                        CUDA_R_32F, m, sc, n_group, CUBLAS_COMPUTE_32F,
+                                                        CUBLAS_GEMM_DEFAULT),
+                          h ? "cublasGemmStridedBatchedEx (lo)" : "cublasGemmStridedBatchedEx");
+        return;
+    }
+    /* pointer arrays A, B(hi), B(lo), C, uploaded in the stream's order */
+    const void **ptr = (const void **)malloc(sizeof(void *) * 4 * (size_t)n_group);
+    if (!ptr) { cu_check(c, cudaErrorMemoryAllocation, "batched GEMM pointers"); return; }
+    for (int g = 0; g < n_group; g++) {
+        ptr[g] = wbase + (size_t)e[g] * wexp * esz;
+        ptr[n_group + g] = (const uint8_t *)bh + (size_t)g * sb * esz;
+        ptr[2 * n_group + g] = bl ? (const uint8_t *)bl + (size_t)g * sb * esz : NULL;
+        ptr[3 * n_group + g] = y + (size_t)g * sc;
+    }
+    if (cu_buf_need(c, &c->ptrs, sizeof(void *) * 4 * (size_t)n_group) ||
+        cu_check(c, cudaMemcpyAsync(c->ptrs.p, ptr, sizeof(void *) * 4 * (size_t)n_group, cudaMemcpyHostToDevice,
+                                    c->cs), "batched GEMM pointers")) {
+        free(ptr);
+        return;
+    }
+    /* the copy is staged from pageable memory before cudaMemcpyAsync returns */
+    free(ptr);
+    const void *const *dp = (const void *const *)c->ptrs.p;
+    for (int h = 0; h < 2 && (h == 0 || bl); h++)
+        cu_check_blas(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, stride, k, &one, dp, at, k,
+                                             dp + (1 + h) * n_group, at, k, h ? &one : &zero,
+                                             (void *const *)(dp + 3 * n_group), CUDA_R_32F, m, n_group,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      h ? "cublasGemmBatchedEx (lo)" : "cublasGemmBatchedEx");
+}
+
 /* ==== The cuBLAS ceiling (tandem bench) ==== */
 
 /* Seconds of one F16 x F16 -> F32 cublasGemmEx of m x n x k in the layout of
