@@ -29,6 +29,12 @@ ifneq ($(GIT_REV),)
 $(BUILD)/obj/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
 endif
 
+# PORTABLE=1: platform.c's POSIX fallbacks (what macOS gets) instead of
+# Linux's own calls, so that they are tested here (`make portable`).
+ifeq ($(PORTABLE),1)
+CFLAGS   += -DTANDEM_PORTABLE
+endif
+
 LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 
@@ -87,7 +93,7 @@ FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models
+.PHONY: all test check asan fuzz clean models portable
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) $(wildcard src/backend/cuda/*.h) | $(BUILD)/obj
@@ -127,6 +133,12 @@ endif
 test: all models
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh tests/peer_fit.sh
 
+# The tests that go through platform.c (random bytes, the thread pool's
+# waits, sockets, node processes), built with its POSIX fallbacks.
+PORTABLE_TESTS := test_platform test_runtime test_sampler test_wire test_wire_attack test_handoff test_decode_node
+portable: models
+	$(MAKE) PORTABLE=1 BUILD=build-portable build-portable/tandem $(addprefix build-portable/,$(PORTABLE_TESTS))
+	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-portable/tandem tests/run.sh $(addprefix build-portable/,$(PORTABLE_TESTS))
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 \
@@ -141,4 +153,4 @@ $(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(wildcard src/*.h)
 	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl -o $@
 
 clean:
-	rm -rf build build-asan build-cuda
+	rm -rf build build-asan build-cuda build-portable

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "platform.h"
 
 #define HD_REAP_MS 100            /* deadline resolution */
 #define HD_LOG_BURST 20           /* MHD messages let through per window ... */
@@ -173,7 +174,7 @@ static void *hd_reaper_main(void *arg) {
 /* ==== Start / stop ==== */
 
 int httpd_listen(const struct sockaddr *addr, socklen_t len, char *err, size_t errlen) {
-    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = plat_socket(addr->sa_family, SOCK_STREAM, 0, 0);
     if (fd < 0) { snprintf(err, errlen, "socket: %s", strerror(errno)); return -1; }
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);

@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "logsafe.h"
+#include "platform.h"
 
 /* A message longer than this is cut: the router's per-request line with a
  * long upstream error is about 1 KB. */
@@ -76,7 +76,7 @@ uint32_t log_id_new(void) {
     static atomic_uint fallback;
     uint32_t id = 0;
     while (id == 0) {
-        if (getrandom(&id, sizeof id, GRND_NONBLOCK) != (ssize_t)sizeof id) {
+        if (plat_random(&id, sizeof id, 1)) {
             /* no entropy yet (early boot): time and a counter, mixed (splitmix32-like) */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);

@@ -43,6 +43,7 @@
 #include "metrics.h"
 #include "node_auth.h"
 #include "node_register.h"
+#include "platform.h"
 #include "sampler.h"
 #include "tok_api.h"
 #include "prefill_rate.h"
@@ -1369,7 +1370,7 @@ static int dn_listen(const char *hp, int *port_out, int *family, char *err, size
     if (g) { snprintf(err, errlen, "cannot resolve %s: %s", hp, gai_strerror(g)); return -1; }
     int fd = -1;
     for (struct addrinfo *a = ai; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        fd = plat_socket(a->ai_family, a->ai_socktype, a->ai_protocol, 0);
         if (fd < 0) continue;
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -1410,14 +1411,9 @@ static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
     const model_hparams *hp = model_get_hparams(m);
     uint64_t row = gguf_row_bytes(kv_dtype, (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim_k);
     uint64_t per_slot = 2 * row * (uint64_t)hp->n_layer * (uint64_t)n_ctx;
-    long long avail_kb = 0;
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %lld kB", &avail_kb) == 1) break;
-    if (f) fclose(f);
-    if (avail_kb <= 0 || per_slot == 0) return 4;
-    uint64_t fit = (uint64_t)avail_kb * 1024 / 2 / per_slot;
+    uint64_t avail = plat_mem_available();
+    if (avail == 0 || per_slot == 0) return 4;
+    uint64_t fit = avail / 2 / per_slot;
     return fit < 1 ? 1 : fit > DN_MAX_DEFAULT_SLOTS ? DN_MAX_DEFAULT_SLOTS : (int)fit;
 }
 

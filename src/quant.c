@@ -692,6 +692,24 @@ static unsigned quant_cpu_features(void) {
 #endif
     return f;
 }
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+
+/* macOS names the features in sysctl (macOS 12 and later): every Apple
+ * M-series core has the dot product, M2 and later the int8 matrix
+ * multiplies. (Not compiled on this project's Linux machines: no macOS SDK
+ * there.) */
+static int quant_sysctl_flag(const char *name) {
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname(name, &v, &n, NULL, 0) == 0 && v != 0;
+}
+
+static unsigned quant_cpu_features(void) {
+    unsigned f = quant_sysctl_flag("hw.optional.arm.FEAT_DotProd") ? QK_CPU_DOTPROD : 0;
+    if (quant_sysctl_flag("hw.optional.arm.FEAT_I8MM")) f |= QK_CPU_I8MM;
+    return f;
+}
 #else
 static unsigned quant_cpu_features(void) { return 0; }
 #endif

@@ -4,8 +4,9 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
+
+#include "platform.h"
 
 /* Weights are computed and summed in blocks of this many logits: a constant
  * trip count lets the compiler vectorise the inner loops at -O2, and the
@@ -124,7 +125,7 @@ void sampler_free(sampler *s) {
 
 uint64_t sampler_fresh_seed(void) {
     uint64_t v = 0;
-    if (getrandom(&v, sizeof v, 0) != (ssize_t)sizeof v) {
+    if (plat_random(&v, sizeof v, 0)) {
         /* No kernel generator (very old kernel, seccomp): the clock still
          * makes two requests differ. */
         struct timespec ts;

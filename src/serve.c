@@ -10,7 +10,9 @@
 
 #include <errno.h>
 #include <signal.h>
+#ifdef __GLIBC__
 #include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,11 +206,13 @@ static int serve_log_setup(int *argc, char **argv) {
 int cli_serve(int argc, char **argv) {
     /* Each connection's thread would otherwise get its own malloc arena and
      * keep its freed KV caches mapped: two arenas bound a node's footprint. */
+#ifdef __GLIBC__
     mallopt(M_ARENA_MAX, 2);
     /* KV caches (megabytes each) are always mmapped and go back to the system
      * when a session ends; glibc's sliding threshold would otherwise move
      * them into the heap after the first free and keep them resident. */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
     if (cliopt_wants_help(argc, argv)) return serve_help(argc, argv);
     if (serve_log_setup(&argc, argv)) return 2;
     /* decode and local parse their own, larger option set (node_decode.c) */

@@ -12,15 +12,14 @@
  */
 #include "threadpool.h"
 
-#include <limits.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
 #include <unistd.h>
+
+#include "platform.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -61,27 +60,17 @@ struct tpool {
     pthread_t *threads;
     tpool_range *ranges;                   /* [n] */
     _Alignas(64) _Atomic uint64_t job;     /* gen << 32 | n_chunks << 16 | next chunk */
-    _Atomic uint32_t gen32;                /* futex word: the generation */
-    _Atomic int sleepers;                  /* workers in futex_wait on gen32 */
+    _Atomic uint32_t gen32;                /* wait word (plat_wait): the generation */
+    _Atomic int sleepers;                  /* workers in plat_wait on gen32 */
     _Atomic(tpool_task) fn;
     _Atomic(void *) ctx;
     _Atomic int mode;                      /* TPOOL_MODE_*: what fn gets as its third argument, how chunks are claimed */
-    _Alignas(64) _Atomic uint32_t done;    /* chunks finished (futex word) */
+    _Alignas(64) _Atomic uint32_t done;    /* chunks finished (wait word) */
     _Atomic int caller_waiting;
     _Atomic int quit;
 };
 
 typedef struct { tpool *p; int ith; } worker_arg;
-
-/* ==== Futex ==== */
-
-static void tpool_futex_wait(_Atomic uint32_t *addr, uint32_t val) {
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
-}
-
-static void tpool_futex_wake(_Atomic uint32_t *addr) {
-    syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
-}
 
 /* ==== Warming ====
  * Prefetch [a, a + len) line by line, stopping early once *done reaches n
@@ -99,7 +88,7 @@ static void tpool_prefetch(const char *a, size_t len, _Atomic uint32_t *done, in
 static void tpool_done_add(tpool *p, uint32_t d, int n) {
     uint32_t t = atomic_fetch_add_explicit(&p->done, d, memory_order_seq_cst) + d;
     if ((int)t == n && atomic_load_explicit(&p->caller_waiting, memory_order_seq_cst))
-        tpool_futex_wake(&p->done);
+        plat_wake(&p->done);
 }
 
 /* A thread's claim on its own run: a share of what is left, so that a run
@@ -192,7 +181,7 @@ static void *tpool_worker(void *arg) {
         }
         if (g == seen) {
             atomic_fetch_add(&p->sleepers, 1);
-            while ((g = atomic_load(&p->gen32)) == seen) tpool_futex_wait(&p->gen32, seen);
+            while ((g = atomic_load(&p->gen32)) == seen) plat_wait(&p->gen32, seen);
             atomic_fetch_sub(&p->sleepers, 1);
         }
         seen = g;
@@ -238,7 +227,7 @@ static uint64_t tpool_publish(tpool *p, int n, int ranged) {
     uint64_t w = (uint64_t)g << 32 | (uint64_t)n << 16 | (uint64_t)(ranged ? n : 0);
     atomic_store_explicit(&p->job, w, memory_order_release);
     atomic_store_explicit(&p->gen32, g, memory_order_seq_cst);
-    if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst)) tpool_futex_wake(&p->gen32);
+    if (atomic_load_explicit(&p->sleepers, memory_order_seq_cst)) plat_wake(&p->gen32);
     return w;
 }
 
@@ -250,7 +239,7 @@ static void tpool_wait_done(tpool *p, int n, const tpool_warm *warm) {
     }
     atomic_store_explicit(&p->caller_waiting, 1, memory_order_seq_cst);
     uint32_t d;
-    while ((int)(d = atomic_load_explicit(&p->done, memory_order_seq_cst)) != n) tpool_futex_wait(&p->done, d);
+    while ((int)(d = atomic_load_explicit(&p->done, memory_order_seq_cst)) != n) plat_wait(&p->done, d);
     atomic_store_explicit(&p->caller_waiting, 0, memory_order_relaxed);
 }
 

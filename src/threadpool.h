@@ -8,7 +8,7 @@
  * core) the caller simply runs the remaining chunks itself instead of waiting
  * for it. Waiting threads spin briefly (a decode step issues hundreds of small
  * jobs per token, and a wake-up per job would cost more than the job), then
- * sleep on a futex.
+ * sleep (platform.h: a futex on Linux, a condition variable elsewhere).
  */
 #ifndef TANDEM_THREADPOOL_H
 #define TANDEM_THREADPOOL_H

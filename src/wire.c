@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -29,6 +28,7 @@
 #include <zstd.h>
 
 #include "gguf.h"
+#include "platform.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -210,18 +210,7 @@ fail:
     OPENSSL_cleanse(hk, sizeof hk);
 }
 
-int wire_random(uint8_t *out, size_t n) {
-    while (n) {
-        ssize_t r = getrandom(out, n, 0);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        out += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
+int wire_random(uint8_t *out, size_t n) { return plat_random(out, n, 0); }
 
 /* HKDF (RFC 5869) over HMAC-SHA256: PRK = HMAC(salt, IKM), then
  * T(i) = HMAC(PRK, T(i-1) || info || i) until out_len bytes. */
@@ -854,7 +843,7 @@ static int wire_write_all(wire_conn *c, struct iovec *iov, int iovcnt, int64_t d
                           const char *tn, char *err, size_t errlen) {
     while (iovcnt > 0) {
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)iovcnt };
-        ssize_t w = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = sendmsg(c->fd, &mh, PLAT_MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
@@ -1238,7 +1227,7 @@ int wire_listen(const char *hostport, char *err, size_t errlen) {
     if (wire_resolve(hostport, 1, &res, err, errlen)) return -1;
     int fd = -1, last = 0;
     for (struct addrinfo *a = res; a; a = a->ai_next) {
-        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        fd = plat_socket(a->ai_family, a->ai_socktype, a->ai_protocol, 0);
         if (fd < 0) { last = errno; continue; }
         int one = 1;
         (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
@@ -1271,7 +1260,7 @@ int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen) {
             wire_errf(err, errlen, "poll on listening socket failed: %s", strerror(errno));
             return -1;
         }
-        int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        int fd = plat_accept(lfd, 1);
         if (fd >= 0) {
             /* Back to blocking: our I/O polls with deadlines and uses MSG_DONTWAIT. */
             int fl = fcntl(fd, F_GETFL);
@@ -1290,7 +1279,7 @@ int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen) {
 
 /* Non-blocking connect to one address with a deadline. fd or -1 (errno set). */
 static int wire_connect_one(const struct addrinfo *a, int64_t deadline, int *timed_out) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    int fd = plat_socket(a->ai_family, a->ai_socktype, a->ai_protocol, 1);
     if (fd < 0) return -1;
     if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
         if (errno != EINPROGRESS) goto fail;

@@ -2,7 +2,9 @@
 # The whole test suite, as CI runs it, from a fresh machine:
 #   1. install missing Debian packages (tools/deps.sh)
 #   2. build and run the tests (make test)
-#   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan)
+#   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan),
+#      and the tests that go through platform.c with its POSIX fallbacks
+#      (make portable)
 #   4. every libFuzzer target for a short bounded time
 #   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
 #      and link only: CI has no GPU) and its test's host-side checks
@@ -20,6 +22,10 @@ echo "== tests"
 make test | tee build/test.log
 echo "== tests under ASan+UBSan"
 make -j"$JOBS" asan | tee build/asan.log
+# platform.c's POSIX fallbacks (what macOS gets) in place of Linux's own
+# calls, through the tests that use them: about a minute.
+echo "== platform fallbacks (make portable)"
+make -j"$JOBS" portable | tee build/portable.log
 # The CUDA build: all of its targets compile and link; test_backend_ops
 # checks the device code's host versions and says "skipped: no CUDA device"
 # for the rest, as the goldens on the CUDA backend and the CUDA-prefill
@@ -146,10 +152,13 @@ p3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -n
 f3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
 s1=$(tail -n 1 build/test.log | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
 s2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+p4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
+f4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
+s4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
 nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
-pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + nf - fuzz_fail - fuzz_skip ))
-fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + fuzz_fail ))
-skip=$(( ${s1:-0} + ${s2:-0} + fuzz_skip ))
+pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + ${p4:-0} + nf - fuzz_fail - fuzz_skip ))
+fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + ${f4:-1} + fuzz_fail ))
+skip=$(( ${s1:-0} + ${s2:-0} + ${s4:-0} + fuzz_skip ))
 [ "$skip" -eq 0 ] || echo "($skip test parts skipped: fixture set $FIX not found; set TANDEM_FIXTURES to run them)"
 echo "$pass passed, $fail failed, $skip skipped"
 [ "$fail" -eq 0 ]
