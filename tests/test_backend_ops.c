@@ -607,6 +607,29 @@ static void check_cuda_host_code(void) {
 }
 #endif
 
+#ifdef TANDEM_CUDA
+/* cases() again on a CUDA backend made with var=value, their stats line
+ * named name (*label). */
+static void rerun_with(const char *var, const char *value, void (*cases)(void), const char **label,
+                       const char *name) {
+    char err[512];
+    const char *dv = getenv("TANDEM_CUDA_DEVICE");
+    setenv(var, value, 1);
+    backend *be = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
+    unsetenv(var);
+    CHECK(be != NULL, "CUDA backend with %s=%s: %s", var, value, err);
+    if (!be) return;
+    backend *plain = test_be;
+    const char *plain_label = *label;
+    test_be = be;
+    *label = name;
+    cases();
+    test_be = plain;
+    *label = plain_label;
+    be->ops->destroy(be);
+}
+#endif
+
 int main(void) {
     check_selection();
     ref_be = backend_cpu_create(2);
@@ -633,35 +656,16 @@ int main(void) {
 #endif
     run_cases();
 #ifdef TANDEM_CUDA
-    /* the attention cases again with long spans on CUDA cores too
-     * (TANDEM_CUDA_ATTN=cores; the default puts them on tensor cores) */
-    setenv("TANDEM_CUDA_ATTN", "cores", 1);
-    backend *cores = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
-    CHECK(cores != NULL, "CUDA backend with TANDEM_CUDA_ATTN=cores: %s", err);
-    if (cores) {
-        backend *plain = test_be;
-        test_be = cores;
-        att_label = "attention_cores";
-        attention_cases();
-        test_be = plain;
-        cores->ops->destroy(cores);
-    }
-    unsetenv("TANDEM_CUDA_ATTN");
-    /* the MoE cases with every group padded, then with none */
-    const char *pads[][2] = { { "2", "moe_ffn_padded" }, { "0", "moe_ffn_packed" } };
-    for (int i = 0; i < 2; i++) {
-        setenv("TANDEM_CUDA_MOE_PAD", pads[i][0], 1);
-        backend *pb = backend_cuda_create(dv ? atoi(dv) : 0, 2, err, sizeof err);
-        CHECK(pb != NULL, "CUDA backend with TANDEM_CUDA_MOE_PAD=%s: %s", pads[i][0], err);
-        if (!pb) continue;
-        backend *plain = test_be;
-        test_be = pb;
-        moe_label = pads[i][1];
-        moe_cases();
-        test_be = plain;
-        pb->ops->destroy(pb);
-    }
-    unsetenv("TANDEM_CUDA_MOE_PAD");
+    /* the attention cases again with long spans on CUDA cores too (the
+     * default puts them on tensor cores); the tensor-core attention with
+     * q and the probabilities both split into hi + lo halves, then neither
+     * (the default splits q only); the MoE cases with every group padded,
+     * then with none */
+    rerun_with("TANDEM_CUDA_ATTN", "cores", attention_cases, &att_label, "attention_cores");
+    rerun_with("TANDEM_CUDA_ATTN_SPLIT", "3", attention_cases, &att_label, "attention_split_qp");
+    rerun_with("TANDEM_CUDA_ATTN_SPLIT", "0", attention_cases, &att_label, "attention_split_none");
+    rerun_with("TANDEM_CUDA_MOE_PAD", "2", moe_cases, &moe_label, "moe_ffn_padded");
+    rerun_with("TANDEM_CUDA_MOE_PAD", "0", moe_cases, &moe_label, "moe_ffn_packed");
 #endif
     quant_force_reference(0);
     check_rope_reuse();

@@ -757,6 +757,10 @@ static int cu_start(cu_impl *c, int device, char *err, size_t errlen) {
     c->prof = cu_env_int("TANDEM_CUDA_PROFILE", 0) > 0;
     const char *att = getenv("TANDEM_CUDA_ATTN");
     c->attn_tc = !(att && !strcmp(att, "cores"));   /* long prompts on tensor cores unless told otherwise */
+    /* 1: q as hi + lo halves, probabilities hi only (the default); 3: both
+     * split; 0: neither (see cuda_attention.cu) */
+    c->attn_split = cu_env_int("TANDEM_CUDA_ATTN_SPLIT", 1);
+    if (c->attn_split != 0 && c->attn_split != 3) c->attn_split = 1;
     c->smem_optin = p.sharedMemPerBlockOptin;
     return 0;
 }

@@ -21,13 +21,19 @@
  * Launches with a span of 64 rows or more (the default since its first GPU
  * run: 3.2x at pp4096, 3.9x at pp16384 of the Qwen3-0.6B shape on an H200,
  * and with its shared rows padded against bank conflicts 1.3-1.5x and 3x
- * more;
- * TANDEM_CUDA_ATTN=cores keeps them on k_attn): k_attn_tc, the same online
- * softmax with the two
- * products of each key tile on tensor cores (WMMA 16x16x16, f16 inputs,
- * f32 accumulation). q and the probabilities go in as hi + lo halves (two
- * products each, about 22 bits, as the GEMMs' activations do); K and V are
- * the cache's values as f16 (exact for an F16 cache).
+ * more; TANDEM_CUDA_ATTN=cores keeps them on k_attn): k_attn_tc, the same
+ * online softmax with the two products of each key tile on tensor cores
+ * (WMMA 16x16x16, f16 inputs, f32 accumulation). K and V are the cache's
+ * values as f16 (exact for an F16 cache). q goes in as hi + lo halves (two
+ * products, about 22 bits, as the GEMMs' activations do); the
+ * probabilities go in as one f16 half, as llama.cpp's own KQ x V product
+ * rounds them to the F16 cache's type. Measured on an H200: without q's lo
+ * half an F16 golden fails (07_long_gpl3 step 14, a top-10 logit off by
+ * 0.038, tol 0.03); without the probabilities' lo half every golden passes
+ * (the worst qwen3-mini-F16 step 0.0020 against 0.0010 with it) and the
+ * kernel takes 5% less time (Qwen3-30B-A3B shape, 4096 rows: 2.05 against
+ * 2.16 ms a layer call). TANDEM_CUDA_ATTN_SPLIT=3 splits both, =0 neither
+ * (2.11 -> 1.58 ms against both split, but that golden fails).
  *
  * Not yet done: splitting long contexts over several blocks for decode.
  */
@@ -156,14 +162,15 @@ static int cu_attn_tables(cu_impl *c, const cu_attn_seq *seqs, int n_seq, int ro
 #define CU_TC_PADH 8
 #define CU_TC_PADS 4
 
-/* Shared memory of k_attn_tc<HDIM> (bytes): q hi/lo and the K and V tiles
- * (f16, rows padded), the scores (f32; each row's probabilities overwrite it as hi/lo
- * f16), and one 16 x 16 f32 tile per warp for the row factors. 89 KiB at
- * 128: under the 99 KiB a block may have on sm_120/121, two blocks per SM
- * on sm_90. */
-static size_t cu_tc_smem(int hd) {
+/* Shared memory of k_attn_tc<HDIM> (bytes): q hi (and lo) and the K and V
+ * tiles (f16, rows padded), the scores (f32; each row's probabilities
+ * overwrite it as f16 hi, and lo), and one 16 x 16 f32 tile per warp for
+ * the row factors. 89 KiB at 128 with q split: under the 99 KiB a block
+ * may have on sm_120/121, two blocks per SM on sm_90 (72 KiB, three, with
+ * q unsplit). */
+static size_t cu_tc_smem(int hd, int split) {
     const size_t ld = (size_t)hd + CU_TC_PADH;
-    return (size_t)CU_TC_ROWS * ld * 2 * 2 + (size_t)CU_TC_KEYS * ld * 2 * 2 +
+    return (size_t)CU_TC_ROWS * ld * 2 * (split & 1 ? 2 : 1) + (size_t)CU_TC_KEYS * ld * 2 * 2 +
            (size_t)CU_TC_ROWS * (CU_TC_KEYS + CU_TC_PADS) * 4 + (size_t)(CU_TC_ROWS / 16) * 256 * 4;
 }
 
@@ -184,17 +191,20 @@ template <int HDIM> __device__ __forceinline__ void cu_tc_scale_rows(cu_tc_acc *
 /* A block: query head blockIdx.y, rows [r0, r0 + 64) of one sequence (the
  * table entry blockIdx.x); warp w owns rows r0 + 16 w .. + 16 and keeps
  * their output in registers (HDIM / 16 accumulator tiles); lanes 2i and
- * 2i + 1 keep row i's running max and sum. */
-template <uint32_t DT, int HDIM>
-__global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_seq *seqs, const cu_attn_blk *blks,
+ * 2i + 1 keep row i's running max and sum. SPLIT: bit 0, q as hi + lo
+ * halves; bit 1, the probabilities too. MINB: blocks an SM should hold
+ * (registers capped to fit; 3 only where the shared memory allows it). */
+template <uint32_t DT, int HDIM, int SPLIT, int MINB>
+__global__ void __launch_bounds__(128, MINB) k_attn_tc(const float *q, const cu_attn_seq *seqs, const cu_attn_blk *blks,
                                                  int n_head, int n_head_kv, size_t rb, float scale, float *out) {
     extern __shared__ __align__(128) unsigned char smraw[];
     const int h = blockIdx.y, kvh = h / (n_head / n_head_kv), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const cu_attn_blk bk = blks[blockIdx.x];
     const cu_attn_seq sq = seqs[bk.seq];
     constexpr int LD = HDIM + CU_TC_PADH, LS = CU_TC_KEYS + CU_TC_PADS;   /* row strides (halves, floats) */
-    __half *Qh = (__half *)smraw, *Ql = Qh + CU_TC_ROWS * LD;            /* [64][LD] */
-    __half *Kt = Ql + CU_TC_ROWS * LD, *Vt = Kt + CU_TC_KEYS * LD;       /* [64 keys][LD] */
+    __half *Qh = (__half *)smraw, *Ql = Qh + CU_TC_ROWS * LD;            /* [64][LD] (Ql with SPLIT) */
+    constexpr bool QL = SPLIT & 1, PL = SPLIT & 2;
+    __half *Kt = Qh + CU_TC_ROWS * LD * (QL ? 2 : 1), *Vt = Kt + CU_TC_KEYS * LD;   /* [64 keys][LD] */
     float *S = (float *)(Vt + CU_TC_KEYS * LD);                          /* [64][LS]; P: [64][hi 64 | lo 64 | pad] f16 */
     float *F = S + CU_TC_ROWS * LS + warp * 256;                         /* this warp's factor tile */
     const int nrow = sq.n - bk.r0 < CU_TC_ROWS ? sq.n - bk.r0 : CU_TC_ROWS;
@@ -203,7 +213,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
         float x = r < nrow ? q[((size_t)(sq.t0 + bk.r0 + r) * n_head + h) * HDIM + d] : 0.0f;
         __half hi = __float2half_rn(x);
         Qh[r * LD + d] = hi;
-        Ql[r * LD + d] = __float2half_rn(x - __half2float(hi));
+        if (QL) Ql[r * LD + d] = __float2half_rn(x - __half2float(hi));
     }
     const int w16 = 16 * warp, r = w16 + lane / 2, half = lane & 1, qpos = sq.pos0 + bk.r0 + r;
     float m = -INFINITY, l = 0.0f;   /* row r's, in both of its lanes */
@@ -241,22 +251,28 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
             }
         }
         __syncthreads();
-        /* S = q K^T for the warp's 16 rows, hi and lo products into one f32 accumulator */
+        /* S = q K^T for the warp's 16 rows, hi and lo products into one f32
+         * accumulator per 16 keys; each q fragment loaded once a tile */
+        {
+            cu_tc_acc acc[CU_TC_KEYS / 16];
 #pragma unroll
-        for (int t = 0; t < CU_TC_KEYS / 16; t++) {
-            cu_tc_acc acc;
-            wmma::fill_fragment(acc, 0.0f);
+            for (int t = 0; t < CU_TC_KEYS / 16; t++) wmma::fill_fragment(acc[t], 0.0f);
 #pragma unroll
             for (int ks = 0; ks < HDIM / 16; ks++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-                wmma::load_matrix_sync(b, Kt + t * 16 * LD + ks * 16, LD);
-                wmma::load_matrix_sync(a, Qh + w16 * LD + ks * 16, LD);
-                wmma::mma_sync(acc, a, b, acc);
-                wmma::load_matrix_sync(a, Ql + w16 * LD + ks * 16, LD);
-                wmma::mma_sync(acc, a, b, acc);
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+                wmma::load_matrix_sync(ah, Qh + w16 * LD + ks * 16, LD);
+                if (QL) wmma::load_matrix_sync(al, Ql + w16 * LD + ks * 16, LD);
+#pragma unroll
+                for (int t = 0; t < CU_TC_KEYS / 16; t++) {
+                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+                    wmma::load_matrix_sync(b, Kt + t * 16 * LD + ks * 16, LD);
+                    wmma::mma_sync(acc[t], ah, b, acc[t]);
+                    if (QL) wmma::mma_sync(acc[t], al, b, acc[t]);
+                }
             }
-            wmma::store_matrix_sync(S + w16 * LS + t * 16, acc, LS, wmma::mem_row_major);
+#pragma unroll
+            for (int t = 0; t < CU_TC_KEYS / 16; t++)
+                wmma::store_matrix_sync(S + w16 * LS + t * 16, acc[t], LS, wmma::mem_row_major);
         }
         __syncwarp();
         /* online softmax of row r: this lane's 32 keys, visited from key
@@ -293,7 +309,7 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
             const int jj = (j + lane) & 31;
             __half hi = __float2half_rn(v[j]);
             P[32 * half + jj] = hi;
-            P[CU_TC_KEYS + 32 * half + jj] = __float2half_rn(v[j] - __half2float(hi));
+            if (PL) P[CU_TC_KEYS + 32 * half + jj] = __float2half_rn(v[j] - __half2float(hi));
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) F[(r - w16) * 16 + 8 * half + ((j + (lane >> 2)) & 7)] = corr;
@@ -305,13 +321,13 @@ __global__ void __launch_bounds__(128) k_attn_tc(const float *q, const cu_attn_s
         for (int ks = 0; ks < CU_TC_KEYS / 16; ks++) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
             wmma::load_matrix_sync(ah, Pw + ks * 16, 2 * LS);
-            wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * LS);
+            if (PL) wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * LS);
 #pragma unroll
             for (int t = 0; t < HDIM / 16; t++) {
                 wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
                 wmma::load_matrix_sync(b, Vt + ks * 16 * LD + t * 16, LD);
                 wmma::mma_sync(o[t], ah, b, o[t]);
-                wmma::mma_sync(o[t], al, b, o[t]);
+                if (PL) wmma::mma_sync(o[t], al, b, o[t]);
             }
         }
     }
@@ -343,23 +359,32 @@ static int cu_attn_tc(cu_impl *c, uint32_t dt, const float *q, const cu_attn_seq
     for (int s = 0; s < n_seq; s++) longest = seqs[s].n > longest ? seqs[s].n : longest;
     /* head sizes 64 and 128 (Qwen2.5, Qwen3, Llama 3): the output tiles
      * live in registers, so the size is a template parameter */
-    if (!c->attn_tc || (hd != 64 && hd != 128) || longest < CU_TC_ROWS || cu_tc_smem(hd) > c->smem_optin) return 0;
+    const int split = c->attn_split;
+    if (!c->attn_tc || (hd != 64 && hd != 128) || longest < CU_TC_ROWS || cu_tc_smem(hd, split) > c->smem_optin)
+        return 0;
     const cu_attn_seq *ds;
     const cu_attn_blk *db;
     const int n_blk = cu_attn_tables(c, seqs, n_seq, CU_TC_ROWS, &ds, &db);
     if (n_blk < 0) { *rc = -1; return 1; }
-    const size_t smem = cu_tc_smem(hd);
+    const size_t smem = cu_tc_smem(hd, split);
     const dim3 grid((unsigned)n_blk, (unsigned)n_head);
     cudaError_t e;
-#define CU_TC_LAUNCH(T, D)                                                                                 \
-    e = cudaFuncSetAttribute(k_attn_tc<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);     \
+#define CU_TC_LAUNCH(T, D, S, M)                                                                            \
+    e = cudaFuncSetAttribute(k_attn_tc<T, D, S, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
     if (e == cudaSuccess)                                                                                   \
-        k_attn_tc<T, D><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
-#define CU_TC_HD(T) do { if (hd == 64) { CU_TC_LAUNCH(T, 64); } else { CU_TC_LAUNCH(T, 128); } } while (0)
+        k_attn_tc<T, D, S, M><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
+#define CU_TC_SPLIT(T, D)                                                                                   \
+    do {                                                                                                    \
+        if (split == 3) { CU_TC_LAUNCH(T, D, 3, 2); }                                                       \
+        else if (split == 0) { CU_TC_LAUNCH(T, D, 0, 3); }                                                  \
+        else { CU_TC_LAUNCH(T, D, 1, 2); }                                                                  \
+    } while (0)
+#define CU_TC_HD(T) do { if (hd == 64) CU_TC_SPLIT(T, 64); else CU_TC_SPLIT(T, 128); } while (0)
     if (dt == GGML_TYPE_Q8_0) CU_TC_HD(GGML_TYPE_Q8_0);
     else if (dt == GGML_TYPE_BF16) CU_TC_HD(GGML_TYPE_BF16);
     else CU_TC_HD(GGML_TYPE_F16);
 #undef CU_TC_HD
+#undef CU_TC_SPLIT
 #undef CU_TC_LAUNCH
     *rc = cu_check(c, e != cudaSuccess ? e : cudaGetLastError(), "attention (tensor cores)");
     return 1;

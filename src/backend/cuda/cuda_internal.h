@@ -269,6 +269,7 @@ typedef struct {
     unsigned moe_grouped_no;    /* bit 0 F16, 1 BF16, 2 F32: cuBLAS refused the grouped call for that type */
     int moe_pad;                /* MoE experts padded to one batched GEMM: 0 never, 1 when it wastes little, 2 always */
     int attn_tc;                /* long prompts' attention on tensor cores (TANDEM_CUDA_ATTN=cores: off) */
+    int attn_split;             /* tensor-core attention: bit 0 q, bit 1 probabilities as hi + lo halves */
     size_t smem_optin;          /* shared memory a block may opt in to (sm_90: 227 KiB, sm_120: 99 KiB) */
     size_t reserve;             /* device bytes kept free for caches and activations */
     int prof;                   /* TANDEM_CUDA_PROFILE: per-op wall time */
@@ -319,18 +320,35 @@ void cu_launch_to_half(cu_impl *c, int bf16, const float *x, void *hi, void *lo,
 void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y);
 /* Whether cu_matmul takes n_tok rows through the matrix-vector kernel. */
 int cu_matmul_uses_mmv(int n_tok);
+/* Activations as a product takes them for weights of one type (type):
+ * f32 as they are (hi), or converted to hi (and, with gemm_split, lo)
+ * halves in the backend's act buffer, where the next conversion replaces
+ * them (in stream order: products already queued read the old ones). */
+typedef struct {
+    cudaDataType_t type;
+    const void *hi, *lo;        /* lo NULL: one product */
+} cu_act;
+/* The type w's products take their activations in. */
+cudaDataType_t cu_matmul_act_type(const cu_weight *w);
+/* Room in the act buffer for n activations of type (a->hi, a->lo set, the
+ * caller writes them), or x itself for f32; 0, or -1 with the failure
+ * recorded. cu_matmul_act fills it from the n floats of x. */
+int cu_matmul_act_room(cu_impl *c, cudaDataType_t type, const float *x, size_t n, cu_act *a);
+int cu_matmul_act(cu_impl *c, cudaDataType_t type, const float *x, size_t n, cu_act *a);
 /* The same for several experts at once: group g multiplies expert e[g]
- * with cnt[g] rows of x at row off[g] into y at row off[g]. */
+ * with cnt[g] rows of x at row off[g] into y at row off[g]. a: x already
+ * converted for w (cu_matmul_act), or NULL. */
 void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off,
-                       const int *cnt, const float *x, float *y);
+                       const int *cnt, const float *x, const cu_act *a, float *y);
 /* Whether w can go through cu_matmul_experts_padded (a resident half or
  * f32 form). */
 int cu_matmul_pads(const cu_weight *w);
-/* Padded groups: group g multiplies expert e[g] with the stride rows of x
- * at row g * stride into y at row g * stride (rows past a group's own are
- * zeros, and their products are not read); one batched GEMM. */
-void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride, const float *x,
-                              float *y);
+/* Padded groups: group g multiplies expert e[g] with the stride rows of the
+ * activations a (converted for w) at row g * stride into y at row g *
+ * stride (rows past a group's own are zeros, and their products are not
+ * read); one batched GEMM. */
+void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride,
+                              const cu_act *a, float *y);
 
 /* ==== Attention (cuda_attention.cu) ==== */
 typedef struct {

@@ -78,7 +78,7 @@ static void cu_mmv(cu_impl *c, const cu_weight *w, int expert, const float *x, i
 
 /* The type w meets cuBLAS in: its resident half copy or native type, else
  * F16 (quantized weights dequantized per product). */
-static cudaDataType_t cu_gemm_type(const cu_weight *w) {
+cudaDataType_t cu_matmul_act_type(const cu_weight *w) {
     if (w->half) return CUDA_R_16F;
     switch (w->type) {
     case GGML_TYPE_F32: return CUDA_R_32F;
@@ -87,7 +87,7 @@ static cudaDataType_t cu_gemm_type(const cu_weight *w) {
     }
 }
 
-/* Expert e of w as a cuBLAS operand of type cu_gemm_type(w) (dequantizing a
+/* Expert e of w as a cuBLAS operand of type cu_matmul_act_type(w) (dequantizing a
  * quantized weight into the scratch buffer if it has no F16 copy). */
 static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert) {
     size_t n = (size_t)w->ne1 * (size_t)w->ne0;
@@ -99,22 +99,25 @@ static const void *cu_gemm_weight(cu_impl *c, const cu_weight *w, int expert) {
     return c->wtmp.p;
 }
 
-/* The activations as cuBLAS wants them for weights of type at: f32 as
- * they are, else hi (and lo, when splitting) in the half type. */
-static int cu_gemm_act(cu_impl *c, cudaDataType_t at, const float *x, size_t n, const void **hi, const void **lo) {
-    *lo = NULL;
-    if (at == CUDA_R_32F) { *hi = x; return 0; }
-    int split = c->gemm_split != 0;
+int cu_matmul_act_room(cu_impl *c, cudaDataType_t type, const float *x, size_t n, cu_act *a) {
+    *a = (cu_act){ type, x, NULL };
+    if (type == CUDA_R_32F) return 0;
+    const int split = c->gemm_split != 0;
     if (cu_buf_need(c, &c->act, n * 2 * (split ? 2 : 1))) return -1;
     uint16_t *h = (uint16_t *)c->act.p;
-    cu_launch_to_half(c, at == CUDA_R_16BF, x, h, split ? h + n : NULL, n);
-    *hi = h;
-    if (split) *lo = h + n;
+    a->hi = h;
+    a->lo = split ? h + n : NULL;
     return 0;
 }
 
-/* y = W_e x for n_tok rows whose activations cu_gemm_act prepared (bl may
- * be NULL): one product, or two summed. */
+int cu_matmul_act(cu_impl *c, cudaDataType_t type, const float *x, size_t n, cu_act *a) {
+    if (cu_matmul_act_room(c, type, x, n, a)) return -1;
+    if (type != CUDA_R_32F) cu_launch_to_half(c, type == CUDA_R_16BF, x, (void *)a->hi, (void *)a->lo, n);
+    return c->failed ? -1 : 0;
+}
+
+/* y = W_e x for n_tok rows whose activations cu_matmul_act prepared (bl
+ * may be NULL): one product, or two summed. */
 static void cu_gemm_run(cu_impl *c, const cu_weight *w, int expert, cudaDataType_t at, const void *bh,
                         const void *bl, int n_tok, float *y) {
     const void *a = cu_gemm_weight(c, w, expert);
@@ -129,10 +132,9 @@ static void cu_gemm_run(cu_impl *c, const cu_weight *w, int expert, cudaDataType
 }
 
 static void cu_gemm(cu_impl *c, const cu_weight *w, int expert, const float *x, int n_tok, float *y) {
-    cudaDataType_t at = cu_gemm_type(w);
-    const void *bh, *bl;
-    if (cu_gemm_act(c, at, x, (size_t)n_tok * w->ne0, &bh, &bl)) return;
-    cu_gemm_run(c, w, expert, at, bh, bl, n_tok, y);
+    cu_act a;
+    if (cu_matmul_act(c, cu_matmul_act_type(w), x, (size_t)n_tok * w->ne0, &a)) return;
+    cu_gemm_run(c, w, expert, a.type, a.hi, a.lo, n_tok, y);
 }
 
 int cu_matmul_uses_mmv(int n_tok) { return n_tok <= CU_MMV_MAX_TOK; }
@@ -145,18 +147,27 @@ void cu_matmul(cu_impl *c, const cu_weight *w, int expert, const float *x, int n
 
 /* ==== Several experts ==== */
 
+/* The pointer arrays of a batched call, 4 x n_group of them (A, B hi,
+ * B lo, C), into the backend's ptrs buffer in stream order; the device
+ * copy, or NULL with the failure recorded. The host array may be freed on
+ * return: a copy from pageable memory has taken its bytes by then. */
+static const void **cu_upload_ptrs(cu_impl *c, const void *const *ptr, int n_group, const char *what) {
+    const size_t bytes = sizeof(void *) * 4 * (size_t)n_group;
+    if (cu_buf_need(c, &c->ptrs, bytes) ||
+        cu_check(c, cudaMemcpyAsync(c->ptrs.p, ptr, bytes, cudaMemcpyHostToDevice, c->cs), what))
+        return NULL;
+    return (const void **)c->ptrs.p;
+}
+
 /* One cublasGemmGroupedBatchedEx call for all groups (each a group of one
- * problem): weights with a resident half or f32 form only. Returns 0 if it
- * ran, 1 if the caller must loop instead. */
+ * problem), over activations a converted for w: weights with a resident
+ * half or f32 form only. Returns 0 if it ran, 1 if the caller must loop
+ * instead. */
 static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off, const int *cnt,
-                      const float *x, float *y) {
-    if (!w->half && !cu_is_half_native(w->type)) return 1;   /* no resident half or f32 form */
-    const cudaDataType_t at = cu_gemm_type(w);
+                      const cu_act *a, float *y) {
+    const cudaDataType_t at = a->type;
     const unsigned tbit = 1u << (at == CUDA_R_16F ? 0 : at == CUDA_R_16BF ? 1 : 2);
     if (c->moe_grouped_no & tbit) return 1;
-    size_t rows = (size_t)off[n_group - 1] + (size_t)cnt[n_group - 1];
-    const void *bh, *bl;
-    if (cu_gemm_act(c, at, x, rows * (size_t)w->ne0, &bh, &bl)) return 0;
     size_t esz = at == CUDA_R_32F ? 4 : 2;
     const uint8_t *wbase = w->half ? (const uint8_t *)w->half : (const uint8_t *)w->raw;
     size_t wexp = (size_t)w->ne1 * (size_t)w->ne0 * esz;
@@ -176,15 +187,12 @@ static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e,
             ab[g] = 1.0f; ab[n_group + g] = 0.0f;
             ops[g] = CUBLAS_OP_T; ops[n_group + g] = CUBLAS_OP_N;
             ptr[g] = wbase + (size_t)e[g] * wexp;
-            ptr[n_group + g] = (const uint8_t *)bh + (size_t)off[g] * w->ne0 * esz;
-            ptr[2 * n_group + g] = bl ? (const uint8_t *)bl + (size_t)off[g] * w->ne0 * esz : NULL;
+            ptr[n_group + g] = (const uint8_t *)a->hi + (size_t)off[g] * w->ne0 * esz;
+            ptr[2 * n_group + g] = a->lo ? (const uint8_t *)a->lo + (size_t)off[g] * w->ne0 * esz : NULL;
             ptr[3 * n_group + g] = y + (size_t)off[g] * w->ne1;
         }
-        if (cu_buf_need(c, &c->ptrs, sizeof(void *) * 4 * (size_t)n_group)) goto out;
-        const void **dp = (const void **)c->ptrs.p;
-        if (cu_check(c, cudaMemcpyAsync(dp, ptr, sizeof(void *) * 4 * (size_t)n_group, cudaMemcpyHostToDevice, c->cs),
-                     "grouped GEMM pointers"))
-            goto out;
+        const void **dp = cu_upload_ptrs(c, ptr, n_group, "grouped GEMM pointers");
+        if (!dp) goto out;
         cublasStatus_t s = cublasGemmGroupedBatchedEx(c->blas, ops, ops + n_group, mm, nn, kk, ab, dp, at, lda,
                                                       dp + n_group, at, ldb, ab + n_group, (void *const *)(dp + 3 * n_group),
                                                       CUDA_R_32F, ldc, n_group, gs, CUBLAS_COMPUTE_32F);
@@ -196,7 +204,7 @@ static int cu_grouped(cu_impl *c, const cu_weight *w, int n_group, const int *e,
             goto out;
         }
         if (cu_check_blas(c, s, "cublasGemmGroupedBatchedEx")) goto out;
-        if (bl) {
+        if (a->lo) {
             for (int g = 0; g < n_group; g++) ab[n_group + g] = 1.0f;   /* beta: add the lo product */
             cu_check_blas(c, cublasGemmGroupedBatchedEx(c->blas, ops, ops + n_group, mm, nn, kk, ab, dp, at, lda,
                                                         dp + 2 * n_group, at, ldb, ab + n_group,
@@ -215,27 +223,33 @@ out:
 }
 
 void cu_matmul_experts(cu_impl *c, const cu_weight *w, int n_group, const int *e, const int *off, const int *cnt,
-                       const float *x, float *y) {
+                       const float *x, const cu_act *a, float *y) {
     if (n_group <= 0 || c->failed) return;
-    int total = off[n_group - 1] + cnt[n_group - 1];
+    const int total = off[n_group - 1] + cnt[n_group - 1];
+    const cudaDataType_t at = cu_matmul_act_type(w);
+    if (a && a->type != at) a = NULL;   /* converted for another type: not for these */
+    cu_act own;
     /* decode-sized groups read each expert once in the matrix-vector kernel */
-    if (c->moe_grouped && total > CU_MMV_MAX_TOK * n_group &&
-        cu_grouped(c, w, n_group, e, off, cnt, x, y) == 0)
-        return;
+    if (c->moe_grouped && total > CU_MMV_MAX_TOK * n_group && (w->half || cu_is_half_native(w->type))) {
+        if (!a && cu_matmul_act(c, at, x, (size_t)total * w->ne0, &own)) return;
+        if (cu_grouped(c, w, n_group, e, off, cnt, a ? a : &own, y) == 0 || c->failed) return;
+        if (!a) a = &own;
+    }
     /* one expert at a time: the activations of all groups converted once,
      * each group then one product (or the matrix-vector kernel) */
-    cudaDataType_t at = cu_gemm_type(w);
     const size_t esz = at == CUDA_R_32F ? 4 : 2;
-    const void *bh = NULL, *bl = NULL;
     int any_gemm = 0;
     for (int g = 0; g < n_group; g++) any_gemm |= !cu_matmul_uses_mmv(cnt[g]);
-    if (any_gemm && cu_gemm_act(c, at, x, (size_t)total * w->ne0, &bh, &bl)) return;
+    if (any_gemm && !a) {
+        if (cu_matmul_act(c, at, x, (size_t)total * w->ne0, &own)) return;
+        a = &own;
+    }
     for (int g = 0; g < n_group && !c->failed; g++) {
         const size_t xo = (size_t)off[g] * w->ne0;
         float *yg = y + (size_t)off[g] * w->ne1;
         if (cu_matmul_uses_mmv(cnt[g])) cu_mmv(c, w, e[g], x + xo, cnt[g], yg);
-        else cu_gemm_run(c, w, e[g], at, (const uint8_t *)bh + xo * esz, bl ? (const uint8_t *)bl + xo * esz : NULL,
-                         cnt[g], yg);
+        else cu_gemm_run(c, w, e[g], at, (const uint8_t *)a->hi + xo * esz,
+                         a->lo ? (const uint8_t *)a->lo + xo * esz : NULL, cnt[g], yg);
     }
 }
 
@@ -252,13 +266,12 @@ int cu_matmul_pads(const cu_weight *w) {
  * else through pointer arrays. cuBLAS runs a uniform batch as one kernel
  * over every expert at once, where the grouped call's small problems of
  * different sizes ran at a fraction of the card (docs/bench.md). */
-void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride, const float *x,
-                              float *y) {
+void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const int *e, int stride,
+                              const cu_act *a, float *y) {
     if (n_group <= 0 || stride <= 0 || c->failed) return;
-    const cudaDataType_t at = cu_gemm_type(w);
-    const size_t esz = at == CUDA_R_32F ? 4 : 2, rows = (size_t)n_group * (size_t)stride;
-    const void *bh, *bl;
-    if (cu_gemm_act(c, at, x, rows * (size_t)w->ne0, &bh, &bl)) return;
+    if (a->type != cu_matmul_act_type(w)) { cu_check(c, cudaErrorInvalidValue, "batched GEMM activations"); return; }
+    const cudaDataType_t at = a->type;
+    const size_t esz = at == CUDA_R_32F ? 4 : 2;
     const uint8_t *wbase = w->half ? (const uint8_t *)w->half : (const uint8_t *)w->raw;
     const size_t wexp = (size_t)w->ne1 * (size_t)w->ne0;          /* elements of one expert */
     const int m = (int)w->ne1, k = (int)w->ne0;
@@ -267,7 +280,7 @@ void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const
     int in_order = (int64_t)n_group * w->ne1 == w->rows;
     for (int g = 0; g < n_group && in_order; g++) in_order = e[g] == g;
     if (in_order) {
-        const void *half[2] = { bh, bl };
+        const void *half[2] = { a->hi, a->lo };
         for (int h = 0; h < 2 && half[h]; h++)
             cu_check_blas(c, cublasGemmStridedBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, stride, k, &one, wbase,
                                                         at, k, (long long)wexp, half[h], at, k, sb, h ? &one : &zero, y,
@@ -276,25 +289,19 @@ void cu_matmul_experts_padded(cu_impl *c, const cu_weight *w, int n_group, const
                           h ? "cublasGemmStridedBatchedEx (lo)" : "cublasGemmStridedBatchedEx");
         return;
     }
-    /* pointer arrays A, B(hi), B(lo), C, uploaded in the stream's order */
+    /* pointer arrays A, B(hi), B(lo), C */
     const void **ptr = (const void **)malloc(sizeof(void *) * 4 * (size_t)n_group);
     if (!ptr) { cu_check(c, cudaErrorMemoryAllocation, "batched GEMM pointers"); return; }
     for (int g = 0; g < n_group; g++) {
         ptr[g] = wbase + (size_t)e[g] * wexp * esz;
-        ptr[n_group + g] = (const uint8_t *)bh + (size_t)g * sb * esz;
-        ptr[2 * n_group + g] = bl ? (const uint8_t *)bl + (size_t)g * sb * esz : NULL;
+        ptr[n_group + g] = (const uint8_t *)a->hi + (size_t)g * sb * esz;
+        ptr[2 * n_group + g] = a->lo ? (const uint8_t *)a->lo + (size_t)g * sb * esz : NULL;
         ptr[3 * n_group + g] = y + (size_t)g * sc;
     }
-    if (cu_buf_need(c, &c->ptrs, sizeof(void *) * 4 * (size_t)n_group) ||
-        cu_check(c, cudaMemcpyAsync(c->ptrs.p, ptr, sizeof(void *) * 4 * (size_t)n_group, cudaMemcpyHostToDevice,
-                                    c->cs), "batched GEMM pointers")) {
-        free(ptr);
-        return;
-    }
-    /* the copy is staged from pageable memory before cudaMemcpyAsync returns */
+    const void *const *dp = cu_upload_ptrs(c, ptr, n_group, "batched GEMM pointers");
     free(ptr);
-    const void *const *dp = (const void *const *)c->ptrs.p;
-    for (int h = 0; h < 2 && (h == 0 || bl); h++)
+    if (!dp) return;
+    for (int h = 0; h < 2 && (h == 0 || a->lo); h++)
         cu_check_blas(c, cublasGemmBatchedEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, stride, k, &one, dp, at, k,
                                              dp + (1 + h) * n_group, at, k, h ? &one : &zero,
                                              (void *const *)(dp + 3 * n_group), CUDA_R_32F, m, n_group,

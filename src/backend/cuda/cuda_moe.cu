@@ -7,14 +7,18 @@
  *      wait of the block (cuBLAS takes its shapes from the host, and the
  *      counts choose the layout, cu_moe_stride)
  *   4. rows grouped by expert, in token order (k_moe_place, one block per
- *      expert), gathered (k_moe_gather): packed, or padded (every group as
- *      long as the largest, zero rows after its own)
+ *      expert), gathered: packed (k_moe_gather, f32), or padded (every
+ *      group as long as the largest, zero rows after its own; k_moe_gather_half
+ *      writes them straight in the halves the products take)
  *   5. gathered rows through gate, up, SwiGLU and down: padded, one batched
  *      GEMM per matrix (cu_matmul_experts_padded); packed, one grouped GEMM
- *      per matrix (cu_matmul_experts)
+ *      per matrix (cu_matmul_experts). Gate and up read the same converted
+ *      rows.
  *   6. each token's k outputs summed with their weights, in expert order
  *      as the CPU backend adds them                        (k_moe_combine)
  */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <stdlib.h>
 
 #include "cuda_internal.h"
@@ -109,6 +113,19 @@ __global__ void k_moe_gather(const float *x, const int *src_tok, int rows, int d
     }
 }
 
+/* The same into hi (and lo) halves, as cu_matmul_act converts rows. */
+template <typename H>
+__global__ void k_moe_gather_half(const float *x, const int *src_tok, int rows, int dim, H *hi, H *lo) {
+    size_t n = (size_t)rows * dim;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const int t = src_tok[i / dim];
+        const float v = t < 0 ? 0.0f : x[(size_t)t * dim + i % dim];
+        const H h = (H)v;
+        hi[i] = h;
+        if (lo) lo[i] = (H)(v - (float)h);
+    }
+}
+
 __global__ void k_moe_combine(const float *down, const int *sel, const float *selw, const int *slot_row, int n_tok,
                               int k, int dim, float *y) {
     size_t n = (size_t)n_tok * dim;
@@ -157,23 +174,36 @@ static int cu_moe_stride(const cu_impl *c, const cu_weight *const w[3], int rows
     return max_cnt;
 }
 
-/* The routed rows' products: gate, up, SwiGLU, down, packed or padded. */
+/* The routed rows' products: gate, up, SwiGLU, down, packed (xg: the
+ * gathered rows in f32) or padded (xa: the gathered rows already in the
+ * halves gate's products take). Gate and up share one conversion when
+ * their weights take the same type. */
 static void cu_moe_experts(cu_impl *c, const cu_weight *const w[3], int ng, const int *ge, const int *goff,
-                           const int *gcnt, int stride, size_t prows, int nff, float *xg, float *gate, float *up,
-                           float *down) {
+                           const int *gcnt, int stride, size_t prows, int dim, int nff, const float *xg,
+                           const cu_act *xa, float *gate, float *up, float *down) {
     double t0 = cu_prof_begin(c);
+    cu_act a;
     if (stride > 0) {
-        cu_matmul_experts_padded(c, w[0], ng, ge, stride, xg, gate);
-        cu_matmul_experts_padded(c, w[1], ng, ge, stride, xg, up);
+        cu_matmul_experts_padded(c, w[0], ng, ge, stride, xa, gate);
+        if (cu_matmul_act_type(w[1]) == xa->type) a = *xa;
+        else if (cu_matmul_act(c, cu_matmul_act_type(w[1]), xg, prows * (size_t)dim, &a)) return;
+        cu_matmul_experts_padded(c, w[1], ng, ge, stride, &a, up);
     } else {
-        cu_matmul_experts(c, w[0], ng, ge, goff, gcnt, xg, gate);
-        cu_matmul_experts(c, w[1], ng, ge, goff, gcnt, xg, up);
+        const cudaDataType_t at = cu_matmul_act_type(w[0]);
+        const int shared = at == cu_matmul_act_type(w[1]) && !cu_matmul_uses_mmv((int)(prows / (size_t)ng));
+        if (shared && cu_matmul_act(c, at, xg, prows * (size_t)dim, &a)) return;
+        cu_matmul_experts(c, w[0], ng, ge, goff, gcnt, xg, shared ? &a : NULL, gate);
+        cu_matmul_experts(c, w[1], ng, ge, goff, gcnt, xg, shared ? &a : NULL, up);
     }
     cu_launch_swiglu(c, gate, up, gate, prows * (size_t)nff);
     cu_prof_end(c, CU_P_MOE_GATE_UP, t0);
     t0 = cu_prof_begin(c);
-    if (stride > 0) cu_matmul_experts_padded(c, w[2], ng, ge, stride, gate, down);
-    else cu_matmul_experts(c, w[2], ng, ge, goff, gcnt, gate, down);
+    if (stride > 0) {
+        if (cu_matmul_act(c, cu_matmul_act_type(w[2]), gate, prows * (size_t)nff, &a)) return;
+        cu_matmul_experts_padded(c, w[2], ng, ge, stride, &a, down);
+    } else {
+        cu_matmul_experts(c, w[2], ng, ge, goff, gcnt, gate, NULL, down);
+    }
     cu_prof_end(c, CU_P_MOE_DOWN, t0);
 }
 
@@ -229,20 +259,37 @@ int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y)
             c->moe_calls++;
             if (stride > 0) { c->moe_padded++; c->moe_rows_routed += rows; c->moe_rows_padded += (long long)prows; }
         }
-        /* gathered rows: src_tok | xg, gate, up, down, each region aligned */
-        const size_t r_tok = cu_moe_region(prows), r_x = cu_moe_region(prows * dim), r_f = cu_moe_region(prows * nff);
-        if (cu_buf_need(c, &c->moe_rows, r_tok + 2 * r_x + 2 * r_f)) goto out;
+        /* padded rows whose gate and up take the same halves are gathered
+         * straight into them; other rows first in f32 (xg) */
+        const cudaDataType_t at = cu_matmul_act_type(wg);
+        const int fused = stride > 0 && at != CUDA_R_32F && at == cu_matmul_act_type(wu);
+        /* gathered rows: src_tok | xg (unless fused), gate, up, down, each region aligned */
+        const size_t r_tok = cu_moe_region(prows), r_x = fused ? 0 : cu_moe_region(prows * dim);
+        const size_t r_f = cu_moe_region(prows * nff);
+        if (cu_buf_need(c, &c->moe_rows, r_tok + r_x + 3 * r_f)) goto out;
         uint8_t *base = (uint8_t *)c->moe_rows.p;
         int *src_tok = (int *)base;
-        float *xg = (float *)(base + r_tok), *gate = (float *)(base + r_tok + r_x);
+        float *xg = fused ? NULL : (float *)(base + r_tok), *gate = (float *)(base + r_tok + r_x);
         float *up = (float *)(base + r_tok + r_x + r_f), *down = (float *)(base + r_tok + r_x + 2 * r_f);
         if (stride > 0 && cu_check(c, cudaMemsetAsync(src_tok, 0xff, sizeof(int) * prows, c->cs), "MoE padding"))
             goto out;
         k_moe_place<<<ne, 256, 0, c->cs>>>(sel, rows, k, counts, stride, slot_row, src_tok);
-        k_moe_gather<<<cu_moe_blocks(prows * dim), 256, 0, c->cs>>>(x, src_tok, (int)prows, dim, xg);
+        cu_act xa = { at, xg, NULL };
+        if (fused) {
+            if (cu_matmul_act_room(c, at, NULL, prows * dim, &xa)) goto out;
+            if (at == CUDA_R_16BF)
+                k_moe_gather_half<<<cu_moe_blocks(prows * dim), 256, 0, c->cs>>>(
+                    x, src_tok, (int)prows, dim, (__nv_bfloat16 *)xa.hi, (__nv_bfloat16 *)xa.lo);
+            else
+                k_moe_gather_half<<<cu_moe_blocks(prows * dim), 256, 0, c->cs>>>(x, src_tok, (int)prows, dim,
+                                                                                 (__half *)xa.hi, (__half *)xa.lo);
+        } else {
+            k_moe_gather<<<cu_moe_blocks(prows * dim), 256, 0, c->cs>>>(x, src_tok, (int)prows, dim, xg);
+            if (stride > 0 && cu_matmul_act(c, at, xg, prows * dim, &xa)) goto out;
+        }
         if (cu_check(c, cudaGetLastError(), "MoE grouping")) goto out;
         cu_prof_end(c, CU_P_MOE_GATHER, t0);
-        cu_moe_experts(c, w3, ng, ge, goff, gcnt, stride, prows, nff, xg, gate, up, down);
+        cu_moe_experts(c, w3, ng, ge, goff, gcnt, stride, prows, dim, nff, xg, &xa, gate, up, down);
         t0 = cu_prof_begin(c);
         k_moe_combine<<<cu_moe_blocks((size_t)n_tok * dim), 256, 0, c->cs>>>(down, sel, selw, slot_row, n_tok, k,
                                                                              dim, y);
