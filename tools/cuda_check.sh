@@ -9,6 +9,9 @@
 #   3. test_handoff with CUDA prefill nodes and CPU decode (the cross-backend
 #      KV proof: F16/F32 split output == CPU-only output)
 #   4. tandem bench --backend cuda on the model files named in BENCH_MODELS
+# Step memcheck runs step 1 under compute-sanitizer (every device read and
+# write against the bounds of its allocation): a scratch region sized for
+# the wrong width once wrote past its buffer with every check passing.
 # Step 2 runs again with TANDEM_CUDA_ATTN=cores (long prompts' attention on
 # CUDA cores instead of the default tensor cores; step 1 checks both), and
 # step 4 benchmarks both ways. Step golden_repeat loads each quantized file
@@ -22,7 +25,7 @@ BIN=${BIN:-build-cuda}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 MODELS=${TANDEM_MODELS:-$BIN/models}
 LOG_DIR=${LOG_DIR:-$BIN/cuda-check}
-STEPS=${STEPS:-ops golden golden_cores golden_repeat handoff bench}
+STEPS=${STEPS:-ops memcheck golden golden_cores golden_repeat handoff bench}
 REPEAT=${REPEAT:-8}
 BENCH_MODELS=${BENCH_MODELS:-}
 BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
@@ -64,6 +67,11 @@ for s in $STEPS; do
             if grep -q '^skipped: no CUDA device' "$LOG_DIR/repeat.log"; then echo "== golden_repeat: skipped, no CUDA device"; break; fi
             echo "== golden_repeat $q: $((REPEAT - bad)) of $REPEAT loads passed"
         done ;;
+    memcheck)   # every device access against its allocation's bounds
+        san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+        if [ -z "$san" ]; then echo "== memcheck: skipped, no compute-sanitizer"; continue; fi
+        step memcheck ${T_MEMCHECK:-600} "$san" --tool memcheck --error-exitcode 9 "$BIN/test_backend_ops"
+        grep -E 'ERROR SUMMARY|Invalid' "$LOG_DIR/memcheck.log" | head -n 5 ;;
     handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
     bench) for m in $BENCH_MODELS; do
                for a in cores tc; do

@@ -263,10 +263,11 @@ int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y)
          * straight into them; other rows first in f32 (xg) */
         const cudaDataType_t at = cu_matmul_act_type(wg);
         const int fused = stride > 0 && at != CUDA_R_32F && at == cu_matmul_act_type(wu);
-        /* gathered rows: src_tok | xg (unless fused), gate, up, down, each region aligned */
-        const size_t r_tok = cu_moe_region(prows), r_x = fused ? 0 : cu_moe_region(prows * dim);
+        /* gathered rows: src_tok | xg (unless fused) | gate, up (nff wide) |
+         * down (dim wide), each region aligned */
+        const size_t r_tok = cu_moe_region(prows), r_d = cu_moe_region(prows * dim), r_x = fused ? 0 : r_d;
         const size_t r_f = cu_moe_region(prows * nff);
-        if (cu_buf_need(c, &c->moe_rows, r_tok + r_x + 3 * r_f)) goto out;
+        if (cu_buf_need(c, &c->moe_rows, r_tok + r_x + 2 * r_f + r_d)) goto out;
         uint8_t *base = (uint8_t *)c->moe_rows.p;
         int *src_tok = (int *)base;
         float *xg = fused ? NULL : (float *)(base + r_tok), *gate = (float *)(base + r_tok + r_x);
