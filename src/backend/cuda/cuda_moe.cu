@@ -212,6 +212,15 @@ static void cu_moe_experts(cu_impl *c, const cu_weight *const w[3], int ng, cons
  * pointers they are given (they cannot check them). */
 static size_t cu_moe_region(size_t n) { return (n * 4 + 255) & ~(size_t)255; }
 
+/* The next region of n floats (or ints) of a scratch layout: its offset,
+ * with *end moved past it. Each region's size is stated once, where it is
+ * taken, and the buffer's size is *end. */
+static size_t cu_moe_take(size_t *end, size_t n) {
+    size_t at = *end;
+    *end += cu_moe_region(n);
+    return at;
+}
+
 int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y) {
     const int ne = m->n_expert, k = m->n_expert_used;
     if (ne > CU_MOE_MAX_EXPERTS || k > ne || k < 1 || n_tok < 1) return -1;
@@ -263,15 +272,17 @@ int cu_moe_ffn(cu_impl *c, const be_moe *m, const float *x, int n_tok, float *y)
          * straight into them; other rows first in f32 (xg) */
         const cudaDataType_t at = cu_matmul_act_type(wg);
         const int fused = stride > 0 && at != CUDA_R_32F && at == cu_matmul_act_type(wu);
-        /* gathered rows: src_tok | xg (unless fused) | gate, up (nff wide) |
-         * down (dim wide), each region aligned */
-        const size_t r_tok = cu_moe_region(prows), r_d = cu_moe_region(prows * dim), r_x = fused ? 0 : r_d;
-        const size_t r_f = cu_moe_region(prows * nff);
-        if (cu_buf_need(c, &c->moe_rows, r_tok + r_x + 2 * r_f + r_d)) goto out;
+        /* gathered rows: src_tok | xg (dim wide, unless fused) | gate, up
+         * (nff wide) | down (dim wide) */
+        size_t end = 0;
+        const size_t o_tok = cu_moe_take(&end, prows), o_x = fused ? 0 : cu_moe_take(&end, prows * dim);
+        const size_t o_gate = cu_moe_take(&end, prows * nff), o_up = cu_moe_take(&end, prows * nff);
+        const size_t o_down = cu_moe_take(&end, prows * dim);
+        if (cu_buf_need(c, &c->moe_rows, end)) goto out;
         uint8_t *base = (uint8_t *)c->moe_rows.p;
-        int *src_tok = (int *)base;
-        float *xg = fused ? NULL : (float *)(base + r_tok), *gate = (float *)(base + r_tok + r_x);
-        float *up = (float *)(base + r_tok + r_x + r_f), *down = (float *)(base + r_tok + r_x + 2 * r_f);
+        int *src_tok = (int *)(base + o_tok);
+        float *xg = fused ? NULL : (float *)(base + o_x), *gate = (float *)(base + o_gate);
+        float *up = (float *)(base + o_up), *down = (float *)(base + o_down);
         if (stride > 0 && cu_check(c, cudaMemsetAsync(src_tok, 0xff, sizeof(int) * prows, c->cs), "MoE padding"))
             goto out;
         k_moe_place<<<ne, 256, 0, c->cs>>>(sel, rows, k, counts, stride, slot_row, src_tok);
