@@ -188,14 +188,34 @@ template <int HDIM> __device__ __forceinline__ void cu_tc_scale_rows(cu_tc_acc *
         for (int e = 0; e < f.num_elements; e++) o[t].x[e] *= f.x[e];
 }
 
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> cu_tc_a;
+
+/* One 16-deep step of a warp's product: acc[t] += a B_t for the NT tiles
+ * B_t at b + t * step (layout BL, leading dimension ld), and with LO the lo
+ * half's product al B_t too. Both of the kernel's products are this step:
+ * q K^T (K tiles column-major, one per 16 keys) and P V (V tiles
+ * row-major, one per 16 output dims). */
+template <typename BL, int NT, bool LO>
+__device__ __forceinline__ void cu_tc_mma_step(cu_tc_acc *acc, const cu_tc_a &ah, const cu_tc_a &al,
+                                               const __half *b, int step, int ld) {
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, BL> f;
+        wmma::load_matrix_sync(f, b + t * step, ld);
+        wmma::mma_sync(acc[t], ah, f, acc[t]);
+        if (LO) wmma::mma_sync(acc[t], al, f, acc[t]);
+    }
+}
+
 /* A block: query head blockIdx.y, rows [r0, r0 + 64) of one sequence (the
  * table entry blockIdx.x); warp w owns rows r0 + 16 w .. + 16 and keeps
  * their output in registers (HDIM / 16 accumulator tiles); lanes 2i and
  * 2i + 1 keep row i's running max and sum. SPLIT: bit 0, q as hi + lo
- * halves; bit 1, the probabilities too. MINB: blocks an SM should hold
- * (registers capped to fit; 3 only where the shared memory allows it). */
-template <uint32_t DT, int HDIM, int SPLIT, int MINB>
-__global__ void __launch_bounds__(128, MINB) k_attn_tc(const float *q, const cu_attn_seq *seqs, const cu_attn_blk *blks,
+ * halves; bit 1, the probabilities too. Blocks an SM should hold (the
+ * registers are capped to fit): 3 with q unsplit, whose shared memory
+ * allows three (cu_tc_smem), else 2. */
+template <uint32_t DT, int HDIM, int SPLIT>
+__global__ void __launch_bounds__(128, SPLIT & 1 ? 2 : 3) k_attn_tc(const float *q, const cu_attn_seq *seqs, const cu_attn_blk *blks,
                                                  int n_head, int n_head_kv, size_t rb, float scale, float *out) {
     extern __shared__ __align__(128) unsigned char smraw[];
     const int h = blockIdx.y, kvh = h / (n_head / n_head_kv), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -259,16 +279,10 @@ __global__ void __launch_bounds__(128, MINB) k_attn_tc(const float *q, const cu_
             for (int t = 0; t < CU_TC_KEYS / 16; t++) wmma::fill_fragment(acc[t], 0.0f);
 #pragma unroll
             for (int ks = 0; ks < HDIM / 16; ks++) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+                cu_tc_a ah, al;
                 wmma::load_matrix_sync(ah, Qh + w16 * LD + ks * 16, LD);
                 if (QL) wmma::load_matrix_sync(al, Ql + w16 * LD + ks * 16, LD);
-#pragma unroll
-                for (int t = 0; t < CU_TC_KEYS / 16; t++) {
-                    wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
-                    wmma::load_matrix_sync(b, Kt + t * 16 * LD + ks * 16, LD);
-                    wmma::mma_sync(acc[t], ah, b, acc[t]);
-                    if (QL) wmma::mma_sync(acc[t], al, b, acc[t]);
-                }
+                cu_tc_mma_step<wmma::col_major, CU_TC_KEYS / 16, QL>(acc, ah, al, Kt + ks * 16, 16 * LD, LD);
             }
 #pragma unroll
             for (int t = 0; t < CU_TC_KEYS / 16; t++)
@@ -319,16 +333,10 @@ __global__ void __launch_bounds__(128, MINB) k_attn_tc(const float *q, const cu_
         const __half *Pw = (const __half *)(S + w16 * LS);
 #pragma unroll
         for (int ks = 0; ks < CU_TC_KEYS / 16; ks++) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> ah, al;
+            cu_tc_a ah, al;
             wmma::load_matrix_sync(ah, Pw + ks * 16, 2 * LS);
             if (PL) wmma::load_matrix_sync(al, Pw + CU_TC_KEYS + ks * 16, 2 * LS);
-#pragma unroll
-            for (int t = 0; t < HDIM / 16; t++) {
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> b;
-                wmma::load_matrix_sync(b, Vt + ks * 16 * LD + t * 16, LD);
-                wmma::mma_sync(o[t], ah, b, o[t]);
-                if (PL) wmma::mma_sync(o[t], al, b, o[t]);
-            }
+            cu_tc_mma_step<wmma::row_major, HDIM / 16, PL>(o, ah, al, Vt + ks * 16 * LD, 16, LD);
         }
     }
     /* out = O / l, through the K/V tiles' memory (64 x (HDIM + 4) f32 fits in it) */
@@ -369,15 +377,15 @@ static int cu_attn_tc(cu_impl *c, uint32_t dt, const float *q, const cu_attn_seq
     const size_t smem = cu_tc_smem(hd, split);
     const dim3 grid((unsigned)n_blk, (unsigned)n_head);
     cudaError_t e;
-#define CU_TC_LAUNCH(T, D, S, M)                                                                            \
-    e = cudaFuncSetAttribute(k_attn_tc<T, D, S, M>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem); \
+#define CU_TC_LAUNCH(T, D, S)                                                                               \
+    e = cudaFuncSetAttribute(k_attn_tc<T, D, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);   \
     if (e == cudaSuccess)                                                                                   \
-        k_attn_tc<T, D, S, M><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
+        k_attn_tc<T, D, S><<<grid, 32 * (CU_TC_ROWS / 16), smem, c->cs>>>(q, ds, db, n_head, n_head_kv, rb, scale, out)
 #define CU_TC_SPLIT(T, D)                                                                                   \
     do {                                                                                                    \
-        if (split == 3) { CU_TC_LAUNCH(T, D, 3, 2); }                                                       \
-        else if (split == 0) { CU_TC_LAUNCH(T, D, 0, 3); }                                                  \
-        else { CU_TC_LAUNCH(T, D, 1, 2); }                                                                  \
+        if (split == 3) { CU_TC_LAUNCH(T, D, 3); }                                                          \
+        else if (split == 0) { CU_TC_LAUNCH(T, D, 0); }                                                     \
+        else { CU_TC_LAUNCH(T, D, 1); }                                                                     \
     } while (0)
 #define CU_TC_HD(T) do { if (hd == 64) CU_TC_SPLIT(T, 64); else CU_TC_SPLIT(T, 128); } while (0)
     if (dt == GGML_TYPE_Q8_0) CU_TC_HD(GGML_TYPE_Q8_0);
