@@ -143,18 +143,20 @@ for f in build/fuzz_*; do
         echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=$((fuzz_fail+1))
     fi
 done
-# totals over both runs and the fuzzers
-p1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\1/p')
-f1=$(tail -n 1 build/test.log | sed -nE 's/^([0-9]+) passed, ([0-9]+) failed.*/\2/p')
-p2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
-f2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
-p3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
-f3=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
-s1=$(tail -n 1 build/test.log | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
-s2=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/asan.log | tail -n 1 | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
-p4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/^([0-9]+) passed.*/\1/p')
-f4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/.* ([0-9]+) failed.*/\1/p')
-s4=$(grep -E '^[0-9]+ passed, [0-9]+ failed' build/portable.log | tail -n 1 | sed -nE 's/.* ([0-9]+) skipped.*/\1/p')
+# totals over the runs and the fuzzers, from each run's "N passed, M
+# failed, K skipped" line (the suite's is its log's last line). A missing
+# line is an empty one: a run that must have one (the suite, ASan, the
+# portable build) then counts as failed; the CUDA run counts nothing (its
+# log is empty where there is no nvcc or cuBLAS). Without `|| true` grep's
+# status would end the script under pipefail before the totals.
+summary() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1 || true; }
+count() { sed -nE "s/(^|.* )([0-9]+) $2.*/\2/p" <<<"$1"; }
+l1=$(tail -n 1 build/test.log | grep -E '^[0-9]+ passed, [0-9]+ failed' || true)
+l2=$(summary build/asan.log) l3=$(summary build/cuda.log) l4=$(summary build/portable.log)
+p1=$(count "$l1" passed) f1=$(count "$l1" failed) s1=$(count "$l1" skipped)
+p2=$(count "$l2" passed) f2=$(count "$l2" failed) s2=$(count "$l2" skipped)
+p3=$(count "$l3" passed) f3=$(count "$l3" failed)
+p4=$(count "$l4" passed) f4=$(count "$l4" failed) s4=$(count "$l4" skipped)
 nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
 pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + ${p4:-0} + nf - fuzz_fail - fuzz_skip ))
 fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + ${f4:-1} + fuzz_fail ))
