@@ -2,7 +2,8 @@
  * OpenAI body parsing/validation for both endpoints, the decode-node body
  * built from a parsed request, the decode node's NDJSON lines and error
  * bodies, and rendering of responses and chunks from what was parsed
- * (n choices merged into one response). */
+ * (n choices merged into one response), and the child request of each
+ * prompt of a request with several. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
         if (api_parse_request(data[0] % 3 ? API_COMPLETION : API_CHAT, body, len, &lim, &r, &e) == 0) {
             fz_render(&r);
+            for (int k = 0; k < r.n_prompts && r.n_prompts > 1; k++) {
+                api_request c;
+                if (api_parse_prompt_child(r.kind, body, len, &lim, k, &c, &e) == 0) {
+                    fz_render(&c);
+                    api_request_free(&c);
+                } else {
+                    __builtin_trap();   /* every prompt of a parsed request makes a child request */
+                }
+            }
             api_request_free(&r);
         } else {
             free(api_error_json(&e));

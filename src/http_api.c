@@ -168,14 +168,8 @@ static int api_get_token_array(json_t *arr, const api_limits *lim, api_request *
     return 0;
 }
 
-/* prompt: "text" | ["text"] | [ids] | [[ids]]; batches (several prompts) are refused. */
-static int api_get_prompt(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
-    json_t *v = json_object_get(root, "prompt");
-    if (!v || json_is_null(v)) return api_bad(e, "prompt", "missing_required_parameter",
-                                              "Missing required parameter: 'prompt'.");
-    if (json_is_array(v) && json_array_size(v) == 1 &&
-        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0);
+/* One prompt: "text" or [ids]. */
+static int api_get_one_prompt(json_t *v, const api_limits *lim, api_request *r, api_error *e) {
     if (json_is_string(v)) {
         size_t n = json_string_length(v);
         if (n > lim->max_prompt_bytes)
@@ -188,13 +182,46 @@ static int api_get_prompt(json_t *root, const api_limits *lim, api_request *r, a
         r->prompt_bytes = n;
         return 0;
     }
-    if (json_is_array(v)) {
-        if (json_array_size(v) > 0 && !json_is_integer(json_array_get(v, 0)))
-            return api_bad(e, "prompt", "invalid_value",
-                           "Batched prompts are not supported: send one prompt per request.");
-        return api_get_token_array(v, lim, r, e);
-    }
+    if (json_is_array(v)) return api_get_token_array(v, lim, r, e);
     return api_wrong_type(e, "prompt", "a string or an array of token ids", v);
+}
+
+/* Several prompts (["a", "b"] or [[ids], [ids]]): each is checked as a
+ * prompt of its own here; the router runs one child request per prompt
+ * (api_parse_prompt_child) and merges their choices. */
+static int api_check_prompts(json_t *v, const api_limits *lim, api_request *r, api_error *e) {
+    size_t n = json_array_size(v);
+    if (n > API_MAX_PROMPTS)
+        return api_bad(e, "prompt", "invalid_value", "'prompt' may hold at most %d prompts; got %zu.", API_MAX_PROMPTS, n);
+    for (size_t i = 0; i < n; i++) {
+        json_t *p = json_array_get(v, i);
+        if (!json_is_string(p) && !json_is_array(p))
+            return api_wrong_type(e, "prompt", "an array of strings or of token-id arrays", p);
+        if (json_is_array(p)) r->prompts_have_ids = 1;
+        api_request one = {0};
+        int rc = api_get_one_prompt(p, lim, &one, e);
+        api_request_free(&one);
+        if (rc) {
+            snprintf(e->param, sizeof e->param, "prompt[%zu]", i);
+            return -1;
+        }
+    }
+    r->n_prompts = (int)n;
+    return 0;
+}
+
+/* prompt: "text" | ["text"] | [ids] | [[ids]] | several of those. */
+static int api_get_prompt(json_t *root, const api_limits *lim, api_request *r, api_error *e) {
+    json_t *v = json_object_get(root, "prompt");
+    if (!v || json_is_null(v)) return api_bad(e, "prompt", "missing_required_parameter",
+                                              "Missing required parameter: 'prompt'.");
+    r->n_prompts = 1;
+    if (json_is_array(v) && json_array_size(v) > 0 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)))) {
+        if (json_array_size(v) > 1) return api_check_prompts(v, lim, r, e);
+        v = json_array_get(v, 0);
+    }
+    return api_get_one_prompt(v, lim, r, e);
 }
 
 /* content: "text" | [{"type":"text","text":"..."}...] | null (assistant turns). */
@@ -580,10 +607,13 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     }
     if (api_get_stop(root, lim, r, e)) return -1;
     if (api_get_n(root, r, e)) return -1;
+    if (r->n_prompts > 1 && r->n_prompts * r->n > API_MAX_CHOICES)
+        return api_bad(e, "n", "invalid_value", "%d prompts with 'n' %d make %d choices; this server returns at most %d "
+                       "per request.", r->n_prompts, r->n, r->n_prompts * r->n, API_MAX_CHOICES);
     if (api_get_bool(root, "stream", &r->stream, e)) return -1;
     if (kind == API_COMPLETION && api_get_bool(root, "echo", &r->echo, e)) return -1;
     if (api_get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
-    if (r->echo && !r->prompt)
+    if (r->echo && (r->n_prompts > 1 ? r->prompts_have_ids : !r->prompt))
         return api_bad(e, "echo", "invalid_value", "'echo' needs a text prompt.");
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
@@ -612,6 +642,25 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const ap
     else rc = api_parse_fields(root, kind, lim, r, e);
     json_decref(root);
     if (rc) api_request_free(r);
+    return rc;
+}
+
+int api_parse_prompt_child(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int k,
+                           api_request *r, api_error *e) {
+    memset(r, 0, sizeof *r);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *prompts = json_object_get(root, "prompt");
+    json_t *one = json_array_get(prompts, (size_t)k);
+    char *text = NULL;
+    if (one && json_object_set(root, "prompt", one) == 0) text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    if (!text) {
+        api_error_set(e, 500, "server_error", NULL, NULL, "prompt %d of the request could not be taken apart", k);
+        return -1;
+    }
+    int rc = api_parse_request(kind, text, strlen(text), lim, r, e);
+    free(text);
+    if (rc && !strcmp(e->param, "prompt")) snprintf(e->param, sizeof e->param, "prompt[%d]", k);
     return rc;
 }
 

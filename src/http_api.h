@@ -39,6 +39,12 @@ typedef struct {
  * requests (a node also refuses n above its --parallel slots). */
 #define API_MAX_N 8
 
+/* /v1/completions with several prompts: at most this many prompts, and at
+ * most API_MAX_CHOICES choices in all (prompts x n). Each prompt is a
+ * request of its own to a decode node (the router runs them at once). */
+#define API_MAX_PROMPTS 16
+#define API_MAX_CHOICES 32
+
 /* One chat message. tool_calls: an assistant turn's calls as a JSON array
  * text [{"id", "type", "function": {"name", "arguments"}}], or NULL;
  * tool_call_id: a tool result's call id, or NULL. */
@@ -57,6 +63,9 @@ typedef struct {
     char *prompt;
     int32_t *tokens;
     int n_tokens;
+    int n_prompts;              /* several prompts (> 1): prompt and tokens are unset; the
+                                 * router parses one child request per prompt */
+    int prompts_have_ids;       /* one of several prompts is token ids */
     /* chat */
     api_msg *messages;
     int n_messages;
@@ -111,6 +120,12 @@ void api_error_set(api_error *e, int status, const char *type, const char *code,
 int api_parse_request(enum api_kind kind, const char *body, size_t len, const api_limits *lim,
                       api_request *r, api_error *e);
 void api_request_free(api_request *r);
+
+/* Child k (0-based) of a request with several prompts: the same body with
+ * "prompt" set to its k-th element, parsed as a request of its own. 0, or
+ * -1 with e filled (param "prompt[k]" for that prompt's faults). */
+int api_parse_prompt_child(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int k,
+                           api_request *r, api_error *e);
 
 /* {"error": {"message", "type", "param", "code"}} */
 char *api_error_json(const api_error *e);

@@ -21,6 +21,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -557,6 +558,7 @@ typedef struct {
     int done, overflow;
     CURLcode result;
     char errbuf[CURL_ERROR_SIZE];
+    atomic_int *cancel;          /* set: the reader gives up as if the client had gone (NULL: never) */
 } rt_up;
 
 static size_t rt_up_write(char *p, size_t sz, size_t nm, void *ud) {
@@ -678,7 +680,7 @@ static int rt_up_line(rt_up *u, double deadline_ms, int client_fd, char **line, 
         }
         double now = rt_now_ms();
         if (now >= deadline_ms) return RT_TIMEOUT;
-        if (rt_client_gone(client_fd)) return RT_GONE;
+        if (rt_client_gone(client_fd) || (u->cancel && atomic_load(u->cancel))) return RT_GONE;
         int wait = (int)(deadline_ms - now);
         rt_up_pump(u, wait < 100 ? wait : 100);
     }
@@ -702,10 +704,17 @@ typedef struct {
     int completion_tokens;
 } rt_choice;
 
+struct rt_batch;
+
 typedef struct {
     router *r;
     int ep;
     api_request req;
+    /* one prompt of several (rt_batch): its choices' indices start at
+     * index_base; the batch counts the request and ends the stream */
+    struct rt_batch *batch;
+    int index_base;
+    atomic_int *cancel;          /* the batch gives up (a sibling failed, the client left) */
     char id[48];
     char rid[LOG_ID_CHARS + 1];  /* request id in the logs of every node (log.h) */
     long long created;
@@ -739,7 +748,7 @@ typedef struct {
     int status;
     char error[800];
     int logged;
-    int counted_active;
+    int counted_active;          /* requests it holds of the router's max_concurrent (prompts) */
 } rt_req;
 
 static int rt_text_add(rt_choice *c, const char *s) {
@@ -1096,6 +1105,7 @@ static int rt_attempt(rt_req *q, api_error *e) {
         return -1;
     }
     q->have_up = 1;
+    q->up.cancel = q->cancel;
     char *line;
     size_t len;
     int rc = rt_wait_first(q, &line, &len);
@@ -1381,7 +1391,7 @@ static void rt_req_finish(rt_req *q) {
     free(q->out);
     if (q->counted_active) {
         pthread_mutex_lock(&r->mu);
-        r->active--;
+        r->active -= q->counted_active;
         pthread_mutex_unlock(&r->mu);
     }
     free(q);
@@ -1471,51 +1481,49 @@ static char *rt_render_choice(rt_req *q, rt_choice *c, api_resp_meta *m) {
     return body;
 }
 
-/* The whole non-stream reply: n choices rendered one by one, then merged. */
-static char *rt_render_reply(rt_req *q) {
+/* q's choices rendered one by one into bodies[0..n) (their indices from
+ * q->index_base); 0, or -1 when one could not be rendered. */
+static int rt_render_choices(rt_req *q, char **bodies) {
     api_resp_meta m;
     rt_meta(q, &m);
-    char *bodies[API_MAX_N] = {0};
     int ok = 1;
     for (int i = 0; i < q->req.n; i++) {
-        m.index = i;
+        m.index = q->index_base + i;
         ok &= (bodies[i] = rt_render_choice(q, &q->ch[i], &m)) != NULL;
     }
+    return ok ? 0 : -1;
+}
+
+/* The whole non-stream reply: n choices rendered one by one, then merged. */
+static char *rt_render_reply(rt_req *q) {
+    char *bodies[API_MAX_N] = {0};
+    int ok = rt_render_choices(q, bodies) == 0;
     if (q->req.n == 1) return bodies[0];
     char *body = ok ? api_merge_responses(bodies, q->req.n, q->fin.prompt_tokens, q->fin.completion_tokens) : NULL;
     for (int i = 0; i < q->req.n; i++) free(bodies[i]);
     return body;
 }
 
-/* Non-stream: read everything; a node failing mid-way is retried from scratch
- * (the client has seen nothing yet). */
-static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
+/* Non-stream: reads every choice; a node failing mid-way is retried from
+ * scratch (the client has seen nothing yet). 0 (learnt from and logged), or
+ * -1 with e filled. */
+static int rt_complete(rt_req *q, api_error *e) {
     router *r = q->r;
-    api_error e;
     for (;;) {
-        if (rt_start(q, &e)) break;
+        if (rt_start(q, e)) return -1;
         api_upstream_line u;
         int rc = 1, more = 1;
         while (more > 0 && (rc = rt_next(q, &u)) == 1) more = rt_collect(q, &u);
         if (more == 0) {
             rt_learn(q);
-            char *body = rt_render_reply(q);
             q->status = 200;
-            rt_count_request(r, q->ep, 200);
             rt_log_done(q, "done");
-            struct MHD_Response *resp = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
-            if (!resp) { free(body); rt_req_finish(q); return MHD_NO; }
-            MHD_add_response_header(resp, "Content-Type", "application/json");
-            rt_node_headers(resp, q);
-            enum MHD_Result mr = MHD_queue_response(c, 200, resp);
-            MHD_destroy_response(resp);
-            rt_req_finish(q);
-            return mr;
+            return 0;
         }
         if (rc < 0) {
             snprintf(q->error, sizeof q->error, "client disconnected");
-            api_error_set(&e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
-            break;
+            api_error_set(e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
+            return -1;
         }
         /* failed mid-way: drop what we have and retry */
         if (q->have_fin) { api_upstream_line_free(&q->fin); q->have_fin = 0; memset(&q->fin, 0, sizeof q->fin); }
@@ -1526,16 +1534,47 @@ static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
         log_warn(q->rid, "%s; retrying", q->error);
         metrics_add(r->m.retries, NULL, 1);
     }
-    q->status = e.status;
+}
+
+/* A request that failed before its reply: logged and counted; the error
+ * goes to the client unless it went away (499: the connection is closed). */
+static enum MHD_Result rt_fail(rt_req *q, struct MHD_Connection *c, const api_error *e) {
+    router *r = q->r;
+    q->status = e->status;
     enum MHD_Result mr;
-    if (e.status == 499) {
+    if (e->status == 499) {
         metrics_add(r->m.cancels, NULL, 1);
         rt_log_done(q, "cancelled");
         mr = MHD_NO;   /* nobody to answer: close the connection */
     } else {
-        if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", e.message);
+        if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", e->message);
         rt_log_done(q, "failed");
-        mr = rt_send_error(r, c, q->ep, &e);
+        mr = rt_send_error(r, c, q->ep, e);
+    }
+    return mr;
+}
+
+/* A JSON reply (taken: body is freed) with the routing headers of q, or of
+ * none when q is NULL (several prompts: each went its own way). */
+static enum MHD_Result rt_reply_json(struct MHD_Connection *c, const rt_req *q, const char *rid, char *body) {
+    struct MHD_Response *resp = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) { free(body); return MHD_NO; }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (q) rt_node_headers(resp, q);
+    else MHD_add_response_header(resp, "X-Request-Id", rid);
+    enum MHD_Result mr = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    return mr;
+}
+
+static enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c) {
+    api_error e;
+    enum MHD_Result mr;
+    if (rt_complete(q, &e)) {
+        mr = rt_fail(q, c, &e);
+    } else {
+        rt_count_request(q->r, q->ep, 200);
+        mr = rt_reply_json(c, q, q->rid, rt_render_reply(q));
     }
     rt_req_finish(q);
     return mr;
@@ -1601,7 +1640,7 @@ static int rt_stream_produce(rt_req *q) {
     int rc = rt_next(q, &u);
     rt_choice *c = NULL;
     if (rc == 1 && !(c = rt_choice_of(q, &u))) { api_upstream_line_free(&u); rc = 0; }
-    if (c) m.index = u.index;
+    if (c) m.index = q->index_base + u.index;
     if (rc == 1 && u.is_token) {
         char *s = rt_stream_token(q, c, &m, &u);
         api_upstream_line_free(&u);
@@ -1614,11 +1653,13 @@ static int rt_stream_produce(rt_req *q) {
         if (q->n_done < q->req.n) return rt_out_set(q, s) ? -1 : 0;
         q->phase = 1;
         rt_learn(q);
-        if (q->req.include_usage)
-            s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
-        s = api_concat(s, strdup("data: [DONE]\n\n"));
         q->status = 200;
-        rt_count_request(r, q->ep, 200);
+        if (!q->batch) {   /* a batch ends the stream once every prompt is done */
+            if (q->req.include_usage)
+                s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
+            s = api_concat(s, strdup("data: [DONE]\n\n"));
+            rt_count_request(r, q->ep, 200);
+        }
         rt_log_done(q, "done");
         return rt_out_set(q, s) ? -1 : 0;
     }
@@ -1637,9 +1678,18 @@ static int rt_stream_produce(rt_req *q) {
                   "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
     q->status = 502;
     metrics_add(r->m.stream_errors, NULL, 1);
-    rt_count_request(r, q->ep, 502);
+    if (!q->batch) rt_count_request(r, q->ep, 502);
     rt_log_done(q, "stream error");
     return rt_out_set(q, api_render_error_event(&e)) ? -1 : 0;
+}
+
+/* Up to max bytes of q's pending stream output into buf. */
+static ssize_t rt_out_take(rt_req *q, char *buf, size_t max) {
+    size_t n = q->out_len - q->out_off;
+    if (n > max) n = max;
+    memcpy(buf, q->out + q->out_off, n);
+    q->out_off += n;
+    return (ssize_t)n;
 }
 
 static ssize_t rt_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -1647,11 +1697,7 @@ static ssize_t rt_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
     while (q->out_off >= q->out_len) {
         if (rt_stream_produce(q)) return MHD_CONTENT_READER_END_OF_STREAM;
     }
-    size_t n = q->out_len - q->out_off;
-    if (n > max) n = max;
-    memcpy(buf, q->out + q->out_off, n);
-    q->out_off += n;
-    return (ssize_t)n;
+    return rt_out_take(q, buf, max);
 }
 
 static void rt_stream_free(void *cls) {
@@ -1667,17 +1713,17 @@ static void rt_stream_free(void *cls) {
     rt_req_finish(q);
 }
 
+/* A server-sent event stream, not to be cached or buffered by a proxy. */
+static void rt_sse_headers(struct MHD_Response *resp) {
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+}
+
 static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
-    router *r = q->r;
     api_error e;
     if (rt_start(q, &e)) {
-        q->status = e.status;
-        enum MHD_Result mr = MHD_NO;
-        if (e.status != 499) {
-            if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", e.message);
-            mr = rt_send_error(r, c, q->ep, &e);
-        }
-        rt_log_done(q, e.status == 499 ? "cancelled" : "failed");
+        enum MHD_Result mr = rt_fail(q, c, &e);
         rt_req_finish(q);
         return mr;
     }
@@ -1685,13 +1731,390 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
     q->client_fd = -1;   /* MHD notices a closed client when it writes */
     struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, rt_stream_cb, q, rt_stream_free);
     if (!resp) { rt_req_finish(q); return MHD_NO; }
-    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
-    MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    rt_sse_headers(resp);
     rt_node_headers(resp, q);
     enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return mr;
+}
+
+/* ==== Several prompts (completions) ==== */
+
+/* /v1/completions with a list of prompts: one child request (rt_req) per
+ * prompt, each routed, retried and logged as a request of its own on a
+ * thread of its own, so that their prefills and decodes run at once. The
+ * client's reply numbers prompt k's choice i as k * n + i (as OpenAI does)
+ * and its usage sums the prompts. Any prompt that cannot start fails the
+ * whole request (the others stop); streamed, a prompt failing after its
+ * first token ends the stream with an error event. */
+
+/* Stream bytes the prompts may queue for a slow client before each waits
+ * (a token's chunk is a few hundred bytes). */
+#define RT_BATCH_QUEUE_MAX (1u << 20)
+
+typedef struct rt_piece {
+    struct rt_piece *next;
+    char *s;
+    size_t len;
+    int failed;                  /* a prompt's error event: the stream ends with it */
+} rt_piece;
+
+typedef struct rt_batch {
+    rt_req *parent;              /* the client's request: its id, its metrics, its share of max_concurrent */
+    int n;                       /* prompts */
+    rt_req *kid[API_MAX_PROMPTS];
+    pthread_t th[API_MAX_PROMPTS];
+    int n_threads;               /* kid[0..n_threads) have a thread */
+    int failed[API_MAX_PROMPTS];
+    api_error err[API_MAX_PROMPTS];
+    atomic_int cancel;           /* every prompt stops (read by rt_up_line) */
+    pthread_mutex_t mu;          /* guards the fields below */
+    pthread_cond_t cv;
+    int started, go, running;
+    rt_piece *head, *tail;
+    size_t queued;
+} rt_batch;
+
+static int rt_kid_index(const rt_req *q) { return q->index_base / q->batch->parent->req.n; }
+
+/* Prompt k's request: the parent's body with "prompt" set to its k-th element. */
+static rt_req *rt_kid_new(rt_batch *b, int k, const rt_conn *cc, api_error *e) {
+    rt_req *p = b->parent;
+    rt_req *q = calloc(1, sizeof *q);
+    if (!q) { api_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return NULL; }
+    q->r = p->r;
+    q->ep = p->ep;
+    q->decode_idx = q->prefill_idx = -1;
+    q->t_start = p->t_start;
+    q->created = p->created;
+    q->client_fd = p->client_fd;
+    memcpy(q->id, p->id, sizeof q->id);
+    memcpy(q->rid, p->rid, sizeof q->rid);
+    q->batch = b;
+    q->index_base = k * p->req.n;
+    q->cancel = &b->cancel;
+    if (api_parse_prompt_child(p->req.kind, cc->body ? cc->body : "", cc->len, &p->r->cfg.lim, k, &q->req, e)) {
+        free(q);
+        return NULL;
+    }
+    return q;
+}
+
+static void rt_batch_free(rt_batch *b) {
+    for (int k = 0; k < b->n; k++)
+        if (b->kid[k]) rt_req_finish(b->kid[k]);
+    while (b->head) {
+        rt_piece *x = b->head;
+        b->head = x->next;
+        free(x->s);
+        free(x);
+    }
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    free(b);
+}
+
+static rt_batch *rt_batch_new(rt_req *p, const rt_conn *cc, api_error *e) {
+    rt_batch *b = calloc(1, sizeof *b);
+    if (!b) { api_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return NULL; }
+    b->parent = p;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+    atomic_init(&b->cancel, 0);
+    for (int k = 0; k < p->req.n_prompts; k++, b->n++)
+        if (!(b->kid[k] = rt_kid_new(b, k, cc, e))) { rt_batch_free(b); return NULL; }
+    return b;
+}
+
+/* Every prompt stops: their readers give up, waiting threads wake. */
+static void rt_batch_stop(rt_batch *b) {
+    pthread_mutex_lock(&b->mu);
+    atomic_store(&b->cancel, 1);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* One thread per prompt; a thread that cannot be made fails its prompt. */
+static void rt_batch_spawn(rt_batch *b, void *(*fn)(void *)) {
+    b->running = b->n;
+    for (; b->n_threads < b->n; b->n_threads++) {
+        if (pthread_create(&b->th[b->n_threads], NULL, fn, b->kid[b->n_threads]) == 0) continue;
+        for (int k = b->n_threads; k < b->n; k++) {
+            b->failed[k] = 1;
+            api_error_set(&b->err[k], 500, "server_error", NULL, NULL, "could not start a thread for prompt %d", k);
+        }
+        pthread_mutex_lock(&b->mu);
+        b->running -= b->n - b->n_threads;
+        pthread_mutex_unlock(&b->mu);
+        rt_batch_stop(b);
+        break;
+    }
+}
+
+static void rt_batch_join(rt_batch *b) {
+    for (int k = 0; k < b->n_threads; k++) pthread_join(b->th[k], NULL);
+    b->n_threads = 0;
+}
+
+/* The request's error once its threads ended: the first prompt that failed
+ * on its own (the others were stopped), else 499 when the client left.
+ * 0 when no prompt failed. Every failed prompt is logged. */
+static int rt_batch_error(rt_batch *b, api_error *e) {
+    int first = -1;
+    for (int k = 0; k < b->n; k++)
+        if (b->failed[k] && b->err[k].status != 499 && first < 0) first = k;
+    for (int k = 0; k < b->n; k++) {
+        rt_req *q = b->kid[k];
+        if (q->logged || (!b->failed[k] && first < 0)) continue;
+        int cancelled = !b->failed[k] || b->err[k].status == 499;
+        q->status = cancelled ? 499 : b->err[k].status;
+        if (cancelled && first >= 0) snprintf(q->error, sizeof q->error, "stopped: prompt %d failed", first);
+        else if (!q->error[0]) snprintf(q->error, sizeof q->error, "%s", b->err[k].message);
+        rt_log_done(q, cancelled ? "cancelled" : "failed");
+    }
+    if (first >= 0) {
+        *e = b->err[first];
+        snprintf(e->message, sizeof e->message, "Prompt %d: %.300s", first, b->err[first].message);
+        return -1;
+    }
+    for (int k = 0; k < b->n; k++)
+        if (b->failed[k]) { api_error_set(e, 499, "invalid_request_error", NULL, NULL, "client disconnected"); return -1; }
+    return 0;
+}
+
+/* ---- Non-stream ---- */
+
+static void *rt_kid_complete_main(void *arg) {
+    rt_req *q = arg;
+    rt_batch *b = q->batch;
+    int k = rt_kid_index(q);
+    if (rt_complete(q, &b->err[k])) {
+        b->failed[k] = 1;
+        if (b->err[k].status != 499) rt_batch_stop(b);   /* the request fails: the others stop */
+    }
+    return NULL;
+}
+
+/* Every prompt's choices in one reply, usage summed over the prompts. */
+static char *rt_batch_reply(rt_batch *b) {
+    int per = b->parent->req.n, total = b->n * per, prompt = 0, completion = 0, ok = 1;
+    char *bodies[API_MAX_CHOICES] = {0};
+    for (int k = 0; k < b->n; k++) {
+        ok &= rt_render_choices(b->kid[k], bodies + k * per) == 0;
+        prompt += b->kid[k]->fin.prompt_tokens;
+        completion += b->kid[k]->fin.completion_tokens;
+    }
+    char *body = ok ? api_merge_responses(bodies, total, prompt, completion) : NULL;
+    for (int i = 0; i < total; i++) free(bodies[i]);
+    return body;
+}
+
+static enum MHD_Result rt_batch_fail(rt_batch *b, struct MHD_Connection *c, const api_error *e) {
+    rt_req *p = b->parent;
+    p->status = e->status;
+    if (e->status != 499) return rt_send_error(p->r, c, p->ep, e);
+    metrics_add(p->r->m.cancels, NULL, 1);
+    return MHD_NO;
+}
+
+static enum MHD_Result rt_run_batch_blocking(rt_batch *b, struct MHD_Connection *c) {
+    rt_req *p = b->parent;
+    rt_batch_spawn(b, rt_kid_complete_main);
+    rt_batch_join(b);
+    api_error e;
+    enum MHD_Result mr;
+    if (rt_batch_error(b, &e)) {
+        mr = rt_batch_fail(b, c, &e);
+    } else {
+        p->status = 200;
+        rt_count_request(p->r, p->ep, 200);
+        mr = rt_reply_json(c, NULL, p->rid, rt_batch_reply(b));
+    }
+    rt_batch_free(b);
+    rt_req_finish(p);
+    return mr;
+}
+
+/* ---- Stream ---- */
+
+/* Queues one chunk of prompt q's stream (taking q->out); waits while the
+ * client is RT_BATCH_QUEUE_MAX behind. 0, or -1 when the batch stopped. */
+static int rt_kid_push(rt_req *q) {
+    rt_batch *b = q->batch;
+    rt_piece *x = malloc(sizeof *x);
+    if (!x) return -1;
+    *x = (rt_piece){.s = q->out, .len = q->out_len, .failed = q->phase == 1 && q->status != 200};
+    q->out = NULL;
+    q->out_len = q->out_off = 0;
+    pthread_mutex_lock(&b->mu);
+    if (b->tail) b->tail->next = x;
+    else b->head = x;
+    b->tail = x;
+    b->queued += x->len;
+    pthread_cond_broadcast(&b->cv);
+    while (b->queued > RT_BATCH_QUEUE_MAX && !atomic_load(&b->cancel)) pthread_cond_wait(&b->cv, &b->mu);
+    int stop = atomic_load(&b->cancel);
+    pthread_mutex_unlock(&b->mu);
+    return stop ? -1 : 0;
+}
+
+/* Starts prompt q on a node, waits for the batch's go (every prompt
+ * started), then streams its chunks into the queue. */
+static void *rt_kid_stream_main(void *arg) {
+    rt_req *q = arg;
+    rt_batch *b = q->batch;
+    int k = rt_kid_index(q);
+    api_error e;
+    int rc = rt_start(q, &e);
+    pthread_mutex_lock(&b->mu);
+    if (rc) {
+        b->failed[k] = 1;
+        b->err[k] = e;
+        if (e.status != 499) atomic_store(&b->cancel, 1);
+    }
+    b->started++;
+    pthread_cond_broadcast(&b->cv);
+    while (!rc && !b->go && !atomic_load(&b->cancel)) pthread_cond_wait(&b->cv, &b->mu);
+    int go = !rc && b->go && !atomic_load(&b->cancel);
+    pthread_mutex_unlock(&b->mu);
+    if (go) {
+        q->client_fd = -1;   /* from here the batch's cancel says the client left */
+        while (rt_stream_produce(q) == 0 && q->out && rt_kid_push(q) == 0) {}
+    }
+    pthread_mutex_lock(&b->mu);
+    b->running--;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+/* Every prompt's stream ended: the usage chunk and [DONE], or an error
+ * event when a prompt stopped without finishing. */
+static int rt_batch_stream_end(rt_batch *b) {
+    rt_req *p = b->parent;
+    int prompt = 0, completion = 0, bad = -1;
+    for (int k = 0; k < b->n; k++) {
+        if (b->kid[k]->status != 200 && bad < 0) bad = k;
+        prompt += b->kid[k]->fin.prompt_tokens;
+        completion += b->kid[k]->fin.completion_tokens;
+    }
+    char *s = NULL;
+    if (bad >= 0) {
+        api_error e;
+        api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Prompt %d stopped before it finished: %s", bad,
+                      b->kid[bad]->error[0] ? b->kid[bad]->error : "no reason given");
+        p->status = 502;
+        s = api_render_error_event(&e);
+    } else {
+        api_resp_meta m;
+        rt_meta(p, &m);
+        if (p->req.include_usage) s = api_render_usage_chunk(p->req.kind, &m, prompt, completion);
+        s = api_concat(s, strdup("data: [DONE]\n\n"));
+        p->status = 200;
+    }
+    rt_count_request(p->r, p->ep, p->status);
+    return rt_out_set(p, s);
+}
+
+/* The next bytes for the client: a queued chunk of any prompt (in the
+ * order they came), or the end. 0, or -1 at the end of the stream. */
+static int rt_batch_produce(rt_batch *b) {
+    rt_req *p = b->parent;
+    if (p->phase == 1) return -1;
+    pthread_mutex_lock(&b->mu);
+    while (!b->head && b->running > 0) pthread_cond_wait(&b->cv, &b->mu);
+    rt_piece *x = b->head;
+    if (x) {
+        b->head = x->next;
+        if (!b->head) b->tail = NULL;
+        b->queued -= x->len;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    p->phase = x ? 0 : 1;
+    if (!x) return rt_batch_stream_end(b);
+    char *s = x->s;
+    if (x->failed) {   /* the error event is the stream's last word */
+        rt_batch_stop(b);
+        p->phase = 1;
+        p->status = 502;
+        rt_count_request(p->r, p->ep, 502);
+    }
+    free(x);
+    return rt_out_set(p, s);
+}
+
+static ssize_t rt_batch_stream_cb(void *cls, uint64_t pos, char *buf, size_t max) {
+    rt_batch *b = cls;
+    rt_req *p = b->parent;
+    (void)pos;
+    while (p->out_off >= p->out_len)
+        if (rt_batch_produce(b)) return MHD_CONTENT_READER_END_OF_STREAM;
+    return rt_out_take(p, buf, max);
+}
+
+/* The response is over (or the client went away mid-stream). */
+static void rt_batch_stream_free(void *cls) {
+    rt_batch *b = cls;
+    rt_req *p = b->parent;
+    if (p->phase != 1 || !p->status) {
+        p->status = 499;
+        metrics_add(p->r->m.cancels, NULL, 1);
+    }
+    rt_batch_stop(b);
+    rt_batch_join(b);
+    for (int k = 0; k < b->n; k++) {
+        rt_req *q = b->kid[k];
+        if (q->logged) continue;
+        q->status = 499;
+        snprintf(q->error, sizeof q->error, "%s", p->status == 499 ? "client disconnected" : "stopped: another prompt failed");
+        rt_log_done(q, "cancelled");
+    }
+    rt_batch_free(b);
+    rt_req_finish(p);
+}
+
+static enum MHD_Result rt_run_batch_stream(rt_batch *b, struct MHD_Connection *c) {
+    rt_req *p = b->parent;
+    rt_batch_spawn(b, rt_kid_stream_main);
+    pthread_mutex_lock(&b->mu);
+    while (b->started < b->n_threads) pthread_cond_wait(&b->cv, &b->mu);
+    int failed = atomic_load(&b->cancel);
+    for (int k = 0; k < b->n; k++) failed |= b->failed[k];
+    if (!failed) b->go = 1;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    struct MHD_Response *resp = NULL;
+    if (!failed) resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, rt_batch_stream_cb, b, rt_batch_stream_free);
+    if (!resp) {
+        api_error e;
+        rt_batch_stop(b);
+        rt_batch_join(b);
+        if (failed ? !rt_batch_error(b, &e) : 1)
+            api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        enum MHD_Result mr = rt_batch_fail(b, c, &e);
+        rt_batch_free(b);
+        rt_req_finish(p);
+        return mr;
+    }
+    rt_sse_headers(resp);
+    MHD_add_response_header(resp, "X-Request-Id", p->rid);
+    enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return mr;
+}
+
+/* A request with several prompts (p->req.n_prompts > 1). */
+static enum MHD_Result rt_run_batch(rt_req *p, struct MHD_Connection *c, const rt_conn *cc) {
+    api_error e;
+    rt_batch *b = rt_batch_new(p, cc, &e);
+    if (!b) {
+        p->status = e.status;
+        enum MHD_Result mr = rt_send_error(p->r, c, p->ep, &e);
+        rt_req_finish(p);
+        return mr;
+    }
+    return p->req.stream ? rt_run_batch_stream(b, c) : rt_run_batch_blocking(b, c);
 }
 
 /* A generation request refused before it was routed: its one log line
@@ -1730,11 +2153,21 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
         free(q);
         return rt_refuse(r, c, cc->ep, &e);
     }
+    /* each prompt of several is a request of its own to a node */
+    int want = q->req.n_prompts > 1 ? q->req.n_prompts : 1;
     pthread_mutex_lock(&r->mu);
-    int over = r->active >= r->cfg.max_concurrent;
-    if (!over) r->active++;
+    int over = r->active + want > r->cfg.max_concurrent;
+    if (!over) r->active += want;
     unsigned long long seq = ++r->seq;
     pthread_mutex_unlock(&r->mu);
+    if (over && want > r->cfg.max_concurrent) {
+        api_error_set(&e, 400, "invalid_request_error", "invalid_value", "prompt",
+                      "%d prompts exceed this router's %d concurrent requests; send fewer prompts per request.",
+                      want, r->cfg.max_concurrent);
+        api_request_free(&q->req);
+        free(q);
+        return rt_refuse(r, c, cc->ep, &e);
+    }
     if (over) {
         api_error_set(&e, 429, "rate_limit_error", "too_many_requests", NULL,
                       "Too many concurrent requests (limit %d); retry later.", r->cfg.max_concurrent);
@@ -1742,12 +2175,13 @@ static enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn 
         free(q);
         return rt_refuse(r, c, cc->ep, &e);
     }
-    q->counted_active = 1;
+    q->counted_active = want;
     uint8_t rnd[6] = {0};
     wire_random(rnd, sizeof rnd);
     snprintf(q->id, sizeof q->id, "%s-%llu%02x%02x%02x%02x%02x%02x", kind == API_CHAT ? "chatcmpl" : "cmpl", seq,
              rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
     log_id_format(log_id_new(), q->rid);
+    if (q->req.n_prompts > 1) return rt_run_batch(q, c, cc);
     return q->req.stream ? rt_run_stream(q, c) : rt_run_blocking(q, c);
 }
 

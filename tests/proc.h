@@ -103,6 +103,20 @@ PROC_FN int start_named(pid_t *pid, char *const argv[], const char *dir, const c
     return port;
 }
 
+/* The official `openai` npm client (openai@4) in build/npm, installed on
+ * first use: 1 ready, 0 when node/npm are missing (a SKIP line names `who`)
+ * or the install failed (a failed check). */
+PROC_FN int openai_npm_ready(const char *who) {
+    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
+        printf("%s: SKIP openai npm client check: node/npm not installed\n", who);
+        return 0;
+    }
+    int have = access("build/npm/node_modules/openai/package.json", R_OK) == 0;
+    if (!have) have = system("mkdir -p build/npm && cd build/npm && npm install --no-audit --no-fund openai@4 >/dev/null 2>&1") == 0;
+    CHECK(have, "npm install openai into build/npm");
+    return have;
+}
+
 /* SIGTERM, then the exit status (or -1 if it had to be killed, or if pid
  * names no child: kill(0 or -1) would signal the whole process group). */
 PROC_FN int stop_proc(pid_t pid, int timeout_ms) {

@@ -626,14 +626,7 @@ static void test_tool_args(rn_env *e) {
 /* ==== The npm openai client ==== */
 
 static void test_npm(rn_env *e) {
-    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
-        printf("test_router_n: SKIP openai npm client check: node/npm not installed\n");
-        return;
-    }
-    int have = access("build/npm/node_modules/openai/package.json", R_OK) == 0;
-    if (!have) have = system("mkdir -p build/npm && cd build/npm && npm install --no-audit --no-fund openai@4 >/dev/null 2>&1") == 0;
-    CHECK(have, "npm install openai into build/npm");
-    if (!have) return;
+    if (!openai_npm_ready("test_router_n")) return;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", e->prouter);
     char *argv[] = {"/usr/bin/env", "node", "tests/openai_n_client.mjs", url, "stories", "qwen3", NULL};
