@@ -1284,10 +1284,12 @@ static void rt_log_done(rt_req *q, const char *outcome) {
     const char *pf = !f->prefill_mode[0] ? "-" : f->fallback_reason[0] ? "fallback" : rt_pf_names[rt_prefill_outcome(f)];
     /* tokens the client was sent, also when the stream failed before its final line */
     int completion = f->completion_tokens > q->n_tokens ? f->completion_tokens : q->n_tokens;
-    log_info(q->rid, "%s status=%d id=%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
+    char part[32] = "";   /* one prompt of several: which */
+    if (q->batch && q->req.n > 0) snprintf(part, sizeof part, " prompt_index=%d", q->index_base / q->req.n);
+    log_info(q->rid, "%s status=%d id=%s%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
            "prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
            "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
-           outcome, q->status, q->id, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
+           outcome, q->status, q->id, part, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
            q->dec.key ? q->dec.key : "-", q->dec.split ? q->dec.est_split_ms : q->dec.est_local_ms, q->n_prompt,
            q->count_exact ? "exact" : "estimate",
            pf, f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, completion, ttft, tpot,

@@ -232,6 +232,10 @@ static void test_greedy(rp_env *e) {
     double t0 = now_ms();
     while (rp_stat2(e, "requests_ok") < ok0 + 3 && now_ms() - t0 < 5000) sleep_ms(20);
     CHECK(rp_stat2(e, "requests_ok") == ok0 + 3, "the decode nodes served 3 requests (%lld)", rp_stat2(e, "requests_ok") - ok0);
+    /* the router logs one line per prompt, each naming its place in the list */
+    char *log = read_text(RP_DIR "/router.log");
+    CHECK(log && strstr(log, " prompt_index=0 ") && strstr(log, " prompt_index=2 "), "a log line per prompt, with its index");
+    free(log);
 
     /* n 2: prompt k's choices are k * 2 and k * 2 + 1 */
     snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":[\"%s\",\"%s\"],\"max_tokens\":8,\"temperature\":0,\"n\":2}",
