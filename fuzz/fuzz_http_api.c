@@ -44,13 +44,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 1:
         if (api_parse_request(data[0] % 3 ? API_COMPLETION : API_CHAT, body, len, &lim, &r, &e) == 0) {
             fz_render(&r);
-            for (int k = 0; k < r.n_prompts && r.n_prompts > 1; k++) {
-                api_request c;
-                if (api_parse_prompt_child(r.kind, body, len, &lim, k, &c, &e) == 0) {
-                    fz_render(&c);
-                    api_request_free(&c);
-                } else {
-                    __builtin_trap();   /* every prompt of a parsed request makes a child request */
+            if (r.n_prompts > 1) {
+                api_request kids[API_MAX_PROMPTS];
+                /* every prompt of a parsed request makes a child request */
+                if (api_parse_prompt_children(r.kind, body, len, &lim, r.n_prompts, kids, &e)) __builtin_trap();
+                for (int k = 0; k < r.n_prompts; k++) {
+                    fz_render(&kids[k]);
+                    api_request_free(&kids[k]);
                 }
             }
             api_request_free(&r);

@@ -188,7 +188,7 @@ static int api_get_one_prompt(json_t *v, const api_limits *lim, api_request *r, 
 
 /* Several prompts (["a", "b"] or [[ids], [ids]]): each is checked as a
  * prompt of its own here; the router runs one child request per prompt
- * (api_parse_prompt_child) and merges their choices. */
+ * (api_parse_prompt_children) and merges their choices. */
 static int api_check_prompts(json_t *v, const api_limits *lim, api_request *r, api_error *e) {
     size_t n = json_array_size(v);
     if (n > API_MAX_PROMPTS)
@@ -645,23 +645,30 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const ap
     return rc;
 }
 
-int api_parse_prompt_child(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int k,
-                           api_request *r, api_error *e) {
-    memset(r, 0, sizeof *r);
+int api_parse_prompt_children(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int n,
+                              api_request *out, api_error *e) {
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, NULL);
-    json_t *prompts = json_object_get(root, "prompt");
-    json_t *one = json_array_get(prompts, (size_t)k);
-    char *text = NULL;
-    if (one && json_object_set(root, "prompt", one) == 0) text = json_dumps(root, JSON_COMPACT);
-    json_decref(root);
-    if (!text) {
-        api_error_set(e, 500, "server_error", NULL, NULL, "prompt %d of the request could not be taken apart", k);
-        return -1;
+    json_t *prompts = json_incref(json_object_get(root, "prompt"));   /* kept while "prompt" is replaced */
+    int k = 0;
+    for (; k < n; k++) {
+        json_t *one = json_array_get(prompts, (size_t)k);
+        char *text = one && json_object_set(root, "prompt", one) == 0 ? json_dumps(root, JSON_COMPACT) : NULL;
+        if (!text) {
+            api_error_set(e, 500, "server_error", NULL, NULL, "prompt %d of the request could not be taken apart", k);
+            break;
+        }
+        int rc = api_parse_request(kind, text, strlen(text), lim, &out[k], e);
+        free(text);
+        if (rc) {
+            if (!strcmp(e->param, "prompt")) snprintf(e->param, sizeof e->param, "prompt[%d]", k);
+            break;
+        }
     }
-    int rc = api_parse_request(kind, text, strlen(text), lim, r, e);
-    free(text);
-    if (rc && !strcmp(e->param, "prompt")) snprintf(e->param, sizeof e->param, "prompt[%d]", k);
-    return rc;
+    json_decref(prompts);
+    json_decref(root);
+    if (k == n) return 0;
+    while (k > 0) api_request_free(&out[--k]);
+    return -1;
 }
 
 void api_request_free(api_request *r) {

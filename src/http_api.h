@@ -121,11 +121,13 @@ int api_parse_request(enum api_kind kind, const char *body, size_t len, const ap
                       api_request *r, api_error *e);
 void api_request_free(api_request *r);
 
-/* Child k (0-based) of a request with several prompts: the same body with
- * "prompt" set to its k-th element, parsed as a request of its own. 0, or
- * -1 with e filled (param "prompt[k]" for that prompt's faults). */
-int api_parse_prompt_child(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int k,
-                           api_request *r, api_error *e);
+/* The n child requests of a request with several prompts, into out[0..n):
+ * child k is the same body with "prompt" set to its k-th element, parsed as
+ * a request of its own (the body is read once for all of them). 0, or -1
+ * with e filled (param "prompt[k]" for that prompt's faults) and nothing
+ * left to free. */
+int api_parse_prompt_children(enum api_kind kind, const char *body, size_t len, const api_limits *lim, int n,
+                              api_request *out, api_error *e);
 
 /* {"error": {"message", "type", "param", "code"}} */
 char *api_error_json(const api_error *e);

@@ -714,7 +714,6 @@ typedef struct {
      * index_base; the batch counts the request and ends the stream */
     struct rt_batch *batch;
     int index_base;
-    atomic_int *cancel;          /* the batch gives up (a sibling failed, the client left) */
     char id[48];
     char rid[LOG_ID_CHARS + 1];  /* request id in the logs of every node (log.h) */
     long long created;
@@ -750,6 +749,34 @@ typedef struct {
     int logged;
     int counted_active;          /* requests it holds of the router's max_concurrent (prompts) */
 } rt_req;
+
+/* A request with several prompts: one rt_req per prompt (below, "Several
+ * prompts"); their stream chunks wait for the client in a queue. */
+typedef struct rt_piece {
+    struct rt_piece *next;
+    char *s;
+    size_t len;
+    int failed;                  /* a prompt's error event: the stream ends with it */
+} rt_piece;
+
+typedef struct rt_batch {
+    rt_req *parent;              /* the client's request: its id, its metrics, its share of max_concurrent */
+    int n;                       /* prompts */
+    rt_req *kid[API_MAX_PROMPTS];
+    pthread_t th[API_MAX_PROMPTS];
+    int n_threads;               /* kid[0..n_threads) have a thread */
+    int failed[API_MAX_PROMPTS];
+    api_error err[API_MAX_PROMPTS];
+    atomic_int cancel;           /* every prompt stops (read by rt_up_line) */
+    pthread_mutex_t mu;          /* guards the fields below */
+    pthread_cond_t cv;
+    int started, go, running;
+    rt_piece *head, *tail;
+    size_t queued;
+} rt_batch;
+
+/* Prompt q's place in its batch's list. */
+static int rt_kid_index(const rt_req *q) { return q->index_base / q->batch->parent->req.n; }
 
 static int rt_text_add(rt_choice *c, const char *s) {
     size_t n = s ? strlen(s) : 0;
@@ -1105,7 +1132,7 @@ static int rt_attempt(rt_req *q, api_error *e) {
         return -1;
     }
     q->have_up = 1;
-    q->up.cancel = q->cancel;
+    q->up.cancel = q->batch ? &q->batch->cancel : NULL;   /* the batch gives up: a sibling failed, the client left */
     char *line;
     size_t len;
     int rc = rt_wait_first(q, &line, &len);
@@ -1285,7 +1312,7 @@ static void rt_log_done(rt_req *q, const char *outcome) {
     /* tokens the client was sent, also when the stream failed before its final line */
     int completion = f->completion_tokens > q->n_tokens ? f->completion_tokens : q->n_tokens;
     char part[32] = "";   /* one prompt of several: which */
-    if (q->batch && q->req.n > 0) snprintf(part, sizeof part, " prompt_index=%d", q->index_base / q->req.n);
+    if (q->batch) snprintf(part, sizeof part, " prompt_index=%d", rt_kid_index(q));
     log_info(q->rid, "%s status=%d id=%s%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
            "prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
            "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
@@ -1754,38 +1781,15 @@ static enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c) {
  * (a token's chunk is a few hundred bytes). */
 #define RT_BATCH_QUEUE_MAX (1u << 20)
 
-typedef struct rt_piece {
-    struct rt_piece *next;
-    char *s;
-    size_t len;
-    int failed;                  /* a prompt's error event: the stream ends with it */
-} rt_piece;
-
-typedef struct rt_batch {
-    rt_req *parent;              /* the client's request: its id, its metrics, its share of max_concurrent */
-    int n;                       /* prompts */
-    rt_req *kid[API_MAX_PROMPTS];
-    pthread_t th[API_MAX_PROMPTS];
-    int n_threads;               /* kid[0..n_threads) have a thread */
-    int failed[API_MAX_PROMPTS];
-    api_error err[API_MAX_PROMPTS];
-    atomic_int cancel;           /* every prompt stops (read by rt_up_line) */
-    pthread_mutex_t mu;          /* guards the fields below */
-    pthread_cond_t cv;
-    int started, go, running;
-    rt_piece *head, *tail;
-    size_t queued;
-} rt_batch;
-
-static int rt_kid_index(const rt_req *q) { return q->index_base / q->batch->parent->req.n; }
-
-/* Prompt k's request: the parent's body with "prompt" set to its k-th element. */
-static rt_req *rt_kid_new(rt_batch *b, int k, const rt_conn *cc, api_error *e) {
+/* Prompt k's request, taking its parsed request (req). */
+static rt_req *rt_kid_new(rt_batch *b, int k, api_request *req) {
     rt_req *p = b->parent;
     rt_req *q = calloc(1, sizeof *q);
-    if (!q) { api_error_set(e, 500, "server_error", NULL, NULL, "out of memory"); return NULL; }
+    if (!q) return NULL;
     q->r = p->r;
     q->ep = p->ep;
+    q->req = *req;
+    memset(req, 0, sizeof *req);
     q->decode_idx = q->prefill_idx = -1;
     q->t_start = p->t_start;
     q->created = p->created;
@@ -1794,11 +1798,6 @@ static rt_req *rt_kid_new(rt_batch *b, int k, const rt_conn *cc, api_error *e) {
     memcpy(q->rid, p->rid, sizeof q->rid);
     q->batch = b;
     q->index_base = k * p->req.n;
-    q->cancel = &b->cancel;
-    if (api_parse_prompt_child(p->req.kind, cc->body ? cc->body : "", cc->len, &p->r->cfg.lim, k, &q->req, e)) {
-        free(q);
-        return NULL;
-    }
     return q;
 }
 
@@ -1823,9 +1822,18 @@ static rt_batch *rt_batch_new(rt_req *p, const rt_conn *cc, api_error *e) {
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->cv, NULL);
     atomic_init(&b->cancel, 0);
-    for (int k = 0; k < p->req.n_prompts; k++, b->n++)
-        if (!(b->kid[k] = rt_kid_new(b, k, cc, e))) { rt_batch_free(b); return NULL; }
-    return b;
+    api_request reqs[API_MAX_PROMPTS];
+    int n = p->req.n_prompts;
+    if (api_parse_prompt_children(p->req.kind, cc->body ? cc->body : "", cc->len, &p->r->cfg.lim, n, reqs, e)) {
+        rt_batch_free(b);
+        return NULL;
+    }
+    for (; b->n < n && (b->kid[b->n] = rt_kid_new(b, b->n, &reqs[b->n])); b->n++) {}
+    if (b->n == n) return b;
+    for (int k = b->n; k < n; k++) api_request_free(&reqs[k]);
+    rt_batch_free(b);
+    api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return NULL;
 }
 
 /* Every prompt stops: their readers give up, waiting threads wake. */
@@ -2092,8 +2100,7 @@ static enum MHD_Result rt_run_batch_stream(rt_batch *b, struct MHD_Connection *c
         api_error e;
         rt_batch_stop(b);
         rt_batch_join(b);
-        if (failed ? !rt_batch_error(b, &e) : 1)
-            api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        if (!failed || !rt_batch_error(b, &e)) api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
         enum MHD_Result mr = rt_batch_fail(b, c, &e);
         rt_batch_free(b);
         rt_req_finish(p);

@@ -152,20 +152,23 @@ static void test_parse(void) {
     CHECK(rp_parse(b, &r, &e) == 0 && r.n_prompts == 3 && !r.prompt && !r.tokens && r.n == 2, "three prompts");
     api_request_free(&r);
     static const char *const want[] = {"one", "two", "three"};
-    for (int k = 0; k < 3; k++) {
-        int rc = api_parse_prompt_child(API_COMPLETION, b, strlen(b), &lim, k, &c, &e);
-        CHECK(rc == 0 && c.n_prompts == 1 && c.prompt && !strcmp(c.prompt, want[k]) && c.n == 2 && c.max_tokens == 3 &&
-              c.temperature == 0.7, "child %d: its prompt '%s', the other fields the parent's", k, rc ? e.message : c.prompt);
-        if (rc == 0) api_request_free(&c);
+    api_request kids[4];
+    int rc = api_parse_prompt_children(API_COMPLETION, b, strlen(b), &lim, 3, kids, &e);
+    CHECK(rc == 0, "three children: %s", rc ? e.message : "ok");
+    for (int k = 0; k < 3 && rc == 0; k++) {
+        c = kids[k];
+        CHECK(c.n_prompts == 1 && c.prompt && !strcmp(c.prompt, want[k]) && c.n == 2 && c.max_tokens == 3 &&
+              c.temperature == 0.7, "child %d: its prompt '%s', the other fields the parent's", k, c.prompt);
+        api_request_free(&c);
     }
-    CHECK(api_parse_prompt_child(API_COMPLETION, b, strlen(b), &lim, 3, &c, &e) == -1 && e.status == 500,
+    CHECK(api_parse_prompt_children(API_COMPLETION, b, strlen(b), &lim, 4, kids, &e) == -1 && e.status == 500,
           "no child past the last prompt");
     b = "{\"model\":\"m\",\"prompt\":[[1,2,3],[4,5]]}";
     CHECK(rp_parse(b, &r, &e) == 0 && r.n_prompts == 2 && r.prompts_have_ids, "two token-id prompts");
     api_request_free(&r);
-    CHECK(api_parse_prompt_child(API_COMPLETION, b, strlen(b), &lim, 1, &c, &e) == 0 && c.n_tokens == 2 &&
-          c.tokens[0] == 4 && c.tokens[1] == 5, "child 1: ids 4 5");
-    api_request_free(&c);
+    rc = api_parse_prompt_children(API_COMPLETION, b, strlen(b), &lim, 2, kids, &e);
+    CHECK(rc == 0 && kids[1].n_tokens == 2 && kids[1].tokens[0] == 4 && kids[1].tokens[1] == 5, "child 1: ids 4 5");
+    if (rc == 0) { api_request_free(&kids[0]); api_request_free(&kids[1]); }
     /* one prompt in a list is a plain request, as before */
     b = "{\"model\":\"m\",\"prompt\":[\"solo\"]}";
     CHECK(rp_parse(b, &r, &e) == 0 && r.n_prompts == 1 && r.prompt && !strcmp(r.prompt, "solo"), "[\"solo\"]: one prompt");
