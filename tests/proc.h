@@ -483,6 +483,54 @@ PROC_FN const char *jstr(json_t *o, const char *path1, const char *path2) {
     return json_is_string(v) ? json_string_value(v) : "";
 }
 
+/* What an OpenAI stream of up to 8 choices said, gathered per choice
+ * index (chat: the deltas' content and roles; completions: the text). */
+typedef struct {
+    char text[8][512];
+    char finish[8][16];
+    int roles[8];            /* role deltas seen */
+    int first_is_role[8];    /* the choice's first chunk carried the role */
+    int chunks[8];
+    int usage_prompt, usage_completion, done, errors, bad_index;
+    char error[400];         /* the last error event's message */
+} sse_choices;
+
+PROC_FN void sse_gather(char *sse, int chat, int n, sse_choices *s) {
+    memset(s, 0, sizeof *s);
+    s->usage_prompt = s->usage_completion = -1;
+    for (char *save = NULL, *l = strtok_r(sse, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(l, "data: ", 6)) continue;
+        if (!strcmp(l + 6, "[DONE]")) { s->done++; continue; }
+        json_t *o = json_loads(l + 6, 0, NULL);
+        if (json_object_get(o, "error")) {
+            s->errors++;
+            snprintf(s->error, sizeof s->error, "%s", jstr(json_object_get(o, "error"), "message", NULL));
+        }
+        json_t *u = json_object_get(o, "usage");
+        if (json_is_object(u)) {
+            s->usage_prompt = (int)jint(u, "prompt_tokens", NULL);
+            s->usage_completion = (int)jint(u, "completion_tokens", NULL);
+        }
+        json_t *chs = json_object_get(o, "choices");
+        for (size_t k = 0; k < json_array_size(chs); k++) {
+            json_t *c = json_array_get(chs, k);
+            long long i = jint(c, "index", NULL);
+            if (i < 0 || i >= n || i >= 8) { s->bad_index++; continue; }
+            json_t *d = json_object_get(c, "delta");
+            const char *t = chat ? jstr(d, "content", NULL) : jstr(c, "text", NULL);
+            if (chat && json_is_string(json_object_get(d, "role"))) {
+                if (s->chunks[i] == 0) s->first_is_role[i] = 1;
+                s->roles[i]++;
+            }
+            s->chunks[i]++;
+            strncat(s->text[i], t, sizeof s->text[i] - strlen(s->text[i]) - 1);
+            if (json_is_string(json_object_get(c, "finish_reason")))
+                snprintf(s->finish[i], sizeof s->finish[i], "%s", json_string_value(json_object_get(c, "finish_reason")));
+        }
+        json_decref(o);
+    }
+}
+
 /* A generation request on ids (greedy, ignore_eos). */
 PROC_FN json_t *gen_req(const int32_t *ids, int n, int max_tokens, int stream, const char *prefill) {
     json_t *r = json_object();

@@ -62,53 +62,10 @@ static const char *rn_text(json_t *o, int i, int chat) {
     return json_is_string(v) ? json_string_value(v) : "";
 }
 
-/* What a stream of n choices said, gathered per index. */
-typedef struct {
-    char text[8][512];
-    char finish[8][16];
-    int roles[8];            /* role deltas seen */
-    int first_is_role[8];    /* the choice's first chunk carried the role */
-    int chunks[8];
-    int usage_prompt, usage_completion, done, errors, bad_index;
-} rn_sse;
-
-static void rn_parse_sse(char *sse, int chat, int n, rn_sse *s) {
-    memset(s, 0, sizeof *s);
-    s->usage_prompt = s->usage_completion = -1;
-    for (char *save = NULL, *l = strtok_r(sse, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
-        if (strncmp(l, "data: ", 6)) continue;
-        if (!strcmp(l + 6, "[DONE]")) { s->done++; continue; }
-        json_t *o = json_loads(l + 6, 0, NULL);
-        if (json_object_get(o, "error")) s->errors++;
-        json_t *u = json_object_get(o, "usage");
-        if (json_is_object(u)) {
-            s->usage_prompt = (int)jint(u, "prompt_tokens", NULL);
-            s->usage_completion = (int)jint(u, "completion_tokens", NULL);
-        }
-        json_t *chs = json_object_get(o, "choices");
-        for (size_t k = 0; k < json_array_size(chs); k++) {
-            json_t *c = json_array_get(chs, k);
-            long long i = jint(c, "index", NULL);
-            if (i < 0 || i >= n) { s->bad_index++; continue; }
-            json_t *d = json_object_get(c, "delta");
-            const char *t = chat ? jstr(d, "content", NULL) : jstr(c, "text", NULL);
-            if (chat && json_is_string(json_object_get(d, "role"))) {
-                if (s->chunks[i] == 0) s->first_is_role[i] = 1;
-                s->roles[i]++;
-            }
-            s->chunks[i]++;
-            strncat(s->text[i], t, sizeof s->text[i] - strlen(s->text[i]) - 1);
-            if (json_is_string(json_object_get(c, "finish_reason")))
-                snprintf(s->finish[i], sizeof s->finish[i], "%s", json_string_value(json_object_get(c, "finish_reason")));
-        }
-        json_decref(o);
-    }
-}
-
-static int rn_stream(int port, const char *path, const char *body, int chat, int n, rn_sse *s) {
+static int rn_stream(int port, const char *path, const char *body, int chat, int n, sse_choices *s) {
     char *out = NULL;
     int st = http(port, "POST", path, body, &out);
-    rn_parse_sse(out ? out : (char *)"", chat, n, s);
+    sse_gather(out ? out : (char *)"", chat, n, s);
     free(out);
     return st;
 }
@@ -289,7 +246,7 @@ static void test_greedy_split(rn_env *e) {
     /* streamed */
     snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0,\"n\":2,"
              "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", prompt);
-    rn_sse s;
+    sse_choices s;
     st = rn_stream(e->prouter, "/v1/completions", body, 0, 2, &s);
     CHECK(st == 200 && s.done == 1 && !s.errors && !s.bad_index, "n 2 streamed: %d done %d errors %d", st, s.done, s.errors);
     CHECK(!strcmp(s.text[0], want) && !strcmp(s.text[1], want), "streamed greedy n 2 = n 1: '%s' '%s'", s.text[0], s.text[1]);
@@ -323,7 +280,7 @@ static void test_stop(rn_env *e) {
     memcpy(want, t, 3);
     snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0,"
              "\"n\":2,\"stop\":[\"%s\"],\"stream\":true}", stop);
-    rn_sse s;
+    sse_choices s;
     st = rn_stream(e->prouter, "/v1/completions", body, 0, 2, &s);
     CHECK(st == 200 && !strcmp(s.finish[0], "stop") && !strcmp(s.finish[1], "stop") && !strcmp(s.text[0], want) &&
           !strcmp(s.text[1], want), "stop '%s' per choice: '%s' (%s) '%s' (%s) want '%s'", stop, s.text[0], s.finish[0],
@@ -355,7 +312,7 @@ static void test_chat_local(rn_env *e) {
           "chat greedy n 2 = n 1: '%s' '%s' want '%s'", rn_text(two, 0, 1), rn_text(two, 1, 1), want);
     snprintf(body, sizeof body, "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],"
              "\"max_tokens\":8,\"temperature\":0,\"n\":2,\"stream\":true,\"stream_options\":{\"include_usage\":true}}", msg);
-    rn_sse s;
+    sse_choices s;
     st = rn_stream(e->prouter, "/v1/chat/completions", body, 1, 2, &s);
     CHECK(st == 200 && s.done == 1 && !s.errors && !strcmp(s.text[0], want) && !strcmp(s.text[1], want),
           "streamed chat n 2 = n 1: '%s' '%s'", s.text[0], s.text[1]);

@@ -47,43 +47,6 @@ static long long rp_index(json_t *o, int i) {
     return jint(json_array_get(json_object_get(o, "choices"), (size_t)i), "index", NULL);
 }
 
-/* A stream's texts and finish reasons gathered per choice index. */
-typedef struct {
-    char text[8][512];
-    char finish[8][16];
-    int usage_prompt, usage_completion, done, errors, bad_index;
-    char error[400];
-} rp_sse;
-
-static void rp_parse_sse(char *sse, rp_sse *s) {
-    memset(s, 0, sizeof *s);
-    s->usage_prompt = s->usage_completion = -1;
-    for (char *save = NULL, *l = strtok_r(sse, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
-        if (strncmp(l, "data: ", 6)) continue;
-        if (!strcmp(l + 6, "[DONE]")) { s->done++; continue; }
-        json_t *o = json_loads(l + 6, 0, NULL);
-        if (json_object_get(o, "error")) {
-            s->errors++;
-            snprintf(s->error, sizeof s->error, "%s", jstr(json_object_get(o, "error"), "message", NULL));
-        }
-        json_t *u = json_object_get(o, "usage");
-        if (json_is_object(u)) {
-            s->usage_prompt = (int)jint(u, "prompt_tokens", NULL);
-            s->usage_completion = (int)jint(u, "completion_tokens", NULL);
-        }
-        json_t *chs = json_object_get(o, "choices");
-        for (size_t k = 0; k < json_array_size(chs); k++) {
-            json_t *c = json_array_get(chs, k);
-            long long i = jint(c, "index", NULL);
-            if (i < 0 || i >= 8) { s->bad_index++; continue; }
-            strncat(s->text[i], jstr(c, "text", NULL), sizeof s->text[i] - strlen(s->text[i]) - 1);
-            if (json_is_string(json_object_get(c, "finish_reason")))
-                snprintf(s->finish[i], sizeof s->finish[i], "%s", jstr(c, "finish_reason", NULL));
-        }
-        json_decref(o);
-    }
-}
-
 static long long rp_stat(int port, const char *key) {
     char *out = NULL;
     int st = http(port, "GET", "/v1/stats", NULL, &out);
@@ -257,8 +220,8 @@ static void test_greedy(rp_env *e) {
              "\"stream\":true,\"stream_options\":{\"include_usage\":true}}", rp_prompts[0], rp_prompts[1], rp_prompts[2]);
     char *out = NULL;
     st = http(e->prouter, "POST", "/v1/completions", body, &out);
-    rp_sse s;
-    rp_parse_sse(out ? out : (char *)"", &s);
+    sse_choices s;
+    sse_gather(out ? out : (char *)"", 0, 8, &s);
     free(out);
     CHECK(st == 200 && s.done == 1 && !s.errors && !s.bad_index, "streamed: %d, done %d, errors %d", st, s.done, s.errors);
     for (int k = 0; k < 3; k++)
