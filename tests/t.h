@@ -9,6 +9,7 @@
 #ifndef TANDEM_T_H
 #define TANDEM_T_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,44 @@ static int t_pass, t_fail, t_skip;
     if (cond) { t_pass++; } else { \
         t_fail++; fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
         fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
+
+/* ==== Skips ====
+ * One rule for every test: a part that cannot run here prints a line of its
+ * own, "skipped: WHAT: WHY", and counts a skip, which tests/run.sh and
+ * tools/test.sh add to their totals. Where the environment's TANDEM_REQUIRE
+ * (names separated by commas, or "all") names WHAT, the same line is a
+ * failure instead: .ci/run sets it for what CI must have (the Python
+ * clients, jinja2, the real model, the fixture set), so a missing install
+ * there fails rather than skips. */
+static inline int t_required(const char *what) {
+    const char *e = getenv("TANDEM_REQUIRE");
+    if (!e || !*e) return 0;
+    size_t n = strlen(what);
+    for (const char *p = e; *p;) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        if ((len == 3 && !strncmp(p, "all", 3)) || (len == n && !strncmp(p, what, n))) return 1;
+        p += len + (c ? 1 : 0);
+    }
+    return 0;
+}
+
+/* Counts a named skip of WHAT (or a failure where TANDEM_REQUIRE names it). */
+static inline void t_skip_what(const char *what, const char *fmt, ...) {
+    char why[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (t_required(what)) {
+        t_fail++;
+        fprintf(stderr, "FAIL required (TANDEM_REQUIRE) %s: %s\n", what, why);
+        printf("FAIL required (TANDEM_REQUIRE) %s: %s\n", what, why);
+    } else {
+        t_skip++;
+        printf("skipped: %s: %s\n", what, why);
+    }
+}
 
 /* Fixture directory: $TANDEM_FIXTURES or ../shared/fixtures (CI layout). */
 static inline const char *t_fixtures(void) {
@@ -57,9 +96,8 @@ static inline int t_fixtures_partial(void) {
 /* 1: use path. 0: path is missing and the fixture set is absent or partial (skip printed). */
 static inline int t_need(const char *path) {
     if (!access(path, R_OK) || (t_fixtures_present() && !t_fixtures_partial())) return 1;
-    printf("skipped: %s not found (%s)\n", path,
-           t_fixtures_present() ? "TANDEM_FIXTURES_PARTIAL: a partial fixture set" : "set TANDEM_FIXTURES");
-    t_skip++;
+    t_skip_what("fixtures", "%s not found (%s)", path,
+                t_fixtures_present() ? "TANDEM_FIXTURES_PARTIAL: a partial fixture set" : "set TANDEM_FIXTURES");
     return 0;
 }
 
@@ -86,7 +124,13 @@ static inline int t_need_all(const char *const *paths) {
     return ok;
 }
 
+/* The summary line. A binary that made no check and counted no skip has
+ * tested nothing: that is a failure, not a pass. */
 static inline int t_done(const char *name) {
+    if (!t_pass && !t_fail && !t_skip) {
+        printf("FAIL %s: no check ran and no skip was counted\n", name);
+        t_fail = 1;
+    }
     if (t_skip) printf("%s: %d passed, %d failed, %d skipped\n", name, t_pass, t_fail, t_skip);
     else printf("%s: %d passed, %d failed\n", name, t_pass, t_fail);
     return t_fail ? 1 : 0;
