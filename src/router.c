@@ -1640,12 +1640,16 @@ static char *rt_stream_token(rt_req *q, rt_choice *c, const api_resp_meta *m, ap
 static char *rt_stream_choice_end(rt_req *q, rt_choice *c, const api_resp_meta *m, api_upstream_line *u) {
     char *s;
     if (c->tp) {
-        /* the finish reason is decided before the parser's end flushes */
-        const char *finish = rt_tools_finish(c, u->finish_reason);
+        /* as in rt_tools_response: the finish reason is decided once the
+         * last text and the call's closing are fed, before the parser's end
+         * flushes (a call forced whole has no token: its text comes on this
+         * line, and deciding before it said "length" where the same request
+         * not streamed says "tool_calls") */
         char *feed = rt_tools_chunks(q, c, m, u->text, 0);
         tool_evs ev = {0};
-        char *close = rt_tools_close(q, c, u->finish_reason, &ev) || tool_parser_end(c->tp, &ev) ? NULL
-                    : api_render_tool_chunks(m, &ev);
+        int bad = rt_tools_close(q, c, u->finish_reason, &ev);
+        const char *finish = rt_tools_finish(c, u->finish_reason);
+        char *close = bad || tool_parser_end(c->tp, &ev) ? NULL : api_render_tool_chunks(m, &ev);
         tool_evs_clear(&ev);
         feed = api_concat(feed, close);
         s = api_concat(feed, api_render_chunk(q->req.kind, m, NULL, finish, 0));

@@ -269,6 +269,14 @@ static void test_tools_http(tt_env *e) {
           !strcmp(jstr(tc, "function", "arguments"), "{}") && !strncmp(jstr(tc, "id", NULL), "call_", 5) &&
           !strcmp(jstr(tc, "type", NULL), "function") && !strcmp(tt_finish(o), "tool_calls"), "forced get_time call (%d)", st);
     json_decref(o);
+    {   /* streamed, the call forced whole (no token generated) ends as not streamed: "tool_calls", not "length" */
+        char id[64], name[64], sargs[256], finish[32];
+        int shape;
+        tt_stream_call(e, TT_Q "," TT_TOOLS ",\"max_tokens\":8,\"tool_choice\":{\"type\":\"function\",\"function\":"
+                       "{\"name\":\"get_time\"}}", id, name, sargs, sizeof sargs, finish, &shape);
+        CHECK(shape && !strcmp(name, "get_time") && !strcmp(sargs, "{}") && !strcmp(finish, "tool_calls"),
+              "streamed forced get_time call: name %s args '%s' finish %s", name, sargs, finish);
+    }
     /* a named function with arguments: the name is forced, the arguments are the model's */
     const char *named = TT_Q "," TT_TOOLS ",\"max_tokens\":5,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}";
     o = tt_chat(e, named, &st);
