@@ -103,20 +103,6 @@ PROC_FN int start_named(pid_t *pid, char *const argv[], const char *dir, const c
     return port;
 }
 
-/* The official `openai` npm client (openai@4) in build/npm, installed on
- * first use: 1 ready, 0 when node/npm are missing (a SKIP line names `who`)
- * or the install failed (a failed check). */
-PROC_FN int openai_npm_ready(const char *who) {
-    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
-        printf("%s: SKIP openai npm client check: node/npm not installed\n", who);
-        return 0;
-    }
-    int have = access("build/npm/node_modules/openai/package.json", R_OK) == 0;
-    if (!have) have = system("mkdir -p build/npm && cd build/npm && npm install --no-audit --no-fund openai@4 >/dev/null 2>&1") == 0;
-    CHECK(have, "npm install openai into build/npm");
-    return have;
-}
-
 /* SIGTERM, then the exit status (or -1 if it had to be killed, or if pid
  * names no child: kill(0 or -1) would signal the whole process group). */
 PROC_FN int stop_proc(pid_t pid, int timeout_ms) {
@@ -183,6 +169,69 @@ PROC_FN size_t membuf_add(char *p, size_t sz, size_t nm, void *ud) {
     b->len += n;
     s[b->len] = 0;
     return n;
+}
+
+/* ==== Python clients ====
+ * The official `openai` Python client and `langchain-openai` (pydantic comes
+ * with both), at the versions pinned in tests/clients/requirements.txt, in
+ * a virtual environment under build/pyenv that tools/pyenv.sh makes on
+ * first use (and again when the pins change; it locks, so binaries started
+ * at once install once); tests/clients/openai_checks.py drives them
+ * against a router. */
+#define PY_CLIENTS_DIR "build/pyenv"
+
+/* 1 when the clients are installed in build/pyenv (installing them first
+ * where needed); 0 with a named skip ("python-clients", a failure where
+ * TANDEM_REQUIRE names it) when python3's venv or pip cannot make them (the
+ * log is build/pyenv-install.log). */
+PROC_FN int py_clients_ready(const char *who) {
+    static int state = -1;   /* this binary's answer, once known */
+    if (state >= 0) return state;
+    mkdir("build", 0755);
+    int ok = system("tools/pyenv.sh >build/pyenv-install.log 2>&1") == 0;
+    if (!ok) t_skip_what("python-clients", "%s: cannot install tests/clients/requirements.txt into " PY_CLIENTS_DIR
+                         " (tools/pyenv.sh: python3 -m venv, pip; see build/pyenv-install.log)", who);
+    return state = ok;
+}
+
+/* Runs tests/clients/openai_checks.py with args (NULL-terminated) in
+ * build/pyenv's python. The script prints "ok NAME" or "FAIL NAME: why"
+ * per check; each line is a check here, and one more checks that all
+ * `want` of them ran and the script exited 0 (a crash halfway is a failure,
+ * not fewer checks). */
+PROC_FN void py_clients_run(const char *who, char *const args[], int want) {
+    char *argv[40] = {PY_CLIENTS_DIR "/bin/python", "tests/clients/openai_checks.py"};
+    int k = 2;
+    for (int i = 0; args[i] && k < 39; i++) argv[k++] = args[i];
+    argv[k] = NULL;
+    int p[2];
+    if (pipe(p)) { CHECK(0, "%s: pipe", who); return; }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(p[1], 1); dup2(p[1], 2);
+        close(p[0]); close(p[1]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    FILE *f = fdopen(p[0], "r");
+    char line[4096], tail[4096] = "";
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (!strncmp(line, "ok ", 3)) { n++; CHECK(1, "%s", line); }
+        else if (!strncmp(line, "FAIL ", 5)) { n++; CHECK(0, "%s: python client: %s", who, line + 5); }
+        else {   /* the other lines' last 3 KB or so, for the failure message */
+            size_t tl = strlen(tail), ll = strlen(line);
+            if (tl + ll + 2 > sizeof tail) { memmove(tail, tail + tl / 2, tl - tl / 2 + 1); tl = strlen(tail); }
+            if (tl + ll + 2 <= sizeof tail) { memcpy(tail + tl, line, ll); tail[tl + ll] = '\n'; tail[tl + ll + 1] = 0; }
+        }
+    }
+    if (f) fclose(f); else close(p[0]);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    CHECK(n == want && rc == 0, "%s: python clients ran %d of %d checks, exit %d; other output:\n%s", who, n, want, rc, tail);
 }
 
 /* ==== Running to the end ==== */

@@ -14,7 +14,7 @@
  *     the n = 1 output for seed + i
  *   - logprobs, stop strings and tool calls per choice; n above the
  *     router's limit or the node's slots is a prompt 400
- *   - the npm `openai` client, n = 2 streamed and not
+ *   - the Python `openai` client, n = 2 streamed and not, the usage chunk
  *   - a forced function call's arguments constrained by its "parameters"
  *     schema: they parse and validate, streamed and not, for every choice;
  *     "strict" with a keyword the grammar lacks is a 400. */
@@ -580,28 +580,18 @@ static void test_tool_args(rn_env *e) {
           !strcmp(finish[1], "tool_calls"), "streamed forced calls: '%s' (%s) '%s' (%s)", args[0], finish[0], args[1], finish[1]);
 }
 
-/* ==== The npm openai client ==== */
+/* ==== The Python openai client ==== */
 
-static void test_npm(rn_env *e) {
-    if (!openai_npm_ready("test_router_n")) return;
+static void test_py_client(rn_env *e) {
+    if (!py_clients_ready("test_router_n")) return;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", e->prouter);
-    char *argv[] = {"/usr/bin/env", "node", "tests/openai_n_client.mjs", url, "stories", "qwen3", NULL};
-    char *out = run_capture(argv);
-    json_t *o = out ? json_loads(out, 0, NULL) : NULL;
-    json_t *pl = json_object_get(o, "plain"), *sm = json_object_get(o, "streamed");
-    json_t *pt = json_object_get(pl, "texts"), *stx = json_object_get(sm, "texts");
-    CHECK(json_array_size(pt) == 2 && !strcmp(json_string_value(json_array_get(pt, 0)), json_string_value(json_array_get(pt, 1))) &&
-          jint(json_object_get(pl, "usage"), "completion_tokens", NULL) == 16 &&
-          json_integer_value(json_array_get(json_object_get(pl, "indexes"), 1)) == 1,
-          "openai client, completions n 2: %s", out ? out : "(nothing)");
-    CHECK(json_array_size(stx) == 2 && *json_string_value(json_array_get(stx, 0)) &&
-          !strcmp(json_string_value(json_array_get(stx, 0)), json_string_value(json_array_get(stx, 1))) &&
-          json_array_size(json_object_get(sm, "roles")) == 2 && json_array_size(json_object_get(sm, "finish")) == 2 &&
-          jint(json_object_get(sm, "usage"), "completion_tokens", NULL) == 16,
-          "openai client, streamed chat n 2: %s", out ? out : "(nothing)");
-    json_decref(o);
-    free(out);
+    char *args[] = {"n", "--base", url, "--completion-model", "stories", "--chat-model", "qwen3", NULL};
+    double split0 = metric_value(e->prouter, "tandem_router_prefill_total{mode=\"split\"} ");
+    py_clients_run("test_router_n", args, 3);
+    double split1 = metric_value(e->prouter, "tandem_router_prefill_total{mode=\"split\"} ");
+    CHECK(split0 >= 0 && split1 >= split0 + 1, "the Python clients' stories request took the split path: %.0f -> %.0f",
+          split0, split1);
 }
 
 int main(void) {
@@ -626,7 +616,7 @@ int main(void) {
         test_pick_slots(&e);
         test_tools(&e);
         test_tool_args(&e);
-        test_npm(&e);
+        test_py_client(&e);
     }
     if (e.router) CHECK(stop_proc(e.router, 5000) == 0, "router stops cleanly");
     if (e.qw) stop_proc(e.qw, 5000);

@@ -12,7 +12,7 @@
  *     request is that 400, streamed too, and the router serves on
  *   - a client that leaves a streamed batch: every prompt is cancelled on
  *     its decode node
- *   - the npm `openai` client with a list of prompts. */
+ *   - the Python `openai` client with a list of prompts. */
 #include "proc.h"
 
 #include <jansson.h>
@@ -313,27 +313,18 @@ static void test_client_leaves(rp_env *e) {
     CHECK(metric_value(e->prouter, "tandem_router_cancelled_total") == m0 + 1, "the router counted one cancelled request");
 }
 
-/* ==== The npm openai client ==== */
+/* ==== The Python openai client ==== */
 
-static void test_npm(rp_env *e) {
-    if (!openai_npm_ready("test_router_prompts")) return;
+static void test_py_client(rp_env *e) {
+    if (!py_clients_ready("test_router_prompts")) return;
     char url[64];
     snprintf(url, sizeof url, "http://127.0.0.1:%d/v1", e->prouter);
-    char *argv[] = {"/usr/bin/env", "node", "tests/openai_prompts_client.mjs", url, "stories", NULL};
-    char *out = run_capture(argv);
-    json_t *o = out ? json_loads(out, 0, NULL) : NULL;
-    json_t *pl = json_object_get(o, "plain"), *sm = json_object_get(o, "streamed");
-    json_t *pt = json_object_get(pl, "texts"), *stx = json_object_get(sm, "texts");
-    CHECK(json_array_size(pt) == 2 && json_array_size(stx) == 2 && *json_string_value(json_array_get(pt, 0)) &&
-          !strcmp(json_string_value(json_array_get(pt, 0)), json_string_value(json_array_get(stx, 0))) &&
-          !strcmp(json_string_value(json_array_get(pt, 1)), json_string_value(json_array_get(stx, 1))) &&
-          strcmp(json_string_value(json_array_get(pt, 0)), json_string_value(json_array_get(pt, 1))) &&
-          json_integer_value(json_array_get(json_object_get(pl, "indexes"), 1)) == 1 &&
-          jint(json_object_get(pl, "usage"), "completion_tokens", NULL) == 12 &&
-          jint(json_object_get(sm, "usage"), "completion_tokens", NULL) == 12,
-          "openai client, two prompts, streamed and not: %s", out ? out : "(nothing)");
-    json_decref(o);
-    free(out);
+    char *args[] = {"prompts", "--base", url, "--model", "stories", NULL};
+    double split0 = metric_value(e->prouter, "tandem_router_prefill_total{mode=\"split\"} ");
+    py_clients_run("test_router_prompts", args, 3);
+    double split1 = metric_value(e->prouter, "tandem_router_prefill_total{mode=\"split\"} ");
+    CHECK(split0 >= 0 && split1 >= split0 + 2, "the Python clients' stories requests took the split path: %.0f -> %.0f",
+          split0, split1);
 }
 
 int main(void) {
@@ -350,7 +341,7 @@ int main(void) {
         test_token_ids(&e);
         test_refused(&e);
         test_client_leaves(&e);
-        test_npm(&e);
+        test_py_client(&e);
     }
     if (e.router) CHECK(stop_proc(e.router, 5000) == 0, "router stops cleanly");
     for (int i = 0; i < 2; i++)

@@ -8,8 +8,9 @@
  *   - a request without max_tokens runs to the end of the context
  *   - tools: forced calls, delta.tool_calls streaming, tool_choice none,
  *     tool history, 400s for what is not applied
- *   - LangChain (bindTools) and the AI SDK (tools) round trips through the
- *     real npm packages (tests/tools_client.mjs). */
+ *   - the Python clients (tests/clients/openai_checks.py): the openai
+ *     client's and langchain-openai's tool-call round trips and structured
+ *     output, and the client's retries on the router's 503 and 429. */
 #include "proc.h"
 
 #include <jansson.h>
@@ -18,8 +19,8 @@
 #define TT_CTX 300          /* the node's context: a default-length request ends here */
 
 typedef struct {
-    pid_t node, spare, router;
-    int pnode, pspare, prouter;
+    pid_t node, spare, router, limited;
+    int pnode, pspare, prouter, plimited;
     char model[512];
 } tt_env;
 
@@ -336,44 +337,35 @@ static void test_tools_http(tt_env *e) {
     }
 }
 
-/* ==== npm clients ==== */
+/* ==== Python clients ==== */
 
-static void test_npm_clients(tt_env *e) {
-    if (system("command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1") != 0) {
-        printf("test_router_tools: SKIP npm clients: node/npm not installed\n");
-        return;
-    }
-    int have = access("build/npm/node_modules/@langchain/openai/package.json", R_OK) == 0 &&
-               access("build/npm/node_modules/@ai-sdk/openai-compatible/package.json", R_OK) == 0;
-    /* zod 3 satisfies both the openai@4 client (tests/openai_client.mjs) and the AI SDK */
-    if (!have) have = system("mkdir -p build/npm && cd build/npm && npm install --no-audit --no-fund openai@4 @langchain/openai "
-                             "@langchain/core ai @ai-sdk/openai-compatible zod@3 >/dev/null 2>&1") == 0;
-    CHECK(have, "npm install @langchain/openai, ai, @ai-sdk/openai-compatible into build/npm");
-    static const char *const modes[] = {"langchain", "aisdk"};
-    for (int m = 0; m < 2; m++) {
-        char cmd[512], *argv[] = {"/bin/sh", "-c", cmd, NULL};
-        snprintf(cmd, sizeof cmd, "node tests/tools_client.mjs http://127.0.0.1:%d/v1 qwen3 %s 2>&1", e->prouter, modes[m]);
-        char *out = run_capture(argv);
-        json_t *o = out ? json_loads(out, 0, NULL) : NULL;
-        json_t *c0 = json_array_get(json_object_get(o, "calls"), 0), *s0 = json_array_get(json_object_get(o, "stream_calls"), 0);
-        json_t *args = json_object_get(c0, m ? "input" : "args");
-        CHECK(o && json_array_size(json_object_get(o, "calls")) == 1 && !strcmp(jstr(c0, "name", NULL), "get_time") &&
-              json_is_object(args) && json_object_size(args) == 0 && !strncmp(jstr(c0, "id", NULL), "call_", 5),
-              "%s: one get_time call with {} arguments: %s", modes[m], out ? out : "");
-        CHECK(s0 && !strcmp(jstr(s0, "name", NULL), "get_time") && !strncmp(jstr(s0, "id", NULL), "call_", 5),
-              "%s: the streamed call", modes[m]);
-        CHECK(json_is_string(json_object_get(o, "answer")) && jstr(o, "finish_reason", NULL) &&
-              (!strcmp(jstr(o, "finish_reason", NULL), "length") || !strcmp(jstr(o, "finish_reason", NULL), "stop")),
-              "%s: an answer after the tool result", modes[m]);
-        if (m == 1)
-            CHECK(!strcmp(jstr(o, "first_finish", NULL), "tool-calls") && json_integer_value(json_object_get(o, "executed")) >= 1 &&
-                  !strcmp(json_string_value(json_array_get(json_object_get(o, "results"), 0)), "12:00"), "aisdk: the tool ran");
-        json_decref(o);
-        free(out);
-    }
+/* tests/clients/openai_checks.py's "tools" mode: forced tool calls and
+ * their round trips through the openai client and langchain-openai,
+ * structured output (response_format, the client's parse() with a pydantic
+ * model, with_structured_output), and the client's retries: on the 503 of
+ * the ghost model (its only node never answered) and on the 429 of a
+ * second router that takes one request at a time. */
+static void test_py_clients(tt_env *e) {
+    if (!py_clients_ready("test_router_tools")) return;
+    char b[512], cfg[600];
+    snprintf(b, sizeof b, "%s", bin());
+    snprintf(cfg, sizeof cfg, "{\"listen\":\"127.0.0.1:0\",\"health_interval_ms\":200,\"limits\":{\"max_concurrent\":1},"
+             "\"nodes\":[{\"role\":\"decode\",\"model\":\"qwen3\",\"addr\":\"127.0.0.1:%d\"}]}\n", e->pnode);
+    write_text(TT_DIR "/limited.json", cfg);
+    char *r[] = {b, "serve", "--role", "router", "--config", TT_DIR "/limited.json", "--port-file", TT_DIR "/limited.port", NULL};
+    if (tt_start(&e->limited, &e->plimited, r, "limited")) return;
+    double t0 = now_ms();
+    while (now_ms() - t0 < 15000 && !tt_listed(e->plimited, "qwen3")) sleep_ms(100);
+    char base[64], lim[64];
+    snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", e->prouter);
+    snprintf(lim, sizeof lim, "http://127.0.0.1:%d/v1", e->plimited);
+    char *args[] = {"tools", "--base", base, "--model", "qwen3", "--dead-model", "ghost", "--limited", lim, NULL};
+    py_clients_run("test_router_tools", args, 19);
+    CHECK(stop_proc(e->limited, 5000) == 0, "the limited router stops cleanly");
+    e->limited = 0;
 }
 
-/* One object of tools_client.mjs's grade schema: verdict enum, score
+/* One object of the grade schema (tests/clients/openai_checks.py GRADE_SCHEMA): verdict enum, score
  * 0..10, late boolean, 1..3 items in 1..5, nothing else. */
 static int tt_valid_grade(json_t *o) {
     if (!json_is_object(o) || json_object_size(o) != 4) return 0;
@@ -390,26 +382,25 @@ static int tt_valid_grade(json_t *o) {
     return 1;
 }
 
-/* Structured output through the openai client, AI SDK generateObject and
- * LangChain withStructuredOutput: random weights never write JSON by
+/* Structured output in the router's own terms (the clients' structured
+ * output is in test_py_clients): random weights never write JSON by
  * themselves; the grammar makes every reply parse and validate. */
 static void test_structured(tt_env *e) {
-    if (system("command -v node >/dev/null 2>&1") != 0 ||
-        access("build/npm/node_modules/@langchain/openai/package.json", R_OK) != 0) {
-        printf("test_router_tools: SKIP structured output: npm clients not installed\n");
-        return;
-    }
-    char cmd[512], *argv[] = {"/bin/sh", "-c", cmd, NULL};
-    snprintf(cmd, sizeof cmd, "node tests/tools_client.mjs http://127.0.0.1:%d/v1 qwen3 structured 2>&1", e->prouter);
-    char *out = run_capture(argv);
-    json_t *o = out ? json_loads(out, 0, NULL) : NULL;
-    static const char *const who[] = {"openai", "aisdk", "langchain"};
-    for (int i = 0; i < 3; i++)
-        CHECK(tt_valid_grade(json_object_get(o, who[i])), "%s: structured output validates: %s", who[i], out ? out : "(none)");
-    json_decref(o);
-    free(out);
-    /* a schema keyword the grammar cannot enforce is refused by name */
     int st;
+    json_t *g = tt_req(e->prouter, "POST", "/v1/chat/completions",
+                       "{\"model\":\"qwen3\",\"max_tokens\":64,\"temperature\":0,\"messages\":[{\"role\":\"user\","
+                       "\"content\":\"Grade this submission.\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                       "{\"name\":\"grade\",\"strict\":true,\"schema\":{\"type\":\"object\",\"properties\":{\"verdict\":"
+                       "{\"type\":\"string\",\"enum\":[\"pass\",\"fail\",\"partial\"]},\"score\":{\"type\":\"integer\","
+                       "\"minimum\":0,\"maximum\":10},\"late\":{\"type\":\"boolean\"},\"items\":{\"type\":\"array\",\"items\":"
+                       "{\"type\":\"integer\",\"minimum\":1,\"maximum\":5},\"minItems\":1,\"maxItems\":3}},\"required\":"
+                       "[\"verdict\",\"score\",\"late\",\"items\"],\"additionalProperties\":false}}}}", &st);
+    json_t *msg = tt_msg(g);
+    json_t *obj = json_loads(jstr(msg, "content", NULL), 0, NULL);
+    CHECK(st == 200 && tt_valid_grade(obj), "response_format json_schema validates: %d %s", st, jstr(msg, "content", NULL));
+    json_decref(obj);
+    json_decref(g);
+    /* a schema keyword the grammar cannot enforce is refused by name */
     const char *body = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
                        "\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}";
@@ -432,13 +423,14 @@ int main(void) {
         test_models(&e);
         test_tokenize(&e);
         test_tools_http(&e);
-        test_npm_clients(&e);
+        test_py_clients(&e);
         test_structured(&e);
         test_until_context(&e);
         test_model_down(&e);
     }
     CHECK(stop_proc(e.router, 5000) == 0, "router stops cleanly");
     if (e.spare) stop_proc(e.spare, 5000);
+    if (e.limited) stop_proc(e.limited, 5000);
     stop_proc(e.node, 5000);
     return t_done("test_router_tools");
 }

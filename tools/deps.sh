@@ -2,7 +2,7 @@
 # Installs the Debian packages tandem needs to build and test, if missing.
 # Safe to run repeatedly: it calls apt-get only when something is absent.
 set -euo pipefail
-PKGS=(build-essential clang libclang-rt-14-dev python3 pkg-config
+PKGS=(build-essential clang libclang-rt-14-dev python3 python3-venv pkg-config
       libjansson-dev libutf8proc-dev libzstd-dev libmicrohttpd-dev libssl-dev libxxhash-dev libcurl4-openssl-dev
       iproute2 curl openssl)
 missing=()
