@@ -341,8 +341,11 @@ static int tr_setup(tr_env *e) {
     return tr_start_node(&e->r3, &e->pr3, r3, "r3");
 }
 
-/* Golden: the router's greedy text equals `tandem run`'s, streamed and not. */
-static void test_golden(tr_env *e) {
+/* Self-consistency (tandem against tandem, not a fidelity check: test_golden
+ * is that): the router's greedy text equals `tandem run`'s exactly, streamed
+ * and not (stories260K F32; qwen3-mini through the same CPU backend). */
+static void test_self_consistency(tr_env *e) {
+    printf("router: self-consistency (router vs tandem run, exact; not a fidelity check)\n");
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 12 -t 1 2>/dev/null", bin(), e->stories);
     char *want = tr_capture(cmd);
@@ -350,7 +353,7 @@ static void test_golden(tr_env *e) {
     const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}";
     long st = tr_http("POST", e->pr1, "/v1/completions", body, NULL, &resp);
     char *got = tr_json_text(resp, 0);
-    CHECK(st == 200 && !strcmp(got, want), "completion golden: status %ld got '%s' want '%s'", st, got, want);
+    CHECK(st == 200 && !strcmp(got, want), "self-consistency: completion: status %ld got '%s' want '%s'", st, got, want);
     json_t *o = json_loads(resp, 0, NULL);
     CHECK(json_integer_value(json_object_get(json_object_get(o, "usage"), "completion_tokens")) == 12, "usage: %s", resp);
     json_decref(o);
@@ -360,7 +363,7 @@ static void test_golden(tr_env *e) {
     st = tr_http("POST", e->pr1, "/v1/completions", body, NULL, &resp);
     int done, errs, usage;
     got = tr_sse_text(resp, 0, &done, &errs, &usage);
-    CHECK(st == 200 && done && !errs && usage == 1 && !strcmp(got, want), "streamed completion golden: '%s' vs '%s' (done %d)", got, want, done);
+    CHECK(st == 200 && done && !errs && usage == 1 && !strcmp(got, want), "self-consistency: streamed completion: '%s' vs '%s' (done %d)", got, want, done);
     free(got); free(resp); free(want);
 
     snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Hello' --chat -n 8 -t 1 2>/dev/null", bin(), e->qwen);
@@ -368,13 +371,13 @@ static void test_golden(tr_env *e) {
     body = "{\"model\":\"qwen3-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":8,\"temperature\":0}";
     st = tr_http("POST", e->pr1, "/v1/chat/completions", body, NULL, &resp);
     got = tr_json_text(resp, 1);
-    CHECK(st == 200 && !strcmp(got, want), "chat golden: status %ld got '%s' want '%s'", st, got, want);
+    CHECK(st == 200 && !strcmp(got, want), "self-consistency: chat: status %ld got '%s' want '%s'", st, got, want);
     free(got); free(resp);
     body = "{\"model\":\"qwen3-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":8,"
            "\"temperature\":0,\"stream\":true}";
     st = tr_http("POST", e->pr1, "/v1/chat/completions", body, NULL, &resp);
     got = tr_sse_text(resp, 1, &done, &errs, &usage);
-    CHECK(st == 200 && done && !errs && !strcmp(got, want), "streamed chat golden: '%s' vs '%s'", got, want);
+    CHECK(st == 200 && done && !errs && !strcmp(got, want), "self-consistency: streamed chat: '%s' vs '%s'", got, want);
     CHECK(strstr(resp, "\"role\":\"assistant\"") != NULL, "first chunk carries the role");
     free(got); free(resp);
 
@@ -701,7 +704,7 @@ static void test_processes(void) {
     CHECK(access(bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", bin());
     if (access(bin(), X_OK) || !t_need(e.qwen)) return;
     if (tr_setup(&e) == 0) {
-        test_golden(&e);
+        test_self_consistency(&e);
         test_errors(&e);
         test_split_and_prefill_kill(&e);
         test_decode_kill(&e);
