@@ -46,8 +46,9 @@ typedef struct {
 /* qwen3moe-mini-Q4_K_M's known excursions: the steps (of 256) where tandem
  * is more than the file's tolerance (0.60) from the oracle with any of the
  * x86-64 kernel sets (ref, avx2 = avxvnni, avx512: 40, 41 and 42 steps, 46
- * together, and one step whose argmax differs; which steps cross moves with rounding alone, so the list is
- * their union; arm64's sets are not measured). This is a finding, not a
+ * together), and one step whose argmax differs. Which steps cross moves
+ * with rounding alone, so the list is the union over the sets; arm64's
+ * sets are not measured. This is a finding, not a
  * tolerance: tests/data/README.md, "Tolerances". Each reason gives the
  * distance across the three sets and the smallest gap between the 2nd and
  * 3rd expert's router logit over the 4 layers at the step's token (measured
