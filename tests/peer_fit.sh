@@ -21,8 +21,15 @@ set -u
 cd "$(dirname "$0")/.."
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 PEERS=${PEERS:-../shared/peers}
-pass=0 fail=0
-skip() { echo "skipped: $1"; echo "peer_fit: 0 passed, 0 failed, 1 skipped"; exit 0; }
+pass=0 fail=0 skips=0
+# tests/t.h's rule: a counted "skipped: peer-fit: WHY", or a failure where
+# TANDEM_REQUIRE (comma list, or "all") names peer-fit
+skip() {
+    case ",${TANDEM_REQUIRE:-}," in
+    *,all,*|*,peer-fit,*) echo "FAIL required (TANDEM_REQUIRE) peer-fit: $1"; echo "peer_fit: 0 passed, 1 failed"; exit 1 ;;
+    esac
+    echo "skipped: peer-fit: $1"; echo "peer_fit: 0 passed, 0 failed, 1 skipped"; exit 0
+}
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
 for f in avx512f avx512bw avx512vl avx512_vnni; do
     echo "$flags" | grep -qw "$f" || skip "this CPU lacks $f"
@@ -93,7 +100,10 @@ PY
     kill $srv 2>/dev/null; wait $srv 2>/dev/null
     rm -f "$log"
 else
-    echo "(no $PEERS/llama-server or fixture: the golden check skipped)"
+    case ",${TANDEM_REQUIRE:-}," in
+    *,all,*|*,peers,*) fail=$((fail + 1)); echo "FAIL required (TANDEM_REQUIRE) peers: no $PEERS/llama-server or fixture" ;;
+    *) skips=$((skips + 1)); echo "skipped: peers: no $PEERS/llama-server or fixture: the golden check through peer_fit" ;;
+    esac
 fi
 # 3. tandem's avxvnni set, where the CPU itself cannot run it
 BUILD=${BUILD:-build}
@@ -120,4 +130,6 @@ else
     done
     rm -rf "$blobdir"
 fi
-echo "peer_fit: $pass passed, $fail failed"
+if [ "$skips" -gt 0 ]; then echo "peer_fit: $pass passed, $fail failed, $skips skipped"
+else echo "peer_fit: $pass passed, $fail failed"; fi
+[ "$fail" -eq 0 ]

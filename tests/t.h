@@ -61,6 +61,23 @@ static inline void t_skip_what(const char *what, const char *fmt, ...) {
     }
 }
 
+/* ==== CUDA ====
+ * A CUDA backend that did not start is a counted skip "cuda" only where the
+ * machine has no CUDA device: the backend's message says "no CUDA device
+ * found" for exactly that (the driver reports zero devices or
+ * cudaErrorNoDevice, or there is no driver library at all; see cu_start in
+ * src/backend/cuda/backend_cuda.cu). Anything else (a driver that fails,
+ * a device number that does not exist, kernels the GPU cannot run, cuBLAS
+ * failing, a build without CUDA asked for it) returns 0: the caller counts
+ * a failure with that cause. */
+static inline int t_cuda_absent(const char *err) {
+    const char *e = err ? strstr(err, "no CUDA device found") : NULL;
+    if (!e) return 0;
+    while (e > err && e[-1] != '\n') e--;   /* the whole line of the reason */
+    t_skip_what("cuda", "no CUDA device on this machine (%.*s)", (int)strcspn(e, "\n"), e);
+    return 1;
+}
+
 /* Fixture directory: $TANDEM_FIXTURES or ../shared/fixtures (CI layout). */
 static inline const char *t_fixtures(void) {
     const char *e = getenv("TANDEM_FIXTURES");

@@ -14,7 +14,10 @@
  *   - kill -9 of the prefill node -> the next request succeeds locally with
  *     a fallback_reason;
  *   - SIGTERM -> exit status 0 (under ASan that includes no leaks).
- * Uses the generated qwen3-mini-F16 model and its golden prompts.
+ * Uses the generated qwen3-mini-F16 model and its golden prompts: their
+ * comparisons are self-consistency (the node against `tandem run`, both
+ * tandem, exact equality on F16), not fidelity (test_golden is that), and
+ * their messages say so.
  */
 #include "proc.h"
 
@@ -97,6 +100,8 @@ static void test_bad_requests(int port) {
 /* Golden prompts as text, streamed and not, equal tandem run. */
 static void test_local_equal(ctx *c, int port) {
     int which[] = { 0, 3, 6 };
+    printf("decode_node: self-consistency (node vs tandem run, exact on F16; not a fidelity check): %d golden prompts\n",
+           asan() ? 2 : 3);
     for (int k = 0; k < (asan() ? 2 : 3); k++) {
         int gi = which[k];
         if (gi >= c->n_g || c->n_ref[gi] <= 0) continue;
@@ -110,7 +115,7 @@ static void test_local_equal(ctx *c, int port) {
             json_decref(r);
             int st = http(port, "POST", "/v1/generate", s, &body);
             free(s);
-            CHECK(st == 200, "golden %d stream %d: status %d", gi, stream, st);
+            CHECK(st == 200, "self-consistency golden %d stream %d: status %d", gi, stream, st);
             int32_t ids[256];
             int n = 0;
             json_t *fin = NULL;
@@ -122,11 +127,11 @@ static void test_local_equal(ctx *c, int port) {
                 for (size_t i = 0; i < json_array_size(a) && n < 256; i++) ids[n++] = (int32_t)json_integer_value(json_array_get(a, i));
             }
             int same = n == c->n_ref[gi] && !memcmp(ids, c->ref[gi], sizeof(int32_t) * (size_t)n);
-            CHECK(same, "golden %d stream %d: %d tokens differ from tandem run (%d)", gi, stream, n, c->n_ref[gi]);
-            CHECK(fin && !strcmp(jstr(fin, "finish_reason", NULL), "length"), "golden %d: finish_reason", gi);
-            CHECK(jint(fin, "usage", "prompt_tokens") == c->g[gi].n, "golden %d: prompt_tokens %lld want %d", gi,
+            CHECK(same, "self-consistency golden %d stream %d: %d tokens differ from tandem run (%d)", gi, stream, n, c->n_ref[gi]);
+            CHECK(fin && !strcmp(jstr(fin, "finish_reason", NULL), "length"), "self-consistency golden %d: finish_reason", gi);
+            CHECK(jint(fin, "usage", "prompt_tokens") == c->g[gi].n, "self-consistency golden %d: prompt_tokens %lld want %d", gi,
                   jint(fin, "usage", "prompt_tokens"), c->g[gi].n);
-            CHECK(!strcmp(jstr(fin, "prefill", "mode"), "local"), "golden %d: local mode", gi);
+            CHECK(!strcmp(jstr(fin, "prefill", "mode"), "local"), "self-consistency golden %d: local mode", gi);
             json_decref(fin);
             free(body);
         }
@@ -308,19 +313,19 @@ static void test_split(ctx *c, const char *dir) {
         int gi = which[k], st;
         if (gi >= c->n_g || c->n_ref[gi] <= 0) continue;
         json_t *o = post_json(port, gen_req(c->g[gi].ids, c->g[gi].n, c->n_pred, 0, "auto"), &st);
-        CHECK(st == 200, "split golden %d: status %d", gi, st);
-        CHECK(!strcmp(jstr(o, "prefill", "mode"), "remote"), "split golden %d: mode %s (%s)", gi,
+        CHECK(st == 200, "self-consistency split golden %d: status %d", gi, st);
+        CHECK(!strcmp(jstr(o, "prefill", "mode"), "remote"), "self-consistency split golden %d: mode %s (%s)", gi,
               jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
-        CHECK(jint(o, "prefill", "computed_local") == 1, "split golden %d: computed_local %lld", gi,
+        CHECK(jint(o, "prefill", "computed_local") == 1, "self-consistency split golden %d: computed_local %lld", gi,
               jint(o, "prefill", "computed_local"));
         long long start = jint(o, "prefill", "start_pos");
         CHECK(jint(o, "prefill", "positions_received") == c->g[gi].n - 1 - start,
-              "split golden %d: positions_received %lld, n %d, start %lld", gi,
+              "self-consistency split golden %d: positions_received %lld, n %d, start %lld", gi,
               jint(o, "prefill", "positions_received"), c->g[gi].n, start);
         CHECK(jint(o, "prefill", "wire_bytes") >= jint(o, "prefill", "kv_bytes") && jint(o, "prefill", "kv_bytes") > 0,
-              "split golden %d: bytes reported", gi);
+              "self-consistency split golden %d: bytes reported", gi);
         CHECK(same_ids(json_object_get(o, "tokens"), c->ref[gi], c->n_ref[gi]),
-              "split golden %d: tokens differ from tandem run", gi);
+              "self-consistency split golden %d: tokens differ from tandem run", gi);
         json_decref(o);
     }
     /* prefix reuse: golden 2's text, then the same text extended */

@@ -8,13 +8,17 @@
  *     exceeds `tol`;
  *   - free-running greedy output equals the oracle's up to the first step
  *     whose gap is below `tol` (on F16/F32 files: all 32 tokens).
- * Tolerances (logit units): F32/F16 3e-2, the bound the fixtures README gives
- * for two mature implementations; quantised files 0.30 (qwen2 Q4_0, the
- * README's figure) and 0.15 for qwen3/qwen3moe, where the activation
- * quantisation differs between implementations.
+ * Tolerances (logit units), with their evidence and tandem's measured worst
+ * step per file: tests/data/README.md, "Tolerances". Evidence is the distance
+ * between the two oracles on the same file: F32/F16 at most 0.023 (bar 3e-2);
+ * quantized, only qwen2-mini-Q4_0, 0.28 (bar 0.30). The quantized qwen3 files
+ * have no second oracle and bars above that evidence (a finding, see there).
+ * Every step of every file is held to its bar, except qwen3moe-mini-Q4_K_M's
+ * listed excursions, each printed with its distance and reason.
  * Also: stories260K's 200-token greedy story from BOS, exactly.
  * TANDEM_BACKEND=cuda (a build with CUDA=1) runs it all on the CUDA backend;
- * without a CUDA device that prints "skipped: no CUDA device".
+ * without a CUDA device that is a counted "skipped: cuda: ..." line; a CUDA
+ * backend that fails to start for any other reason is a failure.
  */
 #include <jansson.h>
 #include <math.h>
@@ -23,38 +27,125 @@
 #include "model.h"
 #include "t.h"
 
+/* A step known to leave the tolerance, named exactly (prompt and step) with
+ * its reason: it is reported and not held to the tolerance, every other step
+ * of the file is. */
+typedef struct {
+    const char *prompt;
+    int step;
+    const char *why;
+} golden_excursion;
+
 typedef struct {
     const char *golden, *dir_kind;
     float tol;          /* logit tolerance */
     int exact;          /* free-running must match all 32 tokens (up to a 0.005 near-tie) */
-    float min_frac;     /* share of steps that must be within tol (1 = every step) */
+    const golden_excursion *excursions;   /* NULL-prompt-terminated, or NULL */
 } golden_case;
 
+/* qwen3moe-mini-Q4_K_M's known excursions: the steps (of 256) where tandem
+ * is more than the file's tolerance (0.60) from the oracle with any of the
+ * x86-64 kernel sets (ref, avx2 = avxvnni, avx512: 40, 41 and 42 steps, 46
+ * together), and one step whose argmax differs. Which steps cross moves
+ * with rounding alone, so the list is the union over the sets; arm64's
+ * sets are not measured. This is a finding, not a
+ * tolerance: tests/data/README.md, "Tolerances". Each reason gives the
+ * distance across the three sets and the smallest gap between the 2nd and
+ * 3rd expert's router logit over the 4 layers at the step's token (measured
+ * with a temporary print in the CPU backend's expert selection, avx512):
+ * 28 of the 46 have one below 0.05 (a near-tie, where the oracle's
+ * differently quantised activations can pick the other expert), against a
+ * median of 0.109 at the steps within tolerance. Every other step is held
+ * to 0.60, and these are printed with their distance on every run. */
+static const golden_excursion MOE_Q4_EXCURSIONS[] = {
+    { "00_short_english", 1, "|dlogit| 0.86-0.88; router near-tie at this token, 2nd/3rd expert logit gap 0.0466" },
+    { "00_short_english", 3, "|dlogit| 0.62-0.63; router near-tie at this token, 2nd/3rd expert logit gap 0.0114" },
+    { "00_short_english", 8, "|dlogit| 0.75-0.95; router near-tie at this token, 2nd/3rd expert logit gap 0.0161" },
+    { "00_short_english", 14, "|dlogit| 4.76-4.83; no router near-tie at this token (smallest 2nd/3rd expert gap 0.063): cause not established" },
+    { "00_short_english", 18, "|dlogit| 0.33-2.65; router near-tie at this token, 2nd/3rd expert logit gap 0.0128" },
+    { "00_short_english", 26, "|dlogit| 2.85-2.88; no router near-tie at this token (smallest 2nd/3rd expert gap 0.070): cause not established" },
+    { "00_short_english", 27, "|dlogit| 7.74-7.78; router near-tie at this token, 2nd/3rd expert logit gap 0.0340" },
+    { "01_python_bug", 4, "|dlogit| 0.23-2.50; router near-tie at this token, 2nd/3rd expert logit gap 0.0006" },
+    { "01_python_bug", 11, "|dlogit| 13.27-13.38; router near-tie at this token, 2nd/3rd expert logit gap 0.0011" },
+    { "01_python_bug", 14, "|dlogit| 0.68-0.90; router near-tie at this token, 2nd/3rd expert logit gap 0.0296" },
+    { "01_python_bug", 15, "|dlogit| 0.23-1.18; router near-tie at this token, 2nd/3rd expert logit gap 0.0032" },
+    { "01_python_bug", 19, "top-10 within tolerance (|dlogit| 0.51-0.59) but the argmax differs from the oracle's (oracle gap 0.773, under twice the tolerance); 3 excursions earlier in this prompt" },
+    { "01_python_bug", 22, "|dlogit| 0.75-0.79; router near-tie at this token, 2nd/3rd expert logit gap 0.0462" },
+    { "01_python_bug", 31, "|dlogit| 2.04-2.04; no router near-tie at this token (smallest 2nd/3rd expert gap 0.051): cause not established" },
+    { "02_rubric_paragraph", 5, "|dlogit| 2.72-2.74; no router near-tie at this token (smallest 2nd/3rd expert gap 0.056): cause not established" },
+    { "02_rubric_paragraph", 7, "|dlogit| 0.61-0.62; no router near-tie at this token (smallest 2nd/3rd expert gap 0.101): cause not established" },
+    { "02_rubric_paragraph", 9, "|dlogit| 1.33-1.35; router near-tie at this token, 2nd/3rd expert logit gap 0.0123" },
+    { "02_rubric_paragraph", 15, "|dlogit| 1.21-1.24; router near-tie at this token, 2nd/3rd expert logit gap 0.0209" },
+    { "02_rubric_paragraph", 16, "|dlogit| 0.69-0.69; no router near-tie at this token (smallest 2nd/3rd expert gap 0.220): cause not established" },
+    { "02_rubric_paragraph", 19, "|dlogit| 1.81-1.82; router near-tie at this token, 2nd/3rd expert logit gap 0.0372" },
+    { "02_rubric_paragraph", 27, "|dlogit| 3.07-3.11; no router near-tie at this token (smallest 2nd/3rd expert gap 0.077): cause not established" },
+    { "03_unicode_emoji_cjk", 0, "|dlogit| 0.62-0.72; no router near-tie at this token (smallest 2nd/3rd expert gap 0.271): cause not established" },
+    { "03_unicode_emoji_cjk", 5, "|dlogit| 0.51-0.61; router near-tie at this token, 2nd/3rd expert logit gap 0.0421" },
+    { "03_unicode_emoji_cjk", 7, "|dlogit| 2.28-2.41; router near-tie at this token, 2nd/3rd expert logit gap 0.0401" },
+    { "03_unicode_emoji_cjk", 11, "|dlogit| 0.59-0.65; no router near-tie at this token (smallest 2nd/3rd expert gap 0.063): cause not established" },
+    { "03_unicode_emoji_cjk", 22, "|dlogit| 1.19-1.33; no router near-tie at this token (smallest 2nd/3rd expert gap 0.199): cause not established" },
+    { "03_unicode_emoji_cjk", 23, "|dlogit| 3.91-3.99; router near-tie at this token, 2nd/3rd expert logit gap 0.0130" },
+    { "03_unicode_emoji_cjk", 29, "|dlogit| 2.50-2.56; no router near-tie at this token (smallest 2nd/3rd expert gap 0.068): cause not established" },
+    { "03_unicode_emoji_cjk", 30, "|dlogit| 0.86-0.92; no router near-tie at this token (smallest 2nd/3rd expert gap 0.145): cause not established" },
+    { "04_whitespace_newlines", 0, "|dlogit| 4.27-4.36; router near-tie at this token, 2nd/3rd expert logit gap 0.0324" },
+    { "04_whitespace_newlines", 2, "|dlogit| 4.16-4.28; no router near-tie at this token (smallest 2nd/3rd expert gap 0.122): cause not established" },
+    { "04_whitespace_newlines", 9, "|dlogit| 2.44-2.50; router near-tie at this token, 2nd/3rd expert logit gap 0.0307" },
+    { "04_whitespace_newlines", 17, "|dlogit| 1.94-1.97; router near-tie at this token, 2nd/3rd expert logit gap 0.0301" },
+    { "04_whitespace_newlines", 19, "|dlogit| 0.54-0.60; no router near-tie at this token (smallest 2nd/3rd expert gap 0.094): cause not established" },
+    { "05_digits", 1, "|dlogit| 7.08-7.13; router near-tie at this token, 2nd/3rd expert logit gap 0.0004" },
+    { "05_digits", 13, "|dlogit| 2.49-2.50; router near-tie at this token, 2nd/3rd expert logit gap 0.0139" },
+    { "05_digits", 15, "|dlogit| 7.90-8.04; router near-tie at this token, 2nd/3rd expert logit gap 0.0094" },
+    { "05_digits", 23, "|dlogit| 0.81-0.85; no router near-tie at this token (smallest 2nd/3rd expert gap 0.104): cause not established" },
+    { "05_digits", 25, "|dlogit| 3.45-3.54; no router near-tie at this token (smallest 2nd/3rd expert gap 0.056): cause not established" },
+    { "05_digits", 28, "|dlogit| 1.04-1.13; no router near-tie at this token (smallest 2nd/3rd expert gap 0.068): cause not established" },
+    { "05_digits", 30, "|dlogit| 2.43-2.51; router near-tie at this token, 2nd/3rd expert logit gap 0.0440" },
+    { "06_chatml_chat", 16, "|dlogit| 0.35-1.10; router near-tie at this token, 2nd/3rd expert logit gap 0.0116" },
+    { "06_chatml_chat", 18, "|dlogit| 0.30-2.30; router near-tie at this token, 2nd/3rd expert logit gap 0.0302" },
+    { "06_chatml_chat", 20, "|dlogit| 2.60-2.61; router near-tie at this token, 2nd/3rd expert logit gap 0.0408" },
+    { "06_chatml_chat", 24, "|dlogit| 6.63-6.71; router near-tie at this token, 2nd/3rd expert logit gap 0.0316" },
+    { "07_long_gpl3", 2, "|dlogit| 1.08-1.09; router near-tie at this token, 2nd/3rd expert logit gap 0.0260" },
+    { "07_long_gpl3", 4, "|dlogit| 0.55-0.63; no router near-tie at this token (smallest 2nd/3rd expert gap 0.088): cause not established" },
+    { NULL, 0, NULL },
+};
+
 static const golden_case CASES[] = {
-    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
+    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL },
+    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL },
+    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL },
+    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL },
+    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
+    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
+    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
+    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
     /* Quantised files: the activations are quantised differently from the
      * primary oracle (measured medians 0.17 on Q8_0, 0.28 on Q4_K_M), so the
-     * tolerance is calibrated to the measured spread. */
-    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, 1 },
+     * tolerance is calibrated to the measured spread. Evidence: none for
+     * qwen3 (mainline has no qwen3); the only quantized oracle-to-oracle
+     * distance is qwen2-mini-Q4_0's 0.28. tandem's worst step, 2026-11-28:
+     * Q8_0 0.373 / 0.409 / 0.362 (ref / avx2 / avx512), above that
+     * evidence: a finding (tests/data/README.md), the bar is not raised. */
+    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL },
     /* Q4_K_M: 0.65 since the V sums fuse their multiply-adds (as the
      * oracle's own f16 dot products do): the worst step of the 256 moved
      * from 0.594 to 0.617 with the avx2 kernel set (0.505 -> 0.542 with
      * avx512 and the reference) while the median and p95 did not move
-     * (0.27, 0.43-0.45). A broken engine is off by whole units. */
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, 1 },
-    /* MoE + quantised: that spread flips near-tied router decisions at some
-     * positions (a different expert, logits several units apart), so here
-     * only most steps (75%; measured 83%) are held to the tolerance. */
-    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, 0.75f },
-    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1 },
-    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1 },
+     * (0.27, 0.43-0.45). A broken engine is off by whole units. That bar
+     * followed tandem, not an oracle: its worst step 0.542 / 0.617 / 0.542
+     * (ref / avx2 / avx512, 2026-11-28) is above the only quantized
+     * oracle-to-oracle evidence (0.28, qwen2-mini-Q4_0): a finding. */
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, NULL },
+    /* MoE + quantised: every step held to 0.60 (no second oracle runs
+     * qwen3moe; the only quantized oracle-to-oracle distance, qwen2-mini-Q4_0,
+     * is 0.28) except the listed excursions (MOE_Q4_EXCURSIONS, 47 of 256
+     * steps, worst 13.38): near-tied router decisions that pick a different
+     * expert, logits several units apart. Was: 75% of steps, checked only
+     * with at least 100 steps, so never under the sanitizers. */
+    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS },
+    /* qwen2-mini-Q4_0: the two oracles are 0.2775 apart at most (median
+     * 0.133, over the 162 steps where their greedy tokens agree); tandem's
+     * worst step 0.2936 against ik_llama.cpp, 0.2734 against mainline. */
+    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL },
+    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL },
 };
 
 static int load_ids(json_t *arr, int32_t *out, int cap) {
@@ -71,11 +162,25 @@ static double l2(const float *x, int n) {
     return sqrt(s);
 }
 
-typedef struct { double max_diff; int steps, within, argmax_checked, argmax_ok, prompts; float diffs[4096]; } file_stats;
+typedef struct {
+    double max_diff, max_held;   /* worst step of all, worst of those held to tol */
+    int steps, within, argmax_checked, argmax_ok, prompts, excursions;
+    float diffs[4096];
+} file_stats;
 
-/* Compare one step's logits with the oracle's; returns the top1-top2 gap. */
+/* The reason if (prompt, step) is a listed excursion of gc, else NULL. */
+static const char *excursion_why(const golden_case *gc, const char *prompt, int k) {
+    for (const golden_excursion *e = gc->excursions; e && e->prompt; e++)
+        if (e->step == k && prompt && !strcmp(e->prompt, prompt)) return e->why;
+    return NULL;
+}
+
+/* Compare one step's logits with the oracle's; returns the top1-top2 gap.
+ * Every step is held to tol, except a listed excursion (why != NULL), which
+ * is printed with its distance and reason instead. TANDEM_GOLDEN_DUMP=1
+ * prints every step's distance (how the tolerance table was measured). */
 static double check_step(const char *name, int k, json_t *step, const float *logits, int n_vocab,
-                         float tol, int strict, file_stats *fs) {
+                         float tol, const char *why, file_stats *fs) {
     json_t *top = json_object_get(step, "top10");
     size_t i;
     json_t *pair;
@@ -94,14 +199,21 @@ static double check_step(const char *name, int k, json_t *step, const float *log
     double l2_tol = tol * 8 + 0.0025 * want_l2;
     int ok = worst <= tol && dl2 <= l2_tol;
     fs->within += ok;
-    if (strict) {
+    double g1 = json_number_value(json_array_get(json_array_get(top, 0), 1));
+    double g2 = json_number_value(json_array_get(json_array_get(top, 1), 1));
+    if (getenv("TANDEM_GOLDEN_DUMP"))
+        printf("  dump %s step %d: |dlogit| %.4f dL2 %.4f oracle gap %.4f\n", name, k, worst, dl2, g1 - g2);
+    if (why) {
+        fs->excursions++;
+        printf("  known excursion %s step %d: top-10 |dlogit| %.3f (tol %.2f), not held to tol: %s\n", name, k, worst,
+               tol, why);
+    } else {
         CHECK(worst <= tol, "%s step %d: top-10 logit differs by %.4f (tol %.3f)", name, k, worst, tol);
         CHECK(dl2 <= l2_tol, "%s step %d: logit L2 %.4f vs %.4f", name, k, l2(logits, n_vocab), want_l2);
+        if (worst > fs->max_held) fs->max_held = worst;
     }
     if (worst > fs->max_diff) fs->max_diff = worst;
     if (fs->steps < 4096) fs->diffs[fs->steps] = (float)worst;
-    double g1 = json_number_value(json_array_get(json_array_get(top, 0), 1));
-    double g2 = json_number_value(json_array_get(json_array_get(top, 1), 1));
     return g1 - g2;
 }
 
@@ -115,7 +227,6 @@ static int collect(void *ud, int32_t id) {
 
 static void run_prompt(model *m, json_t *p, const golden_case *gc, file_stats *fs) {
     float tol = gc->tol;
-    int strict = gc->min_frac >= 1.0f;
     const char *name = json_string_value(json_object_get(p, "name"));
     const char *text = json_string_value(json_object_get(p, "prompt"));
     json_t *steps = json_object_get(p, "steps");
@@ -141,19 +252,24 @@ static void run_prompt(model *m, json_t *p, const golden_case *gc, file_stats *f
     int first_tie = ng;
     for (int k = 0; ok && k < ng; k++) {
         json_t *st = json_array_get(steps, (size_t)k);
-        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, strict, fs);
+        const char *why = excursion_why(gc, name, k);
+        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, why, fs);
         fs->steps++;
-        if (gap > tol) {
+        if (gap > tol && !why) {
             int am = sampler_argmax(logits, hp->n_vocab);
             fs->argmax_checked++;
             fs->argmax_ok += am == gen[k];
-            if (strict)
-                CHECK(am == gen[k], "%s step %d: argmax %d, oracle %d (gap %.3f)", name, k, am, gen[k], gap);
+            CHECK(am == gen[k], "%s step %d: argmax %d, oracle %d (gap %.3f)", name, k, am, gen[k], gap);
         }
-        if (gap <= (gc->exact ? 0.005 : tol) && k < first_tie) {
+        /* free running can be held to the oracle only up to its first
+         * near-tie, or the first listed excursion */
+        if ((gap <= (gc->exact ? 0.005 : tol) || why) && k < first_tie) {
             first_tie = k;
         }
-        if (k + 1 < ng) ok = model_eval(m, s, &gen[k], 1, logits, NULL, NULL, err, sizeof err) == 0;
+        if (k + 1 < ng) {
+            ok = model_eval(m, s, &gen[k], 1, logits, NULL, NULL, err, sizeof err) == 0;
+            CHECK(ok, "%s: eval after step %d failed: %s", name, k, err);
+        }
     }
     /* free running */
     session_reset(s, 0);
@@ -169,8 +285,7 @@ static void run_prompt(model *m, json_t *p, const golden_case *gc, file_stats *f
     CHECK(ok, "%s: generate failed: %s", name, err);
     int agree = 0;
     while (agree < nout && agree < ng && out[agree] == gen[agree]) agree++;
-    if (strict)
-        CHECK(agree >= first_tie, "%s: free-running greedy agrees for %d tokens, needed %d", name, agree, first_tie);
+    CHECK(agree >= first_tie, "%s: free-running greedy agrees for %d tokens, needed %d", name, agree, first_tie);
     fs->prompts++;
     sampler_free(smp);
     session_free(s);
@@ -219,16 +334,13 @@ static void run_file(const golden_case *gc) {
         json_decref(j);
         if (!m) break;
     }
-    if (gc->min_frac < 1.0f && fs.steps >= 100) {   /* a share needs enough steps to mean anything */
-        CHECK(fs.within >= gc->min_frac * fs.steps, "%s: %d of %d steps within tolerance, need %.0f%%", gc->golden,
-              fs.within, fs.steps, gc->min_frac * 100);
-        CHECK(fs.argmax_ok >= gc->min_frac * fs.argmax_checked, "%s: argmax agrees on %d of %d clear steps",
-              gc->golden, fs.argmax_ok, fs.argmax_checked);
-    }
+    /* a file whose model loaded must have run prompts: no silent pass */
+    if (m) CHECK(fs.prompts > 0 && fs.steps > 0, "%s: no prompt ran (%d prompts, %d steps)", gc->golden, fs.prompts, fs.steps);
     qsort(fs.diffs, (size_t)(fs.steps < 4096 ? fs.steps : 4096), sizeof(float), cmp_float);
-    printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f tol %.2f; in tol %d, argmax %d/%d\n",
+    printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f (held steps %.4f) tol %.2f; in tol %d, "
+           "argmax %d/%d, known excursions %d\n",
            gc->golden, fs.steps, fs.steps ? fs.diffs[fs.steps / 2] : 0.0, fs.steps ? fs.diffs[fs.steps * 95 / 100] : 0.0,
-           fs.max_diff, gc->tol, fs.within, fs.argmax_ok, fs.argmax_checked);
+           fs.max_diff, fs.max_held, gc->tol, fs.within, fs.argmax_ok, fs.argmax_checked, fs.excursions);
     free(line);
     fclose(f);
     model_free(m);
@@ -258,12 +370,14 @@ static void run_story(void) {
     size_t nt = 0;
     tok_stream ts;
     tok_stream_init(&ts, model_get_tokenizer(m));
-    model_eval(m, s, &bos, 1, logits, NULL, NULL, err, sizeof err);
-    for (int i = 0; i < 200; i++) {
+    int ev = model_eval(m, s, &bos, 1, logits, NULL, NULL, err, sizeof err);
+    CHECK(ev == 0, "stories260K: eval of BOS failed: %s", err);
+    for (int i = 0; !ev && i < 200; i++) {
         int32_t id = sampler_argmax(logits, hp->n_vocab);
         int n = tok_stream_push(&ts, id, text + nt, sizeof text - nt);
         if (n > 0) nt += (size_t)n;
-        if (model_eval(m, s, &id, 1, logits, NULL, NULL, err, sizeof err)) break;
+        ev = model_eval(m, s, &id, 1, logits, NULL, NULL, err, sizeof err);
+        CHECK(ev == 0, "stories260K: eval of story token %d failed: %s", i, err);
     }
     int n = tok_stream_flush(&ts, text + nt, sizeof text - nt);
     if (n > 0) nt += (size_t)n;
@@ -276,7 +390,8 @@ static void run_story(void) {
     model_free(m);
 }
 
-/* 1 if TANDEM_BACKEND names a backend this machine cannot start. */
+/* 1 if TANDEM_BACKEND names a backend that cannot start: a counted skip
+ * where the machine has no CUDA device, else a failure with the cause. */
 static int backend_missing(void) {
     const char *b = getenv("TANDEM_BACKEND");
     if (!b || !strcmp(b, "cpu")) return 0;
@@ -285,8 +400,7 @@ static int backend_missing(void) {
     model *m = NULL;
     model_opts mo = { .n_threads = 1, .backend = b };
     if (model_load(&m, mpath, &mo, err, sizeof err) == 0) { model_free(m); return 0; }
-    if (!strstr(err, "no CUDA device") && !strstr(err, "no CUDA backend")) return 0;   /* a real failure: let it show */
-    printf("skipped: no CUDA device\n(%s)\n", err);
+    if (!t_cuda_absent(err)) CHECK(0, "TANDEM_BACKEND=%s cannot start: %s", b, err);
     return 1;
 }
 

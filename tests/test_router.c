@@ -289,7 +289,7 @@ typedef struct {
     pid_t pf, d1, d2, dq, r1, r2, r3;
     int ppf, pd1, pd2, pdq, pr1, pr2, pr3;
     char stories[512], qwen[512];
-    char chat_want[256], completion_want[256];   /* test_golden's texts from `tandem run` */
+    char chat_want[256], completion_want[256];   /* test_self_consistency's texts from `tandem run` */
 } tr_env;
 
 static int tr_start_node(pid_t *pid, int *port, char *const argv[], const char *name) {
@@ -342,8 +342,11 @@ static int tr_setup(tr_env *e) {
     return tr_start_node(&e->r3, &e->pr3, r3, "r3");
 }
 
-/* Golden: the router's greedy text equals `tandem run`'s, streamed and not. */
-static void test_golden(tr_env *e) {
+/* Self-consistency (tandem against tandem, not a fidelity check: test_golden
+ * is that): the router's greedy text equals `tandem run`'s exactly, streamed
+ * and not (stories260K F32; qwen3-mini through the same CPU backend). */
+static void test_self_consistency(tr_env *e) {
+    printf("router: self-consistency (router vs tandem run, exact; not a fidelity check)\n");
     char cmd[1200];
     snprintf(cmd, sizeof cmd, "%s run -m %s -p 'Once upon a time' -n 12 -t 1 2>/dev/null", bin(), e->stories);
     char *want = tr_capture(cmd);
@@ -351,7 +354,7 @@ static void test_golden(tr_env *e) {
     const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"temperature\":0}";
     long st = tr_http("POST", e->pr1, "/v1/completions", body, NULL, &resp);
     char *got = tr_json_text(resp, 0);
-    CHECK(st == 200 && !strcmp(got, want), "completion golden: status %ld got '%s' want '%s'", st, got, want);
+    CHECK(st == 200 && !strcmp(got, want), "self-consistency: completion: status %ld got '%s' want '%s'", st, got, want);
     json_t *o = json_loads(resp, 0, NULL);
     CHECK(json_integer_value(json_object_get(json_object_get(o, "usage"), "completion_tokens")) == 12, "usage: %s", resp);
     json_decref(o);
@@ -361,7 +364,7 @@ static void test_golden(tr_env *e) {
     st = tr_http("POST", e->pr1, "/v1/completions", body, NULL, &resp);
     int done, errs, usage;
     got = tr_sse_text(resp, 0, &done, &errs, &usage);
-    CHECK(st == 200 && done && !errs && usage == 1 && !strcmp(got, want), "streamed completion golden: '%s' vs '%s' (done %d)", got, want, done);
+    CHECK(st == 200 && done && !errs && usage == 1 && !strcmp(got, want), "self-consistency: streamed completion: '%s' vs '%s' (done %d)", got, want, done);
     free(got); free(resp);
     char *want_completion = want;
 
@@ -370,13 +373,13 @@ static void test_golden(tr_env *e) {
     body = "{\"model\":\"qwen3-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":8,\"temperature\":0}";
     st = tr_http("POST", e->pr1, "/v1/chat/completions", body, NULL, &resp);
     got = tr_json_text(resp, 1);
-    CHECK(st == 200 && !strcmp(got, want), "chat golden: status %ld got '%s' want '%s'", st, got, want);
+    CHECK(st == 200 && !strcmp(got, want), "self-consistency: chat: status %ld got '%s' want '%s'", st, got, want);
     free(got); free(resp);
     body = "{\"model\":\"qwen3-mini\",\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}],\"max_tokens\":8,"
            "\"temperature\":0,\"stream\":true}";
     st = tr_http("POST", e->pr1, "/v1/chat/completions", body, NULL, &resp);
     got = tr_sse_text(resp, 1, &done, &errs, &usage);
-    CHECK(st == 200 && done && !errs && !strcmp(got, want), "streamed chat golden: '%s' vs '%s'", got, want);
+    CHECK(st == 200 && done && !errs && !strcmp(got, want), "self-consistency: streamed chat: '%s' vs '%s'", got, want);
     CHECK(strstr(resp, "\"role\":\"assistant\"") != NULL, "first chunk carries the role");
     free(got); free(resp);
 
@@ -511,7 +514,7 @@ static void test_split_and_prefill_kill(tr_env *e) {
 }
 
 /* The official Python clients (tests/clients/openai_checks.py "router")
- * against r1 (limits) and r3 (an API key), on test_golden's texts. They run
+ * against r1 (limits) and r3 (an API key), on test_self_consistency's texts. They run
  * after the prefill node's kill: their traffic through it beforehand had
  * its jobs there overlap, so that the kill found none in flight. The split
  * path through the clients is test_router_n's and test_router_prompts'. */
@@ -710,7 +713,7 @@ static void test_processes(void) {
     CHECK(access(bin(), X_OK) == 0, "tandem binary %s (set TANDEM_BIN)", bin());
     if (access(bin(), X_OK) || !t_need(e.qwen)) return;
     if (tr_setup(&e) == 0) {
-        test_golden(&e);
+        test_self_consistency(&e);
         test_errors(&e);
         test_split_and_prefill_kill(&e);
         test_py_clients(&e);

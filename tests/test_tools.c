@@ -94,7 +94,7 @@ static void test_render_oracle(void) {
     for (size_t i = 0; i < sizeof tt_convs / sizeof tt_convs[0]; i++) {
         int no_jinja = 0;
         char *want = tt_oracle(TT_DIR "/qwen3.jinja", tt_convs[i], &no_jinja);
-        if (no_jinja) { printf("test_tools: SKIP Jinja2 oracle: python3 jinja2 not installed\n"); break; }
+        if (no_jinja) { t_skip_what("jinja2", "the Jinja2 oracle of chat-template rendering: python3 jinja2 not installed"); break; }
         json_t *conv = json_loads(tt_convs[i], 0, NULL);
         char *got = tools_render(&st, json_object_get(conv, "messages"), json_object_get(conv, "tools"), NULL, err, sizeof err);
         CHECK(want && got && !strcmp(want, got), "conversation %zu: tandem\n---\n%s\n---\nJinja2\n---\n%s\n---", i,

@@ -702,7 +702,7 @@ static void test_tcp(void) {
     const char *addrs[] = { ":0", "127.0.0.1:0", "0", "[::1]:0", "*:0" };
     for (int i = 0; i < 5; i++) {
         int lfd = wire_listen(addrs[i], err, sizeof err);
-        if (lfd < 0 && i == 3) { printf("test_wire: IPv6 loopback unavailable (%s), skipped\n", err); continue; }
+        if (lfd < 0 && i == 3) { t_skip_what("ipv6", "IPv6 loopback unavailable (%s)", err); continue; }
         CHECK(lfd >= 0, "listen %s: %s", addrs[i], err);
         if (lfd < 0) continue;
         int port = wire_local_port(lfd);

@@ -36,6 +36,14 @@ PIDS=()
 ok() {   # cond-status message
     if [ "$1" = 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL twohost: $2"; fi
 }
+# tests/t.h's rule: skip_what WHAT WHY counts "skipped: WHAT: WHY", or a
+# failure where TANDEM_REQUIRE (comma list, or "all") names WHAT
+skip_what() {
+    case ",${TANDEM_REQUIRE:-}," in
+    *,all,*|*,"$1",*) fail=$((fail+1)); echo "FAIL required (TANDEM_REQUIRE) $1: $2" ;;
+    *) skip=$((skip+1)); echo "skipped: $1: $2" ;;
+    esac
+}
 done_() {
     if [ "$skip" -gt 0 ]; then echo "twohost: $pass passed, $fail failed, $skip skipped"
     else echo "twohost: $pass passed, $fail failed"; fi
@@ -45,8 +53,8 @@ done_() {
 
 # ==== Setup ====
 if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null || ! command -v curl >/dev/null; then
-    echo "skipped: two-host recipe test needs root, ip(8) and curl (network namespaces)"
-    skip=1; done_
+    skip_what netns "two-host recipe test needs root, ip(8) and curl (network namespaces)"
+    done_
 fi
 WORK=$(mktemp -d /tmp/tandem-twohost.XXXXXX)
 cleanup() {
@@ -62,8 +70,8 @@ trap 'exit 130' INT TERM
 rc=0
 netns_pair "$NS_S" "$NS_M" "$ADDR_S" "$ADDR_M" veth-s$$ veth-m$$ || rc=$?
 if [ "$rc" != 0 ]; then
-    echo "skipped: two-host recipe test: cannot create network namespaces (ip netns add failed)"
-    skip=1; done_
+    skip_what netns "two-host recipe test: cannot create network namespaces (ip netns add failed)"
+    done_
 fi
 for ns in "$NS_S" "$NS_M"; do
     mkdir -p "/etc/netns/$ns"
@@ -141,8 +149,7 @@ if [ "$CHAT" = 1 ]; then
     printf '%s\n' "$out" | grep -q '"content":"[^"]' && printf '%s\n' "$out" | grep -q '^data: \[DONE\]'
     ok $? "README's chat request streams an answer: $(printf '%s' "$out" | head -c 300)"
 else
-    echo "skipped: README's chat request: $MODEL has no chat template (set TANDEM_FIXTURES for qwen3-mini-Q8_0.gguf)"
-    skip=$((skip+1))
+    skip_what fixtures "README's chat request: $MODEL has no chat template (set TANDEM_FIXTURES for qwen3-mini-Q8_0.gguf)"
 fi
 
 rx0=$(ip netns exec "$NS_M" cat "/sys/class/net/veth-m$$/statistics/rx_bytes")

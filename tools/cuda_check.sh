@@ -20,6 +20,11 @@
 # passing run proves little.
 # Needs the fixture set (TANDEM_FIXTURES) for 1-3; the F16 test models are
 # generated into TANDEM_MODELS if missing (tools/gen_mini.py, about 10 s).
+# A GPU check that could not run is not a pass: TANDEM_REQUIRE gains "cuda"
+# and "fixtures" here (tests/t.h), so a machine without a CUDA device, or a
+# CUDA backend that cannot start, fails step 1 instead of skipping it. The
+# last line names every step that failed (a non-zero exit, a timeout, a
+# golden_repeat load that failed, memcheck errors); exit status 1 then.
 set -uo pipefail
 BIN=${BIN:-build-cuda}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
@@ -30,7 +35,9 @@ REPEAT=${REPEAT:-8}
 BENCH_MODELS=${BENCH_MODELS:-}
 BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
 export TANDEM_FIXTURES=$FIX TANDEM_MODELS=$MODELS
+export TANDEM_REQUIRE="${TANDEM_REQUIRE:+$TANDEM_REQUIRE,}cuda,fixtures"
 mkdir -p "$LOG_DIR" "$MODELS"
+FAILED=()
 
 step() {   # step NAME LIMIT_S CMD...: runs it, logs, prints the tail and the time
     local name=$1 limit=$2; shift 2
@@ -42,6 +49,8 @@ step() {   # step NAME LIMIT_S CMD...: runs it, logs, prints the tail and the ti
     grep -E '^(FAIL|skipped|handoff:|golden|ops|\|)|passed|error|Error' "$LOG_DIR/$name.log" | head -n 60
     tail -n 3 "$LOG_DIR/$name.log"
     awk -v n="$name" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "== %s: rc %d, %.1f s\n", n, r, b - a }'
+    [ "$rc" -eq 0 ] || { FAILED+=("$name (rc $rc$( [ "$rc" -eq 124 ] && echo ', timed out'))"); echo "== $name: FAILED"; }
+    return "$rc"
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>&1 | head -n 2
@@ -49,7 +58,7 @@ pids=; for a in qwen3 qwen3moe qwen2; do
     f=$MODELS/$a-mini-F16.gguf
     [ -f "$f" ] || { python3 "$FIX/tools/gen_mini.py" "$a" "$f" >/dev/null & pids="$pids $!"; }
 done
-wait $pids
+for p in $pids; do wait "$p" || FAILED+=("gen_mini (a test model could not be generated)"); done
 for s in $STEPS; do
     case $s in
     ops) step backend_ops ${T_OPS:-180} "$BIN/test_backend_ops" ;;
@@ -64,12 +73,12 @@ for s in $STEPS; do
                 TANDEM_BACKEND=cuda TANDEM_GOLDEN=$q timeout -k 5 120 "$BIN/test_golden" >"$LOG_DIR/repeat.log" 2>&1 ||
                     { bad=$((bad + 1)); cp "$LOG_DIR/repeat.log" "$LOG_DIR/repeat-fail-$q.log"; }
             done
-            if grep -q '^skipped: no CUDA device' "$LOG_DIR/repeat.log"; then echo "== golden_repeat: skipped, no CUDA device"; break; fi
             echo "== golden_repeat $q: $((REPEAT - bad)) of $REPEAT loads passed"
+            [ "$bad" -eq 0 ] || FAILED+=("golden_repeat $q ($bad of $REPEAT loads failed)")
         done ;;
     memcheck)   # every device access against its allocation's bounds
         san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-        if [ -z "$san" ]; then echo "== memcheck: skipped, no compute-sanitizer"; continue; fi
+        if [ -z "$san" ]; then echo "== memcheck: no compute-sanitizer: not run"; FAILED+=("memcheck (no compute-sanitizer)"); continue; fi
         step memcheck ${T_MEMCHECK:-600} "$san" --tool memcheck --error-exitcode 9 "$BIN/test_backend_ops"
         grep -E 'ERROR SUMMARY|Invalid' "$LOG_DIR/memcheck.log" | head -n 5 ;;
     handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
@@ -83,3 +92,8 @@ for s in $STEPS; do
            done ;;
     esac
 done
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "cuda_check: ${#FAILED[@]} step(s) failed: $(IFS=';'; echo "${FAILED[*]}")"
+    exit 1
+fi
+echo "cuda_check: every step passed ($STEPS)"

@@ -9,6 +9,10 @@ missing=()
 for p in "${PKGS[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# Jinja2: tests/render_chat.py, test_tools' oracle of chat-template rendering
+# (CI requires it: .ci/run's TANDEM_REQUIRE). Debian's package, unless the
+# python3 on PATH already has it.
+python3 -c 'import jinja2' 2>/dev/null || dpkg -s python3-jinja2 >/dev/null 2>&1 || missing+=(python3-jinja2)
 if [ ${#missing[@]} -gt 0 ]; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     echo "deps: installing ${missing[*]}"

@@ -9,27 +9,92 @@
 #   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
 #      and link only: CI has no GPU) and its test's host-side checks
 # Without the fixture set (../shared/fixtures or $TANDEM_FIXTURES: README,
-# Correctness) the tests that need its files say "skipped: ..." and the rest
-# runs. The last line printed is the total "N passed, M failed, K skipped".
-set -euo pipefail
+# Correctness) the tests that need its files say "skipped: fixtures: ..."
+# and the rest runs; where TANDEM_REQUIRE names a thing (.ci/run sets it for
+# what CI must have) its absence is a failure instead (tests/t.h).
+# Before all of it, tests/selftest.sh tests the harness itself (broken runs
+# that must give the right totals); after the CUDA build, its CUDA part.
+# The totals, printed in every case (failing runs and failed builds
+# included): one line per part (selftest, suite, asan, portable, cuda,
+# fuzz: asan and portable run the suite's checks again, so the same check
+# is counted up to three times), then the last line, the sum of them all,
+# "N passed, M failed, K skipped", which CI reads. A part that printed no
+# totals line counts as one failure. Exit status non-zero if anything failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-tools/deps.sh
 JOBS=$(nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
+mkdir -p build
 
-make -j"$JOBS" all models
+# ==== Parts and their totals ====
+PARTS=(); declare -A P F S
+# part NAME LOG: the part's "N passed, M failed, K skipped" from its log's
+# last such line (none: one failure). EXTRA_FAIL adds failures (a build that
+# failed before its tests could run).
+part() {
+    local name=$1 log=$2 line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" 2>/dev/null | tail -n 1)
+    PARTS+=("$name")
+    if [ -z "$line" ]; then
+        P[$name]=0; F[$name]=1; S[$name]=0
+        echo "FAIL $name: no totals line in $log"
+    else
+        P[$name]=$(sed -E 's/^([0-9]+) passed.*/\1/' <<<"$line")
+        F[$name]=$(sed -E 's/.* ([0-9]+) failed.*/\1/' <<<"$line")
+        S[$name]=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line"); S[$name]=${S[$name]:-0}
+    fi
+    F[$name]=$(( ${F[$name]} + ${EXTRA_FAIL:-0} ))
+}
+# skip_what WHAT WHY: tests/t.h's rule for the parts counted here: prints
+# "skipped: WHAT: WHY" and returns 0, or a failure (status 1) where
+# TANDEM_REQUIRE (names separated by commas, or "all") names WHAT.
+skip_what() {
+    case ",${TANDEM_REQUIRE:-}," in
+    *,all,*|*,"$1",*) echo "FAIL required (TANDEM_REQUIRE) $1: $2"; return 1 ;;
+    esac
+    echo "skipped: $1: $2"
+}
+# part_counts NAME PASS FAIL SKIP: a part counted here (setup, fuzzers).
+part_counts() { PARTS+=("$1"); P[$1]=$2; F[$1]=$3; S[$1]=$4; }
+totals() {
+    local n pass=0 fail=0 skip=0
+    echo "== totals (asan and portable run the suite's checks again: counted again)"
+    for n in "${PARTS[@]}"; do
+        echo "$n: ${P[$n]} passed, ${F[$n]} failed, ${S[$n]} skipped"
+        pass=$((pass + P[$n])); fail=$((fail + F[$n])); skip=$((skip + S[$n]))
+    done
+    echo "$pass passed, $fail failed, $skip skipped"
+    [ "$fail" -eq 0 ]
+}
+
+setup_fail=0
+tools/deps.sh || { echo "FAIL setup: tools/deps.sh"; setup_fail=$((setup_fail+1)); }
+# a failed build still runs what it can: the binaries it did not make count
+# as failures in tests/run.sh (MISSING), and the build itself as one here
+make -j"$JOBS" all models || { echo "FAIL setup: make all models"; setup_fail=$((setup_fail+1)); }
+part_counts setup 0 "$setup_fail" 0
+
+echo "== the harness's self-test (tests/selftest.sh)"
+SELFTEST_PART=harness tests/run.sh tests/selftest.sh 2>&1 | tee build/selftest.log
+part selftest build/selftest.log
 echo "== tests"
-make test | tee build/test.log
+make test 2>&1 | tee build/test.log
+part suite build/test.log
 echo "== tests under ASan+UBSan"
-make -j"$JOBS" asan | tee build/asan.log
+make -j"$JOBS" asan 2>&1 | tee build/asan.log
+part asan build/asan.log
 # platform.c's POSIX fallbacks (what macOS gets) in place of Linux's own
 # calls, through the tests that use them: about a minute.
 echo "== platform fallbacks (make portable)"
-make -j"$JOBS" portable | tee build/portable.log
-# The CUDA build: all of its targets compile and link; test_backend_ops
-# checks the device code's host versions and says "skipped: no CUDA device"
-# for the rest, as the goldens on the CUDA backend and the CUDA-prefill
-# handoff do. About 35 s on 2 cores (all five -gencode targets).
+make -j"$JOBS" portable 2>&1 | tee build/portable.log
+part portable build/portable.log
+# The CUDA build: all of its targets compile and link; on a machine without
+# a CUDA device test_backend_ops checks the device code's host versions and
+# counts "skipped: cuda: no CUDA device" for the rest, as the goldens on the
+# CUDA backend and the CUDA-prefill handoff do (counted skips, in the
+# totals); a CUDA backend that cannot start for another reason fails. Then
+# the self-test's CUDA part (a broken driver must fail). About 35 s on 2
+# cores (all five -gencode targets).
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 # The toolkit root as nvcc itself reports it (its TOP): nvcc may be a wrapper
 # script elsewhere on PATH (/usr/local/bin/nvcc), so dirname(nvcc) can be wrong.
@@ -45,17 +110,29 @@ if [ -x "$NVCC" ]; then
     ls "${CUDA_HOME:-/nonexistent}"/lib64/libcublas.so* >/dev/null 2>&1 || CUDA_HOME=$(cuda_home)
     if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then
         echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
-        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all
-        # on a GPU machine the whole check (tools/cuda_check.sh has it with
-        # benchmarks); here each says "skipped: no CUDA device"
-        TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \
-            tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff | tee build/cuda.log
+        cuda_build_fail=0
+        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all ||
+            { echo "FAIL cuda: make CUDA=1 failed"; cuda_build_fail=1; }
+        # on a GPU machine the whole check (tools/cuda_check.sh has it with benchmarks)
+        { TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \
+            tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff
+          SELFTEST_PART=cuda tests/run.sh tests/selftest.sh; } 2>&1 | tee build/cuda-run.log
+        # one totals line for the part: the two runs summed
+        grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda-run.log |
+            awk '{ p += $1; f += $3; s += $5 } END { if (NR == 2) printf "%d passed, %d failed, %d skipped\n", p, f, s }' \
+            >build/cuda.log
+        EXTRA_FAIL=$cuda_build_fail part cuda build/cuda.log
     else
-        echo "skipped: CUDA build: nvcc at $NVCC but no cuBLAS under $CUDA_HOME/lib64"
+        if skip_what cuda-build "nvcc at $NVCC but no cuBLAS under $CUDA_HOME/lib64: no CUDA build"
+        then part_counts cuda 0 0 1; else part_counts cuda 0 1 0; fi
     fi
+else
+    if skip_what cuda-build "no nvcc: the CUDA backend is not built or checked here"
+    then part_counts cuda 0 0 1; else part_counts cuda 0 1 0; fi
 fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
-make -j"$JOBS" fuzz >/dev/null
+fuzz_build_fail=0
+make -j"$JOBS" fuzz >/dev/null || { echo "FAIL fuzz: make fuzz failed"; fuzz_build_fail=1; }
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 # Seeds: the start of real files for the parsers, tiny generated models for model
 # loading, real prompts for the tokenizer (from the fixture set where it is
@@ -121,14 +198,16 @@ fuzz_needs() {
     tokenizer) echo "$FIX/vocab/ggml-vocab-qwen2.gguf" ;;
     esac
 }
-fuzz_fail=0; fuzz_skip=0
+fuzz_pass=0; fuzz_fail=0; fuzz_skip=0
 for f in build/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")
     missing=""
     for need in $(fuzz_needs "${name#fuzz_}"); do [ -f "$need" ] || missing="$missing $need"; done
     if [ -n "$missing" ] && [ ! -d "$FIX" ]; then
-        echo "skipped: $name:$missing not found (set TANDEM_FIXTURES)"; fuzz_skip=$((fuzz_skip+1)); continue
+        if skip_what fixtures "$name:$missing not found (set TANDEM_FIXTURES)"
+        then fuzz_skip=$((fuzz_skip+1)); else fuzz_fail=$((fuzz_fail+1)); fi
+        continue
     fi
     if [ "$name" = fuzz_grammar ] && [ ! -f "$FIX/vocab/ggml-vocab-qwen2.gguf" ]; then
         echo "fuzz_grammar: $FIX/vocab/ggml-vocab-qwen2.gguf not found: schemas and bytes through the grammar, no token masks"
@@ -138,29 +217,10 @@ for f in build/fuzz_*; do
     fuzz_seed "${name#fuzz_}" "$seeds"
     args=("$corpus" "$seeds")
     if "$f" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "${args[@]}" >build/"$name".log 2>&1; then
-        echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"
+        echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"; fuzz_pass=$((fuzz_pass+1))
     else
         echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=$((fuzz_fail+1))
     fi
 done
-# totals over the runs and the fuzzers, from each run's "N passed, M
-# failed, K skipped" line (the suite's is its log's last line). A missing
-# line is an empty one: a run that must have one (the suite, ASan, the
-# portable build) then counts as failed; the CUDA run counts nothing (its
-# log is empty where there is no nvcc or cuBLAS). Without `|| true` grep's
-# status would end the script under pipefail before the totals.
-summary() { grep -E '^[0-9]+ passed, [0-9]+ failed' "$1" | tail -n 1 || true; }
-count() { sed -nE "s/(^|.* )([0-9]+) $2.*/\2/p" <<<"$1"; }
-l1=$(tail -n 1 build/test.log | grep -E '^[0-9]+ passed, [0-9]+ failed' || true)
-l2=$(summary build/asan.log) l3=$(summary build/cuda.log) l4=$(summary build/portable.log)
-p1=$(count "$l1" passed) f1=$(count "$l1" failed) s1=$(count "$l1" skipped)
-p2=$(count "$l2" passed) f2=$(count "$l2" failed) s2=$(count "$l2" skipped)
-p3=$(count "$l3" passed) f3=$(count "$l3" failed)
-p4=$(count "$l4" passed) f4=$(count "$l4" failed) s4=$(count "$l4" skipped)
-nf=$(ls build/fuzz_* 2>/dev/null | wc -l)
-pass=$(( ${p1:-0} + ${p2:-0} + ${p3:-0} + ${p4:-0} + nf - fuzz_fail - fuzz_skip ))
-fail=$(( ${f1:-1} + ${f2:-1} + ${f3:-0} + ${f4:-1} + fuzz_fail ))
-skip=$(( ${s1:-0} + ${s2:-0} + ${s4:-0} + fuzz_skip ))
-[ "$skip" -eq 0 ] || echo "($skip test parts skipped: fixture set $FIX not found; set TANDEM_FIXTURES to run them)"
-echo "$pass passed, $fail failed, $skip skipped"
-[ "$fail" -eq 0 ]
+part_counts fuzz "$fuzz_pass" $((fuzz_fail + fuzz_build_fail)) "$fuzz_skip"
+totals

@@ -19,6 +19,7 @@
  * from elsewhere (prefix reuse after kv_forget, a decode node's received
  * frames) are uploaded before they are needed.
  */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -700,16 +701,36 @@ static int cu_env_int(const char *name, int def) {
 /* A trivial kernel: launching it proves the build has code for this GPU. */
 __global__ void cu_probe_kernel(int *p) { if (p) *p = 1; }
 
+/* Whether the NVIDIA driver's library can be loaded at all (cudart, linked
+ * statically, loads it itself on first use). */
+static int cu_driver_library_present(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!h) return 0;
+    dlclose(h);
+    return 1;
+}
+
+/* "No CUDA device" (the wording the tests take as a skip, and only these
+ * three cases) is a machine that has none: the driver reports 0 devices or
+ * cudaErrorNoDevice, or there is no driver at all (libcuda.so.1 cannot be
+ * loaded; cudart then says cudaErrorInsufficientDriver). A driver that is
+ * there but fails (too old for this runtime, cudaErrorInitializationError,
+ * a kernel module of another version, ...) is a broken machine, not a
+ * machine without a GPU: its message says "the CUDA driver failed". */
 static int cu_start(cu_impl *c, int device, char *err, size_t errlen) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        if (e == cudaErrorInsufficientDriver)
-            snprintf(err, errlen, "CUDA backend: no CUDA device found (no usable NVIDIA driver; cudaGetDeviceCount: %s)",
-                     cudaGetErrorString(e));
-        else
+        int lib = cu_driver_library_present();
+        if (e == cudaSuccess || e == cudaErrorNoDevice)
             snprintf(err, errlen, "CUDA backend: no CUDA device found (cudaGetDeviceCount: %s)",
                      e == cudaSuccess ? "0 devices" : cudaGetErrorString(e));
+        else if (!lib)
+            snprintf(err, errlen, "CUDA backend: no CUDA device found (no NVIDIA driver: libcuda.so.1 not found; "
+                     "cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+        else
+            snprintf(err, errlen, "CUDA backend: the CUDA driver failed to start (libcuda.so.1 is there; "
+                     "cudaGetDeviceCount: %s, error %d)", cudaGetErrorString(e), (int)e);
         cudaGetLastError();
         return -1;
     }
