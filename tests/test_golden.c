@@ -20,41 +20,59 @@
 #include <math.h>
 
 #include "generate.h"
+#include "quant.h"
 #include "model.h"
 #include "t.h"
+
+/* SmolLM2 Q4_1 against llama-cpp-python's llama.cpp (4 prompts x 32
+ * steps): tandem's top-10 logits are off by median 0.28-0.31, p95
+ * 0.61-0.69, max 0.88-0.99 (ref, avx2, avx512 sets), its logit L2 by up to
+ * 2.6%. This model is that sensitive to precision: the oracle itself with an
+ * F32 KV cache instead of F16 moves by median 0.28, p95 0.61, max 1.32, and
+ * its L2 by up to 7.2% (top logits about 11, most logits near -7). So the
+ * tolerances are the oracle's own spread; a broken kernel (a lost min term,
+ * a wrong nibble) is off by whole units. */
+#define SMOLLM2_TOL 1.4f
+#define SMOLLM2_L2_REL 0.08f
 
 typedef struct {
     const char *golden, *dir_kind;
     float tol;          /* logit tolerance */
     int exact;          /* free-running must match all 32 tokens (up to a 0.005 near-tie) */
     float min_frac;     /* share of steps that must be within tol (1 = every step) */
+    float l2_rel;       /* the L2 norm's relative share of its tolerance (0: 0.25%, see check_step) */
 } golden_case;
 
 static const golden_case CASES[] = {
-    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1 },
-    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
-    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1 },
+    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1, 0 },
+    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1, 0 },
+    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, 1, 0 },
+    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, 1, 0 },
+    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, 1, 0 },
+    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, 1, 0 },
+    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1, 0 },
+    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, 1, 0 },
     /* Quantised files: the activations are quantised differently from the
      * primary oracle (measured medians 0.17 on Q8_0, 0.28 on Q4_K_M), so the
      * tolerance is calibrated to the measured spread. */
-    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, 1 },
+    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, 1, 0 },
     /* Q4_K_M: 0.65 since the V sums fuse their multiply-adds (as the
      * oracle's own f16 dot products do): the worst step of the 256 moved
      * from 0.594 to 0.617 with the avx2 kernel set (0.505 -> 0.542 with
      * avx512 and the reference) while the median and p95 did not move
      * (0.27, 0.43-0.45). A broken engine is off by whole units. */
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, 1 },
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, 1, 0 },
     /* MoE + quantised: that spread flips near-tied router decisions at some
      * positions (a different expert, logits several units apart), so here
      * only most steps (75%; measured 83%) are held to the tolerance. */
-    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, 0.75f },
-    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1 },
-    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1 },
+    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, 0.75f, 0 },
+    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1, 0 },
+    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, 1, 0 },
+    /* A real model (tools/models.sh) against mainline llama.cpp (the script
+     * beside the file made it), with every kernel set this CPU runs: the
+     * same activation quantisation (Q8_1 for Q4_1, Q8_0 for the tied
+     * output); see SMOLLM2_TOL. */
+    { "tests/data/oracle/smollm2-Q4_1.jsonl", "real", SMOLLM2_TOL, 0, 1, SMOLLM2_L2_REL },
 };
 
 static int load_ids(json_t *arr, int32_t *out, int cap) {
@@ -75,7 +93,7 @@ typedef struct { double max_diff; int steps, within, argmax_checked, argmax_ok, 
 
 /* Compare one step's logits with the oracle's; returns the top1-top2 gap. */
 static double check_step(const char *name, int k, json_t *step, const float *logits, int n_vocab,
-                         float tol, int strict, file_stats *fs) {
+                         float tol, float l2_rel, int strict, file_stats *fs) {
     json_t *top = json_object_get(step, "top10");
     size_t i;
     json_t *pair;
@@ -91,7 +109,7 @@ static double check_step(const char *name, int k, json_t *step, const float *log
     /* The L2 norm sums all 151936 logits; its error is held to 8 x tol plus
      * 0.25% (quantised qwen2-mini's norm is ~3100 and moves by up to 4.5
      * between implementations that quantise activations differently). */
-    double l2_tol = tol * 8 + 0.0025 * want_l2;
+    double l2_tol = tol * 8 + (l2_rel > 0 ? l2_rel : 0.0025) * want_l2;
     int ok = worst <= tol && dl2 <= l2_tol;
     fs->within += ok;
     if (strict) {
@@ -141,7 +159,7 @@ static void run_prompt(model *m, json_t *p, const golden_case *gc, file_stats *f
     int first_tie = ng;
     for (int k = 0; ok && k < ng; k++) {
         json_t *st = json_array_get(steps, (size_t)k);
-        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, strict, fs);
+        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, gc->l2_rel, strict, fs);
         fs->steps++;
         if (gap > tol) {
             int am = sampler_argmax(logits, hp->n_vocab);
@@ -184,8 +202,10 @@ static int cmp_float(const void *a, const void *b) {
 
 static void run_file(const golden_case *gc) {
     char path[1024], mpath[1024];
-    t_fixture_path(path, sizeof path, gc->golden);
-    if (!t_need(path)) return;
+    int real = !strcmp(gc->dir_kind, "real");
+    if (real) snprintf(path, sizeof path, "%s", gc->golden);   /* in the repository */
+    else t_fixture_path(path, sizeof path, gc->golden);
+    if (!real && !t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
@@ -204,9 +224,12 @@ static void run_file(const golden_case *gc) {
             const char *mf = json_string_value(json_object_get(j, "model_file"));
             char rel[600];
             snprintf(rel, sizeof rel, "models/%s", mf ? mf : "");
-            if (!strcmp(gc->dir_kind, "fixture")) t_fixture_path(mpath, sizeof mpath, rel);
+            if (real) {
+                if (!t_smollm2(mpath, sizeof mpath)) { json_decref(j); break; }
+                CHECK(strstr(mpath, mf ? mf : "?") != NULL, "%s is for %s", path, mf ? mf : "?");
+            } else if (!strcmp(gc->dir_kind, "fixture")) t_fixture_path(mpath, sizeof mpath, rel);
             else snprintf(mpath, sizeof mpath, "%s/%s", t_models(), mf);
-            if (!t_need(mpath)) { json_decref(j); break; }
+            if (!real && !t_need(mpath)) { json_decref(j); break; }
             char err[512];
             model_opts mo = { .n_threads = 2, .n_batch = 512, .backend = getenv("TANDEM_BACKEND") };
             CHECK(model_load(&m, mpath, &mo, err, sizeof err) == 0, "load %s: %s", mpath, err);
@@ -226,9 +249,10 @@ static void run_file(const golden_case *gc) {
               gc->golden, fs.argmax_ok, fs.argmax_checked);
     }
     qsort(fs.diffs, (size_t)(fs.steps < 4096 ? fs.steps : 4096), sizeof(float), cmp_float);
-    printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f tol %.2f; in tol %d, argmax %d/%d\n",
+    printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f tol %.2f; in tol %d, argmax %d/%d%s%s\n",
            gc->golden, fs.steps, fs.steps ? fs.diffs[fs.steps / 2] : 0.0, fs.steps ? fs.diffs[fs.steps * 95 / 100] : 0.0,
-           fs.max_diff, gc->tol, fs.within, fs.argmax_ok, fs.argmax_checked);
+           fs.max_diff, gc->tol, fs.within, fs.argmax_ok, fs.argmax_checked, real ? " kernels " : "",
+           real ? quant_kernel_name() : "");
     free(line);
     fclose(f);
     model_free(m);
@@ -294,8 +318,20 @@ int main(void) {
     if (backend_missing()) return t_done("test_golden");
     /* TANDEM_GOLDEN=substring runs only the matching files (for debugging) */
     const char *only = getenv("TANDEM_GOLDEN");
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
-        if (!only || strstr(CASES[i].golden, only)) run_file(&CASES[i]);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        if (only && !strstr(CASES[i].golden, only)) continue;
+        const char *b = getenv("TANDEM_BACKEND");
+        if (strcmp(CASES[i].dir_kind, "real") || (b && strcmp(b, "cpu"))) { run_file(&CASES[i]); continue; }
+        /* the real model on the CPU: every kernel set this CPU runs */
+        const char *sets[16], *best = quant_kernel_name();
+        int ns = quant_kernel_sets(sets, 16);
+        for (int k = 0, skips = t_skip; k < ns && k < 16; k++) {
+            CHECK(quant_use_kernels(sets[k]) == 0, "kernel set %s", sets[k]);
+            run_file(&CASES[i]);
+            if (t_skip > skips) break;   /* no model: one skip, not one per set */
+        }
+        quant_use_kernels(best);
+    }
     if (!only) run_story();
     return t_done("test_golden");
 }
