@@ -211,8 +211,10 @@ static const char *bench_ftype_name(uint32_t ft) {
     case 0: return "all F32";
     case 1: return "F16";
     case 2: return "Q4_0";
+    case 3: return "Q4_1";
     case 7: return "Q8_0";
     case 8: return "Q5_0";
+    case 9: return "Q5_1";
     case 14: return "Q4_K - Small";
     case 15: return "Q4_K - Medium";
     case 17: return "Q5_K - Medium";

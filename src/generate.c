@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "kvcache.h"
+#include "tools.h"
 
 int32_t *gen_tokenize_prompt(model *m, const char *text, int chat, int *n_out, char *err, size_t errlen) {
     const tokenizer *tok = model_get_tokenizer(m);
@@ -15,7 +16,16 @@ int32_t *gen_tokenize_prompt(model *m, const char *text, int chat, int *n_out, c
         enum chat_format fmt = chat_detect(model_get_gguf(m), err, errlen);
         if (fmt == CHAT_NONE) return NULL;
         chat_msg msg = { "user", text };
-        owned = chat_render(fmt, &msg, 1, 1);
+        chat_style st;
+        if (!tools_style_detect(model_get_gguf(m), &st, err, errlen) && st.default_system) {
+            /* a template that opens with its own system turn (SmolLM2,
+             * Qwen2.5): the renderer that knows it, as for "messages" */
+            json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", text);
+            owned = msgs ? tools_render(&st, msgs, NULL, NULL, err, errlen) : NULL;
+            json_decref(msgs);
+        } else {
+            owned = chat_render(fmt, &msg, 1, 1);
+        }
         if (!owned) { snprintf(err, errlen, "chat template rendering failed"); return NULL; }
         text = owned;
     }

@@ -78,13 +78,14 @@ typedef struct {
     int more_bits;            /* the _M mixes: Q6_K for some attn_v / ffn_down */
 } gm_mix;
 
-/* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7, Q4_K_M 15, Q5_K_M 17,
- * Q6_K 18, BF16 32. */
+/* llama_ftype: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q4_1 3, Q8_0 7, Q5_1 9,
+ * Q4_K_M 15, Q5_K_M 17, Q6_K 18, BF16 32. */
 static const gm_mix gm_mixes[] = {
     { "f32", GGML_TYPE_F32, 0, 0 },       { "f16", GGML_TYPE_F16, 1, 0 },
     { "bf16", GGML_TYPE_BF16, 32, 0 },    { "q8_0", GGML_TYPE_Q8_0, 7, 0 },
     { "q4_0", GGML_TYPE_Q4_0, 2, 0 },     { "q4_k_m", GGML_TYPE_Q4_K, 15, 1 },
     { "q5_k_m", GGML_TYPE_Q5_K, 17, 1 },  { "q6_k", GGML_TYPE_Q6_K, 18, 0 },
+    { "q4_1", GGML_TYPE_Q4_1, 3, 0 },     { "q5_1", GGML_TYPE_Q5_1, 9, 0 },
 };
 
 enum gm_role {
@@ -418,7 +419,7 @@ static void gm_usage(FILE *f) {
         "usage: tandem gen-model (--preset NAME | --arch ARCH) -o OUT.gguf [options]\n"
         "  --preset NAME      qwen3-0.6b, qwen3-1.7b, qwen2-0.5b, qwen3moe-30b-a3b-mini, llama-3.2-1b\n"
         "  --arch ARCH        llama | qwen2 | qwen3 | qwen3moe (default shape: the fixtures' mini)\n"
-        "  --type T           f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k (default q8_0)\n"
+        "  --type T           f32 f16 bf16 q8_0 q4_0 q4_1 q5_1 q4_k_m q5_k_m q6_k (default q8_0)\n"
         "  --vocab-from FILE  copy tokenizer.* from this GGUF (any model of the family: a Qwen\n"
         "                     GGUF for qwen2/qwen3/qwen3moe, a Llama one for llama); for qwen\n"
         "                     the default is $TANDEM_FIXTURES/models/qwen3-mini-Q8_0.gguf when\n"
@@ -477,7 +478,7 @@ static int gm_parse(int argc, char **argv, gm_opts *o) {
         else if (!strcmp(a, "--name")) bad = cliopt_str(GM, a, v, &o->name);
         else if (!strcmp(a, "--type")) {
             if ((bad = !(o->mix = gm_find_mix(v))))
-                fprintf(stderr, GM ": --type: '%s' is not one of f32 f16 bf16 q8_0 q4_0 q4_k_m q5_k_m q6_k\n", v ? v : "");
+                fprintf(stderr, GM ": --type: '%s' is not one of f32 f16 bf16 q8_0 q4_0 q4_1 q5_1 q4_k_m q5_k_m q6_k\n", v ? v : "");
         }
         else if (!strcmp(a, "--seed")) bad = cliopt_u64(GM, a, v, 0, UINT64_MAX, &o->seed);
         else if (!strcmp(a, "-t")) bad = cliopt_int(GM, a, v, 1, 256, &o->n_threads);

@@ -249,7 +249,7 @@ static int model_bind(model *m, be_weight *w, const char *name, int required, in
      * block must divide the row too */
     if (kind == W_MAT && (!quant_is_supported(t->type) ||
                           gguf_row_bytes(quant_vec_dot_type(t->type), t->ne[0]) == 0)) {
-        snprintf(err, errlen, "tensor %s has unsupported type %s (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K)",
+        snprintf(err, errlen, "tensor %s has unsupported type %s (supported: F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K)",
                  name, gguf_type_name(t->type));
         return -1;
     }

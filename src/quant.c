@@ -81,6 +81,7 @@ int quant_is_supported(uint32_t type) {
     switch (type) {
     case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1:
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
         return 1;
     default:
@@ -99,6 +100,8 @@ uint32_t quant_vec_dot_type(uint32_t wtype) {
     case GGML_TYPE_F16: return GGML_TYPE_F32;
     case GGML_TYPE_BF16: return GGML_TYPE_F32;
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return GGML_TYPE_Q8_0;
+    /* the min term needs the activation block's sum: ggml's pairing */
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: return GGML_TYPE_Q8_1;
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: return GGML_TYPE_Q8_K;
     default: return GGML_TYPE_COUNT;
     }
@@ -155,6 +158,35 @@ static void quant_dequant_q5_0(const block_q5_0 *x, float *y, int64_t nb) {
             y[j] = d * (float)(lo - 16);
             y[j + QK5_0 / 2] = d * (float)(hi - 16);
         }
+    }
+}
+
+/* Q5_1's fifth bits: bit j of qh for element j, bit j + 16 for element j + 16 */
+static inline void quant_q5_1_levels(const block_q5_1 *b, uint8_t L[32]) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    for (int j = 0; j < 16; j++) {
+        L[j] = (uint8_t)((b->qs[j] & 0xF) | (((qh >> j) & 1) << 4));
+        L[j + 16] = (uint8_t)((b->qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
+    }
+}
+
+static void quant_dequant_q4_1(const block_q4_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_1) {
+        float d = fp16_to_f32(x[i].d), m = fp16_to_f32(x[i].m);
+        for (int j = 0; j < QK4_1 / 2; j++) {
+            y[j] = d * (float)(x[i].qs[j] & 0xF) + m;
+            y[j + QK4_1 / 2] = d * (float)(x[i].qs[j] >> 4) + m;
+        }
+    }
+}
+
+static void quant_dequant_q5_1(const block_q5_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK5_1) {
+        float d = fp16_to_f32(x[i].d), m = fp16_to_f32(x[i].m);
+        uint8_t L[32];
+        quant_q5_1_levels(&x[i], L);
+        for (int j = 0; j < QK5_1; j++) y[j] = d * (float)L[j] + m;
     }
 }
 
@@ -242,6 +274,16 @@ void quant_dequantize_row(uint32_t type, const void *x, float *y, int64_t n) {
     case GGML_TYPE_Q4_0: quant_dequant_q4_0(x, y, n / QK4_0); break;
     case GGML_TYPE_Q5_0: quant_dequant_q5_0(x, y, n / QK5_0); break;
     case GGML_TYPE_Q8_0: quant_dequant_q8_0(x, y, n / QK8_0); break;
+    case GGML_TYPE_Q4_1: quant_dequant_q4_1(x, y, n / QK4_1); break;
+    case GGML_TYPE_Q5_1: quant_dequant_q5_1(x, y, n / QK5_1); break;
+    case GGML_TYPE_Q8_1: {
+        const block_q8_1 *b = x;
+        for (int64_t i = 0; i < n / QK8_1; i++) {
+            float d = fp16_to_f32(b[i].d);
+            for (int j = 0; j < QK8_1; j++) *y++ = d * (float)b[i].qs[j];
+        }
+        break;
+    }
     case GGML_TYPE_Q4_K: quant_dequant_q4_K(x, y, n / QK_K); break;
     case GGML_TYPE_Q5_K: quant_dequant_q5_K(x, y, n / QK_K); break;
     case GGML_TYPE_Q6_K: quant_dequant_q6_K(x, y, n / QK_K); break;
@@ -274,6 +316,24 @@ static void quant_ref_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         y[i].d = f32_to_fp16(d);
         for (int j = 0; j < QK8_0; j++) y[i].qs[j] = quant_round_i8(x[j] * id);
+    }
+}
+
+/* Q8_1: Q8_0's levels, and s = d * sum(q) rounded to fp16 from the
+ * unrounded f32 d (ggml's quantize_row_q8_1_ref). */
+static void quant_ref_act_q8_1(const float *x, block_q8_1 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK8_1) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_1; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        y[i].d = f32_to_fp16(d);
+        for (int j = 0; j < QK8_1; j++) {
+            y[i].qs[j] = quant_round_i8(x[j] * id);
+            sum += y[i].qs[j];
+        }
+        y[i].s = f32_to_fp16((float)sum * d);
     }
 }
 
@@ -321,6 +381,7 @@ void quant_ref_quantize_act_row(uint32_t type, const float *x, void *y, int64_t 
         break;
     }
     case GGML_TYPE_Q8_0: quant_ref_act_q8_0(x, y, n / QK8_0); break;
+    case GGML_TYPE_Q8_1: quant_ref_act_q8_1(x, y, n / QK8_1); break;
     case GGML_TYPE_Q8_K: quant_ref_act_q8_K(x, y, n / QK_K); break;
     default: break;
     }
@@ -362,6 +423,29 @@ static float quant_ref_dot_q8_0(int64_t nb, const block_q8_0 *x, const block_q8_
         int sumi = 0;
         for (int j = 0; j < QK8_0; j++) sumi += x[i].qs[j] * y[i].qs[j];
         sumf += (float)sumi * (fp16_to_f32(x[i].d) * fp16_to_f32(y[i].d));
+    }
+    return sumf;
+}
+
+/* Q4_1 / Q5_1: sum over blocks of d_w d_a * dot(q, a) + m_w * s_a (ggml's
+ * order of operations within a block). */
+static float quant_ref_dot_q45_1(int64_t nb, const void *vx, const block_q8_1 *y, int five) {
+    float sumf = 0.0f;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t L[32];
+        fp16_t d, m;
+        if (five) {
+            const block_q5_1 *b = (const block_q5_1 *)vx + i;
+            quant_q5_1_levels(b, L);
+            d = b->d; m = b->m;
+        } else {
+            const block_q4_1 *b = (const block_q4_1 *)vx + i;
+            for (int j = 0; j < 16; j++) { L[j] = b->qs[j] & 0xF; L[j + 16] = b->qs[j] >> 4; }
+            d = b->d; m = b->m;
+        }
+        int sumi = 0;
+        for (int j = 0; j < 32; j++) sumi += L[j] * y[i].qs[j];
+        sumf += (fp16_to_f32(d) * fp16_to_f32(y[i].d)) * (float)sumi + fp16_to_f32(m) * fp16_to_f32(y[i].s);
     }
     return sumf;
 }
@@ -436,6 +520,8 @@ void quant_ref_vec_dot(uint32_t wtype, int64_t n, float *s, const void *x, const
     case GGML_TYPE_Q4_0: *s = quant_ref_dot_q4_0(n / QK4_0, x, y); return;
     case GGML_TYPE_Q5_0: *s = quant_ref_dot_q5_0(n / QK5_0, x, y); return;
     case GGML_TYPE_Q8_0: *s = quant_ref_dot_q8_0(n / QK8_0, x, y); return;
+    case GGML_TYPE_Q4_1: *s = quant_ref_dot_q45_1(n / QK4_1, x, y, 0); return;
+    case GGML_TYPE_Q5_1: *s = quant_ref_dot_q45_1(n / QK5_1, x, y, 1); return;
     case GGML_TYPE_Q4_K: *s = quant_ref_dot_q45_K(n / QK_K, x, y, 0); return;
     case GGML_TYPE_Q5_K: *s = quant_ref_dot_q45_K(n / QK_K, x, y, 1); return;
     case GGML_TYPE_Q6_K: *s = quant_ref_dot_q6_K(n / QK_K, x, y); return;
@@ -489,6 +575,43 @@ static void quant_write_q5_0(const float *x, block_q5_0 *y, int64_t nb) {
     uint8_t L[32];
     for (int64_t i = 0; i < nb; i++, x += 32) {
         quant_symmetric_levels(x, 32, &y[i].d, L);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            y[i].qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
+            qh |= (uint32_t)(L[j] >> 4) << j;
+            qh |= (uint32_t)(L[j + 16] >> 4) << (j + 16);
+        }
+        memcpy(y[i].qh, &qh, 4);
+    }
+}
+
+/* Q4_1 / Q5_1 (ggml's reference quantizer): m = the block's min, d = range /
+ * nmax, level = (x - m) / d + 0.5 truncated, at most nmax. */
+static void quant_minmax_levels(const float *x, int nmax, fp16_t *dout, fp16_t *mout, uint8_t *L) {
+    float min = x[0], max = x[0];
+    for (int j = 1; j < 32; j++) { min = fminf(min, x[j]); max = fmaxf(max, x[j]); }
+    float d = (max - min) / (float)nmax;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *dout = f32_to_fp16(d);
+    *mout = f32_to_fp16(min);
+    for (int j = 0; j < 32; j++) {
+        float v = (x[j] - min) * id + 0.5f;   /* NaN or out of range (non-finite input): level 0 */
+        L[j] = (uint8_t)quant_clampi(v >= 0.0f && v < 256.0f ? (int)v : 0, 0, nmax);
+    }
+}
+
+static void quant_write_q4_1(const float *x, block_q4_1 *y, int64_t nb) {
+    uint8_t L[32];
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        quant_minmax_levels(x, 15, &y[i].d, &y[i].m, L);
+        for (int j = 0; j < 16; j++) y[i].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+    }
+}
+
+static void quant_write_q5_1(const float *x, block_q5_1 *y, int64_t nb) {
+    uint8_t L[32];
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        quant_minmax_levels(x, 31, &y[i].d, &y[i].m, L);
         uint32_t qh = 0;
         for (int j = 0; j < 16; j++) {
             y[i].qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
@@ -617,6 +740,8 @@ static size_t quant_row_size(uint32_t type, int64_t n) {
     case GGML_TYPE_Q4_0: return n % QK4_0 ? 0 : (size_t)(n / QK4_0) * sizeof(block_q4_0);
     case GGML_TYPE_Q5_0: return n % QK5_0 ? 0 : (size_t)(n / QK5_0) * sizeof(block_q5_0);
     case GGML_TYPE_Q8_0: return n % QK8_0 ? 0 : (size_t)(n / QK8_0) * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_1: return n % QK4_1 ? 0 : (size_t)(n / QK4_1) * sizeof(block_q4_1);
+    case GGML_TYPE_Q5_1: return n % QK5_1 ? 0 : (size_t)(n / QK5_1) * sizeof(block_q5_1);
     case GGML_TYPE_Q4_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q4_K);
     case GGML_TYPE_Q5_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q5_K);
     case GGML_TYPE_Q6_K: return n % QK_K ? 0 : (size_t)(n / QK_K) * sizeof(block_q6_K);
@@ -636,6 +761,8 @@ int quant_quantize_weight_rows(uint32_t type, const float *x, void *y, int64_t n
         case GGML_TYPE_Q4_0: quant_write_q4_0(xr, yr, n / QK4_0); break;
         case GGML_TYPE_Q5_0: quant_write_q5_0(xr, yr, n / QK5_0); break;
         case GGML_TYPE_Q8_0: quant_write_q8_0(xr, yr, n / QK8_0); break;
+        case GGML_TYPE_Q4_1: quant_write_q4_1(xr, yr, n / QK4_1); break;
+        case GGML_TYPE_Q5_1: quant_write_q5_1(xr, yr, n / QK5_1); break;
         case GGML_TYPE_Q4_K: quant_write_q4_K(xr, yr, n / QK_K); break;
         case GGML_TYPE_Q5_K: quant_write_q5_K(xr, yr, n / QK_K); break;
         case GGML_TYPE_Q6_K: quant_write_q6_K(xr, yr, n / QK_K); break;

@@ -3,6 +3,8 @@
  * Block layouts are facts of the GGUF/ggml format. Quantized weights are
  * multiplied against activations quantized to 8 bits, as llama.cpp does:
  *   Q4_0, Q5_0, Q8_0 weights  x  Q8_0 activations  (blocks of 32)
+ *   Q4_1, Q5_1 weights        x  Q8_1 activations  (blocks of 32; the
+ *     activation block carries s = d * sum(q), which meets the weight's min)
  *   Q4_K, Q5_K, Q6_K weights  x  Q8_K activations  (blocks of 256)
  *   F16, BF16 and F32 weights x F32 activations (f32 accumulation, as the
  *   primary oracle ik_llama.cpp does; mainline ggml rounds them to f16)
@@ -26,6 +28,9 @@
 #define QK4_0 32
 #define QK5_0 32
 #define QK8_0 32
+#define QK4_1 32
+#define QK5_1 32
+#define QK8_1 32
 #define QK_K 256
 #define K_SCALE_SIZE 12
 
@@ -36,6 +41,11 @@ typedef uint16_t bf16_t;   /* bfloat16, raw bits */
 typedef struct { fp16_t d; uint8_t qs[QK4_0 / 2]; } block_q4_0;               /* 18 B */
 typedef struct { fp16_t d; uint8_t qh[4]; uint8_t qs[QK5_0 / 2]; } block_q5_0;  /* 22 B */
 typedef struct { fp16_t d; int8_t qs[QK8_0]; } block_q8_0;                      /* 34 B */
+/* Q4_1 / Q5_1: value = d * q + m with q in 0..15 (0..31 with qh's fifth bits) */
+typedef struct { fp16_t d, m; uint8_t qs[QK4_1 / 2]; } block_q4_1;                /* 20 B */
+typedef struct { fp16_t d, m; uint8_t qh[4]; uint8_t qs[QK5_1 / 2]; } block_q5_1; /* 24 B */
+/* Q8_1: activations only; s = d * sum(qs), rounded to fp16 from the f32 d */
+typedef struct { fp16_t d, s; int8_t qs[QK8_1]; } block_q8_1;                     /* 36 B */
 typedef struct { fp16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qs[QK_K / 2]; } block_q4_K; /* 144 B */
 typedef struct { fp16_t d, dmin; uint8_t scales[K_SCALE_SIZE]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K; /* 176 B */
 typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; fp16_t d; } block_q6_K; /* 210 B */
@@ -56,10 +66,10 @@ uint32_t quant_vec_dot_type(uint32_t wtype);
 /* ==== Rows ==== */
 /* Weight row -> f32 (all supported weight types). n: elements. */
 void quant_dequantize_row(uint32_t type, const void *x, float *y, int64_t n);
-/* f32 -> activation row of type F32, F16, BF16, Q8_0 or Q8_K. */
+/* f32 -> activation row of type F32, F16, BF16, Q8_0, Q8_1 or Q8_K. */
 void quant_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n);
 /* f32 -> weight rows (for writing model files): F32, F16, BF16, Q8_0, Q4_0,
- * Q5_0, Q4_K, Q5_K, Q6_K. Returns 0, or -1 for a type it cannot write. */
+ * Q5_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K. Returns 0, or -1 for a type it cannot write. */
 int quant_quantize_weight_rows(uint32_t type, const float *x, void *y, int64_t nrows, int64_t n);
 
 /* ==== Dot products ==== */

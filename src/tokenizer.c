@@ -31,7 +31,7 @@
 /* ==== Types ==== */
 
 enum tok_kind { KIND_SPM = 1, KIND_BPE = 2 };
-enum tok_pre { PRE_NONE = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3 };
+enum tok_pre { PRE_NONE = 0, PRE_GPT2 = 1, PRE_LLAMA3 = 2, PRE_QWEN2 = 3, PRE_DIGITS_GPT2 = 4 };
 
 /* GPT-2 byte <-> code point mapping (a pure function of the byte). */
 typedef struct {
@@ -296,7 +296,17 @@ static int tok_read_model(tokenizer *t, const gguf_file *f, char *err, size_t er
         t->pre = PRE_QWEN2;
         return 0;
     }
-    tok_set_err(err, errlen, "tokenizer: unsupported pre-tokenizer '%.*s' (supported: qwen2, llama-bpe/llama3, default)",
+    /* llama.cpp's SMOLLM group (with starcoder, refact, command-r,
+     * codeshell, exaone, minerva): every \p{N} is a piece of its own, then
+     * GPT-2's split within what lies between. smollm's detokenizer leaves
+     * spaces before punctuation alone (clean_spaces off), as this one does. */
+    if (gguf_str_eq(s, "smollm") || gguf_str_eq(s, "starcoder") || gguf_str_eq(s, "refact") ||
+        gguf_str_eq(s, "command-r") || gguf_str_eq(s, "codeshell") || gguf_str_eq(s, "exaone") ||
+        gguf_str_eq(s, "minerva-7b")) {
+        t->pre = PRE_DIGITS_GPT2;
+        return 0;
+    }
+    tok_set_err(err, errlen, "tokenizer: unsupported pre-tokenizer '%.*s' (supported: qwen2, llama-bpe/llama3, smollm/starcoder, default)",
                 (int)(s.len > 64 ? 64 : s.len), s.ptr);
     return -1;
 }
@@ -914,6 +924,20 @@ static size_t pre_match_gpt2(const uint32_t *cp, const uint8_t *cls, size_t i, s
     return run ? pre_trailing_space(run, i, n) : 1;
 }
 
+/* SmolLM and the StarCoder family: \p{N} | (GPT-2's regex between numbers).
+ * llama.cpp applies the two regexes one after the other, the second within
+ * the pieces the first left, so a space before a digit is a piece by itself
+ * and GPT-2's \s+(?!\S) sees the end of the piece as the end of the text. */
+static size_t pre_match_digits_gpt2(const uint32_t *cp, const uint8_t *cls, size_t i, size_t n)
+{
+    if (cls[i] == UCLASS_NUMBER)
+        return 1;
+    size_t e = i;
+    while (e < n && cls[e] != UCLASS_NUMBER)
+        e++;
+    return pre_match_gpt2(cp, cls, i, e);
+}
+
 /* ==== BPE ==== */
 
 static int64_t bpe_rank(session *ss, const char *l, size_t ln, const char *r, size_t rn)
@@ -1041,6 +1065,8 @@ static void bpe_encode_fragment(session *ss, const char *s, size_t n)
         size_t len;
         if (ss->t->pre == PRE_GPT2)
             len = pre_match_gpt2(ss->cp, ss->cls, i, ncp);
+        else if (ss->t->pre == PRE_DIGITS_GPT2)
+            len = pre_match_digits_gpt2(ss->cp, ss->cls, i, ncp);
         else
             len = pre_match_llama3(ss->cp, ss->cls, i, ncp, ss->t->pre == PRE_LLAMA3 ? 3 : 1);
         uint32_t b0 = ss->cpoff[i], b1 = ss->cpoff[i + len];

@@ -46,6 +46,9 @@ static void tl_put_json(strbuf *b, json_t *v, int indent) {
 
 /* ==== Template style ==== */
 
+#define TL_QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+#define TL_SMOLLM_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
 static const char *tl_find(gguf_str s, const char *needle) {
     return memmem(s.ptr, s.len, needle, strlen(needle));
 }
@@ -60,6 +63,10 @@ int tools_style_detect(const gguf_file *f, chat_style *st, char *err, size_t err
         /* Qwen2.5's templates name a default system prompt; Qwen3's parse
          * reasoning out of assistant turns. */
         st->qwen_default_system = tl_find(tpl, "You are Qwen, created by Alibaba Cloud") != NULL;
+        /* SmolLM2's template opens with its own system turn when the
+         * conversation has none (the same place as Qwen2.5's) */
+        st->default_system = st->qwen_default_system ? TL_QWEN25_SYSTEM
+                           : tl_find(tpl, TL_SMOLLM_SYSTEM) ? TL_SMOLLM_SYSTEM : NULL;
         st->qwen_think = tl_find(tpl, "reasoning_content") != NULL;
     } else {
         st->llama_tools = tl_find(tpl, "Environment: ipython") != NULL;
@@ -146,15 +153,14 @@ static void tl_put_arguments(strbuf *b, const char *args, int verbatim) {
 #define TL_QWEN_TOOLS_TAIL "\n</tools>\n\nFor each function call, return a json object with function name and " \
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, " \
     "\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
-#define TL_QWEN25_SYSTEM "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 
 static void tl_chatml_system(strbuf *b, const chat_style *st, json_t *messages, json_t *tools) {
     json_t *m0 = json_array_get(messages, 0);
     int has_sys = !strcmp(tl_role(m0), "system");
     if (tools) {
         strbuf_puts(b, "<|im_start|>system\n");
-        if (has_sys || st->qwen_default_system) {
-            strbuf_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
+        if (has_sys || st->default_system) {
+            strbuf_puts(b, has_sys ? tl_str(m0, "content") : st->default_system);
             strbuf_puts(b, "\n\n");
         }
         strbuf_puts(b, TL_QWEN_TOOLS_HEAD);
@@ -163,9 +169,9 @@ static void tl_chatml_system(strbuf *b, const chat_style *st, json_t *messages, 
             tl_put_json(b, json_array_get(tools, i), 0);
         }
         strbuf_puts(b, TL_QWEN_TOOLS_TAIL);
-    } else if (has_sys || st->qwen_default_system) {
+    } else if (has_sys || st->default_system) {
         strbuf_puts(b, "<|im_start|>system\n");
-        strbuf_puts(b, has_sys ? tl_str(m0, "content") : TL_QWEN25_SYSTEM);
+        strbuf_puts(b, has_sys ? tl_str(m0, "content") : st->default_system);
         strbuf_puts(b, "<|im_end|>\n");
     }
 }

@@ -30,6 +30,7 @@
 typedef struct {
     enum chat_format fmt;
     int qwen_default_system;    /* Qwen2.5: a default system prompt when none is given */
+    const char *default_system; /* that prompt's text (Qwen2.5's, SmolLM2's), or NULL */
     int qwen_think;             /* Qwen3: <think> handling of assistant turns, string arguments verbatim */
     int llama_tools;            /* Llama 3.1+: system block and ipython tool turns */
 } chat_style;

@@ -141,6 +141,17 @@ static inline int t_need_all(const char *const *paths) {
     return ok;
 }
 
+/* The real SmolLM2-135M-Instruct Q4_1 model that tools/models.sh fetches
+ * into $TANDEM_REAL_MODELS (default build/models/real): its path in buf, or
+ * NULL after a skip named "smollm2". */
+static inline const char *t_smollm2(char *buf, size_t cap) {
+    const char *d = getenv("TANDEM_REAL_MODELS");
+    snprintf(buf, cap, "%s/SmolLM2-135M-Instruct.Q4_1.gguf", d && *d ? d : "build/models/real");
+    if (!access(buf, R_OK)) return buf;
+    t_skip_what("smollm2", "%s not found (tools/models.sh fetches it)", buf);
+    return NULL;
+}
+
 /* The summary line. A binary that made no check and counted no skip has
  * tested nothing: that is a failure, not a pass. */
 static inline int t_done(const char *name) {

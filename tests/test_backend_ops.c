@@ -1,7 +1,7 @@
 /* test_backend_ops.c - every op of backend.h on a backend under test against
  * the CPU backend, by normalised mean squared error (NMSE = sum (a - b)^2 /
  * sum b^2), in the manner of ggml's test-backend-ops: every weight type
- * (F32, F16, BF16, Q8_0, Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), odd sizes, several
+ * (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_1, Q5_0, Q4_K, Q5_K, Q6_K), odd sizes, several
  * sequences per batch, every KV cache type. The KV rows a backend leaves in
  * the host caches must equal the CPU backend's byte for byte (the handoff
  * streams them).
@@ -102,7 +102,7 @@ static void retire(void *p) {
 }
 static void retired_free(void) { while (n_retired > 0) free(retired[--n_retired]); }
 
-static const uint32_t TYPES[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+static const uint32_t TYPES[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_1,
                                   GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K };
 #define N_TYPES (sizeof TYPES / sizeof TYPES[0])
 

@@ -25,7 +25,19 @@
 
 #include "generate.h"
 #include "model.h"
+#include "quant.h"
 #include "t.h"
+
+/* SmolLM2 Q4_1 against llama-cpp-python's llama.cpp (4 prompts x 32
+ * steps): tandem's top-10 logits are off by median 0.28-0.31, p95
+ * 0.61-0.69, max 0.88-0.99 (ref, avx2, avx512 sets), its logit L2 by up to
+ * 2.6%. This model is that sensitive to precision: the oracle itself with an
+ * F32 KV cache instead of F16 moves by median 0.28, p95 0.61, max 1.32, and
+ * its L2 by up to 7.2% (top logits about 11, most logits near -7). So the
+ * tolerances are the oracle's own spread; a broken kernel (a lost min term,
+ * a wrong nibble) is off by whole units. */
+#define SMOLLM2_TOL 1.4f
+#define SMOLLM2_L2_REL 0.08f
 
 /* A step known to leave the tolerance, named exactly (prompt and step) with
  * its reason: it is reported and not held to the tolerance, every other step
@@ -41,6 +53,7 @@ typedef struct {
     float tol;          /* logit tolerance */
     int exact;          /* free-running must match all 32 tokens (up to a 0.005 near-tie) */
     const golden_excursion *excursions;   /* NULL-prompt-terminated, or NULL */
+    float l2_rel;       /* the L2 norm's relative share of its tolerance (0: 0.25%, see check_step) */
 } golden_case;
 
 /* qwen3moe-mini-Q4_K_M's known excursions: the steps (of 256) where tandem
@@ -109,14 +122,14 @@ static const golden_excursion MOE_Q4_EXCURSIONS[] = {
 };
 
 static const golden_case CASES[] = {
-    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL },
-    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL },
-    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL },
-    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL },
-    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
-    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
-    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
-    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL },
+    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     /* Quantised files: the activations are quantised differently from the
      * primary oracle (measured medians 0.17 on Q8_0, 0.28 on Q4_K_M), so the
      * tolerance is calibrated to the measured spread. Evidence: none for
@@ -124,7 +137,7 @@ static const golden_case CASES[] = {
      * distance is qwen2-mini-Q4_0's 0.28. tandem's worst step, 2026-11-28:
      * Q8_0 0.373 / 0.409 / 0.362 (ref / avx2 / avx512), above that
      * evidence: a finding (tests/data/README.md), the bar is not raised. */
-    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL },
+    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0 },
     /* Q4_K_M: 0.65 since the V sums fuse their multiply-adds (as the
      * oracle's own f16 dot products do): the worst step of the 256 moved
      * from 0.594 to 0.617 with the avx2 kernel set (0.505 -> 0.542 with
@@ -133,19 +146,24 @@ static const golden_case CASES[] = {
      * followed tandem, not an oracle: its worst step 0.542 / 0.617 / 0.542
      * (ref / avx2 / avx512, 2026-11-28) is above the only quantized
      * oracle-to-oracle evidence (0.28, qwen2-mini-Q4_0): a finding. */
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, NULL },
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, NULL, 0 },
     /* MoE + quantised: every step held to 0.60 (no second oracle runs
      * qwen3moe; the only quantized oracle-to-oracle distance, qwen2-mini-Q4_0,
      * is 0.28) except the listed excursions (MOE_Q4_EXCURSIONS, 47 of 256
      * steps, worst 13.38): near-tied router decisions that pick a different
      * expert, logits several units apart. Was: 75% of steps, checked only
      * with at least 100 steps, so never under the sanitizers. */
-    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS },
+    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS, 0 },
     /* qwen2-mini-Q4_0: the two oracles are 0.2775 apart at most (median
      * 0.133, over the 162 steps where their greedy tokens agree); tandem's
      * worst step 0.2936 against ik_llama.cpp, 0.2734 against mainline. */
-    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL },
-    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL },
+    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
+    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
+    /* A real model (tools/models.sh) against mainline llama.cpp (the script
+     * beside the file made it), with every kernel set this CPU runs: the
+     * same activation quantisation (Q8_1 for Q4_1, Q8_0 for the tied
+     * output); see SMOLLM2_TOL. */
+    { "tests/data/oracle/smollm2-Q4_1.jsonl", "real", SMOLLM2_TOL, 0, NULL, SMOLLM2_L2_REL },
 };
 
 static int load_ids(json_t *arr, int32_t *out, int cap) {
@@ -180,7 +198,7 @@ static const char *excursion_why(const golden_case *gc, const char *prompt, int 
  * is printed with its distance and reason instead. TANDEM_GOLDEN_DUMP=1
  * prints every step's distance (how the tolerance table was measured). */
 static double check_step(const char *name, int k, json_t *step, const float *logits, int n_vocab,
-                         float tol, const char *why, file_stats *fs) {
+                         float tol, float l2_rel, const char *why, file_stats *fs) {
     json_t *top = json_object_get(step, "top10");
     size_t i;
     json_t *pair;
@@ -196,7 +214,7 @@ static double check_step(const char *name, int k, json_t *step, const float *log
     /* The L2 norm sums all 151936 logits; its error is held to 8 x tol plus
      * 0.25% (quantised qwen2-mini's norm is ~3100 and moves by up to 4.5
      * between implementations that quantise activations differently). */
-    double l2_tol = tol * 8 + 0.0025 * want_l2;
+    double l2_tol = tol * 8 + (l2_rel > 0 ? l2_rel : 0.0025) * want_l2;
     int ok = worst <= tol && dl2 <= l2_tol;
     fs->within += ok;
     double g1 = json_number_value(json_array_get(json_array_get(top, 0), 1));
@@ -253,7 +271,7 @@ static void run_prompt(model *m, json_t *p, const golden_case *gc, file_stats *f
     for (int k = 0; ok && k < ng; k++) {
         json_t *st = json_array_get(steps, (size_t)k);
         const char *why = excursion_why(gc, name, k);
-        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, why, fs);
+        double gap = check_step(name, k, st, logits, hp->n_vocab, tol, gc->l2_rel, why, fs);
         fs->steps++;
         if (gap > tol && !why) {
             int am = sampler_argmax(logits, hp->n_vocab);
@@ -299,8 +317,10 @@ static int cmp_float(const void *a, const void *b) {
 
 static void run_file(const golden_case *gc) {
     char path[1024], mpath[1024];
-    t_fixture_path(path, sizeof path, gc->golden);
-    if (!t_need(path)) return;
+    int real = !strcmp(gc->dir_kind, "real");
+    if (real) snprintf(path, sizeof path, "%s", gc->golden);   /* in the repository */
+    else t_fixture_path(path, sizeof path, gc->golden);
+    if (!real && !t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
@@ -319,9 +339,12 @@ static void run_file(const golden_case *gc) {
             const char *mf = json_string_value(json_object_get(j, "model_file"));
             char rel[600];
             snprintf(rel, sizeof rel, "models/%s", mf ? mf : "");
-            if (!strcmp(gc->dir_kind, "fixture")) t_fixture_path(mpath, sizeof mpath, rel);
+            if (real) {
+                if (!t_smollm2(mpath, sizeof mpath)) { json_decref(j); break; }
+                CHECK(strstr(mpath, mf ? mf : "?") != NULL, "%s is for %s", path, mf ? mf : "?");
+            } else if (!strcmp(gc->dir_kind, "fixture")) t_fixture_path(mpath, sizeof mpath, rel);
             else snprintf(mpath, sizeof mpath, "%s/%s", t_models(), mf);
-            if (!t_need(mpath)) { json_decref(j); break; }
+            if (!real && !t_need(mpath)) { json_decref(j); break; }
             char err[512];
             model_opts mo = { .n_threads = 2, .n_batch = 512, .backend = getenv("TANDEM_BACKEND") };
             CHECK(model_load(&m, mpath, &mo, err, sizeof err) == 0, "load %s: %s", mpath, err);
@@ -337,10 +360,12 @@ static void run_file(const golden_case *gc) {
     /* a file whose model loaded must have run prompts: no silent pass */
     if (m) CHECK(fs.prompts > 0 && fs.steps > 0, "%s: no prompt ran (%d prompts, %d steps)", gc->golden, fs.prompts, fs.steps);
     qsort(fs.diffs, (size_t)(fs.steps < 4096 ? fs.steps : 4096), sizeof(float), cmp_float);
-    printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f (held steps %.4f) tol %.2f; in tol %d, "
-           "argmax %d/%d, known excursions %d\n",
-           gc->golden, fs.steps, fs.steps ? fs.diffs[fs.steps / 2] : 0.0, fs.steps ? fs.diffs[fs.steps * 95 / 100] : 0.0,
-           fs.max_diff, fs.max_held, gc->tol, fs.within, fs.argmax_ok, fs.argmax_checked, fs.excursions);
+    if (fs.steps || !real)   /* a skipped real model: its skip line says it */
+        printf("  %-44s %4d steps |dlogit| median %.4f p95 %.4f max %.4f (held steps %.4f) tol %.2f; in tol %d, "
+               "argmax %d/%d, known excursions %d%s%s\n",
+               gc->golden, fs.steps, fs.steps ? fs.diffs[fs.steps / 2] : 0.0,
+               fs.steps ? fs.diffs[fs.steps * 95 / 100] : 0.0, fs.max_diff, fs.max_held, gc->tol, fs.within,
+               fs.argmax_ok, fs.argmax_checked, fs.excursions, real ? " kernels " : "", real ? quant_kernel_name() : "");
     free(line);
     fclose(f);
     model_free(m);
@@ -408,8 +433,20 @@ int main(void) {
     if (backend_missing()) return t_done("test_golden");
     /* TANDEM_GOLDEN=substring runs only the matching files (for debugging) */
     const char *only = getenv("TANDEM_GOLDEN");
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
-        if (!only || strstr(CASES[i].golden, only)) run_file(&CASES[i]);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        if (only && !strstr(CASES[i].golden, only)) continue;
+        const char *b = getenv("TANDEM_BACKEND");
+        if (strcmp(CASES[i].dir_kind, "real") || (b && strcmp(b, "cpu"))) { run_file(&CASES[i]); continue; }
+        /* the real model on the CPU: every kernel set this CPU runs */
+        const char *sets[16], *best = quant_kernel_name();
+        int ns = quant_kernel_sets(sets, 16);
+        for (int k = 0, skips = t_skip; k < ns && k < 16; k++) {
+            CHECK(quant_use_kernels(sets[k]) == 0, "kernel set %s", sets[k]);
+            run_file(&CASES[i]);
+            if (t_skip > skips) break;   /* no model: one skip, not one per set */
+        }
+        quant_use_kernels(best);
+    }
     if (!only) run_story();
     return t_done("test_golden");
 }

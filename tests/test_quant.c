@@ -36,6 +36,9 @@ static size_t row_bytes(uint32_t t, int64_t n) {
     case GGML_TYPE_Q4_0: return (size_t)n / 32 * sizeof(block_q4_0);
     case GGML_TYPE_Q5_0: return (size_t)n / 32 * sizeof(block_q5_0);
     case GGML_TYPE_Q8_0: return (size_t)n / 32 * sizeof(block_q8_0);
+    case GGML_TYPE_Q4_1: return (size_t)n / 32 * sizeof(block_q4_1);
+    case GGML_TYPE_Q5_1: return (size_t)n / 32 * sizeof(block_q5_1);
+    case GGML_TYPE_Q8_1: return (size_t)n / 32 * sizeof(block_q8_1);
     case GGML_TYPE_Q4_K: return (size_t)n / 256 * sizeof(block_q4_K);
     case GGML_TYPE_Q5_K: return (size_t)n / 256 * sizeof(block_q5_K);
     case GGML_TYPE_Q6_K: return (size_t)n / 256 * sizeof(block_q6_K);
@@ -46,7 +49,7 @@ static size_t row_bytes(uint32_t t, int64_t n) {
 
 static const uint32_t wtypes[] = {
     GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0,
-    GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,
+    GGML_TYPE_Q8_0, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q4_1, GGML_TYPE_Q5_1,
 };
 #define N_WTYPES (sizeof wtypes / sizeof wtypes[0])
 
@@ -55,6 +58,7 @@ static const char *tname(uint32_t t) {
     case GGML_TYPE_F32: return "F32"; case GGML_TYPE_F16: return "F16"; case GGML_TYPE_BF16: return "BF16";
     case GGML_TYPE_Q4_0: return "Q4_0"; case GGML_TYPE_Q5_0: return "Q5_0"; case GGML_TYPE_Q8_0: return "Q8_0";
     case GGML_TYPE_Q4_K: return "Q4_K"; case GGML_TYPE_Q5_K: return "Q5_K"; case GGML_TYPE_Q6_K: return "Q6_K";
+    case GGML_TYPE_Q4_1: return "Q4_1"; case GGML_TYPE_Q5_1: return "Q5_1"; case GGML_TYPE_Q8_1: return "Q8_1";
     default: return "?";
     }
 }
@@ -152,6 +156,43 @@ static void test_blocks_32(void) {
     for (int j = 0; j < 32; j++) { b8.qs[j] = (int8_t)(j * 8 - 128); e[j] = -2.0f * (j * 8 - 128); }
     quant_dequantize_row(GGML_TYPE_Q8_0, &b8, y, 32);
     CHECK(close_all(y, e, 32, 0), "Q8_0 hand block");
+
+    /* Q4_1: value d*q + m, low nibbles then high nibbles */
+    block_q4_1 c4;
+    c4.d = f32_to_fp16(0.5f);
+    c4.m = f32_to_fp16(-3.0f);
+    for (int j = 0; j < 16; j++) c4.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    for (int j = 0; j < 16; j++) { e[j] = 0.5f * j - 3.0f; e[j + 16] = 0.5f * (15 - j) - 3.0f; }
+    quant_dequantize_row(GGML_TYPE_Q4_1, &c4, y, 32);
+    CHECK(close_all(y, e, 32, 0), "Q4_1 hand block");
+
+    /* Q5_1: Q5_0's bit layout, value d*q + m with q in 0..31 */
+    block_q5_1 c5;
+    c5.d = f32_to_fp16(0.25f);
+    c5.m = f32_to_fp16(1.0f);
+    memset(c5.qs, 0, sizeof c5.qs);
+    memcpy(c5.qh, &qh, 4);      /* element 0 and element 31 get +16 */
+    c5.qs[0] = 0x3F;
+    c5.qs[15] = 0xF0;
+    for (int j = 0; j < 32; j++) e[j] = 1.0f;
+    e[0] = 0.25f * 31 + 1.0f; e[16] = 0.25f * 3 + 1.0f; e[31] = 0.25f * 31 + 1.0f;
+    quant_dequantize_row(GGML_TYPE_Q5_1, &c5, y, 32);
+    CHECK(close_all(y, e, 32, 0), "Q5_1 hand block");
+    /* and their dot with a Q8_1 block: sum d_w d_a q a + m_w s_a */
+    float act[32];
+    for (int j = 0; j < 32; j++) act[j] = (float)(j % 5) - 2.0f;
+    block_q8_1 a1;
+    quant_ref_quantize_act_row(GGML_TYPE_Q8_1, act, &a1, 32);
+    int asum = 0;
+    for (int j = 0; j < 32; j++) asum += a1.qs[j];
+    CHECK(a1.s == f32_to_fp16((float)asum * (2.0f / 127.0f)) && a1.d == f32_to_fp16(2.0f / 127.0f),
+          "Q8_1 carries s = d * sum(q) (%d)", asum);
+    float dot, want = 0.0f;
+    quant_dequantize_row(GGML_TYPE_Q5_1, &c5, y, 32);
+    quant_dequantize_row(GGML_TYPE_Q8_1, &a1, e, 32);
+    for (int j = 0; j < 32; j++) want += y[j] * e[j];
+    quant_ref_vec_dot(GGML_TYPE_Q5_1, 32, &dot, &c5, &a1);
+    CHECK(fabsf(dot - want) < 1e-3f * (1.0f + fabsf(want)), "Q5_1 . Q8_1 dot %g vs %g", dot, want);
 }
 
 static void test_blocks_k(void) {
@@ -238,6 +279,7 @@ static void test_weight_quant(void) {
         { GGML_TYPE_F32, 0 }, { GGML_TYPE_F16, 1e-3 }, { GGML_TYPE_BF16, 5e-3 },
         { GGML_TYPE_Q8_0, 0.01 }, { GGML_TYPE_Q4_0, 0.16 }, { GGML_TYPE_Q5_0, 0.08 },
         { GGML_TYPE_Q4_K, 0.12 }, { GGML_TYPE_Q5_K, 0.06 }, { GGML_TYPE_Q6_K, 0.035 },
+        { GGML_TYPE_Q4_1, 0.16 }, { GGML_TYPE_Q5_1, 0.08 },
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         uint32_t t = cases[c].t;
@@ -260,8 +302,9 @@ static void test_weight_quant(void) {
     /* constant and zero rows must not break the K-quants */
     for (int i = 0; i < 256; i++) x[i] = 0.0f;
     for (int i = 256; i < 512; i++) x[i] = -0.75f;
-    const uint32_t kt[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0 };
-    for (size_t c = 0; c < 5; c++) {
+    const uint32_t kt[] = { GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_Q4_0, GGML_TYPE_Q5_0,
+                            GGML_TYPE_Q4_1, GGML_TYPE_Q5_1 };
+    for (size_t c = 0; c < sizeof kt / sizeof kt[0]; c++) {
         CHECK(quant_quantize_weight_rows(kt[c], x, q, 1, 512) == 0, "quantize flat");
         quant_dequantize_row(kt[c], q, y, 512);
         int ok = 1;
@@ -269,7 +312,7 @@ static void test_weight_quant(void) {
         CHECK(ok, "%s: zero/constant blocks", tname(kt[c]));
     }
     CHECK(quant_quantize_weight_rows(GGML_TYPE_Q4_K, x, q, 1, 100) == -1, "bad row length rejected");
-    CHECK(quant_quantize_weight_rows(GGML_TYPE_Q4_1, x, q, 1, 256) == -1, "unsupported type rejected");
+    CHECK(quant_quantize_weight_rows(GGML_TYPE_IQ2_XXS, x, q, 1, 256) == -1, "unsupported type rejected");
     free(x); free(y); free(q); free(q2);
 }
 
@@ -285,8 +328,8 @@ static void test_act_quant(void) {
     x[40] = 0.0f;
     for (int i = 256; i < 512; i++) x[i] = 0.0f;        /* a zero Q8_K block */
     x[600] = -50.0f; x[700] = 50.0f;                     /* equal magnitudes: the first one's sign wins */
-    const uint32_t at[] = { GGML_TYPE_Q8_0, GGML_TYPE_Q8_K, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32 };
-    for (size_t c = 0; c < 5; c++) {
+    const uint32_t at[] = { GGML_TYPE_Q8_0, GGML_TYPE_Q8_K, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_F32, GGML_TYPE_Q8_1 };
+    for (size_t c = 0; c < sizeof at / sizeof at[0]; c++) {
         size_t rb = row_bytes(at[c], n);
         memset(a, 0x55, cap); memset(b, 0xAA, cap);
         quant_ref_quantize_act_row(at[c], x, a, n);
@@ -417,7 +460,8 @@ static void test_kernel_set(void) {
             quant_quantize_act_row(quant_vec_dot_type(wt), tmp + n, a, n);
             quant_vec_dot(wt, n, &s, w, a);
             /* ~4 standard deviations of the quantization noise (relative rms error e gives e*sqrt(n)) */
-            double e = wt == GGML_TYPE_Q4_0 || wt == GGML_TYPE_Q4_K ? 0.1 : wt == GGML_TYPE_Q5_0 || wt == GGML_TYPE_Q5_K ? 0.05
+            double e = wt == GGML_TYPE_Q4_0 || wt == GGML_TYPE_Q4_K || wt == GGML_TYPE_Q4_1 ? 0.1
+                     : wt == GGML_TYPE_Q5_0 || wt == GGML_TYPE_Q5_K || wt == GGML_TYPE_Q5_1 ? 0.05
                      : wt == GGML_TYPE_Q6_K || wt == GGML_TYPE_Q8_0 ? 0.025 : 0.005;
             CHECK(fabs(s - exact) < 4 * e * sqrt((double)n), "%s %s: dot %g vs exact %g", quant_kernel_name(),
                   tname(wt), s, exact);
@@ -588,14 +632,17 @@ static void test_kernels(void) {
 
 static void test_types(void) {
     for (size_t i = 0; i < N_WTYPES; i++) CHECK(quant_is_supported(wtypes[i]), "%s supported", tname(wtypes[i]));
-    CHECK(!quant_is_supported(GGML_TYPE_Q4_1) && !quant_is_supported(GGML_TYPE_IQ2_XXS), "unsupported types");
+    CHECK(!quant_is_supported(GGML_TYPE_Q8_1) && !quant_is_supported(GGML_TYPE_IQ2_XXS), "unsupported types");
+    CHECK(quant_vec_dot_type(GGML_TYPE_Q4_1) == GGML_TYPE_Q8_1 && quant_vec_dot_type(GGML_TYPE_Q5_1) == GGML_TYPE_Q8_1,
+          "Q4_1 / Q5_1 meet Q8_1 activations (they carry the sum the min needs)");
     CHECK(quant_vec_dot_type(GGML_TYPE_Q4_0) == GGML_TYPE_Q8_0 && quant_vec_dot_type(GGML_TYPE_Q6_K) == GGML_TYPE_Q8_K,
           "vec_dot types");
     CHECK(quant_vec_dot_type(GGML_TYPE_F16) == GGML_TYPE_F32 && quant_vec_dot_type(GGML_TYPE_BF16) == GGML_TYPE_F32,
           "half-precision weights take f32 activations");
     CHECK(sizeof(block_q4_0) == 18 && sizeof(block_q5_0) == 22 && sizeof(block_q8_0) == 34 &&
           sizeof(block_q4_K) == 144 && sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210 &&
-          sizeof(block_q8_K) == 292, "block sizes");
+          sizeof(block_q8_K) == 292 && sizeof(block_q4_1) == 20 && sizeof(block_q5_1) == 24 &&
+          sizeof(block_q8_1) == 36, "block sizes");
 }
 
 /* ==== Real tensors ==== */
@@ -660,7 +707,8 @@ static void check_fixture(const char *qname, const char *fname) {
     /* bounds: the format's typical error on gaussian weights with margin */
     for (uint32_t t = 0; t < GGML_TYPE_COUNT; t++) {
         if (!checked[t]) continue;
-        double bound = t == GGML_TYPE_Q4_K ? 0.12 : t == GGML_TYPE_Q4_0 ? 0.16 : t == GGML_TYPE_Q5_0 ? 0.08 :
+        double bound = t == GGML_TYPE_Q4_K ? 0.12 : t == GGML_TYPE_Q4_0 || t == GGML_TYPE_Q4_1 ? 0.16
+                     : t == GGML_TYPE_Q5_0 || t == GGML_TYPE_Q5_1 ? 0.08 :
                        t == GGML_TYPE_Q5_K ? 0.06 : t == GGML_TYPE_Q6_K ? 0.035 : t == GGML_TYPE_Q8_0 ? 0.01 : 1e-6;
         printf("  %s %s: %d tensors, rel rms error %.4f (our quantizer %.4f)\n", qname, tname(t), checked[t],
                worst[t], mine_worst[t]);

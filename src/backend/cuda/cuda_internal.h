@@ -65,8 +65,8 @@ HD uint16_t cu_f32_to_bf16(float f) {
 HD uint16_t cu_ld16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
 /* ==== Block decoders: element i of a row of `type` ==== */
-/* Block sizes in bytes (GGUF layouts): Q4_0 18, Q5_0 22, Q8_0 34 (32
- * elements); Q4_K 144, Q5_K 176, Q6_K 210 (256 elements). */
+/* Block sizes in bytes (GGUF layouts): Q4_0 18, Q5_0 22, Q8_0 34, Q4_1 20,
+ * Q5_1 24 (32 elements); Q4_K 144, Q5_K 176, Q6_K 210 (256 elements). */
 
 /* 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block */
 HD void cu_scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
@@ -87,6 +87,22 @@ HD float cu_dq_q5_0(const uint8_t *row, int64_t i) {
     int q = j < 16 ? ((b[6 + j] & 0xF) | (int)(((qh >> j) & 1) << 4))
                    : ((b[6 + j - 16] >> 4) | (int)(((qh >> j) & 1) << 4));
     return cu_f16_to_f32(cu_ld16(b)) * (float)(q - 16);
+}
+
+/* Q4_1 / Q5_1: d * q + m (d, m f16), q unsigned; Q5_1's fifth bits as Q5_0's */
+HD float cu_dq_q4_1(const uint8_t *row, int64_t i) {
+    const uint8_t *b = row + (i / 32) * 20;
+    int j = (int)(i % 32), q = j < 16 ? (b[4 + j] & 0xF) : (b[4 + j - 16] >> 4);
+    return cu_f16_to_f32(cu_ld16(b)) * (float)q + cu_f16_to_f32(cu_ld16(b + 2));
+}
+
+HD float cu_dq_q5_1(const uint8_t *row, int64_t i) {
+    const uint8_t *b = row + (i / 32) * 24;
+    int j = (int)(i % 32);
+    uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
+    int q = j < 16 ? ((b[8 + j] & 0xF) | (int)(((qh >> j) & 1) << 4))
+                   : ((b[8 + j - 16] >> 4) | (int)(((qh >> j) & 1) << 4));
+    return cu_f16_to_f32(cu_ld16(b)) * (float)q + cu_f16_to_f32(cu_ld16(b + 2));
 }
 
 HD float cu_dq_q8_0(const uint8_t *row, int64_t i) {
@@ -126,6 +142,8 @@ template <uint32_t T> HD float cu_dq(const uint8_t *row, int64_t i) {
     if (T == GGML_TYPE_Q4_0) return cu_dq_q4_0(row, i);
     if (T == GGML_TYPE_Q5_0) return cu_dq_q5_0(row, i);
     if (T == GGML_TYPE_Q8_0) return cu_dq_q8_0(row, i);
+    if (T == GGML_TYPE_Q4_1) return cu_dq_q4_1(row, i);
+    if (T == GGML_TYPE_Q5_1) return cu_dq_q5_1(row, i);
     if (T == GGML_TYPE_Q4_K) return cu_dq_q45_K(row, i, 0);
     if (T == GGML_TYPE_Q5_K) return cu_dq_q45_K(row, i, 1);
     if (T == GGML_TYPE_Q6_K) return cu_dq_q6_K(row, i);
@@ -142,6 +160,8 @@ template <uint32_t T> HD float cu_dq(const uint8_t *row, int64_t i) {
     case GGML_TYPE_Q4_0: { const uint32_t TT = GGML_TYPE_Q4_0; __VA_ARGS__; } break; \
     case GGML_TYPE_Q5_0: { const uint32_t TT = GGML_TYPE_Q5_0; __VA_ARGS__; } break; \
     case GGML_TYPE_Q8_0: { const uint32_t TT = GGML_TYPE_Q8_0; __VA_ARGS__; } break; \
+    case GGML_TYPE_Q4_1: { const uint32_t TT = GGML_TYPE_Q4_1; __VA_ARGS__; } break; \
+    case GGML_TYPE_Q5_1: { const uint32_t TT = GGML_TYPE_Q5_1; __VA_ARGS__; } break; \
     case GGML_TYPE_Q4_K: { const uint32_t TT = GGML_TYPE_Q4_K; __VA_ARGS__; } break; \
     case GGML_TYPE_Q5_K: { const uint32_t TT = GGML_TYPE_Q5_K; __VA_ARGS__; } break; \
     case GGML_TYPE_Q6_K: { const uint32_t TT = GGML_TYPE_Q6_K; __VA_ARGS__; } break; \
