@@ -1,8 +1,9 @@
 # tandem - build with `make`, test with `make test` (see README).
 #
-# Layout: src/*.c except src/main.c, and src/backend/cpu/*.c (the CPU
-# backend and its kernel sets), form libtandem.a; src/main.c is the
-# `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
+# Layout: src/<family>/*.c except src/cmd/main.c, and src/backend/cpu/*.c
+# (the CPU backend and its kernel sets), form libtandem.a (the families and
+# what each may include: docs/architecture.md, tools/layers.sh);
+# src/cmd/main.c is the `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
 # libFuzzer targets (clang). BUILD selects the output folder so that the
 # sanitizer build (make asan) lives beside the normal one.
 
@@ -26,7 +27,7 @@ LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxh
 # object is rebuilt by `make clean` or a change to cliopt.c, not by a commit.
 GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null)
 ifneq ($(GIT_REV),)
-$(BUILD)/obj/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
+$(BUILD)/obj/base/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
 endif
 
 # PORTABLE=1: platform.c's POSIX fallbacks (what macOS gets) instead of
@@ -35,7 +36,9 @@ ifeq ($(PORTABLE),1)
 CFLAGS   += -DTANDEM_PORTABLE
 endif
 
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
+LIB_SRC  := $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) $(wildcard src/backend/cpu/*.c)
+# every header, for the objects' dependencies
+HDRS     := $(wildcard src/*/*.h src/backend/*/*.h)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 
 # CUDA backend (src/backend/cuda): `make CUDA=1 BUILD=build-cuda`. Needs nvcc
@@ -59,7 +62,7 @@ CUDA_SRC   := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJ   := $(CUDA_SRC:src/backend/cuda/%.cu=$(BUILD)/obj/cuda/%.o)
 LIB_OBJ    += $(CUDA_OBJ)
 
-$(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(wildcard src/backend/cuda/*.h) $(wildcard src/*.h) | $(BUILD)/obj
+$(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(BUILD)/obj/cuda
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
@@ -96,7 +99,7 @@ MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F1
 .PHONY: all test check asan fuzz clean models portable
 all: $(BUILD)/tandem $(TESTS)
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) $(wildcard src/backend/cuda/*.h) | $(BUILD)/obj
+$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -106,7 +109,7 @@ $(BUILD)/obj:
 $(BUILD)/libtandem.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tandem: src/main.c $(BUILD)/libtandem.a
+$(BUILD)/tandem: src/cmd/main.c $(BUILD)/libtandem.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
 $(BUILD)/test_%: tests/test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
@@ -148,7 +151,7 @@ asan:
 
 # libFuzzer targets, linked against the library sources rebuilt with clang.
 fuzz: $(FUZZERS)
-$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(wildcard src/*.h)
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(HDRS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl -o $@
 

@@ -12,7 +12,7 @@
  *   /tmp/fuzz_gguf -max_total_time=60 -max_len=1100000 -rss_limit_mb=2048 /tmp/gguf_corpus
  * (`make fuzz` builds build/fuzz_gguf the same way, linked with all library sources.)
  */
-#include "gguf.h"
+#include "engine/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -11,9 +11,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend.h"
-#include "kvcache.h"
-#include "quant.h"
+#include "engine/backend.h"
+#include "engine/kvcache.h"
+#include "engine/quant.h"
 #include "t.h"
 
 static uint64_t rng = 0x243F6A8885A308D3ull;

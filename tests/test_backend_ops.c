@@ -21,11 +21,11 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "kvcache.h"
-#include "model.h"
-#include "quant.h"
+#include "engine/backend.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/quant.h"
 #include "t.h"
 #ifdef TANDEM_CUDA
 #include "backend/cuda/backend_cuda.h"

@@ -10,8 +10,8 @@
  */
 #include <stdint.h>
 
-#include "model.h"
-#include "sampler.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
 #include "t.h"
 
 #define MAX_SEQ 8

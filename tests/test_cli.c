@@ -13,10 +13,10 @@
 
 #include <jansson.h>
 
-#include "cliopt.h"
-#include "gguf.h"
-#include "kvcache.h"
-#include "node_decode.h"
+#include "base/cliopt.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
+#include "node/node_decode.h"
 #include "proc.h"
 
 #define TC_DIR "build/test_cli.d"   /* under the checkout: two checkouts testing at once never share it */

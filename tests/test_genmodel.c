@@ -9,9 +9,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "gguf.h"
-#include "model.h"
+#include "cmd/cli.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
 #include "t.h"
 
 /* ==== Helpers ==== */

@@ -1,6 +1,6 @@
 /* test_gguf.c - the GGUF reader on every fixture, on truncated and corrupted
  * files, and the writer round trip. */
-#include "gguf.h"
+#include "engine/gguf.h"
 #include "t.h"
 
 #include <dirent.h>

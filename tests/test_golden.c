@@ -19,8 +19,8 @@
 #include <jansson.h>
 #include <math.h>
 
-#include "generate.h"
-#include "model.h"
+#include "engine/generate.h"
+#include "engine/model.h"
 #include "t.h"
 
 typedef struct {

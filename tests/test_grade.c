@@ -10,8 +10,8 @@
 
 #include <sys/stat.h>
 
-#include "grade.h"
-#include "http_api.h"
+#include "grade/grade.h"
+#include "api/http_api.h"
 
 #define TG_DIR "build/test_grade.d"
 

@@ -12,9 +12,9 @@
  * SHOW=1 prints the random walks' outputs.
  */
 #include "t.h"
-#include "gguf.h"
-#include "grammar.h"
-#include "tokenizer.h"
+#include "engine/gguf.h"
+#include "engine/grammar.h"
+#include "engine/tokenizer.h"
 
 #include <jansson.h>
 #include <math.h>

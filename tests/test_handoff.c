@@ -38,9 +38,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "handoff.h"
-#include "kvcache.h"
-#include "model.h"
+#include "node/handoff.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
 #include "proc.h"
 
 static char g_tmp[256];

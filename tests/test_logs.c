@@ -19,7 +19,7 @@
 
 #include <regex.h>
 
-#include "log.h"
+#include "base/log.h"
 
 #define TL_MODEL "assets/stories260K.gguf"
 

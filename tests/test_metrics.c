@@ -11,7 +11,7 @@
 #include <math.h>
 #include <pthread.h>
 
-#include "metrics.h"
+#include "base/metrics.h"
 
 #define TM_DIR "build/test_metrics.d"
 

@@ -15,9 +15,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
-#include "gguf.h"
-#include "model.h"
+#include "cmd/cli.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
 #include "t.h"
 
 /* ==== Helpers ==== */

@@ -7,9 +7,9 @@
 
 #include <stdatomic.h>
 
-#include "ops.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "backend/cpu/ops.h"
+#include "engine/quant.h"
+#include "base/threadpool.h"
 #include "t.h"
 
 static uint64_t rng = 88172645463325252ull;

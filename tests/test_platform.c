@@ -9,9 +9,9 @@
 #include <stdatomic.h>
 #include <time.h>
 
-#include "platform.h"
+#include "base/platform.h"
 #include "t.h"
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 /* ==== Which form ==== */
 

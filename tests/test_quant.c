@@ -1,11 +1,11 @@
 /* test_quant.c - conversions, block layouts, quantizers, SIMD vs reference kernels,
  * and dequantization of real fixture tensors against their F16 originals. */
 #include "t.h"
-#include "quant.h"
+#include "engine/quant.h"
 #if defined(__aarch64__) && defined(__linux__)
 #include <sys/auxv.h>
 #endif
-#include "gguf.h"
+#include "engine/gguf.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -21,9 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "http_api.h"
-#include "node_auth.h"
-#include "router.h"
+#include "api/http_api.h"
+#include "net/node_auth.h"
+#include "router/router.h"
 
 #define TR_DIR "build/test_router.d"
 

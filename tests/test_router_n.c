@@ -23,7 +23,7 @@
 #include <jansson.h>
 #include <pthread.h>
 
-#include "http_api.h"
+#include "api/http_api.h"
 
 #define RN_DIR "build/test_router_n.d"
 #define RN_SLOTS_QWEN 2     /* the qwen node's --parallel: n = 3 exceeds it */

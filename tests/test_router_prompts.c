@@ -17,7 +17,7 @@
 
 #include <jansson.h>
 
-#include "http_api.h"
+#include "api/http_api.h"
 
 #define RP_DIR "build/test_router_prompts.d"
 

@@ -20,8 +20,8 @@
 #include <math.h>
 #include <pthread.h>
 
-#include "prefill_rate.h"
-#include "router.h"
+#include "net/prefill_rate.h"
+#include "router/router.h"
 
 #define RS_DIR "build/test_router_split.d"
 /* Long prompts: ~700 tokens, well past min_split_tokens, ~0.3-0.8 s of

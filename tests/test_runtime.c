@@ -3,11 +3,11 @@
 #include <math.h>
 #include <stdatomic.h>
 
-#include "gguf.h"
-#include "kvcache.h"
-#include "quant.h"
-#include "sampler.h"
-#include "threadpool.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
+#include "engine/quant.h"
+#include "engine/sampler.h"
+#include "base/threadpool.h"
 #include "t.h"
 
 /* ==== thread pool ==== */

@@ -5,7 +5,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "sampler.h"
+#include "engine/sampler.h"
 #include "t.h"
 
 #define QWEN_VOCAB 151936

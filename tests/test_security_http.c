@@ -39,8 +39,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "logsafe.h"
-#include "node_auth.h"
+#include "base/logsafe.h"
+#include "net/node_auth.h"
 
 #define TS_DIR "build/test_security_http.d"
 #define TS_SECRET "security-test-secret"

@@ -2,7 +2,7 @@
  * buffers, appends that land exactly on the capacity, printf longer than any
  * fixed temporary, many small appends, sizes that would overflow size_t,
  * the sticky oom flag, take/reset/free. */
-#include "strbuf.h"
+#include "base/strbuf.h"
 
 #include <stdint.h>
 

@@ -8,9 +8,9 @@
  *  6. robustness: invalid UTF-8, small buffers, refused pre-tokenizers
  */
 #include "t.h"
-#include "gguf.h"
-#include "tokenizer.h"
-#include "unicode.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
+#include "base/unicode.h"
 
 #include <dirent.h>
 #include <jansson.h>

@@ -12,7 +12,7 @@
 #include <jansson.h>
 #include <sys/stat.h>
 
-#include "tools.h"
+#include "api/tools.h"
 
 #define TT_DIR "build/test_tools.d"
 

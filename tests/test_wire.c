@@ -11,10 +11,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fingerprint.h"
-#include "gguf.h"
-#include "model.h"
-#include "wire.h"
+#include "engine/fingerprint.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "net/wire.h"
 
 #include <zstd.h>
 

@@ -29,11 +29,11 @@
 
 #include <zstd.h>
 
-#include "gguf.h"
-#include "handoff.h"
-#include "model.h"
+#include "engine/gguf.h"
+#include "node/handoff.h"
+#include "engine/model.h"
 #include "proc.h"
-#include "wire.h"
+#include "net/wire.h"
 
 static char g_tmp[256], g_secret[300], g_model[512];
 static const char *g_bin;

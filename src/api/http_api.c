@@ -1,8 +1,8 @@
 /* http_api.c - OpenAI request parsing/validation and response rendering
  * (see http_api.h). Pure functions over jansson; no I/O. */
-#include "http_api.h"
-#include "grammar.h"
-#include "tools.h"
+#include "api/http_api.h"
+#include "engine/grammar.h"
+#include "api/tools.h"
 
 #include <jansson.h>
 #include <math.h>

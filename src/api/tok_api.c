@@ -1,6 +1,6 @@
 /* tok_api.c - the bodies of a decode node's POST /v1/tokenize and
  * POST /v1/detokenize, in llama-server's shapes (see tok_api.h). */
-#include "tok_api.h"
+#include "api/tok_api.h"
 
 #include <stdio.h>
 #include <stdlib.h>

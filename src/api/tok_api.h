@@ -13,7 +13,7 @@
 
 #include <stddef.h>
 
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 #define TOKAPI_MAX_TOKENS (1 << 20)   /* ids per detokenize request: far above any context */
 

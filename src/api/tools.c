@@ -8,9 +8,9 @@
  * ensure_ascii=False: ", " and ": " separators, or indent=4 (Llama) - what
  * jansson writes without JSON_COMPACT.
  */
-#include "tools.h"
+#include "api/tools.h"
 
-#include "strbuf.h"
+#include "base/strbuf.h"
 
 #include <stdio.h>
 #include <stdlib.h>

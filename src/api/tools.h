@@ -21,8 +21,8 @@
 
 #include <jansson.h>
 
-#include "gguf.h"
-#include "tokenizer.h"
+#include "engine/gguf.h"
+#include "engine/tokenizer.h"
 
 /* ==== Template style ==== */
 

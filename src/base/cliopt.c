@@ -1,5 +1,5 @@
 /* cliopt.c - see cliopt.h. */
-#include "cliopt.h"
+#include "base/cliopt.h"
 
 #include <errno.h>
 #include <math.h>
@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "quant.h"
+#include "engine/quant.h"
 
 /* ==== Values ==== */
 

@@ -15,7 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "version.h"
+#include "base/version.h"
 
 /* Exit statuses of every subcommand. */
 #define CLI_EXIT_OK 0

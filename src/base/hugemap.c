@@ -1,5 +1,5 @@
 /* hugemap.c - see hugemap.h. */
-#include "hugemap.h"
+#include "base/hugemap.h"
 
 #include <stdint.h>
 #include <sys/mman.h>

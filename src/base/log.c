@@ -1,5 +1,5 @@
 /* log.c - one log line format for every server role (see log.h). */
-#include "log.h"
+#include "base/log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -12,8 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "logsafe.h"
-#include "platform.h"
+#include "base/logsafe.h"
+#include "base/platform.h"
 
 /* A message longer than this is cut: the router's per-request line with a
  * long upstream error is about 1 KB. */

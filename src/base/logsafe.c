@@ -1,10 +1,10 @@
 /* logsafe.c - escaping of network-derived text for log lines (logsafe.h). */
-#include "logsafe.h"
+#include "base/logsafe.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "unicode.h"
+#include "base/unicode.h"
 
 /* A valid UTF-8 sequence at s: its length and code point, or 0. */
 static size_t ls_utf8(const unsigned char *s, size_t n, unsigned *cp_out) {

@@ -1,5 +1,5 @@
 /* metrics.c - Prometheus counters, gauges and histograms (see metrics.h). */
-#include "metrics.h"
+#include "base/metrics.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "strbuf.h"
-#include "unicode.h"
+#include "base/strbuf.h"
+#include "base/unicode.h"
 
 const double metrics_buckets_latency[METRICS_N_LATENCY] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,
                                                            2.5, 5, 10, 30, 60, 120, 300};

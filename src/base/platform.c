@@ -1,5 +1,5 @@
 /* platform.c - Linux calls and their POSIX fallbacks (platform.h). */
-#include "platform.h"
+#include "base/platform.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 /* strbuf: growable string buffer shared by the modules that render text
  * (metrics exposition, chat templates, grade reports). See strbuf.h. */
-#include "strbuf.h"
+#include "base/strbuf.h"
 
 #include <stdarg.h>
 #include <stdint.h>

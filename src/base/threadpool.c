@@ -10,7 +10,7 @@
  * caller returns when `done` reaches the chunk count, and never waits for a
  * worker that has not started.
  */
-#include "threadpool.h"
+#include "base/threadpool.h"
 
 #include <pthread.h>
 #include <sched.h>
@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "platform.h"
+#include "base/platform.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

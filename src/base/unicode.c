@@ -1,5 +1,5 @@
 /* unicode.c - UTF-8 decoding and character classes for the tokenizers. */
-#include "unicode.h"
+#include "base/unicode.h"
 
 #include <utf8proc.h>
 

@@ -15,7 +15,7 @@
  * read per decoded token (the decode roofline), and the model's FLOPs per
  * prompt token against a measured compute ceiling of the matmul kernel.
  */
-#include "cli.h"
+#include "cmd/cli.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -34,13 +34,13 @@
 #define BENCH_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 #endif
 
-#include "cliopt.h"
-#include "gguf.h"
-#include "hugemap.h"
-#include "kvcache.h"
-#include "model.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "base/cliopt.h"
+#include "engine/gguf.h"
+#include "base/hugemap.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "base/threadpool.h"
 #ifdef TANDEM_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif

@@ -12,7 +12,7 @@
  * warm-up. Without --prefill-node a prefill node runs in this process (its
  * own model instance, a thread, 127.0.0.1), so both share the machine.
  */
-#include "cli.h"
+#include "cmd/cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -24,15 +24,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cliopt.h"
-#include "generate.h"
-#include "gguf.h"
-#include "handoff.h"
-#include "kvcache.h"
-#include "model.h"
-#include "quant.h"
-#include "sampler.h"
-#include "wire.h"
+#include "base/cliopt.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "node/handoff.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/sampler.h"
+#include "net/wire.h"
 
 /* ==== Options ==== */
 

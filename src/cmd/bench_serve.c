@@ -21,9 +21,9 @@
 #include <curl/curl.h>
 #include <jansson.h>
 
-#include "cli.h"
-#include "cliopt.h"
-#include "generate.h"
+#include "cmd/cli.h"
+#include "base/cliopt.h"
+#include "engine/generate.h"
 
 /* ==== Options ==== */
 

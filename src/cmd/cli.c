@@ -1,19 +1,19 @@
 /* cli.c - `tandem run` and `tandem tokenize`. */
-#include "cli.h"
+#include "cmd/cli.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cliopt.h"
-#include "generate.h"
-#include "handoff.h"
-#include "kvcache.h"
-#include "model.h"
-#include "quant.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "base/cliopt.h"
+#include "engine/generate.h"
+#include "node/handoff.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "engine/sampler.h"
+#include "engine/tokenizer.h"
 
 /* ==== Options ==== */
 

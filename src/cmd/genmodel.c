@@ -12,7 +12,7 @@
  * The type mix follows llama-quantize's rules (llama_tensor_get_type) for the
  * mixes offered; see gm_pick_type.
  */
-#include "cli.h"
+#include "cmd/cli.h"
 
 #include <errno.h>
 #include <math.h>
@@ -21,11 +21,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cliopt.h"
-#include "gguf.h"
-#include "model.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "base/cliopt.h"
+#include "engine/gguf.h"
+#include "engine/model.h"
+#include "engine/quant.h"
+#include "base/threadpool.h"
 
 /* ==== Shapes and presets ==== */
 

@@ -2,8 +2,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
-#include "cliopt.h"
+#include "cmd/cli.h"
+#include "base/cliopt.h"
 
 static void main_usage(FILE *f) {
     fprintf(f,

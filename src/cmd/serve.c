@@ -6,7 +6,7 @@
  *   decode   keeps sessions, samples, takes generation requests (node_decode.c)
  *   local    decode and prefill in one process (node_decode.c)
  */
-#include "cli.h"
+#include "cmd/cli.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -17,15 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cliopt.h"
-#include "handoff.h"
-#include "kvcache.h"
-#include "log.h"
-#include "model.h"
-#include "node_decode.h"
-#include "node_register.h"
-#include "router.h"
-#include "quant.h"
+#include "base/cliopt.h"
+#include "node/handoff.h"
+#include "engine/kvcache.h"
+#include "base/log.h"
+#include "engine/model.h"
+#include "node/node_decode.h"
+#include "net/node_register.h"
+#include "router/router.h"
+#include "engine/quant.h"
 
 /* ==== Options ==== */
 

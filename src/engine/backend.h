@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvcache.h"
+#include "engine/kvcache.h"
 
 typedef struct {
     const char *name;       /* GGUF tensor name, for messages */

@@ -11,8 +11,8 @@
  * leading/trailing whitespace, as its template (and llama.cpp) does; ChatML
  * content is used verbatim.
  */
-#include "strbuf.h"
-#include "tokenizer.h"
+#include "base/strbuf.h"
+#include "engine/tokenizer.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,8 +1,8 @@
 /* fingerprint.c - SHA-256 identity of everything in a model that changes
  * its KV cache (see fingerprint.h for what is covered and why).
  */
-#include "fingerprint.h"
-#include "model_internal.h"
+#include "engine/fingerprint.h"
+#include "engine/model_internal.h"
 
 #include <inttypes.h>
 #include <pthread.h>

@@ -21,7 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 /* out: 32-byte fingerprint. desc (optional): a human description such as
  * "qwen3-mini-Q8_0.gguf (qwen3, 4 layers, n_embd 256, Q8_0)"; the file name

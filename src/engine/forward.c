@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_internal.h"
+#include "engine/model_internal.h"
 
 /* ==== Buffers ==== */
 

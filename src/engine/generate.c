@@ -1,12 +1,12 @@
 /* generate.c - see generate.h. */
-#include "generate.h"
+#include "engine/generate.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "kvcache.h"
+#include "engine/kvcache.h"
 
 int32_t *gen_tokenize_prompt(model *m, const char *text, int chat, int *n_out, char *err, size_t errlen) {
     const tokenizer *tok = model_get_tokenizer(m);

@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "model.h"
-#include "sampler.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
 
 /* Called for every generated token; return non-zero to stop. */
 typedef int (*gen_token_fn)(void *ud, int32_t id);

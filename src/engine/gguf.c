@@ -21,8 +21,8 @@
  * Integers are decoded byte by byte (little-endian), so the host's byte order
  * and alignment do not matter.
  */
-#include "gguf.h"
-#include "strbuf.h"
+#include "engine/gguf.h"
+#include "base/strbuf.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -29,7 +29,7 @@
  * that stay inside the string, and a trie of the tails of tokens that close
  * it; only those tails are walked with the state after the string.
  */
-#include "grammar.h"
+#include "engine/grammar.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -18,7 +18,7 @@
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "tokenizer.h"
+#include "engine/tokenizer.h"
 
 typedef struct grammar grammar;
 typedef struct grammar_state grammar_state;

@@ -1,13 +1,13 @@
 /* kvcache.c - see kvcache.h. */
-#include "kvcache.h"
+#include "engine/kvcache.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "gguf.h"
-#include "quant.h"
+#include "engine/gguf.h"
+#include "engine/quant.h"
 
 /* ==== Element types ==== */
 

@@ -1,16 +1,16 @@
 /* model.c - GGUF -> model: architecture table, hyper-parameters, weight
  * binding with shape and type checks, sessions. The forward pass itself is
  * in forward.c. */
-#include "model.h"
+#include "engine/model.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "fingerprint.h"
-#include "model_internal.h"
-#include "quant.h"
+#include "engine/fingerprint.h"
+#include "engine/model_internal.h"
+#include "engine/quant.h"
 #ifdef TANDEM_CUDA
 #include "backend/cuda/backend_cuda.h"
 #endif

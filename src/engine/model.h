@@ -10,10 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
-#include "gguf.h"
-#include "kvcache.h"
-#include "tokenizer.h"
+#include "engine/backend.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
+#include "engine/tokenizer.h"
 
 enum arch_id { ARCH_LLAMA = 0, ARCH_QWEN2, ARCH_QWEN3, ARCH_QWEN3MOE };
 

@@ -5,7 +5,7 @@
 
 #include <pthread.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 /* Activation buffers for one forward pass of up to n_batch rows (backend
  * memory), shared by every session of the model and allocated at the first

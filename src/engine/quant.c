@@ -6,8 +6,8 @@
  * Activation quantizers (Q8_0, Q8_K) follow llama.cpp's reference definitions
  * exactly, because the oracle's logits depend on them.
  */
-#include "quant.h"
-#include "quant_kernels.h"
+#include "engine/quant.h"
+#include "engine/quant_kernels.h"
 
 #include <math.h>
 #include <stdatomic.h>

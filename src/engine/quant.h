@@ -21,7 +21,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gguf.h"
+#include "engine/gguf.h"
 
 #define QK4_0 32
 #define QK5_0 32

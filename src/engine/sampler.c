@@ -1,12 +1,12 @@
 /* sampler.c - see sampler.h. */
-#include "sampler.h"
+#include "engine/sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "platform.h"
+#include "base/platform.h"
 
 /* Weights are computed and summed in blocks of this many logits: a constant
  * trip count lets the compiler vectorise the inner loops at -O2, and the

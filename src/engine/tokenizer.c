@@ -19,9 +19,9 @@
  * original bytes are what gets tokenized (byte-level BPE can represent every
  * byte; SPM falls back to byte tokens), so decoding gives the input back.
  */
-#include "tokenizer.h"
-#include "strbuf.h"
-#include "unicode.h"
+#include "engine/tokenizer.h"
+#include "base/strbuf.h"
+#include "base/unicode.h"
 
 #include <stdarg.h>
 #include <stdio.h>

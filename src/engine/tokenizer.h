@@ -11,7 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "gguf.h"
+#include "engine/gguf.h"
 
 typedef struct tokenizer tokenizer;
 

@@ -11,9 +11,9 @@
  * records already graded with the same rubric, submission and models.
  * `--bench N` grades a synthetic class of fixed-length requests.
  */
-#include "cli.h"
-#include "grade.h"
-#include "strbuf.h"
+#include "cmd/cli.h"
+#include "grade/grade.h"
+#include "base/strbuf.h"
 
 #include <curl/curl.h>
 #include <dirent.h>
@@ -30,7 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cliopt.h"
+#include "base/cliopt.h"
 
 /* ==== Options ==== */
 

@@ -3,8 +3,8 @@
  * resource), totals.svg and one feedback/STEM.md per student, all rendered
  * from the per-submission records. Every string from a record (names,
  * model output, error messages) is escaped for where it goes. */
-#include "grade.h"
-#include "strbuf.h"
+#include "grade/grade.h"
+#include "base/strbuf.h"
 
 #include <errno.h>
 #include <math.h>

@@ -3,7 +3,7 @@
  * subset tandem supports, the analysis parser, and prompt templates.
  * No I/O here: tests call these directly and fuzz/fuzz_grade.c feeds them
  * hostile rubrics, templates and model answers. */
-#include "grade.h"
+#include "grade/grade.h"
 
 #include <ctype.h>
 #include <math.h>

@@ -1,6 +1,6 @@
 /* httpd.c - libmicrohttpd with connection limits and a whole-request
  * deadline (see httpd.h). */
-#include "httpd.h"
+#include "net/httpd.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "platform.h"
+#include "base/log.h"
+#include "base/platform.h"
 
 #define HD_REAP_MS 100            /* deadline resolution */
 #define HD_LOG_BURST 20           /* MHD messages let through per window ... */

@@ -1,5 +1,5 @@
 /* node_auth.c - request signatures and the nonce replay cache (node_auth.h). */
-#include "node_auth.h"
+#include "net/node_auth.h"
 
 #include <curl/curl.h>
 #include <microhttpd.h>

@@ -1,5 +1,5 @@
 /* node_register.c - registration and heartbeat thread (node_register.h). */
-#include "node_register.h"
+#include "net/node_register.h"
 
 #include <curl/curl.h>
 #include <jansson.h>
@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "log.h"
-#include "node_auth.h"
+#include "base/log.h"
+#include "net/node_auth.h"
 
 #define NR_TIMEOUT_MS 3000         /* one registration POST */
 #define NR_MAX_REPLY 4096          /* the router's answer is a short JSON object */

@@ -1,12 +1,12 @@
 /* prefill_rate.c - see prefill_rate.h. */
-#include "prefill_rate.h"
+#include "net/prefill_rate.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "generate.h"
+#include "engine/generate.h"
 
 int prefill_rate_calibrate(model *m, int n_tokens, uint32_t kv_dtype, double *tps, char *err, size_t errlen) {
     const model_hparams *hp = model_get_hparams(m);

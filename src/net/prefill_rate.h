@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 /* Prompt positions in the calibration pass: long enough that per-pass
  * costs (thread start-up, the output layer) are a small part of it, and

@@ -3,7 +3,7 @@
  * AES-256-GCM seal on every frame after it.
  * docs/wire-protocol.md is the specification this file implements.
  */
-#include "wire.h"
+#include "net/wire.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -27,8 +27,8 @@
 #include <openssl/hmac.h>
 #include <zstd.h>
 
-#include "gguf.h"
-#include "platform.h"
+#include "engine/gguf.h"
+#include "base/platform.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>

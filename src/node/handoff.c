@@ -8,7 +8,7 @@
  * exactly once. Anything else is rejected, the partial KV is dropped (the
  * session is reset to start_pos) and the connection is given up.
  */
-#include "handoff.h"
+#include "node/handoff.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -17,11 +17,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "fingerprint.h"
-#include "generate.h"
-#include "gguf.h"
-#include "quant.h"
-#include "wire.h"
+#include "engine/fingerprint.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/quant.h"
+#include "net/wire.h"
 
 struct handoff_client {
     wire_conn conn;

@@ -16,8 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "wire.h"
+#include "engine/model.h"
+#include "net/wire.h"
 
 typedef struct {
     uint32_t wire_dtype;        /* GGML_TYPE_F16 (default: the cache type), BF16 or Q8_0 */

@@ -9,7 +9,7 @@
  * content reader produces one token per call, so a client that disconnects
  * stops its generation at the next token.
  */
-#include "node_decode.h"
+#include "node/node_decode.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,27 +29,27 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "cliopt.h"
-#include "generate.h"
-#include "gguf.h"
-#include "grammar.h"
-#include "handoff.h"
-#include "kvcache.h"
-#include "scheduler.h"
-#include "strbuf.h"
-#include "httpd.h"
-#include "log.h"
-#include "logsafe.h"
-#include "metrics.h"
-#include "node_auth.h"
-#include "node_register.h"
-#include "platform.h"
-#include "sampler.h"
-#include "tok_api.h"
-#include "prefill_rate.h"
-#include "tokenizer.h"
-#include "unicode.h"
-#include "tools.h"
+#include "base/cliopt.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "engine/grammar.h"
+#include "node/handoff.h"
+#include "engine/kvcache.h"
+#include "node/scheduler.h"
+#include "base/strbuf.h"
+#include "net/httpd.h"
+#include "base/log.h"
+#include "base/logsafe.h"
+#include "base/metrics.h"
+#include "net/node_auth.h"
+#include "net/node_register.h"
+#include "base/platform.h"
+#include "engine/sampler.h"
+#include "api/tok_api.h"
+#include "net/prefill_rate.h"
+#include "engine/tokenizer.h"
+#include "base/unicode.h"
+#include "api/tools.h"
 
 /* ==== Constants ==== */
 

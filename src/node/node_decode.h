@@ -55,7 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 #define DECODE_MAX_PREFILL_NODES 16
 

@@ -14,7 +14,7 @@
  * also watches the socket, so a CANCEL or a vanished decode node stops the
  * evaluation at the next layer.
  */
-#include "handoff.h"
+#include "node/handoff.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -29,14 +29,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "generate.h"
-#include "gguf.h"
-#include "httpd.h"
-#include "log.h"
-#include "metrics.h"
-#include "node_register.h"
-#include "prefill_rate.h"
-#include "wire.h"
+#include "engine/generate.h"
+#include "engine/gguf.h"
+#include "net/httpd.h"
+#include "base/log.h"
+#include "base/metrics.h"
+#include "net/node_register.h"
+#include "net/prefill_rate.h"
+#include "net/wire.h"
 
 /* Default concurrent authenticated connections: each holds a session (KV
  * cache pages are only touched as used) and a thread; more get BUSY. */

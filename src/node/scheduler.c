@@ -10,7 +10,7 @@
  * and only appended to, so an owner may read the published prefix after
  * unlocking.
  */
-#include "scheduler.h"
+#include "node/scheduler.h"
 
 #include <errno.h>
 #include <math.h>
@@ -20,9 +20,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "generate.h"
-#include "log.h"
-#include "tokenizer.h"
+#include "engine/generate.h"
+#include "base/log.h"
+#include "engine/tokenizer.h"
 
 /* ==== Constants ==== */
 

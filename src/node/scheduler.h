@@ -27,9 +27,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model.h"
-#include "grammar.h"
-#include "sampler.h"
+#include "engine/model.h"
+#include "engine/grammar.h"
+#include "engine/sampler.h"
 
 #define SCHED_MAX_STOP 8
 

@@ -6,7 +6,7 @@
  * checks every node each health_interval_ms. The registry, the measured
  * rates and the metrics live under one mutex; no lock is held across I/O.
  */
-#include "router.h"
+#include "router/router.h"
 
 #include <arpa/inet.h>
 #include <curl/curl.h>
@@ -30,16 +30,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cliopt.h"
-#include "httpd.h"
-#include "log.h"
-#include "logsafe.h"
-#include "metrics.h"
-#include "node_auth.h"
-#include "prefill_rate.h"
-#include "strbuf.h"
-#include "tools.h"
-#include "wire.h"
+#include "base/cliopt.h"
+#include "net/httpd.h"
+#include "base/log.h"
+#include "base/logsafe.h"
+#include "base/metrics.h"
+#include "net/node_auth.h"
+#include "net/prefill_rate.h"
+#include "base/strbuf.h"
+#include "api/tools.h"
+#include "net/wire.h"
 
 /* ==== Small helpers ==== */
 

@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "http_api.h"
+#include "api/http_api.h"
 
 #define ROUTER_MAX_NODES 64
 

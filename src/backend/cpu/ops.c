@@ -1,12 +1,12 @@
 /* ops.c - see ops.h. */
-#include "ops.h"
-#include "ops_kernels.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/ops_kernels.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
+#include "engine/quant.h"
 
 /* The references are the numerical definition: no fused multiply-adds
  * (GCC's ISO C modes already do not contract; clang does by default). */
