@@ -23,11 +23,11 @@ CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g
 LDFLAGS  += $(SAN)
 LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
-# `tandem --version` names the commit it was built from (cliopt.c); the
-# object is rebuilt by `make clean` or a change to cliopt.c, not by a commit.
+# `tandem --version` names the commit it was built from (cli.c); the
+# object is rebuilt by `make clean` or a change to cli.c, not by a commit.
 GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null)
 ifneq ($(GIT_REV),)
-$(BUILD)/obj/base/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
+$(BUILD)/obj/cmd/cli.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
 endif
 
 # PORTABLE=1: platform.c's POSIX fallbacks (what macOS gets) instead of
@@ -96,7 +96,7 @@ FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models portable
+.PHONY: all test check asan fuzz clean models portable layers
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
@@ -133,8 +133,13 @@ endif
 # helper that runs the reference peers on CPUs without their extensions, and
 # the avxvnni kernel set through it on CPUs without AVX-VNNI (needs AVX-512
 # VNNI; otherwise it says "skipped").
-test: all models
+test: all models layers
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh tests/peer_fit.sh
+
+# The include rule of src/ (tools/layers.sh): a folder includes only the
+# folders below it, so that lower layers never include higher ones.
+layers:
+	tools/layers.sh src
 
 # The tests that go through platform.c (random bytes, the thread pool's
 # waits, sockets, node processes), built with its POSIX fallbacks.

@@ -9,7 +9,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/quant.h"
 
 /* ==== Values ==== */
 
@@ -248,28 +247,4 @@ void cliopt_progress_steps(void *ud, int done, int total) {
     cliopt_progress *p = ud;
     if (total > 0) p->total = (uint64_t)total;
     cliopt_progress_update(p, done > 0 ? (uint64_t)done : 0);
-}
-
-/* ==== Version ==== */
-
-void cliopt_print_kernel_sets(FILE *f) {
-    const char *sets[8];
-    int n = quant_kernel_sets(sets, 8);
-    fprintf(f, "%s (this CPU runs:", quant_kernel_name());
-    for (int i = 0; i < n && i < 8; i++) fprintf(f, " %s", sets[i]);
-    fprintf(f, ")");
-}
-
-void cliopt_print_version(FILE *f) {
-    fprintf(f, "tandem %s (git %s)\n", TANDEM_VERSION, TANDEM_GIT);
-#ifdef TANDEM_CUDA
-    const char *cuda = "yes";
-#else
-    const char *cuda = "no";
-#endif
-    fprintf(f, "backends: cpu, cuda: %s\n", cuda);
-    fprintf(f, "cpu kernels: ");
-    cliopt_print_kernel_sets(f);
-    fprintf(f, "\n");
-    fprintf(f, "compiler: %s\n", __VERSION__);
 }

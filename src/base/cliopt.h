@@ -1,4 +1,4 @@
-/* cliopt.h - option parsing, usage, progress and version helpers shared by
+/* cliopt.h - option parsing, usage and progress helpers shared by
  * every `tandem` subcommand.
  *
  * Conventions (README "Command line"):
@@ -89,14 +89,5 @@ void cliopt_progress_update(cliopt_progress *p, uint64_t done);
 void cliopt_progress_end(cliopt_progress *p);
 /* A model_opts.on_load callback; ud is a cliopt_progress. */
 void cliopt_progress_steps(void *ud, int done, int total);
-
-/* ==== Version ==== */
-
-/* "tandem VERSION (git COMMIT)" and the build's features, on f. */
-void cliopt_print_version(FILE *f);
-
-/* "NAME (this CPU runs: ref ... )": the kernel set in use and every set this
- * CPU runs (tandem --version, tandem bench). */
-void cliopt_print_kernel_sets(FILE *f);
 
 #endif

@@ -415,7 +415,7 @@ out:
 
 static void bench_print_header(void) {
     printf("kernels: ");
-    cliopt_print_kernel_sets(stdout);
+    cli_print_kernel_sets(stdout);
     printf(", TANDEM_KERNELS=NAME forces one\n\n");
     printf("| %-30s | %10s | %10s | %-10s | %7s | %15s | %20s |\n", "model", "size", "params", "backend",
            "threads", "test", "t/s");

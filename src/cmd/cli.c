@@ -14,6 +14,7 @@
 #include "engine/quant.h"
 #include "engine/sampler.h"
 #include "engine/tokenizer.h"
+#include "base/version.h"
 
 /* ==== Options ==== */
 
@@ -331,4 +332,28 @@ int cli_tokenize(int argc, char **argv) {
     tokenizer_free(t);
     gguf_close(f);
     return 0;
+}
+
+/* ==== Version ==== */
+
+void cli_print_kernel_sets(FILE *f) {
+    const char *sets[8];
+    int n = quant_kernel_sets(sets, 8);
+    fprintf(f, "%s (this CPU runs:", quant_kernel_name());
+    for (int i = 0; i < n && i < 8; i++) fprintf(f, " %s", sets[i]);
+    fprintf(f, ")");
+}
+
+void cli_print_version(FILE *f) {
+    fprintf(f, "tandem %s (git %s)\n", TANDEM_VERSION, TANDEM_GIT);
+#ifdef TANDEM_CUDA
+    const char *cuda = "yes";
+#else
+    const char *cuda = "no";
+#endif
+    fprintf(f, "backends: cpu, cuda: %s\n", cuda);
+    fprintf(f, "cpu kernels: ");
+    cli_print_kernel_sets(f);
+    fprintf(f, "\n");
+    fprintf(f, "compiler: %s\n", __VERSION__);
 }

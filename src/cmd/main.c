@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cmd/cli.h"
+#include "grade/grade.h"
 #include "base/cliopt.h"
 
 static void main_usage(FILE *f) {
@@ -34,7 +35,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench-serve")) return cli_bench_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "grade")) return cli_grade(argc - 2, argv + 2);
     if (cliopt_is_help(cmd) || !strcmp(cmd, "help")) { main_usage(stdout); return CLI_EXIT_OK; }
-    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) { cliopt_print_version(stdout); return CLI_EXIT_OK; }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) { cli_print_version(stdout); return CLI_EXIT_OK; }
     fprintf(stderr, "tandem: unknown command '%s'\n", cmd);
     main_usage(stderr);
     return CLI_EXIT_USAGE;

@@ -140,6 +140,12 @@ int backend_cpu_threads(const backend *be);
  * cap giving more groups and the same results (the tests split them so). */
 void backend_cpu_set_moe_scratch(backend *be, size_t bytes);
 
+/* Backend on CUDA device `device` (backend/cuda/backend_cuda.cu, built with
+ * make CUDA=1; undefined otherwise, so only TANDEM_CUDA code calls it). NULL
+ * with a message naming what is missing (driver, device, cuBLAS) when it
+ * cannot start. n_threads is kept for host-side work (none yet). */
+backend *backend_cuda_create(int device, int n_threads, char *err, size_t errlen);
+
 /* ==== Shared helpers (plain C; every backend uses the same routing math) ==== */
 /* Softmax over n router logits, pick the top k (ties -> lower index), and
  * renormalise their weights if norm. ids/w get k entries, best first. */

@@ -11,9 +11,6 @@
 #include "engine/fingerprint.h"
 #include "engine/model_internal.h"
 #include "engine/quant.h"
-#ifdef TANDEM_CUDA
-#include "backend/cuda/backend_cuda.h"
-#endif
 
 /* ==== Architectures ==== */
 

@@ -11,7 +11,6 @@
  * records already graded with the same rubric, submission and models.
  * `--bench N` grades a synthetic class of fixed-length requests.
  */
-#include "cmd/cli.h"
 #include "grade/grade.h"
 #include "base/strbuf.h"
 

@@ -19,6 +19,10 @@
 
 #include <jansson.h>
 
+/* tandem grade ARGS: the subcommand (main.c dispatches to it); returns the
+ * process exit status. */
+int cli_grade(int argc, char **argv);
+
 /* ==== Rubric ==== */
 
 /* Bounds on what a rubric may hold: a class rubric has a handful of items;
