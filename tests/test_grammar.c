@@ -1,4 +1,4 @@
-/* test_grammar.c - constrained decoding (src/grammar.c).
+/* test_grammar.c - constrained decoding (src/engine/grammar.c).
  *
  *  1. compile errors name the refused keyword and its JSON pointer
  *  2. handcrafted valid / invalid outputs per schema feature

@@ -1,4 +1,4 @@
-/* test_logs.c - one log format for every server role (src/log.c).
+/* test_logs.c - one log format for every server role (src/base/log.c).
  *
  * In-process: level names, request ids, `--log-level` taken out of argv
  * and TANDEM_LOG_LEVEL, one escaped line per call.

@@ -1,4 +1,4 @@
-/* test_strbuf.c - the growable string buffer (src/strbuf.c): empty
+/* test_strbuf.c - the growable string buffer (src/base/strbuf.c): empty
  * buffers, appends that land exactly on the capacity, printf longer than any
  * fixed temporary, many small appends, sizes that would overflow size_t,
  * the sticky oom flag, take/reset/free. */

@@ -1,4 +1,4 @@
-/* test_tools.c - tool-call rendering and parsing (src/tools.c).
+/* test_tools.c - tool-call rendering and parsing (src/api/tools.c).
  *
  * Rendering is checked byte for byte against the model's own chat template:
  * the Qwen3 fixture's tokenizer.chat_template rendered by Jinja2
