@@ -3,7 +3,7 @@
 # Layout: src/<family>/*.c except src/cmd/main.c, and src/backend/cpu/*.c
 # (the CPU backend and its kernel sets), form libtandem.a (the families and
 # what each may include: docs/architecture.md, tools/layers.sh);
-# src/cmd/main.c is the `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
+# src/cmd/main.c is the `tandem` command; tests/<family>/test_*.c are test programs; fuzz/fuzz_*.c are
 # libFuzzer targets (clang). BUILD selects the output folder so that the
 # sanitizer build (make asan) lives beside the normal one.
 
@@ -90,7 +90,12 @@ endif
 # quant_neon_dotprod.c and quant_neon_i8mm.c are quant_neon.c
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: src/backend/cpu/quant_neon.c
-TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
+# tests/<family>/test_*.c (the families of src/), each built as $(BUILD)/test_*
+# (flat, so tests/run.sh's build/test_* finds them); tests/*.h are the shared
+# helpers (-Itests); a test still at tests/test_*.c builds too.
+TEST_SRC := $(wildcard tests/test_*.c tests/*/test_*.c)
+TESTS    := $(patsubst %.c,$(BUILD)/%,$(notdir $(TEST_SRC)))
+vpath test_%.c tests $(sort $(dir $(wildcard tests/*/test_*.c)))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 # The fixture set (README, Correctness): $TANDEM_FIXTURES, or ../shared/fixtures.
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
@@ -112,8 +117,8 @@ $(BUILD)/libtandem.a: $(LIB_OBJ)
 $(BUILD)/tandem: src/cmd/main.c $(BUILD)/libtandem.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
-$(BUILD)/test_%: tests/test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
-	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
+$(BUILD)/test_%: test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
 # The three F16 fixture models are generated, not shipped (see the fixtures README).
 # Without the fixture set (a fresh clone) there is nothing to make them from:

@@ -6,7 +6,7 @@
 // MODE "completion": streamed text completion of "Once upon a time".
 // Prints one JSON line {"text", "chunks", "finish_reason", "usage"} and exits 0,
 // or prints the error and exits 1. The package is loaded from $OPENAI_NPM_DIR
-// (default build/npm), where tests/test_router.c installs it with npm.
+// (default build/npm), where tests/router/test_router.c installs it with npm.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 

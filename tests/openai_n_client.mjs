@@ -9,7 +9,7 @@
 // Prints one JSON line {"plain": {"texts", "indexes", "finish", "usage"},
 // "streamed": {"texts", "finish", "roles", "usage"}} and exits 0, or prints
 // the error and exits 1. The package comes from $OPENAI_NPM_DIR (default
-// build/npm), where tests/test_router_n.c installs it with npm.
+// build/npm), where tests/router/test_router_n.c installs it with npm.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 

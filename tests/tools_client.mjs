@@ -12,7 +12,7 @@
 // forces the whole call; see docs/router.md.
 // Prints one JSON line with what the clients saw and exits 0, or prints the
 // error and exits 1. Packages load from $OPENAI_NPM_DIR (default build/npm),
-// where tests/test_router.c installs them with npm.
+// where tests/router/test_router.c installs them with npm.
 import { createRequire } from 'node:module';
 import path from 'node:path';
 

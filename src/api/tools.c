@@ -3,7 +3,7 @@
  * The texts below are the prompt formats of the templates themselves (facts
  * of the formats the models were trained on), reproduced so that the
  * rendered prompt equals what the model's tokenizer.chat_template gives:
- * tests/test_tools.c renders the fixture's Qwen3 template with Jinja2 and
+ * tests/api/test_tools.c renders the fixture's Qwen3 template with Jinja2 and
  * compares byte for byte. tojson is Python's json.dumps with
  * ensure_ascii=False: ", " and ": " separators, or indent=4 (Llama) - what
  * jansson writes without JSON_COMPACT.

@@ -6,7 +6,7 @@
  * x86 one (and so honours quant_force_reference and TANDEM_KERNELS, like
  * the matrix kernels). Softmax's exp is computed in double and rounds like
  * libm's expf (within 1 ulp; the quantised golden tests are sensitive to
- * it); SiLU's exp is a float polynomial within 2 ulp. tests/test_ops.c
+ * it); SiLU's exp is a float polynomial within 2 ulp. tests/backend/test_ops.c
  * compares the vector and reference versions.
  */
 #ifndef TANDEM_OPS_H
