@@ -1,8 +1,9 @@
 # tandem - build with `make`, test with `make test` (see README).
 #
-# Layout: src/*.c except src/main.c, and src/backend/cpu/*.c (the CPU
-# backend and its kernel sets), form libtandem.a; src/main.c is the
-# `tandem` command; tests/test_*.c are test programs; fuzz/fuzz_*.c are
+# Layout: src/<family>/*.c except src/cmd/main.c, and src/backend/cpu/*.c
+# (the CPU backend and its kernel sets), form libtandem.a (the families and
+# what each may include: docs/architecture.md, tools/layers.sh);
+# src/cmd/main.c is the `tandem` command; tests/<family>/test_*.c are test programs; fuzz/fuzz_*.c are
 # libFuzzer targets (clang). BUILD selects the output folder so that the
 # sanitizer build (make asan) lives beside the normal one.
 
@@ -22,11 +23,11 @@ CFLAGS   += $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g
 LDFLAGS  += $(SAN)
 LDLIBS   += -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl
 
-# `tandem --version` names the commit it was built from (cliopt.c); the
-# object is rebuilt by `make clean` or a change to cliopt.c, not by a commit.
+# `tandem --version` names the commit it was built from (cli.c); the
+# object is rebuilt by `make clean` or a change to cli.c, not by a commit.
 GIT_REV  := $(shell git rev-parse --short HEAD 2>/dev/null)
 ifneq ($(GIT_REV),)
-$(BUILD)/obj/cliopt.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
+$(BUILD)/obj/cmd/cli.o: CFLAGS += -DTANDEM_GIT='"$(GIT_REV)"'
 endif
 
 # PORTABLE=1: platform.c's POSIX fallbacks (what macOS gets) instead of
@@ -35,7 +36,9 @@ ifeq ($(PORTABLE),1)
 CFLAGS   += -DTANDEM_PORTABLE
 endif
 
-LIB_SRC  := $(filter-out src/main.c,$(wildcard src/*.c)) $(wildcard src/backend/cpu/*.c)
+LIB_SRC  := $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) $(wildcard src/backend/cpu/*.c)
+# every header, for the objects' dependencies
+HDRS     := $(wildcard src/*/*.h src/backend/*/*.h)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
 
 # CUDA backend (src/backend/cuda): `make CUDA=1 BUILD=build-cuda`. Needs nvcc
@@ -59,7 +62,7 @@ CUDA_SRC   := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJ   := $(CUDA_SRC:src/backend/cuda/%.cu=$(BUILD)/obj/cuda/%.o)
 LIB_OBJ    += $(CUDA_OBJ)
 
-$(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(wildcard src/backend/cuda/*.h) $(wildcard src/*.h) | $(BUILD)/obj
+$(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(BUILD)/obj/cuda
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
@@ -87,16 +90,21 @@ endif
 # quant_neon_dotprod.c and quant_neon_i8mm.c are quant_neon.c
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: src/backend/cpu/quant_neon.c
-TESTS    := $(patsubst tests/%.c,$(BUILD)/%,$(wildcard tests/test_*.c))
+# tests/<family>/test_*.c (the families of src/), each built as $(BUILD)/test_*
+# (flat, so tests/run.sh's build/test_* finds them); tests/*.h are the shared
+# helpers (-Itests); a test still at tests/test_*.c builds too.
+TEST_SRC := $(wildcard tests/test_*.c tests/*/test_*.c)
+TESTS    := $(patsubst %.c,$(BUILD)/%,$(notdir $(TEST_SRC)))
+vpath test_%.c tests $(sort $(dir $(wildcard tests/*/test_*.c)))
 FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 # The fixture set (README, Correctness): $TANDEM_FIXTURES, or ../shared/fixtures.
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models portable
+.PHONY: all test check asan fuzz clean models portable layers
 all: $(BUILD)/tandem $(TESTS)
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) $(wildcard src/backend/cuda/*.h) | $(BUILD)/obj
+$(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
@@ -106,11 +114,11 @@ $(BUILD)/obj:
 $(BUILD)/libtandem.a: $(LIB_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/tandem: src/main.c $(BUILD)/libtandem.a
+$(BUILD)/tandem: src/cmd/main.c $(BUILD)/libtandem.a
 	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
-$(BUILD)/test_%: tests/test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
-	$(CC) $(CFLAGS) $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
+$(BUILD)/test_%: test_%.c $(wildcard tests/*.h) $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) -Itests $< $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) -o $@
 
 # The three F16 fixture models are generated, not shipped (see the fixtures README).
 # Without the fixture set (a fresh clone) there is nothing to make them from:
@@ -130,8 +138,13 @@ endif
 # helper that runs the reference peers on CPUs without their extensions, and
 # the avxvnni kernel set through it on CPUs without AVX-VNNI (needs AVX-512
 # VNNI; otherwise it says "skipped").
-test: all models
+test: all models layers
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=$(BUILD)/tandem tests/run.sh $(TESTS) tests/twohost.sh tests/peer_fit.sh
+
+# The include rule of src/ (tools/layers.sh): a folder includes only the
+# folders below it, so that lower layers never include higher ones.
+layers:
+	tools/layers.sh src
 
 # The tests that go through platform.c (random bytes, the thread pool's
 # waits, sockets, node processes), built with its POSIX fallbacks.
@@ -148,7 +161,7 @@ asan:
 
 # libFuzzer targets, linked against the library sources rebuilt with clang.
 fuzz: $(FUZZERS)
-$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(wildcard src/*.h)
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(HDRS)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
 	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl -o $@
 

@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
-#include "node_decode.h"
+#include "engine/model.h"
+#include "node/node_decode.h"
 
 static model *M[2];
 static decode_node_opts O[2];

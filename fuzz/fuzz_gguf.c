@@ -6,13 +6,13 @@
  * and last data byte, name lookups, and a copy of each kv into a writer.
  *
  * Build and run (from the repository root; about 60 s, seeded with small fixtures):
- *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc fuzz/fuzz_gguf.c src/gguf.c -o /tmp/fuzz_gguf
+ *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc fuzz/fuzz_gguf.c src/engine/gguf.c -o /tmp/fuzz_gguf
  *   mkdir -p /tmp/gguf_corpus && cp ../shared/fixtures/models/stories260K*.gguf /tmp/gguf_corpus/
  *   head -c 200000 ../shared/fixtures/vocab/ggml-vocab-llama-spm.gguf > /tmp/gguf_corpus/spm-cut.gguf
  *   /tmp/fuzz_gguf -max_total_time=60 -max_len=1100000 -rss_limit_mb=2048 /tmp/gguf_corpus
  * (`make fuzz` builds build/fuzz_gguf the same way, linked with all library sources.)
  */
-#include "gguf.h"
+#include "engine/gguf.h"
 
 #include <stdint.h>
 #include <stdio.h>

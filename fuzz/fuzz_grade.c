@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "grade.h"
+#include "grade/grade.h"
 
 static const char fz_rubric[] = "# Lab\n## Correctness (6 points)\nworks\n- not an item\n## Style (4 pts)\ntidy\n";
 

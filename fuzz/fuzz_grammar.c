@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gguf.h"
-#include "grammar.h"
-#include "tokenizer.h"
+#include "engine/gguf.h"
+#include "engine/grammar.h"
+#include "engine/tokenizer.h"
 
 static gguf_file *vf;
 static tokenizer *vt;

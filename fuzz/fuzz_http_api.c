@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_api.h"
+#include "api/http_api.h"
 
 static void fz_render(const api_request *r) {
     char *up = api_upstream_body(r, "auto", "127.0.0.1:1");

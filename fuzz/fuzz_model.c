@@ -25,7 +25,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "model.h"
+#include "engine/model.h"
 
 /* Larger inputs are ignored (see above); -max_len should not exceed it. */
 #define FUZZ_MAX_BYTES (256u * 1024u)

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "logsafe.h"
-#include "node_auth.h"
+#include "base/logsafe.h"
+#include "net/node_auth.h"
 
 #define FZ_NOW_MS 1700000000000LL   /* fixed clock: seeds stay inside the window */
 

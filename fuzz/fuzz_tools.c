@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "http_api.h"
-#include "tools.h"
+#include "api/http_api.h"
+#include "api/tools.h"
 
 static void fz_parse(enum chat_format fmt, int max_calls, const uint8_t *d, size_t n, size_t step) {
     tool_parser *p = tool_parser_new(fmt, max_calls);

@@ -27,8 +27,8 @@
 
 #include <zstd.h>
 
-#include "prefill_rate.h"
-#include "wire.h"
+#include "net/prefill_rate.h"
+#include "net/wire.h"
 
 static void decode_all(const uint8_t *p, size_t n) {
     char err[256];

@@ -25,7 +25,7 @@
 
 #include <jansson.h>
 
-#include "node_auth.h"
+#include "net/node_auth.h"
 
 #define PROC_FN static __attribute__((unused))
 

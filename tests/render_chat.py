@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""render_chat.py - the oracle for tandem's chat rendering (tests/test_tools.c).
+"""render_chat.py - the oracle for tandem's chat rendering (tests/api/test_tools.c).
 
     python3 tests/render_chat.py TEMPLATE_FILE CONVERSATION_JSON
 

@@ -22,7 +22,7 @@ build_tandem() {
     jobs=$(nproc 2>/dev/null || echo 2)
     if make -q build/tandem 2>/dev/null; then return 0; fi
     log=$(mktemp /tmp/tandem-build.XXXXXX)
-    total=$(ls src/*.c src/backend/cpu/*.c | wc -l)
+    total=$(ls src/*/*.c src/backend/cpu/*.c | wc -l)
     echo "== building build/tandem (make -j$jobs; about 20 s from scratch on 2 cores)" >&2
     if ! make -j"$jobs" build/tandem 2>&1 | tee "$log" | while IFS= read -r line; do
         case "$line" in

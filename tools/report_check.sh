@@ -5,7 +5,7 @@
 #   - the DOM Chromium made of the page: the chart's <svg> with its bars, one
 #     table row per record, every in-page link (#student-...) has its target,
 #     every relative link names a file that exists.
-# usage: tools/report_check.sh [DIR...]   (default: the reports tests/test_grade.c
+# usage: tools/report_check.sh [DIR...]   (default: the reports tests/grade/test_grade.c
 #        leaves in build/test_grade.d/render and build/test_grade.d/class-out)
 # Needs Debian's chromium package (apt-get install chromium); not part of CI.
 set -euo pipefail

@@ -8,7 +8,7 @@
  * split over (kv head, block of query tokens) items. Element-wise ops (ops.h)
  * are split over rows or ranges when they are big enough to pay for a wake-up.
  */
-#include "backend.h"
+#include "engine/backend.h"
 
 #include <limits.h>
 #include <math.h>
@@ -17,11 +17,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "gguf.h"
-#include "hugemap.h"
-#include "ops.h"
-#include "quant.h"
-#include "threadpool.h"
+#include "engine/gguf.h"
+#include "base/hugemap.h"
+#include "backend/cpu/ops.h"
+#include "engine/quant.h"
+#include "base/threadpool.h"
 
 /* Weight rows per tile call: 64 rows of a 1024-wide Q8_0 matrix are 68 KiB,
  * which stays in L2 beside a 64-token tile of activations; 64 rather than 16

@@ -4,9 +4,9 @@
  * when the active kernel set is an x86 one, i.e. when cpuid said the CPU has
  * these extensions. Without the flags every entry returns 0 (not handled).
  */
-#include "ops.h"
-#include "ops_kernels.h"
-#include "quant.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/ops_kernels.h"
+#include "engine/quant.h"
 
 #include <stddef.h>
 #include <stdint.h>

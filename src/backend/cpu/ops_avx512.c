@@ -20,9 +20,9 @@
  *     0.542 here and 0.594 -> 0.617 with the avx2 set (its tolerance 0.65).
  * The quantised golden tests sit close to their tolerances and move with
  * any change of rounding, which is why exactness is kept. */
-#include "ops.h"
-#include "ops_kernels.h"
-#include "quant.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/ops_kernels.h"
+#include "engine/quant.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -13,9 +13,9 @@
  * softmax and RMS sums in double; the V sums one fused multiply-add per
  * term in position order, as the reference (the same bits).
  */
-#include "ops.h"
-#include "ops_kernels.h"
-#include "quant.h"
+#include "backend/cpu/ops.h"
+#include "backend/cpu/ops_kernels.h"
+#include "engine/quant.h"
 
 #include <stddef.h>
 #include <stdint.h>

@@ -11,8 +11,8 @@
  * exactly those of the reference kernels in quant.c; only the order of the
  * float accumulation differs.
  */
-#include "quant.h"
-#include "quant_kernels.h"
+#include "engine/quant.h"
+#include "engine/quant_kernels.h"
 
 /* multiply then add stay two roundings where written so (the 16-row Q8_0
  * kernel replays the reference's arithmetic); GCC's ISO modes never fuse */

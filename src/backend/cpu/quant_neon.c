@@ -16,8 +16,8 @@
  * activation rows. Per-block integer sums equal the reference ones, and the
  * float accumulation follows the reference order (one block after another).
  */
-#include "quant.h"
-#include "quant_kernels.h"
+#include "engine/quant.h"
+#include "engine/quant_kernels.h"
 
 #ifndef QN_SET
 #define QN_SET neon

@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cuda_internal.h"
-#include "log.h"
+#include "backend/cuda/cuda_internal.h"
+#include "base/log.h"
 
 /* Device memory left free at load when deciding whether a quantized weight
  * may be dequantized to F16: KV mirrors and activations come later. */

@@ -16,16 +16,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backend.h"
+#include "engine/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* Backend on CUDA device `device`. NULL with a message naming what is
- * missing (driver, device, cuBLAS) when it cannot start. n_threads is kept
- * for host-side work (none yet). */
-backend *backend_cuda_create(int device, int n_threads, char *err, size_t errlen);
+/* backend_cuda_create is declared in engine/backend.h, beside the CPU
+ * backend's constructor, so that the engine picks a backend without
+ * including backend/. */
 
 /* Seconds of one F16 x F16 -> F32 cublasGemmEx of m x n x k (f32
  * accumulation, tensor cores), the layout of the backend's own products:

@@ -40,7 +40,7 @@
 #include <mma.h>
 #include <stdlib.h>
 
-#include "cuda_internal.h"
+#include "backend/cuda/cuda_internal.h"
 
 using namespace nvcuda;
 

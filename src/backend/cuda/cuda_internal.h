@@ -16,11 +16,11 @@
 #include <string.h>
 
 extern "C" {
-#include "backend.h"
-#include "gguf.h"
-#include "kvcache.h"
+#include "engine/backend.h"
+#include "engine/gguf.h"
+#include "engine/kvcache.h"
 }
-#include "backend_cuda.h"
+#include "backend/cuda/backend_cuda.h"
 
 #define HD __host__ __device__ __forceinline__
 

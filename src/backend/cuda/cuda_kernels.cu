@@ -9,7 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "cuda_internal.h"
+#include "backend/cuda/cuda_internal.h"
 
 /* Threads per block of the row kernels and the element-wise kernels. */
 #define CU_ROW_THREADS 256

@@ -25,8 +25,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cuda_internal.h"
-#include "log.h"
+#include "backend/cuda/cuda_internal.h"
+#include "base/log.h"
 
 /* Rows up to which the matrix-vector kernel beats cuBLAS: it reads the
  * weights once however many rows, and 8 accumulators per lane fit in

@@ -21,7 +21,7 @@
 #include <cuda_fp16.h>
 #include <stdlib.h>
 
-#include "cuda_internal.h"
+#include "backend/cuda/cuda_internal.h"
 
 #define CU_MOE_MAX_EXPERTS 256      /* model.c refuses more */
 

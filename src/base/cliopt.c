@@ -1,0 +1,250 @@
+/* cliopt.c - see cliopt.h. */
+#include "base/cliopt.h"
+
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+
+/* ==== Values ==== */
+
+static int cliopt_missing(const char *cmd, const char *opt, const char *v) {
+    if (v) return 0;
+    fprintf(stderr, "%s: %s needs a value\n", cmd, opt);
+    return -1;
+}
+
+int cliopt_int(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out) {
+    if (cliopt_missing(cmd, opt, v)) return -1;
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end) { fprintf(stderr, "%s: %s needs a whole number, got '%s'\n", cmd, opt, v); return -1; }
+    if (errno || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s: %s is out of range [%ld, %ld]\n", cmd, opt, v, lo, hi);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int cliopt_float(const char *cmd, const char *opt, const char *v, double lo, double hi, float *out) {
+    double x;
+    if (cliopt_double(cmd, opt, v, lo, hi, &x)) return -1;
+    *out = (float)x;
+    return 0;
+}
+
+int cliopt_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out) {
+    if (cliopt_missing(cmd, opt, v)) return -1;
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end) { fprintf(stderr, "%s: %s needs a number, got '%s'\n", cmd, opt, v); return -1; }
+    if (errno || !isfinite(x) || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s: %s is out of range [%g, %g]\n", cmd, opt, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cliopt_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi, uint64_t *out) {
+    if (cliopt_missing(cmd, opt, v)) return -1;
+    char *end;
+    errno = 0;
+    /* strtoull accepts "-1" and wraps it: refuse a sign outright */
+    unsigned long long x = v[0] == '-' ? 0 : strtoull(v, &end, 10);
+    if (v[0] == '-' || end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "%s: %s: %s is out of range [%llu, %llu]\n", cmd, opt, v, (unsigned long long)lo,
+                (unsigned long long)hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int cliopt_str(const char *cmd, const char *opt, const char *v, const char **out) {
+    if (cliopt_missing(cmd, opt, v)) return -1;
+    *out = v;
+    return 0;
+}
+
+int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *const *names, int *out) {
+    if (cliopt_missing(cmd, opt, v)) return -1;
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(v, names[i])) { *out = i; return 0; }
+    fprintf(stderr, "%s: %s: '%s' is not one of", cmd, opt, v);
+    for (int i = 0; names[i]; i++) fprintf(stderr, "%s%s", i ? "|" : " ", names[i]);
+    fprintf(stderr, "\n");
+    return -1;
+}
+
+int cliopt_backend(const char *cmd, const char *v, const char **out) {
+    static const char *const names[] = { "cpu", "cuda", NULL };
+    int k;
+    if (cliopt_choice(cmd, "--backend", v, names, &k)) return -1;
+    *out = v;
+    return 0;
+}
+
+void cliopt_usage_backend(FILE *f, int width) {
+    fprintf(f, "  %-*s compute on cpu (default) or cuda (a build with make CUDA=1)\n", width, "--backend B");
+    fprintf(f, "  %-*s CUDA device, 0..63 (default 0)\n", width, "--device N");
+}
+
+int cliopt_is_help(const char *a) { return a && (!strcmp(a, "-h") || !strcmp(a, "--help")); }
+
+int cliopt_wants_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (cliopt_is_help(argv[i])) return 1;
+    return 0;
+}
+
+/* ==== Input ==== */
+
+char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, size_t errlen) {
+    int is_stdin = !strcmp(path, "-");
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
+    if (!f) { snprintf(err, errlen, "cannot read %s: %s", path, strerror(errno)); return NULL; }
+    /* max + 1 bytes fit (one past max is how "too long" is known) plus the NUL */
+    size_t cap = max + 2 < 4096 ? max + 2 : 4096, n = 0;
+    char *buf = malloc(cap);
+    int fail = !buf;
+    while (!fail) {
+        if (n + 1 == cap) {
+            size_t ncap = cap > (max + 2) / 2 ? max + 2 : cap * 2;
+            char *nb = realloc(buf, ncap);
+            if (!nb) { fail = 1; break; }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, f);
+        n += r;
+        if (r == 0 || n > max) break;
+    }
+    if (!fail && ferror(f)) { snprintf(err, errlen, "cannot read %s: %s", is_stdin ? "stdin" : path, strerror(errno)); fail = 2; }
+    if (!is_stdin) fclose(f);
+    if (fail == 1) snprintf(err, errlen, "out of memory reading %s", path);
+    if (!fail && n > max) {
+        snprintf(err, errlen, "%s is longer than %zu bytes", is_stdin ? "stdin" : path, max);
+        fail = 3;
+    }
+    if (fail) { free(buf); errno = fail == 3 ? EFBIG : errno; return NULL; }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}
+
+/* A secret file holds a line of text: a bigger file is the wrong file and
+ * is refused unread. */
+#define CLIOPT_MAX_SECRET_FILE 4096
+
+int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen) {
+    *out = NULL;
+    *len = 0;
+    char *s = NULL;
+    size_t n = 0;
+    if (file) {
+        char why[512];
+        if (!(s = cliopt_read_text(file, CLIOPT_MAX_SECRET_FILE, &n, why, sizeof why))) {
+            snprintf(err, errlen, "the secret file: %s", why);
+            return -1;
+        }
+    } else {
+        const char *e = getenv("TANDEM_SECRET");
+        if (!e || !*e) { snprintf(err, errlen, "no shared secret: give --secret-file FILE or set TANDEM_SECRET"); return -1; }
+        if (!(s = strdup(e))) { snprintf(err, errlen, "out of memory"); return -1; }
+        n = strlen(s);
+    }
+    /* A trailing newline is an artefact of how the file was written, not part of the secret. */
+    while (n && (s[n - 1] == '\n' || s[n - 1] == '\r' || s[n - 1] == ' ' || s[n - 1] == '\t')) s[--n] = 0;
+    if (n == 0) {
+        snprintf(err, errlen, "the shared secret%s%s is empty", file ? " in " : "", file ? file : "");
+        free(s);
+        return -1;
+    }
+    *out = s;
+    *len = n;
+    return 0;
+}
+
+/* ==== Signals ==== */
+
+static volatile int cliopt_stop;
+
+static void cliopt_on_signal(int sig) {
+    (void)sig;
+    cliopt_stop = 1;
+}
+
+volatile int *cliopt_stop_on_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = cliopt_on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    return &cliopt_stop;
+}
+
+/* ==== Progress ==== */
+
+/* A stage shorter than this prints nothing when stderr is not a terminal. */
+#define PROGRESS_QUIET_S 2.0
+/* Redraw period on a terminal: smooth enough, cheap enough. */
+#define PROGRESS_TTY_S 0.1
+/* ... and nothing for a stage shorter than this. */
+#define PROGRESS_TTY_FIRST_S 0.5
+
+static double cliopt_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+void cliopt_progress_begin(cliopt_progress *p, const char *label, uint64_t total, int quiet) {
+    memset(p, 0, sizeof *p);
+    snprintf(p->label, sizeof p->label, "%s", label);
+    p->total = total ? total : 1;
+    p->t0 = p->last_draw = cliopt_now();
+    p->tty = isatty(STDERR_FILENO);
+    p->quiet = quiet;
+}
+
+void cliopt_progress_update(cliopt_progress *p, uint64_t done) {
+    if (p->quiet) return;
+    if (done > p->total) done = p->total;
+    double now = cliopt_now(), el = now - p->t0;
+    int pct = (int)(done * 100 / p->total);
+    if (p->tty) {
+        if (el < PROGRESS_TTY_FIRST_S || (now - p->last_draw < PROGRESS_TTY_S && done < p->total)) return;
+        fprintf(stderr, "\r%s: %3d%% (%.1f s)", p->label, pct, el);
+        p->last_draw = now;
+        p->drawn = 1;
+        return;
+    }
+    int tenth = pct / 10;
+    if (tenth <= p->last_tenth || el < PROGRESS_QUIET_S) return;
+    p->last_tenth = tenth;
+    fprintf(stderr, "%s: %d%% (%.1f s)\n", p->label, pct, el);
+    p->drawn = 1;
+}
+
+void cliopt_progress_end(cliopt_progress *p) {
+    if (p->quiet) return;
+    double el = cliopt_now() - p->t0;
+    if (p->tty && p->drawn) fprintf(stderr, "\r%s: 100%% (%.1f s)\n", p->label, el);
+    else if (p->drawn || el >= PROGRESS_QUIET_S) fprintf(stderr, "%s: done in %.1f s\n", p->label, el);
+}
+
+void cliopt_progress_steps(void *ud, int done, int total) {
+    cliopt_progress *p = ud;
+    if (total > 0) p->total = (uint64_t)total;
+    cliopt_progress_update(p, done > 0 ? (uint64_t)done : 0);
+}

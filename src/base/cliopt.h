@@ -1,0 +1,93 @@
+/* cliopt.h - option parsing, usage and progress helpers shared by
+ * every `tandem` subcommand.
+ *
+ * Conventions (README "Command line"):
+ *   - `--help` / `-h` on any subcommand prints its usage on stdout, exit 0;
+ *   - a bad option or value prints one line naming the option and the valid
+ *     range on stderr, exit 2 (usage error);
+ *   - a failure at run time (a model that cannot be opened, a server that
+ *     does not answer) exits 1.
+ */
+#ifndef TANDEM_CLIOPT_H
+#define TANDEM_CLIOPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "base/version.h"
+
+/* Exit statuses of every subcommand. */
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1     /* a run-time failure */
+#define CLI_EXIT_USAGE 2    /* a bad command line */
+
+/* ==== Values ==== */
+
+/* Each parses `v` (the value after option `opt`) into *out when it is a
+ * whole number (a finite float) within [lo, hi]; else prints
+ * "CMD: OPT: V is out of range [LO, HI]" (or "needs a value" / "needs a
+ * number") on stderr and returns -1. cmd names the subcommand ("tandem run"). */
+int cliopt_int(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out);
+int cliopt_float(const char *cmd, const char *opt, const char *v, double lo, double hi, float *out);
+int cliopt_double(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out);
+int cliopt_u64(const char *cmd, const char *opt, const char *v, uint64_t lo, uint64_t hi, uint64_t *out);
+/* A string value: NULL with "needs a value" when v is NULL. */
+int cliopt_str(const char *cmd, const char *opt, const char *v, const char **out);
+/* One of a NULL-terminated list of names; *out gets its index. */
+int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *const *names, int *out);
+
+/* --backend NAME: "cpu" or "cuda", else "CMD: --backend: 'x' is not one of
+ * cpu|cuda"; *out gets v. */
+int cliopt_backend(const char *cmd, const char *v, const char **out);
+/* The usage lines of --backend and --device on f, option column `width` wide. */
+void cliopt_usage_backend(FILE *f, int width);
+
+/* 1 for -h / --help. */
+int cliopt_is_help(const char *a);
+/* 1 when any of argv[0..argc) is -h / --help. */
+int cliopt_wants_help(int argc, char **argv);
+
+/* ==== Input ==== */
+
+/* A text file read whole (a prompt's `-f PATH`, a rubric, a key), PATH "-"
+ * meaning stdin; at most max bytes, more is refused unread, never cut.
+ * NUL-terminated, caller frees; NULL with a message (errno EFBIG when the
+ * file is longer than max). */
+char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, size_t errlen);
+
+/* The shared node secret from FILE (or the environment's TANDEM_SECRET when
+ * file is NULL), at most 4 KiB, trailing whitespace stripped; an empty one is
+ * refused. 0 with *out malloc'd (the caller frees it), or -1 with a message. */
+int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen);
+
+/* ==== Signals ==== */
+
+/* Makes SIGINT and SIGTERM set the flag returned (no SA_RESTART: blocking
+ * calls wake up) and ignores SIGPIPE (a peer that hangs up is an error
+ * return, not a death): what every server role does at start-up. */
+volatile int *cliopt_stop_on_signals(void);
+
+/* ==== Progress ==== */
+
+/* Progress of a stage that may take seconds, on stderr. On a terminal one
+ * line is redrawn (at most every 100 ms); otherwise a line is written at each
+ * tenth of the way, and only once the stage has run two seconds, so that
+ * quick stages and logs stay quiet; a terminal sees nothing of a stage
+ * shorter than half a second. */
+typedef struct {
+    char label[64];
+    uint64_t total;
+    double t0, last_draw;
+    int tty, last_tenth, drawn, quiet;
+} cliopt_progress;
+
+void cliopt_progress_begin(cliopt_progress *p, const char *label, uint64_t total, int quiet);
+void cliopt_progress_update(cliopt_progress *p, uint64_t done);
+/* Ends the line; prints "LABEL: done in S s" when anything was drawn or the
+ * stage took two seconds. */
+void cliopt_progress_end(cliopt_progress *p);
+/* A model_opts.on_load callback; ud is a cliopt_progress. */
+void cliopt_progress_steps(void *ud, int done, int total);
+
+#endif

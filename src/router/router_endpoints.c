@@ -1,0 +1,256 @@
+/* router_endpoints.c - the endpoints other than generation: /v1/models,
+ * /health, /metrics, /tokenize and /detokenize (forwarded to a decode
+ * node), and node registration (POST /v1/nodes/register).
+ *
+ * The rule of every router file: the registry, the measured rates and the
+ * metrics live under one mutex (router.mu); no lock is held across I/O.
+ */
+#include "router/router_internal.h"
+#include "router/router_nodes.h"
+
+/* ==== Other endpoints ==== */
+
+/* The models a healthy decode node serves, each once. Caller holds mu. */
+static int rt_served_models_locked(router *r, const char **ids) {
+    int n = 0;
+    for (int i = 0; i < r->n_nodes; i++) {
+        if (r->nodes[i].cfg.role != ROUTER_NODE_DECODE || !r->nodes[i].up) continue;
+        int dup = 0;
+        for (int k = 0; k < n; k++) dup |= !strcmp(ids[k], r->nodes[i].cfg.model);
+        if (!dup) ids[n++] = r->nodes[i].cfg.model;
+    }
+    return n;
+}
+
+enum MHD_Result rt_models(router *r, struct MHD_Connection *c) {
+    const char *ids[ROUTER_MAX_NODES];
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids);
+    char *body = api_render_models(ids, n, r->started_unix);
+    pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, RT_EP_MODELS, 200);
+    return rt_send(c, 200, "application/json", body);
+}
+
+/* GET /v1/models/{id}: a model a healthy decode node serves, else 404. */
+enum MHD_Result rt_model_one(router *r, struct MHD_Connection *c, const char *id) {
+    const char *ids[ROUTER_MAX_NODES];
+    char *body = NULL;
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids);
+    for (int i = 0; i < n && !body; i++)
+        if (!strcmp(ids[i], id)) body = api_render_model(id, r->started_unix);
+    pthread_mutex_unlock(&r->mu);
+    if (!body) {
+        api_error e;
+        api_error_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist or you do not have access to it.", id);
+        return rt_send_error(r, c, RT_EP_MODELS, &e);
+    }
+    rt_count_request(r, RT_EP_MODELS, 200);
+    return rt_send(c, 200, "application/json", body);
+}
+
+static json_t *rt_node_json(const rt_node *n) {
+    return json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:s}",
+                     "addr", n->cfg.addr, "role", n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill",
+                     "model", n->cfg.model, "up", n->up, "registered", n->registered,
+                     "inflight", n->inflight, "queue_depth", n->queue_depth,
+                     "prefill_tps", n->prefill_tps, "decode_tps", n->decode_tps,
+                     "kv_bytes_per_token", n->kv_bytes_per_token, "link_bytes_per_s", n->link_Bps,
+                     "requests", (json_int_t)n->requests, "failures", (json_int_t)n->failures, "desc", n->desc);
+}
+
+enum MHD_Result rt_health(router *r, struct MHD_Connection *c) {
+    json_t *arr = json_array();
+    int decode_up = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_nodes; i++) {
+        json_array_append_new(arr, rt_node_json(&r->nodes[i]));
+        decode_up += r->nodes[i].cfg.role == ROUTER_NODE_DECODE && r->nodes[i].up;
+    }
+    int active = r->active;
+    pthread_mutex_unlock(&r->mu);
+    json_t *o = json_pack("{s:s, s:s, s:i, s:o}", "status", decode_up ? "ok" : "unavailable", "role", "router",
+                          "active_requests", active, "nodes", arr);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    rt_count_request(r, RT_EP_OTHER, decode_up ? 200 : 503);
+    return rt_send(c, decode_up ? 200 : 503, "application/json", s);
+}
+
+
+/* The registry's text, with the gauges that live in the node registry
+ * copied in first (under mu, so two scrapes do not interleave). */
+enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
+    rt_metrics *m = &r->m;
+    pthread_mutex_lock(&r->mu);
+    for (int k = 0; k < RT_NM_N; k++) metrics_clear(m->node[k]);
+    for (int i = 0; i < r->n_nodes; i++) {
+        const rt_node *n = &r->nodes[i];
+        const char *lv[] = {n->cfg.addr, n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill", n->cfg.model};
+        double v[RT_NM_N] = {n->up, n->inflight, n->queue_depth, n->prefill_tps, n->decode_tps, n->kv_bytes_per_token,
+                             n->link_Bps, (double)n->requests, (double)n->failures};
+        for (int k = 0; k < RT_NM_N; k++) metrics_set(m->node[k], lv, v[k]);
+    }
+    metrics_set(m->active, NULL, r->active);
+    char *text = metrics_render(m->reg, NULL);
+    pthread_mutex_unlock(&r->mu);
+    rt_count_request(r, RT_EP_OTHER, text ? 200 : 500);
+    return rt_send(c, text ? 200 : 500, METRICS_CONTENT_TYPE, text);
+}
+
+/* ==== /tokenize and /detokenize: forwarded to a decode node ==== */
+
+/* The decode node for a tokenizer request: "model" if given, else the only
+ * model served. -1 with e filled. */
+static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, api_error *e) {
+    json_t *mv = json_object_get(o, "model");
+    const char *ids[ROUTER_MAX_NODES];
+    if (mv && !json_is_null(mv) && !json_is_string(mv)) {
+        api_error_set(e, 400, "invalid_request_error", "invalid_type", "model", "'model' must be a string.");
+        return -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    int n = rt_served_models_locked(r, ids), idx = -1;
+    const char *model = json_string_value(mv);
+    if (!model && n == 1) model = ids[0];
+    if (model) idx = rt_pick_locked(r, ROUTER_NODE_DECODE, model, NULL);
+    if (idx >= 0) snprintf(addr, addrlen, "%s", r->nodes[idx].cfg.addr);
+    pthread_mutex_unlock(&r->mu);
+    if (idx >= 0) return 0;
+    if (!model)
+        api_error_set(e, n ? 400 : 503, n ? "invalid_request_error" : "server_error", n ? "missing_required_parameter" : "no_healthy_node",
+                      n ? "model" : NULL, n ? "This router serves %d models: name one in 'model'." : "No healthy decode node (%d models).", n);
+    else if (!rt_model_known(r, model))
+        api_error_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                      "The model '%.200s' does not exist or you do not have access to it.", model);
+    else
+        api_error_set(e, 503, "server_error", "no_healthy_node", NULL, "No healthy decode node serves model '%.200s' right now.", model);
+    return -1;
+}
+
+enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int detok) {
+    api_error e;
+    char addr[128];
+    if (cc->too_big) {
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL, "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    json_t *o = json_loadb(cc->body ? cc->body : "", cc->len, 0, NULL);
+    if (!json_is_object(o)) {
+        json_decref(o);
+        api_error_set(&e, 400, "invalid_request_error", "invalid_json", NULL, "The request body must be a JSON object.");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    int rc = rt_tokens_node(r, o, addr, sizeof addr, &e);
+    json_decref(o);
+    if (rc) return rt_send_error(r, c, RT_EP_OTHER, &e);
+    strbuf b = {0};
+    long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, r->cfg.request_timeout_ms, &b);
+    if (st <= 0 || !b.p) {
+        free(b.p);
+        api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Decode node %s did not answer.", addr);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    rt_count_request(r, RT_EP_OTHER, (int)st);
+    return rt_send(c, (int)st, "application/json", b.p);
+}
+
+/* ==== Node registration ==== */
+
+/* Adds or refreshes a node; returns its index or -1. Caller holds mu. */
+int rt_node_upsert_locked(router *r, const router_node_cfg *cfg, int registered) {
+    for (int i = 0; i < r->n_nodes; i++) {
+        rt_node *n = &r->nodes[i];
+        if (!strcmp(n->cfg.addr, cfg->addr) && n->cfg.role == cfg->role) {
+            snprintf(n->cfg.model, sizeof n->cfg.model, "%s", cfg->model);
+            if (registered) { n->registered = 1; n->last_heartbeat_ms = rt_now_ms(); }
+            return i;
+        }
+    }
+    if (r->n_nodes >= ROUTER_MAX_NODES) return -1;
+    rt_node *n = &r->nodes[r->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->cfg = *cfg;
+    n->registered = registered;
+    n->last_heartbeat_ms = rt_now_ms();
+    return r->n_nodes++;
+}
+
+/* A registered name or address ends up in URLs, metrics labels and logs:
+ * printable, no spaces, no quotes or backslashes. */
+static int rt_reg_token_ok(const char *s, size_t len, size_t max) {
+    if (len == 0 || len >= max || strlen(s) != len) return 0;
+    for (; *s; s++)
+        if ((unsigned char)*s <= ' ' || *s == 0x7f || *s == '"' || *s == '\\') return 0;
+    return 1;
+}
+
+/* {"role", "model", "addr"} into *nc; 0, or -1 with a message. */
+static int rt_reg_parse(const char *body, size_t len, router_node_cfg *nc, char *err, size_t errlen) {
+    json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
+    json_t *role = json_object_get(o, "role"), *model = json_object_get(o, "model"), *addr = json_object_get(o, "addr");
+    const char *rs = json_string_value(role), *a = json_string_value(addr);
+    const char *colon = a ? strrchr(a, ':') : NULL;
+    int rc = -1;
+    memset(nc, 0, sizeof *nc);
+    nc->role = rs && !strcmp(rs, "decode") ? ROUTER_NODE_DECODE : rs && !strcmp(rs, "prefill") ? ROUTER_NODE_PREFILL : 0;
+    if (!json_is_object(o)) rt_errf(err, errlen, "the body must be a JSON object");
+    else if (!nc->role) rt_errf(err, errlen, "\"role\" must be \"decode\" or \"prefill\"");
+    else if (!json_is_string(model) || !rt_reg_token_ok(json_string_value(model), json_string_length(model), sizeof nc->model))
+        rt_errf(err, errlen, "\"model\" must be a non-empty printable name without spaces, under %zu bytes", sizeof nc->model);
+    else if (!json_is_string(addr) || !rt_reg_token_ok(a, json_string_length(addr), sizeof nc->addr) || !colon ||
+             colon == a || strspn(colon + 1, "0123456789") != strlen(colon + 1) || !colon[1] || strlen(colon + 1) > 5)
+        rt_errf(err, errlen, "\"addr\" must be HOST:PORT");
+    else {
+        snprintf(nc->model, sizeof nc->model, "%s", json_string_value(model));
+        snprintf(nc->addr, sizeof nc->addr, "%s", a);
+        rc = 0;
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* POST /v1/nodes/register: signed (node_auth.h, registration key), never
+ * replayed (nonce cache), never touching a statically configured node. */
+enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
+    api_error e;
+    char err[256];
+    if (!r->have_secret) {
+        api_error_set(&e, 404, "invalid_request_error", NULL, NULL, "Node registration is off (the router has no shared secret).");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    if (node_auth_check_request(c, &r->reg_key, r->reg_replay, "POST", "/v1/nodes/register", cc->body ? cc->body : "",
+                                cc->len, err, sizeof err)) {
+        api_error_set(&e, 401, "invalid_request_error", "invalid_signature", NULL, "Registration refused: %s.", err);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    router_node_cfg nc;
+    if (rt_reg_parse(cc->body, cc->len, &nc, err, sizeof err)) {
+        api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s.", err);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    const char *role = nc.role == ROUTER_NODE_DECODE ? "decode" : "prefill";
+    pthread_mutex_lock(&r->mu);
+    int i = -1, is_static = 0;
+    for (int k = 0; k < r->n_nodes; k++)
+        if (r->nodes[k].cfg.role == nc.role && !strcmp(r->nodes[k].cfg.addr, nc.addr)) i = k;
+    is_static = i >= 0 && !r->nodes[i].registered;
+    int was_new = i < 0;
+    if (!is_static) i = rt_node_upsert_locked(r, &nc, 1);
+    pthread_mutex_unlock(&r->mu);
+    if (is_static) {
+        api_error_set(&e, 409, "invalid_request_error", "static_node", NULL,
+                      "The %s node %s is in the router's configuration; a registration cannot change it.", role, nc.addr);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    if (i < 0) {
+        api_error_set(&e, 503, "server_error", NULL, NULL, "Node table full.");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    if (was_new) log_info(NULL, "node %s (%s, model %s) registered", nc.addr, role, nc.model);
+    pthread_cond_broadcast(&r->cv);   /* probe it now */
+    rt_count_request(r, RT_EP_OTHER, 200);
+    return rt_send(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+}
