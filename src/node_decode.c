@@ -1290,9 +1290,47 @@ static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int 
     return dn_send_body(c, 200, out, strlen(out), "application/json");
 }
 
+/* ==== Signed endpoints and token-request bounds ==== */
+
+/* Body bytes a POST /v1/tokenize may carry per context token. English
+ * text averages about 4 bytes a token; the costliest realistic text,
+ * non-Latin script sent JSON-escaped, is 6 body bytes ("\uXXXX") for a
+ * character of about one token, and a whitespace run or a code token
+ * rarely passes 16. 24 leaves room above all of them, while a body past
+ * n_ctx x 24 bytes cannot fit the context: it is refused unread (413),
+ * since tokenizing costs about 53 bytes of memory per input byte (an 8 MB
+ * body took 423 MB). */
+#define DN_TOK_BODY_PER_TOKEN 24
+/* Added to that bound: the JSON around a prompt (keys, "messages"
+ * framing, "tools" of a small context) in a model with a tiny n_ctx. */
+#define DN_TOK_BODY_SLACK (64 << 10)
+
+/* Endpoints that do work for the router, signed when the node has a
+ * secret: all but /health and /metrics (counts and timings, open like
+ * the liveness answer). */
+static int dn_needs_signature(const char *url) {
+    return !strcmp(url, "/v1/generate") || !strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize") ||
+           !strcmp(url, "/v1/stats");
+}
+
+/* The body limit of one request: /v1/tokenize's bound by the context,
+ * else --max-body-bytes. */
+static size_t dn_body_cap(const dnode *n, const char *url) {
+    size_t all = (size_t)n->o->max_body_bytes;
+    if (strcmp(url, "/v1/tokenize")) return all;
+    size_t cap = (size_t)n->n_ctx * DN_TOK_BODY_PER_TOKEN + DN_TOK_BODY_SLACK;
+    return cap < all ? cap : all;
+}
+
+/* A refused generation request is logged and counted (dn_refuse); the
+ * others are only answered. */
+typedef enum MHD_Result (*dn_refuse_fn)(dnode *, struct MHD_Connection *, unsigned, const char *, const char *);
+static dn_refuse_fn dn_refuser(const char *url) { return strcmp(url, "/v1/generate") ? dn_send_error : dn_refuse; }
+
 /* Per-connection request state: the uploaded body. */
 typedef struct {
     strbuf body;
+    size_t cap;                  /* dn_body_cap of this request */
     int too_big;
 } dn_conn;
 
@@ -1304,36 +1342,46 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
-        /* headers in: refuse an unsigned request before reading its body */
-        if (n->auth && !strcmp(url, "/v1/generate") && !strcmp(method, "POST") &&
+        cc->cap = dn_body_cap(n, url);
+        /* headers in: refuse an unsigned request, or one announcing a body
+         * past its bound, before reading its body */
+        if (n->auth && dn_needs_signature(url) &&
             node_auth_check_request(c, &n->key, n->replay, method, url, NULL, 0, aerr, sizeof aerr))
-            return dn_refuse(n, c, 401, "authentication_error", aerr);
+            return dn_refuser(url)(n, c, 401, "authentication_error", aerr);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        char *end = NULL;
+        unsigned long long want = cl ? strtoull(cl, &end, 10) : 0;
+        if (cl && end != cl && want > cc->cap) {
+            snprintf(aerr, sizeof aerr, "request body of %llu bytes: more than %zu (%s)", want, cc->cap,
+                     strcmp(url, "/v1/tokenize") ? "--max-body-bytes" : "what the context can hold");
+            return dn_refuser(url)(n, c, 413, "invalid_request_error", aerr);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (cc->body.len + *upload_size > (size_t)n->o->max_body_bytes) cc->too_big = 1;
+        if (cc->body.len + *upload_size > cc->cap) cc->too_big = 1;
         else if (strbuf_put(&cc->body, upload, *upload_size)) cc->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return get ? dn_handle_health(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
-    if (!strcmp(url, "/v1/stats")) return get ? dn_handle_stats(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/metrics")) return get ? dn_handle_metrics(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
-    if (!strcmp(url, "/v1/generate")) {
-        if (!post) return dn_refuse(n, c, 405, "invalid_request_error", "use POST");
-        if (cc->too_big) return dn_refuse(n, c, 413, "invalid_request_error", "request body too large");
-        if (n->auth && node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "",
-                                               cc->body.len, aerr, sizeof aerr))
-            return dn_refuse(n, c, 401, "authentication_error", aerr);
-        return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    if (!dn_needs_signature(url))
+        return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats, GET /metrics)");
+    dn_refuse_fn refuse = dn_refuser(url);
+    int want_post = strcmp(url, "/v1/stats") != 0;
+    if (want_post ? !post : !get) return refuse(n, c, 405, "invalid_request_error", want_post ? "use POST" : "use GET");
+    if (cc->too_big) return refuse(n, c, 413, "invalid_request_error", "request body too large");
+    if (n->auth) {
+        if (node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "", cc->body.len,
+                                    aerr, sizeof aerr))
+            return refuse(n, c, 401, "authentication_error", aerr);
+        httpd_trust_peer(c);   /* the router: its address gets the reserved connections (httpd.h) */
     }
-    if (!strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize")) {
-        if (!post) return dn_send_error(n, c, 405, "invalid_request_error", "use POST");
-        if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
-        return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);
-    }
-    return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats, GET /metrics)");
+    if (!strcmp(url, "/v1/stats")) return dn_handle_stats(n, c);
+    if (!strcmp(url, "/v1/generate")) return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);   /* /v1/tokenize, /v1/detokenize */
 }
 
 static void dn_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -1418,14 +1466,23 @@ static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
 }
 
 /* HTTP limits (httpd.h): the router keeps at most the slots' and the
- * queue's worth of requests plus probes on one node, so that is what one
- * address gets;
- * four such clients and spare room for /health make the total. */
+ * queue's worth of requests plus probes on one node, so that much is
+ * reserved for trusted peers (the router, once a signed request came from
+ * its address); four such clients and spare room for /health make the
+ * total. Strangers share the rest: one address a sixteenth of it (at
+ * least 4), one /24 or /64 block a quarter, so 100 addresses or 4 blocks
+ * are needed to fill it, and then the slowest go first. */
+#define DN_STRANGER_IP_DIV 16
+#define DN_STRANGER_BLOCK_DIV 4
 static httpd_limits dn_http_limits(const dnode *n) {
     const decode_node_opts *o = n->o;
     httpd_limits l = { .idle_timeout_s = 300 };
-    l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? o->max_conns_per_ip : n->queue_max + n->n_slots + 32);
-    l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)l.max_conns_per_ip + 64);
+    unsigned router = (unsigned)(n->queue_max + n->n_slots + 32);
+    l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)router + 64);
+    l.reserved_conns = n->auth ? (router < l.max_conns / 2 ? router : l.max_conns / 2) : 0;
+    unsigned strangers = l.max_conns - l.reserved_conns, ip = strangers / DN_STRANGER_IP_DIV;
+    l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : ip < 4 ? 4 : ip);
+    l.max_conns_per_block = strangers / DN_STRANGER_BLOCK_DIV;
     l.request_deadline_ms = o->request_deadline_ms > 0 ? o->request_deadline_ms : 10000;
     return l;
 }
@@ -1529,9 +1586,10 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         return -1;
     }
     log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-             "HTTP: %u connections, %u per address, %d ms to send a request",
+             "HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
+             "%d ms to send a request",
              o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
-             lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
+             lim.max_conns, lim.reserved_conns, lim.max_conns_per_ip, lim.max_conns_per_block, lim.request_deadline_ms);
     if (!n.auth)
         log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
                  "(give --secret-file so that only the router is served)");
@@ -1578,8 +1636,9 @@ void decode_node_usage(FILE *f) {
         "  --model-name NAME         the model name to register and to label /metrics with\n"
         "                            (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
-        "  --max-conns N             HTTP connections in all (default 4 x per-address + 64)\n"
-        "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
+        "  --max-conns N             HTTP connections in all (default 4 x (queue + slots + 32) + 64)\n"
+        "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
+        "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
         "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
