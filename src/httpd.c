@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,11 @@ typedef struct {
     double until_ms;             /* monotonic; 0 = free */
 } hd_trust;
 
+typedef struct {
+    hd_addr addr;
+    unsigned n;                  /* 0 = empty slot */
+} hd_tally;
+
 typedef struct hd_conn {
     struct hd_conn *prev, *next;
     struct httpd *h;
@@ -68,6 +74,8 @@ struct httpd {
     int reaper_started;
     unsigned long long expired, evicted, refused;
     hd_trust trust[HD_TRUST_MAX];
+    hd_tally *tally;             /* hd_admit's scratch: connections per stranger address */
+    unsigned tally_cap;          /* a power of two above twice max_conns */
     log_limit log_lim;   /* MHD's messages: HD_LOG_BURST per HD_LOG_WINDOW_MS */
 };
 
@@ -120,10 +128,22 @@ static unsigned hd_block_share(const httpd *h) {
     return b < h->lim.max_conns_per_ip ? h->lim.max_conns_per_ip : b ? b : 1;
 }
 
-/* MHD's accept policy: is there a share for a connection from sa? A
- * stranger's full pool makes room by closing its slowest connection. Runs
- * on MHD's listening thread, as does NOTIFY_STARTED right after it, so no
- * other admission comes between this decision and the count. */
+/* The tally slot of a (found or empty), under h->mu. */
+static hd_tally *hd_tally_slot(httpd *h, const hd_addr *a) {
+    uint32_t x = 2166136261u;   /* FNV-1a */
+    for (int i = 0; i < 16; i++) x = (x ^ a->a[i]) * 16777619u;
+    for (unsigned i = x & (h->tally_cap - 1);; i = (i + 1) & (h->tally_cap - 1))
+        if (!h->tally[i].n || hd_same_addr(&h->tally[i].addr, a)) return &h->tally[i];
+}
+
+/* MHD's accept policy: is there a share for a connection from sa? When
+ * the strangers' pool is full it makes room by closing, in this order:
+ * the slowest stranger (its request arriving for HD_EVICT_MIN_MS or
+ * more); else, in a flood of fresh connections, the oldest incomplete one
+ * of the address holding the most, when that is more than the newcomer's
+ * address holds (so a quiet address always gets in). Runs on MHD's
+ * listening thread, as does NOTIFY_STARTED right after it, so no other
+ * admission comes between this decision and the count. */
 static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t len) {
     httpd *h = cls;
     hd_addr a;
@@ -132,7 +152,9 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
     double now = hd_now();
     pthread_mutex_lock(&h->mu);
     unsigned live = 0, strangers = 0, same = 0, block = 0;
-    hd_conn *slow = NULL;
+    hd_conn *slow = NULL, *greedy = NULL;
+    unsigned greedy_n = 0;
+    if (h->tally) memset(h->tally, 0, (size_t)h->tally_cap * sizeof *h->tally);
     for (hd_conn *k = h->conns; k; k = k->next) {
         if (k->killed) continue;
         live++;
@@ -140,19 +162,31 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
         strangers++;
         if (k->has_addr && hd_same_addr(&k->addr, &a)) same++;
         if (k->has_addr && hd_same_block(&k->addr, &a)) block++;
+        if (k->has_addr && h->tally) {
+            hd_tally *t = hd_tally_slot(h, &k->addr);
+            t->addr = k->addr;
+            t->n++;
+        }
         if (k->receiving && k->fd >= 0 && now - k->request_ms >= HD_EVICT_MIN_MS &&
             (!slow || k->request_ms < slow->request_ms))
             slow = k;
     }
+    for (hd_conn *k = h->conns; k && !slow && h->tally; k = k->next) {
+        if (k->killed || k->trusted || !k->has_addr || !k->receiving || k->fd < 0) continue;
+        unsigned n = hd_tally_slot(h, &k->addr)->n;
+        if (n > greedy_n || (n == greedy_n && k->request_ms < greedy->request_ms)) { greedy = k; greedy_n = n; }
+    }
+    if (greedy && greedy_n <= same) greedy = NULL;
     enum MHD_Result ok = MHD_YES;
     if (hd_is_trusted(h, &a, now)) {
         ok = live < h->lim.max_conns ? MHD_YES : MHD_NO;
     } else if ((h->lim.max_conns_per_ip && same >= h->lim.max_conns_per_ip) || block >= hd_block_share(h)) {
         ok = MHD_NO;   /* this address (block) has its share: its own connections are its business */
     } else if (strangers >= h->lim.max_conns - h->lim.reserved_conns || live >= h->lim.max_conns) {
-        if (slow) {
-            shutdown(slow->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
-            slow->killed = 1;
+        hd_conn *v = slow ? slow : greedy;
+        if (v) {
+            shutdown(v->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
+            v->killed = 1;
             h->evicted++;
         } else {
             ok = MHD_NO;
@@ -352,6 +386,8 @@ int httpd_start(httpd **out, const httpd_limits *lim, int listen_fd, MHD_AccessH
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->cv, NULL);
     hd_raise_nofile(h->lim.max_conns + HD_CLOSING_SPARE);
+    for (h->tally_cap = 16; h->tally_cap < 2 * (h->lim.max_conns + HD_CLOSING_SPARE); h->tally_cap *= 2) {}
+    h->tally = calloc(h->tally_cap, sizeof *h->tally);   /* without it, only the slowest are evicted */
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     int v6 = !getsockname(listen_fd, (struct sockaddr *)&ss, &sl) && ss.ss_family == AF_INET6;
@@ -417,5 +453,6 @@ void httpd_stop(httpd *h) {
     if (h->d) MHD_stop_daemon(h->d);   /* joins the connection threads, closes listen_fd */
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
+    free(h->tally);
     free(h);
 }
