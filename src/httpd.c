@@ -28,11 +28,7 @@
 
 /* ==== State ==== */
 
-/* A client address, IPv4 (also v4-mapped IPv6) in a[0..3]. */
-typedef struct {
-    unsigned char a[16];
-    unsigned char v6;
-} hd_addr;
+typedef httpd_addr hd_addr;
 
 typedef struct {
     hd_addr addr;
@@ -92,7 +88,7 @@ static hd_conn *hd_conn_of(struct MHD_Connection *c) {
 
 /* ==== Fair shares ==== */
 
-static int hd_addr_of(const struct sockaddr *sa, hd_addr *out) {
+int httpd_addr_of(const struct sockaddr *sa, httpd_addr *out) {
     memset(out, 0, sizeof *out);
     if (!sa) return -1;
     if (sa->sa_family == AF_INET) {
@@ -108,17 +104,16 @@ static int hd_addr_of(const struct sockaddr *sa, hd_addr *out) {
     return 0;
 }
 
-static int hd_same_addr(const hd_addr *x, const hd_addr *y) { return x->v6 == y->v6 && !memcmp(x->a, y->a, 16); }
+int httpd_same_addr(const httpd_addr *x, const httpd_addr *y) { return x->v6 == y->v6 && !memcmp(x->a, y->a, 16); }
 
-/* The same /24 (IPv4) or /64 (IPv6). */
-static int hd_same_block(const hd_addr *x, const hd_addr *y) {
+int httpd_same_block(const httpd_addr *x, const httpd_addr *y) {
     return x->v6 == y->v6 && !memcmp(x->a, y->a, x->v6 ? 8 : 3);
 }
 
 /* Under h->mu. */
 static int hd_is_trusted(httpd *h, const hd_addr *a, double now) {
     for (int i = 0; i < HD_TRUST_MAX; i++)
-        if (h->trust[i].until_ms > now && hd_same_addr(&h->trust[i].addr, a)) return 1;
+        if (h->trust[i].until_ms > now && httpd_same_addr(&h->trust[i].addr, a)) return 1;
     return 0;
 }
 
@@ -133,7 +128,7 @@ static hd_tally *hd_tally_slot(httpd *h, const hd_addr *a) {
     uint32_t x = 2166136261u;   /* FNV-1a */
     for (int i = 0; i < 16; i++) x = (x ^ a->a[i]) * 16777619u;
     for (unsigned i = x & (h->tally_cap - 1);; i = (i + 1) & (h->tally_cap - 1))
-        if (!h->tally[i].n || hd_same_addr(&h->tally[i].addr, a)) return &h->tally[i];
+        if (!h->tally[i].n || httpd_same_addr(&h->tally[i].addr, a)) return &h->tally[i];
 }
 
 /* MHD's accept policy: is there a share for a connection from sa? When
@@ -148,7 +143,7 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
     httpd *h = cls;
     hd_addr a;
     (void)len;
-    if (hd_addr_of(sa, &a)) return MHD_YES;   /* not an IP socket: nothing to share */
+    if (httpd_addr_of(sa, &a)) return MHD_YES;   /* not an IP socket: nothing to share */
     double now = hd_now();
     pthread_mutex_lock(&h->mu);
     unsigned live = 0, strangers = 0, same = 0, block = 0;
@@ -160,8 +155,8 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
         live++;
         if (k->trusted) continue;
         strangers++;
-        if (k->has_addr && hd_same_addr(&k->addr, &a)) same++;
-        if (k->has_addr && hd_same_block(&k->addr, &a)) block++;
+        if (k->has_addr && httpd_same_addr(&k->addr, &a)) same++;
+        if (k->has_addr && httpd_same_block(&k->addr, &a)) block++;
         if (k->has_addr && h->tally) {
             hd_tally *t = hd_tally_slot(h, &k->addr);
             t->addr = k->addr;
@@ -207,7 +202,7 @@ void httpd_trust_peer(struct MHD_Connection *c) {
     k->trusted = 1;
     int slot = -1;
     for (int i = 0; i < HD_TRUST_MAX; i++) {
-        if (h->trust[i].until_ms > 0 && hd_same_addr(&h->trust[i].addr, &k->addr)) { slot = i; break; }
+        if (h->trust[i].until_ms > 0 && httpd_same_addr(&h->trust[i].addr, &k->addr)) { slot = i; break; }
         /* else the free or the soonest-expiring entry */
         if (slot < 0 || h->trust[i].until_ms < h->trust[slot].until_ms) slot = i;
     }
@@ -257,7 +252,7 @@ static void hd_notify(void *cls, struct MHD_Connection *c, void **socket_context
         k->receiving = 1;
         k->request_ms = hd_now();
         k->deadline_ms = k->request_ms + h->lim.request_deadline_ms;
-        k->has_addr = ai && !hd_addr_of(ai->client_addr, &k->addr);
+        k->has_addr = ai && !httpd_addr_of(ai->client_addr, &k->addr);
         pthread_mutex_lock(&h->mu);
         k->trusted = k->has_addr && hd_is_trusted(h, &k->addr, k->request_ms);
         k->next = h->conns;

@@ -88,6 +88,17 @@ unsigned long long httpd_refused(httpd *h);
  * HD_TRUST_MS, renewed at each call): call it once a request from it was
  * authenticated. c's own connection moves to the trusted side. */
 void httpd_trust_peer(struct MHD_Connection *c);
+/* A client address for fair shares (also the prefill node's handshake
+ * pool): IPv4, and IPv4-mapped IPv6, in a[0..3]. */
+typedef struct {
+    unsigned char a[16];
+    unsigned char v6;
+} httpd_addr;
+int httpd_addr_of(const struct sockaddr *sa, httpd_addr *out);   /* 0, or -1 for a non-IP address */
+int httpd_same_addr(const httpd_addr *x, const httpd_addr *y);
+/* The same /24 (IPv4) or /64 (IPv6): what one attacker easily owns. */
+int httpd_same_block(const httpd_addr *x, const httpd_addr *y);
+
 /* Stops the server: joins every connection thread, closes the socket. */
 void httpd_stop(httpd *h);
 
