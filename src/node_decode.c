@@ -53,6 +53,16 @@
 
 /* ==== Constants ==== */
 
+/* Clients tracked at once: far more than the slots and queue can hold
+ * requests of (a request past them is refused anyway). */
+#define DN_MAX_CLIENTS 1024
+/* Default share of slots + queue one client may hold: two busy clients
+ * can fill the node, one cannot lock everyone else out. */
+#define DN_DEFAULT_CLIENT_SHARE 50
+/* The router names the client of a signed request (its API key's name or
+ * its address) in this header, at most DN_CLIENT_MAX_LEN bytes. */
+#define DN_CLIENT_HDR "X-Tandem-Client"
+#define DN_CLIENT_MAX_LEN 128
 #define DN_MAX_STOP 8              /* stop strings per request */
 #define DN_MAX_STOP_LEN 256        /* bytes per stop string */
 #define DN_MAX_PEERS 16            /* cached prefill-node connections (configured + overrides) */
@@ -140,6 +150,10 @@ typedef struct {
     int auth;
     node_auth_key key;
     node_auth_replay *replay;
+    /* requests in flight per client (cmu): at most client_cap each */
+    pthread_mutex_t cmu;
+    struct { uint64_t id; int n; } clients[DN_MAX_CLIENTS];
+    int client_cap;
 } dnode;
 
 static void dn_ema(double *avg, double x) {
@@ -626,6 +640,7 @@ typedef struct dn_job {
     char node[256], fallback[512];
     handoff_stats hs;
     double t_arrive;
+    uint64_t client;             /* dn_client_id; its share is given back when the job is freed */
     uint32_t rid_num;            /* request id (log.h): the router's X-Request-Id, or our own */
     char rid[LOG_ID_CHARS + 1];
     /* streaming */
@@ -793,8 +808,11 @@ static void dn_log_job(dn_job *j) {
 
 /* Counts the outcome, hands the job back to the scheduler (cancelling it
  * if it still runs: the client went away), frees the request. */
+static void dn_client_put(dnode *n, uint64_t id);
+
 static void dn_job_free(dn_job *j) {
     if (!j) return;
+    if (j->client) dn_client_put(j->n, j->client);
     for (int i = 0; i < j->n_sib; i++) dn_job_free(j->sib[i]);
     if (j->sj) {
         j->v = sched_wait(j->n->sc, j->sj, INT32_MAX, 0);
@@ -1156,7 +1174,7 @@ static unsigned dn_sibling_submit(dnode *n, dn_job *j, const char *body, size_t 
 
 /* Parses the request and hands it to the scheduler; *out receives the job.
  * Returns 0, or the HTTP status of the error already described in err. */
-static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, dn_job **out,
+static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, uint64_t client, dn_job **out,
                               const char **type, char *err, size_t errlen) {
     dn_req r;
     *out = NULL;
@@ -1179,7 +1197,7 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
     }
     sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
                      .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL,
-                     .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv };
+                     .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv, .client = client };
     for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
     sampler_bias *bias = r.bias;      /* copied by the job's sampler */
     int r_choices = r.n_choices;
@@ -1221,6 +1239,55 @@ static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned st
     return dn_send_error(n, c, status, type, msg);
 }
 
+/* ==== Client shares ==== */
+
+/* Who asked, for the per-client share: on a node with a secret the
+ * router's X-Tandem-Client header (the request is signed, so only the
+ * router can set it; without it the share does not apply: the router
+ * alone is no one client); on a node without one, the peer's address.
+ * 0 = unknown. */
+static uint64_t dn_client_id(dnode *n, struct MHD_Connection *c) {
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    const unsigned char *p;
+    size_t len;
+    httpd_addr a;
+    if (n->auth) {
+        const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, DN_CLIENT_HDR);
+        if (!v || !*v || (len = strlen(v)) > DN_CLIENT_MAX_LEN) return 0;
+        p = (const unsigned char *)v;
+        h = (h ^ 'k') * 1099511628211ull;
+    } else {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (!ci || httpd_addr_of(ci->client_addr, &a)) return 0;
+        p = (const unsigned char *)&a;
+        len = sizeof a;
+        h = (h ^ 'a') * 1099511628211ull;
+    }
+    for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* Takes one of id's share: 0, or -1 when it holds client_cap requests. */
+static int dn_client_take(dnode *n, uint64_t id) {
+    pthread_mutex_lock(&n->cmu);
+    int free_ = -1, rc = 0, i;
+    for (i = 0; i < DN_MAX_CLIENTS; i++) {
+        if (n->clients[i].n && n->clients[i].id == id) break;
+        if (!n->clients[i].n && free_ < 0) free_ = i;
+    }
+    if (i < DN_MAX_CLIENTS) rc = n->clients[i].n >= n->client_cap ? -1 : (n->clients[i].n++, 0);
+    else if (free_ >= 0) n->clients[free_].id = id, n->clients[free_].n = 1;
+    pthread_mutex_unlock(&n->cmu);
+    return rc;   /* a full table (impossible past slots + queue) tracks nothing */
+}
+
+static void dn_client_put(dnode *n, uint64_t id) {
+    pthread_mutex_lock(&n->cmu);
+    for (int i = 0; i < DN_MAX_CLIENTS; i++)
+        if (n->clients[i].n && n->clients[i].id == id) { n->clients[i].n--; break; }
+    pthread_mutex_unlock(&n->cmu);
+}
+
 static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, const char *body, size_t len) {
     double t_arrive = dn_now();
     char err[512];
@@ -1229,8 +1296,18 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     pthread_mutex_lock(&n->smu);
     n->st.requests++;
     pthread_mutex_unlock(&n->smu);
-    unsigned status = dn_job_submit(n, body, len, t_arrive, &j, &type, err, sizeof err);
-    if (status) return dn_refuse(n, c, status, type, err);
+    uint64_t cid = n->client_cap ? dn_client_id(n, c) : 0;
+    if (cid && dn_client_take(n, cid)) {
+        snprintf(err, sizeof err, "this client already has %d requests running or waiting here, its share "
+                 "(--client-share); try again later", n->client_cap);
+        return dn_refuse(n, c, 429, "rate_limit_error", err);
+    }
+    unsigned status = dn_job_submit(n, body, len, t_arrive, cid, &j, &type, err, sizeof err);
+    if (status) {
+        if (cid) dn_client_put(n, cid);
+        return dn_refuse(n, c, status, type, err);
+    }
+    j->client = cid;
     j->rid_num = dn_request_id(c, j->rid);
     /* Until the first token (or the end) nothing is sent, so a failure
      * before then is an HTTP error the router can retry elsewhere. */
@@ -1508,6 +1585,10 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     pthread_mutex_init(&n->pmu, NULL);
     pthread_mutex_init(&n->smu, NULL);
     pthread_mutex_init(&n->gmu, NULL);
+    pthread_mutex_init(&n->cmu, NULL);
+    int share = o->client_share > 0 ? o->client_share : DN_DEFAULT_CLIENT_SHARE;
+    int cap = share * (n->n_slots + n->queue_max) / 100;
+    n->client_cap = share >= 100 ? 0 : cap < 1 ? 1 : cap;   /* 0: no share */
     if (dn_metrics_init(&n->mt, o, err, errlen)) return -1;
     n->auth = o->secret && o->secret_len;
     if (n->auth) {
@@ -1546,6 +1627,7 @@ static void dn_cleanup(dnode *n) {
     dn_peers_close(n);
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
+    pthread_mutex_destroy(&n->cmu);
     pthread_mutex_destroy(&n->gmu);
     grammar_vocab_free(n->gvocab);
     metrics_free(n->mt.reg);
@@ -1636,6 +1718,9 @@ void decode_node_usage(FILE *f) {
         "  --model-name NAME         the model name to register and to label /metrics with\n"
         "                            (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
+        "  --client-share PCT        percent of slots + queue one client may hold (default 50; 100 = no\n"
+        "                            share); the client is the router's X-Tandem-Client on signed\n"
+        "                            requests, else the peer's address\n"
         "  --max-conns N             HTTP connections in all (default 4 x (queue + slots + 32) + 64)\n"
         "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
         "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
@@ -1709,6 +1794,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--advertise")) bad = cliopt_str(DN_CMD, a, v, &c->advertise);
         else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns);
         else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
+        else if (!strcmp(a, "--client-share")) bad = dn_cli_int(a, v, 1, 100, &c->o.client_share);
         else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(a, v, 100, 3600000, &c->o.request_deadline_ms);
         else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */

@@ -82,6 +82,7 @@ typedef struct {
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */
     int max_conns;               /* HTTP connections in all (default 4 x (queue_max + slots + 32) + 64) */
+    int client_share;            /* percent of slots + queue one client may hold (default 50; 100 = no share) */
     int max_conns_per_ip;        /* per address other than the router's (default: httpd.h shares) */
     int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
     volatile int *port_out;      /* if set, receives the bound port once listening */

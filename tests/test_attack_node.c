@@ -221,6 +221,79 @@ static void test_slow_clients(int port) {
     tn_close(blk, 200);
 }
 
+/* ==== One client's share of the slots ==== */
+
+/* 20 generation requests sent at once as client who (X-Tandem-Client, or
+ * none), read afterwards; counts of 200 and 429 answers. */
+static void tn_burst(int port, const char *who, int *ok, int *limited) {
+    enum { NB = 20 };
+    int fds[NB];
+    char hdr[128] = "";
+    if (who) snprintf(hdr, sizeof hdr, "X-Tandem-Client: %s\r\n", who);
+    const char *req = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true}";
+    sign_key = &tn_key;
+    for (int i = 0; i < NB; i++) {
+        fds[i] = http_connect(port);
+        if (fds[i] >= 0 && http_send_hdr(fds[i], "POST", "/v1/generate", who ? hdr : NULL, req)) { close(fds[i]); fds[i] = -1; }
+    }
+    sign_key = NULL;
+    *ok = *limited = 0;
+    for (int i = 0; i < NB; i++) {
+        char *body = NULL;
+        int st = fds[i] >= 0 ? http_read(fds[i], &body) : -1;
+        *ok += st == 200;
+        *limited += st == 429 && body && strstr(body, "--client-share");
+        if (st != 200 && !(st == 429 && who)) fprintf(stderr, "burst answer %d: %.200s\n", st, body ? body : "");
+        free(body);
+        if (fds[i] >= 0) close(fds[i]);
+    }
+}
+
+static void test_client_share(int port) {
+    /* --parallel 4 --queue 16, default share 50%: 10 requests a client */
+    int ok = 0, limited = 0;
+    double t0 = now_ms();
+    tn_burst(port, "client-A", &ok, &limited);
+    double ms = now_ms() - t0;
+    printf("test_attack_node: 20 requests at once from one client: %d served, %d refused for its share (%.0f ms)\n",
+           ok, limited, ms);
+    CHECK(limited >= 5 && ok + limited == 20, "one client held to its share: %d served, %d refused (429)", ok, limited);
+    /* while client A holds its share, client B is served */
+    enum { NA = 10 };
+    int fds[NA];
+    sign_key = &tn_key;
+    const char *slow = "{\"prompt\":\"Once upon a time\",\"max_tokens\":400,\"ignore_eos\":true}";
+    for (int i = 0; i < NA; i++) {
+        fds[i] = http_connect(port);
+        if (fds[i] >= 0 && http_send_hdr(fds[i], "POST", "/v1/generate", "X-Tandem-Client: client-A\r\n", slow)) {}
+    }
+    int b_ok = 0;
+    for (int i = 0; i < 5; i++) {
+        int fd = http_connect(port);
+        char *body = NULL;
+        int st = fd >= 0 && !http_send_hdr(fd, "POST", "/v1/generate", "X-Tandem-Client: client-B\r\n",
+                                          "{\"prompt\":\"Once\",\"max_tokens\":4}") ? http_read(fd, &body) : -1;
+        b_ok += st == 200;
+        free(body);
+        if (fd >= 0) close(fd);
+    }
+    sign_key = NULL;
+    for (int i = 0; i < NA; i++) if (fds[i] >= 0) close(fds[i]);
+    CHECK(b_ok == 5, "another client served while one holds its share: %d of 5", b_ok);
+    /* a signed request naming no client (the router before it sends the
+     * header) is not held to any share; first the node finishes A's work */
+    for (double t1 = now_ms(); now_ms() - t1 < 20000; sleep_ms(50)) {
+        char *body = NULL;
+        json_t *o = tn_http(port, 1, "GET", "/v1/stats", NULL, &body) == 200 ? json_loads(body, 0, NULL) : NULL;
+        int idle = o && jint(o, "slots_busy", NULL) == 0 && jint(o, "queued", NULL) == 0;
+        json_decref(o);
+        free(body);
+        if (idle) break;
+    }
+    tn_burst(port, NULL, &ok, &limited);
+    CHECK(limited == 0 && ok == 20, "no client named: no share (%d served, %d refused)", ok, limited);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     mkdir("build", 0755);
@@ -236,6 +309,7 @@ int main(void) {
     if (port > 0) {
         test_tokenize(pid, port);
         test_slow_clients(port);
+        test_client_share(port);
     }
     if (pid > 0) stop_proc(pid, 5000);
     return t_done("test_attack_node");
