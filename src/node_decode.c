@@ -1244,8 +1244,9 @@ static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned st
 /* Who asked, for the per-client share: on a node with a secret the
  * router's X-Tandem-Client header (the request is signed, so only the
  * router can set it; without it the share does not apply: the router
- * alone is no one client); on a node without one, the peer's address.
- * 0 = unknown. */
+ * alone is no one client); on a node without one, the peer's address when
+ * --client-share was given (by default not: a node used directly is
+ * mostly one application on one address). 0 = unknown. */
 static uint64_t dn_client_id(dnode *n, struct MHD_Connection *c) {
     uint64_t h = 1469598103934665603ull;   /* FNV-1a */
     const unsigned char *p;
@@ -1257,6 +1258,7 @@ static uint64_t dn_client_id(dnode *n, struct MHD_Connection *c) {
         p = (const unsigned char *)v;
         h = (h ^ 'k') * 1099511628211ull;
     } else {
+        if (!n->o->client_share) return 0;   /* by address only when asked: one local app is one address */
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
         if (!ci || httpd_addr_of(ci->client_addr, &a)) return 0;
         p = (const unsigned char *)&a;
@@ -1720,7 +1722,7 @@ void decode_node_usage(FILE *f) {
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
         "  --client-share PCT        percent of slots + queue one client may hold (default 50; 100 = no\n"
         "                            share); the client is the router's X-Tandem-Client on signed\n"
-        "                            requests, else the peer's address\n"
+        "                            requests; without a secret, the peer's address (only when given)\n"
         "  --max-conns N             HTTP connections in all (default 4 x (queue + slots + 32) + 64)\n"
         "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
         "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
