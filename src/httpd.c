@@ -149,7 +149,6 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
     unsigned live = 0, strangers = 0, same = 0, block = 0;
     hd_conn *slow = NULL, *greedy = NULL;
     unsigned greedy_n = 0;
-    if (h->tally) memset(h->tally, 0, (size_t)h->tally_cap * sizeof *h->tally);
     for (hd_conn *k = h->conns; k; k = k->next) {
         if (k->killed) continue;
         live++;
@@ -157,19 +156,24 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
         strangers++;
         if (k->has_addr && httpd_same_addr(&k->addr, &a)) same++;
         if (k->has_addr && httpd_same_block(&k->addr, &a)) block++;
-        if (k->has_addr && h->tally) {
-            hd_tally *t = hd_tally_slot(h, &k->addr);
-            t->addr = k->addr;
-            t->n++;
-        }
         if (k->receiving && k->fd >= 0 && now - k->request_ms >= HD_EVICT_MIN_MS &&
             (!slow || k->request_ms < slow->request_ms))
             slow = k;
     }
-    for (hd_conn *k = h->conns; k && !slow && h->tally; k = k->next) {
-        if (k->killed || k->trusted || !k->has_addr || !k->receiving || k->fd < 0) continue;
-        unsigned n = hd_tally_slot(h, &k->addr)->n;
-        if (n > greedy_n || (n == greedy_n && k->request_ms < greedy->request_ms)) { greedy = k; greedy_n = n; }
+    int full = strangers >= h->lim.max_conns - h->lim.reserved_conns || live >= h->lim.max_conns;
+    if (full && !slow && h->tally) {   /* a flood of fresh ones: who holds the most? (only then: it costs a pass) */
+        memset(h->tally, 0, (size_t)h->tally_cap * sizeof *h->tally);
+        for (hd_conn *k = h->conns; k; k = k->next) {
+            if (k->killed || k->trusted || !k->has_addr) continue;
+            hd_tally *t = hd_tally_slot(h, &k->addr);
+            t->addr = k->addr;
+            t->n++;
+        }
+        for (hd_conn *k = h->conns; k; k = k->next) {
+            if (k->killed || k->trusted || !k->has_addr || !k->receiving || k->fd < 0) continue;
+            unsigned n = hd_tally_slot(h, &k->addr)->n;
+            if (n > greedy_n || (n == greedy_n && k->request_ms < greedy->request_ms)) { greedy = k; greedy_n = n; }
+        }
     }
     if (greedy && greedy_n <= same) greedy = NULL;
     enum MHD_Result ok = MHD_YES;
@@ -177,7 +181,7 @@ static enum MHD_Result hd_admit(void *cls, const struct sockaddr *sa, socklen_t 
         ok = live < h->lim.max_conns ? MHD_YES : MHD_NO;
     } else if ((h->lim.max_conns_per_ip && same >= h->lim.max_conns_per_ip) || block >= hd_block_share(h)) {
         ok = MHD_NO;   /* this address (block) has its share: its own connections are its business */
-    } else if (strangers >= h->lim.max_conns - h->lim.reserved_conns || live >= h->lim.max_conns) {
+    } else if (full) {
         hd_conn *v = slow ? slow : greedy;
         if (v) {
             shutdown(v->fd, SHUT_RDWR);   /* its thread sees the end and closes it */
