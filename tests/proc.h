@@ -605,4 +605,25 @@ PROC_FN json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
     return done;
 }
 
+/* ==== Source addresses ==== */
+
+/* A TCP connection to 127.0.0.1:port from the loopback address src
+ * ("127.0.x.y": 127.0.0.0/8 gives a test many client addresses), with
+ * timeout_ms on sends and receives (blocking connect); fd or -1. */
+PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in s = { .sin_family = AF_INET }, a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if ((src && (inet_pton(AF_INET, src, &s.sin_addr) != 1 || bind(fd, (struct sockaddr *)&s, sizeof s))) ||
+        connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 #endif

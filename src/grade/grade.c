@@ -17,6 +17,7 @@
 #include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -167,10 +168,95 @@ static int grade_mkdirs(const char *path) {
     return mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
 }
 
+FILE *grade_create_file(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) return NULL;
+    FILE *f = fdopen(fd, "wb");
+    if (!f) close(fd);
+    return f;
+}
+
+/* Folders an output tree may nest and entries it may hold before the
+ * symlink check gives up (refusing): grade writes one level of files and
+ * feedback/. */
+#define GRADE_OUT_MAX_DEPTH 8
+#define GRADE_OUT_MAX_ENTRIES 100000
+
+/* 0 when nothing under dir (dir included) is a symbolic link; grade
+ * creates none, so one found was planted to redirect a write or a read of
+ * an earlier record. -1 with a message. */
+static int grade_check_out_tree(const char *dir, int depth, long *seen, char *err, size_t errlen) {
+    struct stat st;
+    if (lstat(dir, &st)) { snprintf(err, errlen, "cannot read %.400s: %s", dir, strerror(errno)); return -1; }
+    if (S_ISLNK(st.st_mode)) { snprintf(err, errlen, "%.400s is a symbolic link: refused in the output folder", dir); return -1; }
+    if (!S_ISDIR(st.st_mode)) return 0;
+    if (depth > GRADE_OUT_MAX_DEPTH) { snprintf(err, errlen, "%.400s nests too deep for an output folder", dir); return -1; }
+    DIR *d = opendir(dir);
+    if (!d) { snprintf(err, errlen, "cannot open folder %.400s: %s", dir, strerror(errno)); return -1; }
+    struct dirent *e;
+    int rc = 0;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (++*seen > GRADE_OUT_MAX_ENTRIES) { snprintf(err, errlen, "%.400s holds too many entries", dir); rc = -1; break; }
+        char full[4400];
+        snprintf(full, sizeof full, "%s/%s", dir, e->d_name);
+        rc = grade_check_out_tree(full, depth + 1, seen, err, errlen);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Reads a regular file, never through a symbolic link (O_NOFOLLOW: one
+ * swapped in after the folder was listed is refused too), at most max
+ * bytes (errno EFBIG past them). NUL-terminated; NULL with a message. */
+static char *grade_read_regular(const char *path, size_t max, size_t *len, char *err, size_t errlen) {
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        int e = fd < 0 ? errno : 0;
+        snprintf(err, errlen, "cannot read %.400s: %s", path, e == ELOOP ? "a symbolic link (not followed)"
+                 : e ? strerror(e) : "not a regular file");
+        if (fd >= 0) close(fd);
+        errno = e ? e : EINVAL;
+        return NULL;
+    }
+    if ((uint64_t)st.st_size > max) {
+        snprintf(err, errlen, "%.400s is longer than %zu bytes", path, max);
+        close(fd);
+        errno = EFBIG;
+        return NULL;
+    }
+    size_t cap = (size_t)st.st_size + 2, n = 0;   /* one past the size shows a file that grew */
+    char *buf = malloc(cap);
+    while (buf) {
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) { snprintf(err, errlen, "cannot read %.400s: %s", path, strerror(errno)); free(buf); buf = NULL; break; }
+        if (r == 0) break;
+        n += (size_t)r;
+        if (n == cap - 1) {
+            if (n > max) { snprintf(err, errlen, "%.400s is longer than %zu bytes", path, max); free(buf); buf = NULL; errno = EFBIG; break; }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    if (!buf && !err[0]) snprintf(err, errlen, "out of memory reading %.400s", path);
+    int e = errno;
+    close(fd);
+    errno = e;
+    if (!buf) return NULL;
+    if (n > max) { snprintf(err, errlen, "%.400s is longer than %zu bytes", path, max); free(buf); errno = EFBIG; return NULL; }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
 static int grade_write_text(const char *path, const char *text) {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = grade_create_file(tmp);
     if (!f) return -1;
     size_t n = strlen(text);
     int ok = fwrite(text, 1, n, f) == n;
@@ -245,8 +331,11 @@ static int grade_paths_add(grade_paths *p, const char *s) {
 static int grade_cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* Relative paths of the regular files under root/rel (hidden entries,
- * symbolic links, __pycache__ and node_modules are left out). */
-static int grade_walk(const char *root, const char *rel, int depth, grade_paths *out, char *err, size_t errlen) {
+ * __pycache__ and node_modules are left out; symbolic links and other
+ * non-regular entries are never followed, and are listed in skipped as
+ * {"path", "skipped": "symlink" | "not a regular file"}). */
+static int grade_walk(const char *root, const char *rel, int depth, grade_paths *out, json_t *skipped,
+                      char *err, size_t errlen) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s%s%s", root, *rel ? "/" : "", rel);
     DIR *d = opendir(dir);
@@ -262,10 +351,13 @@ static int grade_walk(const char *root, const char *rel, int depth, grade_paths 
         if (lstat(full, &st)) continue;
         if (S_ISDIR(st.st_mode)) {
             if (depth >= GRADE_MAX_DEPTH) { snprintf(err, errlen, "%s nests deeper than %d folders", root, GRADE_MAX_DEPTH); rc = -1; }
-            else rc = grade_walk(root, r2, depth + 1, out, err, errlen);
+            else rc = grade_walk(root, r2, depth + 1, out, skipped, err, errlen);
         } else if (S_ISREG(st.st_mode)) {
             if (out->n >= GRADE_MAX_FILES) { snprintf(err, errlen, "%s holds more than %d files", root, GRADE_MAX_FILES); rc = -1; }
             else if (grade_paths_add(out, r2)) { snprintf(err, errlen, "out of memory"); rc = -1; }
+        } else if (json_array_size(skipped) < GRADE_MAX_FILES) {
+            json_array_append_new(skipped, json_pack("{s:s, s:s}", "path", r2, "skipped",
+                                                     S_ISLNK(st.st_mode) ? "symlink" : "not a regular file"));
         }
     }
     closedir(d);
@@ -278,7 +370,8 @@ static int grade_list_file(grade_sub *s, const char *full, const char *rel, strb
     size_t n = 0;
     char err[600];
     /* read no further than the limit: a submission may hold a file of any size */
-    char *raw = cliopt_read_text(full, max_bytes, &n, err, sizeof err);
+    err[0] = 0;
+    char *raw = grade_read_regular(full, max_bytes, &n, err, sizeof err);
     if (!raw) {
         snprintf(s->error, sizeof s->error, "%.440s%s", err, errno == EFBIG ? " (the limit is --max-bytes)" : "");
         return -1;
@@ -316,12 +409,20 @@ static int grade_list_file(grade_sub *s, const char *full, const char *rel, strb
 static void grade_sub_load(grade_sub *s, size_t max_bytes) {
     s->files = json_array();
     struct stat st;
-    if (stat(s->path, &st)) { snprintf(s->error, sizeof s->error, "cannot read %s: %s", s->path, strerror(errno)); return; }
+    if (lstat(s->path, &st)) { snprintf(s->error, sizeof s->error, "cannot read %s: %s", s->path, strerror(errno)); return; }
+    if (S_ISLNK(st.st_mode) || !(S_ISDIR(st.st_mode) || S_ISREG(st.st_mode))) {
+        /* a link could name any file the grader may read (a key, /etc/shadow) */
+        snprintf(s->error, sizeof s->error, "skipped: %s is %s, not followed", s->path,
+                 S_ISLNK(st.st_mode) ? "a symbolic link" : "not a regular file or folder");
+        json_array_append_new(s->files, json_pack("{s:s, s:s}", "path", s->name, "skipped",
+                                                  S_ISLNK(st.st_mode) ? "symlink" : "not a regular file"));
+        return;
+    }
     grade_paths ps = {0};
     char root[4096];
     if (S_ISDIR(st.st_mode)) {
         snprintf(root, sizeof root, "%s", s->path);
-        if (grade_walk(root, "", 0, &ps, s->error, sizeof s->error)) goto out;
+        if (grade_walk(root, "", 0, &ps, s->files, s->error, sizeof s->error)) goto out;
         qsort(ps.v, (size_t)ps.n, sizeof *ps.v, grade_cmp_str);
     } else {
         snprintf(root, sizeof root, "%s", s->path);
@@ -1186,6 +1287,9 @@ int cli_grade(int argc, char **argv) {
     int rc = 2;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (grade_mkdirs(o.out)) { fprintf(stderr, "tandem grade: cannot create %s: %s\n", o.out, strerror(errno)); goto out; }
+    char terr[600];
+    long seen = 0;
+    if (grade_check_out_tree(o.out, 0, &seen, terr, sizeof terr)) { fprintf(stderr, "tandem grade: %s\n", terr); goto out; }
     if (o.bench && grade_bench_setup(&o, &bench_rubric)) goto out;
     if (grade_setup_rubric(&g, o.bench ? bench_rubric : o.rubric_path)) goto out;
     if (grade_load_template(o.tmpl_a_path, grade_default_analysis_template, &g.tmpl[GRADE_A]) ||

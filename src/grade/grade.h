@@ -104,6 +104,14 @@ char *grade_utf8_clean(const char *s, size_t len);
 /* Output file stem for a submission name: [A-Za-z0-9._-], others '_'. */
 void grade_file_stem(const char *name, char *out, size_t outlen);
 
+/* ==== Output files (grade.c) ==== */
+
+/* Creates (truncates) path for writing with O_NOFOLLOW: a symbolic link
+ * planted at an output name is refused, never written through. NULL with
+ * errno set. */
+#include <stdio.h>
+FILE *grade_create_file(const char *path);
+
 /* ==== Report (grade_report.c) ==== */
 
 /* Writes DIR/report.md, DIR/report.html, DIR/totals.svg and

@@ -48,7 +48,7 @@ static int rp_write(const char *dir, const char *name, const strbuf *b, char *er
     snprintf(path, sizeof path, "%s/%s", dir, name);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     if (b->oom) { snprintf(err, errlen, "out of memory rendering %s", name); return -1; }
-    FILE *f = fopen(tmp, "wb");
+    FILE *f = grade_create_file(tmp);
     int ok = f && fwrite(b->p ? b->p : "", 1, b->len, f) == b->len;
     if (f) ok &= fclose(f) == 0;
     if (!ok || rename(tmp, path)) {
@@ -351,7 +351,13 @@ int grade_report_write(const char *dir, const grade_rubric *r, json_t *const *re
     int rc = rp_write(dir, "report.md", &md, err, errlen) || rp_write(dir, "report.html", &html, err, errlen) ||
              rp_write(dir, "totals.svg", &svgb, err, errlen) ? -1 : 0;
     snprintf(fdir, sizeof fdir, "%s/feedback", dir);
+    struct stat fst;
     if (!rc && mkdir(fdir, 0755) && errno != EEXIST) { snprintf(err, errlen, "cannot create %s: %s", fdir, strerror(errno)); rc = -1; }
+    /* an existing feedback/ must be a folder, not a link to one elsewhere */
+    if (!rc && (lstat(fdir, &fst) || !S_ISDIR(fst.st_mode))) {
+        snprintf(err, errlen, "%s is not a folder (a symbolic link is not followed)", fdir);
+        rc = -1;
+    }
     for (int i = 0; i < n && !rc; i++) {
         if (!rp_graded(recs[i]) || !json_is_string(json_object_get(recs[i], "feedback"))) continue;
         strbuf fb = {0};

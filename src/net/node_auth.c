@@ -89,6 +89,17 @@ struct curl_slist *node_auth_curl_headers(struct curl_slist *l, const node_auth_
     return l;
 }
 
+struct curl_slist *node_auth_curl_sign(struct curl_slist *l, const node_auth_key *k, const char *method,
+                                       const char *path, const void *body, size_t len) {
+    if (!k) return l;
+    node_auth_sig sig;
+    if (node_auth_sign(k, method, path, body ? body : "", body ? len : 0, node_auth_now_ms(), &sig)) {
+        curl_slist_free_all(l);
+        return NULL;
+    }
+    return node_auth_curl_headers(l, &sig);
+}
+
 /* ==== Replay cache ==== */
 
 typedef struct { unsigned char nonce[16]; long long t; } na_seen;

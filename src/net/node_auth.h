@@ -65,6 +65,12 @@ int node_auth_sign(const node_auth_key *k, const char *method, const char *path,
 struct curl_slist;
 struct curl_slist *node_auth_curl_headers(struct curl_slist *l, const node_auth_sig *s);
 
+/* Signs method + path + body now (k NULL: leaves l as it is) and appends
+ * the three headers: what a GET (body NULL) or POST to a node with a
+ * secret needs in one call. The new list, or NULL (the old list freed). */
+struct curl_slist *node_auth_curl_sign(struct curl_slist *l, const node_auth_key *k, const char *method,
+                                       const char *path, const void *body, size_t len);
+
 typedef struct node_auth_replay node_auth_replay;
 node_auth_replay *node_auth_replay_new(int cap);
 void node_auth_replay_free(node_auth_replay *rp);

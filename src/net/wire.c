@@ -1222,6 +1222,14 @@ static void wire_set_nodelay(int fd) {
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+/* Connections the kernel queues before accept: under a connection flood
+ * a short queue overflows and a legitimate peer's SYN is dropped (then
+ * retried after a second); the prefill node drains the queue at tens of
+ * thousands a second (a flood's newcomers past their share are closed
+ * unread), so a long one only delays a peer by milliseconds. The kernel
+ * caps it at net.core.somaxconn. */
+#define WIRE_LISTEN_BACKLOG 4096
+
 int wire_listen(const char *hostport, char *err, size_t errlen) {
     struct addrinfo *res;
     if (wire_resolve(hostport, 1, &res, err, errlen)) return -1;
@@ -1232,7 +1240,7 @@ int wire_listen(const char *hostport, char *err, size_t errlen) {
         int one = 1;
         (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         wire_set_nodelay(fd);   /* inherited by accepted sockets on Linux */
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 64) == 0) break;
+        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, WIRE_LISTEN_BACKLOG) == 0) break;
         last = errno;
         close(fd);
         fd = -1;

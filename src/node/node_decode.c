@@ -53,6 +53,16 @@
 
 /* ==== Constants ==== */
 
+/* Clients tracked at once: far more than the slots and queue can hold
+ * requests of (a request past them is refused anyway). */
+#define DN_MAX_CLIENTS 1024
+/* Default share of slots + queue one client may hold: two busy clients
+ * can fill the node, one cannot lock everyone else out. */
+#define DN_DEFAULT_CLIENT_SHARE 50
+/* The router names the client of a signed request (its API key's name or
+ * its address) in this header, at most DN_CLIENT_MAX_LEN bytes. */
+#define DN_CLIENT_HDR "X-Tandem-Client"
+#define DN_CLIENT_MAX_LEN 128
 #define DN_MAX_STOP 8              /* stop strings per request */
 #define DN_MAX_STOP_LEN 256        /* bytes per stop string */
 #define DN_MAX_PEERS 16            /* cached prefill-node connections (configured + overrides) */
@@ -140,6 +150,10 @@ typedef struct {
     int auth;
     node_auth_key key;
     node_auth_replay *replay;
+    /* requests in flight per client (cmu): at most client_cap each */
+    pthread_mutex_t cmu;
+    struct { uint64_t id; int n; } clients[DN_MAX_CLIENTS];
+    int client_cap;
 } dnode;
 
 static void dn_ema(double *avg, double x) {
@@ -626,6 +640,7 @@ typedef struct dn_job {
     char node[256], fallback[512];
     handoff_stats hs;
     double t_arrive;
+    uint64_t client;             /* dn_client_id; its share is given back when the job is freed */
     uint32_t rid_num;            /* request id (log.h): the router's X-Request-Id, or our own */
     char rid[LOG_ID_CHARS + 1];
     /* streaming */
@@ -793,8 +808,11 @@ static void dn_log_job(dn_job *j) {
 
 /* Counts the outcome, hands the job back to the scheduler (cancelling it
  * if it still runs: the client went away), frees the request. */
+static void dn_client_put(dnode *n, uint64_t id);
+
 static void dn_job_free(dn_job *j) {
     if (!j) return;
+    if (j->client) dn_client_put(j->n, j->client);
     for (int i = 0; i < j->n_sib; i++) dn_job_free(j->sib[i]);
     if (j->sj) {
         j->v = sched_wait(j->n->sc, j->sj, INT32_MAX, 0);
@@ -1156,7 +1174,7 @@ static unsigned dn_sibling_submit(dnode *n, dn_job *j, const char *body, size_t 
 
 /* Parses the request and hands it to the scheduler; *out receives the job.
  * Returns 0, or the HTTP status of the error already described in err. */
-static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, dn_job **out,
+static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_arrive, uint64_t client, dn_job **out,
                               const char **type, char *err, size_t errlen) {
     dn_req r;
     *out = NULL;
@@ -1179,7 +1197,7 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
     }
     sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
                      .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL,
-                     .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv };
+                     .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv, .client = client };
     for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
     sampler_bias *bias = r.bias;      /* copied by the job's sampler */
     int r_choices = r.n_choices;
@@ -1221,6 +1239,57 @@ static enum MHD_Result dn_refuse(dnode *n, struct MHD_Connection *c, unsigned st
     return dn_send_error(n, c, status, type, msg);
 }
 
+/* ==== Client shares ==== */
+
+/* Who asked, for the per-client share: on a node with a secret the
+ * router's X-Tandem-Client header (the request is signed, so only the
+ * router can set it; without it the share does not apply: the router
+ * alone is no one client); on a node without one, the peer's address when
+ * --client-share was given (by default not: a node used directly is
+ * mostly one application on one address). 0 = unknown. */
+static uint64_t dn_client_id(dnode *n, struct MHD_Connection *c) {
+    uint64_t h = 1469598103934665603ull;   /* FNV-1a */
+    const unsigned char *p;
+    size_t len;
+    httpd_addr a;
+    if (n->auth) {
+        const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, DN_CLIENT_HDR);
+        if (!v || !*v || (len = strlen(v)) > DN_CLIENT_MAX_LEN) return 0;
+        p = (const unsigned char *)v;
+        h = (h ^ 'k') * 1099511628211ull;
+    } else {
+        if (!n->o->client_share) return 0;   /* by address only when asked: one local app is one address */
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        if (!ci || httpd_addr_of(ci->client_addr, &a)) return 0;
+        p = (const unsigned char *)&a;
+        len = sizeof a;
+        h = (h ^ 'a') * 1099511628211ull;
+    }
+    for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* Takes one of id's share: 0, or -1 when it holds client_cap requests. */
+static int dn_client_take(dnode *n, uint64_t id) {
+    pthread_mutex_lock(&n->cmu);
+    int free_ = -1, rc = 0, i;
+    for (i = 0; i < DN_MAX_CLIENTS; i++) {
+        if (n->clients[i].n && n->clients[i].id == id) break;
+        if (!n->clients[i].n && free_ < 0) free_ = i;
+    }
+    if (i < DN_MAX_CLIENTS) rc = n->clients[i].n >= n->client_cap ? -1 : (n->clients[i].n++, 0);
+    else if (free_ >= 0) n->clients[free_].id = id, n->clients[free_].n = 1;
+    pthread_mutex_unlock(&n->cmu);
+    return rc;   /* a full table (impossible past slots + queue) tracks nothing */
+}
+
+static void dn_client_put(dnode *n, uint64_t id) {
+    pthread_mutex_lock(&n->cmu);
+    for (int i = 0; i < DN_MAX_CLIENTS; i++)
+        if (n->clients[i].n && n->clients[i].id == id) { n->clients[i].n--; break; }
+    pthread_mutex_unlock(&n->cmu);
+}
+
 static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, const char *body, size_t len) {
     double t_arrive = dn_now();
     char err[512];
@@ -1229,8 +1298,18 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     pthread_mutex_lock(&n->smu);
     n->st.requests++;
     pthread_mutex_unlock(&n->smu);
-    unsigned status = dn_job_submit(n, body, len, t_arrive, &j, &type, err, sizeof err);
-    if (status) return dn_refuse(n, c, status, type, err);
+    uint64_t cid = n->client_cap ? dn_client_id(n, c) : 0;
+    if (cid && dn_client_take(n, cid)) {
+        snprintf(err, sizeof err, "this client already has %d requests running or waiting here, its share "
+                 "(--client-share); try again later", n->client_cap);
+        return dn_refuse(n, c, 429, "rate_limit_error", err);
+    }
+    unsigned status = dn_job_submit(n, body, len, t_arrive, cid, &j, &type, err, sizeof err);
+    if (status) {
+        if (cid) dn_client_put(n, cid);
+        return dn_refuse(n, c, status, type, err);
+    }
+    j->client = cid;
     j->rid_num = dn_request_id(c, j->rid);
     /* Until the first token (or the end) nothing is sent, so a failure
      * before then is an HTTP error the router can retry elsewhere. */
@@ -1290,9 +1369,47 @@ static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int 
     return dn_send_body(c, 200, out, strlen(out), "application/json");
 }
 
+/* ==== Signed endpoints and token-request bounds ==== */
+
+/* Body bytes a POST /v1/tokenize may carry per context token. English
+ * text averages about 4 bytes a token; the costliest realistic text,
+ * non-Latin script sent JSON-escaped, is 6 body bytes ("\uXXXX") for a
+ * character of about one token, and a whitespace run or a code token
+ * rarely passes 16. 24 leaves room above all of them, while a body past
+ * n_ctx x 24 bytes cannot fit the context: it is refused unread (413),
+ * since tokenizing costs about 53 bytes of memory per input byte (an 8 MB
+ * body took 423 MB). */
+#define DN_TOK_BODY_PER_TOKEN 24
+/* Added to that bound: the JSON around a prompt (keys, "messages"
+ * framing, "tools" of a small context) in a model with a tiny n_ctx. */
+#define DN_TOK_BODY_SLACK (64 << 10)
+
+/* Endpoints that do work for the router, signed when the node has a
+ * secret: all but /health and /metrics (counts and timings, open like
+ * the liveness answer). */
+static int dn_needs_signature(const char *url) {
+    return !strcmp(url, "/v1/generate") || !strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize") ||
+           !strcmp(url, "/v1/stats");
+}
+
+/* The body limit of one request: /v1/tokenize's bound by the context,
+ * else --max-body-bytes. */
+static size_t dn_body_cap(const dnode *n, const char *url) {
+    size_t all = (size_t)n->o->max_body_bytes;
+    if (strcmp(url, "/v1/tokenize")) return all;
+    size_t cap = (size_t)n->n_ctx * DN_TOK_BODY_PER_TOKEN + DN_TOK_BODY_SLACK;
+    return cap < all ? cap : all;
+}
+
+/* A refused generation request is logged and counted (dn_refuse); the
+ * others are only answered. */
+typedef enum MHD_Result (*dn_refuse_fn)(dnode *, struct MHD_Connection *, unsigned, const char *, const char *);
+static dn_refuse_fn dn_refuser(const char *url) { return strcmp(url, "/v1/generate") ? dn_send_error : dn_refuse; }
+
 /* Per-connection request state: the uploaded body. */
 typedef struct {
     strbuf body;
+    size_t cap;                  /* dn_body_cap of this request */
     int too_big;
 } dn_conn;
 
@@ -1304,36 +1421,46 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     if (!cc) {
         if (!(cc = calloc(1, sizeof *cc))) return MHD_NO;
         *con_cls = cc;
-        /* headers in: refuse an unsigned request before reading its body */
-        if (n->auth && !strcmp(url, "/v1/generate") && !strcmp(method, "POST") &&
+        cc->cap = dn_body_cap(n, url);
+        /* headers in: refuse an unsigned request, or one announcing a body
+         * past its bound, before reading its body */
+        if (n->auth && dn_needs_signature(url) &&
             node_auth_check_request(c, &n->key, n->replay, method, url, NULL, 0, aerr, sizeof aerr))
-            return dn_refuse(n, c, 401, "authentication_error", aerr);
+            return dn_refuser(url)(n, c, 401, "authentication_error", aerr);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        char *end = NULL;
+        unsigned long long want = cl ? strtoull(cl, &end, 10) : 0;
+        if (cl && end != cl && want > cc->cap) {
+            snprintf(aerr, sizeof aerr, "request body of %llu bytes: more than %zu (%s)", want, cc->cap,
+                     strcmp(url, "/v1/tokenize") ? "--max-body-bytes" : "what the context can hold");
+            return dn_refuser(url)(n, c, 413, "invalid_request_error", aerr);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
-        if (cc->body.len + *upload_size > (size_t)n->o->max_body_bytes) cc->too_big = 1;
+        if (cc->body.len + *upload_size > cc->cap) cc->too_big = 1;
         else if (strbuf_put(&cc->body, upload, *upload_size)) cc->too_big = 1;
         *upload_size = 0;
         return MHD_YES;
     }
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) return get ? dn_handle_health(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
-    if (!strcmp(url, "/v1/stats")) return get ? dn_handle_stats(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
     if (!strcmp(url, "/metrics")) return get ? dn_handle_metrics(n, c) : dn_send_error(n, c, 405, "invalid_request_error", "use GET");
-    if (!strcmp(url, "/v1/generate")) {
-        if (!post) return dn_refuse(n, c, 405, "invalid_request_error", "use POST");
-        if (cc->too_big) return dn_refuse(n, c, 413, "invalid_request_error", "request body too large");
-        if (n->auth && node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "",
-                                               cc->body.len, aerr, sizeof aerr))
-            return dn_refuse(n, c, 401, "authentication_error", aerr);
-        return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    if (!dn_needs_signature(url))
+        return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats, GET /metrics)");
+    dn_refuse_fn refuse = dn_refuser(url);
+    int want_post = strcmp(url, "/v1/stats") != 0;
+    if (want_post ? !post : !get) return refuse(n, c, 405, "invalid_request_error", want_post ? "use POST" : "use GET");
+    if (cc->too_big) return refuse(n, c, 413, "invalid_request_error", "request body too large");
+    if (n->auth) {
+        if (node_auth_check_request(c, &n->key, n->replay, method, url, cc->body.p ? cc->body.p : "", cc->body.len,
+                                    aerr, sizeof aerr))
+            return refuse(n, c, 401, "authentication_error", aerr);
+        httpd_trust_peer(c);   /* the router: its address gets the reserved connections (httpd.h) */
     }
-    if (!strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize")) {
-        if (!post) return dn_send_error(n, c, 405, "invalid_request_error", "use POST");
-        if (cc->too_big) return dn_send_error(n, c, 413, "invalid_request_error", "request body too large");
-        return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);
-    }
-    return dn_send_error(n, c, 404, "not_found", "no such endpoint (try POST /v1/generate, GET /health, GET /v1/stats, GET /metrics)");
+    if (!strcmp(url, "/v1/stats")) return dn_handle_stats(n, c);
+    if (!strcmp(url, "/v1/generate")) return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);   /* /v1/tokenize, /v1/detokenize */
 }
 
 static void dn_on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
@@ -1418,14 +1545,23 @@ static int dn_default_slots(model *m, int n_ctx, uint32_t kv_dtype) {
 }
 
 /* HTTP limits (httpd.h): the router keeps at most the slots' and the
- * queue's worth of requests plus probes on one node, so that is what one
- * address gets;
- * four such clients and spare room for /health make the total. */
+ * queue's worth of requests plus probes on one node, so that much is
+ * reserved for trusted peers (the router, once a signed request came from
+ * its address); four such clients and spare room for /health make the
+ * total. Strangers share the rest: one address a sixteenth of it (at
+ * least 4), one /24 or /64 block a quarter, so 100 addresses or 4 blocks
+ * are needed to fill it, and then the slowest go first. */
+#define DN_STRANGER_IP_DIV 16
+#define DN_STRANGER_BLOCK_DIV 4
 static httpd_limits dn_http_limits(const dnode *n) {
     const decode_node_opts *o = n->o;
     httpd_limits l = { .idle_timeout_s = 300 };
-    l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? o->max_conns_per_ip : n->queue_max + n->n_slots + 32);
-    l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)l.max_conns_per_ip + 64);
+    unsigned router = (unsigned)(n->queue_max + n->n_slots + 32);
+    l.max_conns = (unsigned)(o->max_conns > 0 ? o->max_conns : 4 * (int)router + 64);
+    l.reserved_conns = n->auth ? (router < l.max_conns / 2 ? router : l.max_conns / 2) : 0;
+    unsigned strangers = l.max_conns - l.reserved_conns, ip = strangers / DN_STRANGER_IP_DIV;
+    l.max_conns_per_ip = (unsigned)(o->max_conns_per_ip > 0 ? (unsigned)o->max_conns_per_ip : ip < 4 ? 4 : ip);
+    l.max_conns_per_block = strangers / DN_STRANGER_BLOCK_DIV;
     l.request_deadline_ms = o->request_deadline_ms > 0 ? o->request_deadline_ms : 10000;
     return l;
 }
@@ -1451,6 +1587,10 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     pthread_mutex_init(&n->pmu, NULL);
     pthread_mutex_init(&n->smu, NULL);
     pthread_mutex_init(&n->gmu, NULL);
+    pthread_mutex_init(&n->cmu, NULL);
+    int share = o->client_share > 0 ? o->client_share : DN_DEFAULT_CLIENT_SHARE;
+    int cap = share * (n->n_slots + n->queue_max) / 100;
+    n->client_cap = share >= 100 ? 0 : cap < 1 ? 1 : cap;   /* 0: no share */
     if (dn_metrics_init(&n->mt, o, err, errlen)) return -1;
     n->auth = o->secret && o->secret_len;
     if (n->auth) {
@@ -1489,6 +1629,7 @@ static void dn_cleanup(dnode *n) {
     dn_peers_close(n);
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
+    pthread_mutex_destroy(&n->cmu);
     pthread_mutex_destroy(&n->gmu);
     grammar_vocab_free(n->gvocab);
     metrics_free(n->mt.reg);
@@ -1529,9 +1670,10 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         return -1;
     }
     log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-             "HTTP: %u connections, %u per address, %d ms to send a request",
+             "HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
+             "%d ms to send a request",
              o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
-             lim.max_conns, lim.max_conns_per_ip, lim.request_deadline_ms);
+             lim.max_conns, lim.reserved_conns, lim.max_conns_per_ip, lim.max_conns_per_block, lim.request_deadline_ms);
     if (!n.auth)
         log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
                  "(give --secret-file so that only the router is served)");
@@ -1578,8 +1720,12 @@ void decode_node_usage(FILE *f) {
         "  --model-name NAME         the model name to register and to label /metrics with\n"
         "                            (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
-        "  --max-conns N             HTTP connections in all (default 4 x per-address + 64)\n"
-        "  --max-conns-per-ip N      HTTP connections per client address (default queue + 32)\n"
+        "  --client-share PCT        percent of slots + queue one client may hold (default 50; 100 = no\n"
+        "                            share); the client is the router's X-Tandem-Client on signed\n"
+        "                            requests; without a secret, the peer's address (only when given)\n"
+        "  --max-conns N             HTTP connections in all (default 4 x (queue + slots + 32) + 64)\n"
+        "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
+        "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
         "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
@@ -1650,6 +1796,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--advertise")) bad = cliopt_str(DN_CMD, a, v, &c->advertise);
         else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns);
         else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
+        else if (!strcmp(a, "--client-share")) bad = dn_cli_int(a, v, 1, 100, &c->o.client_share);
         else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(a, v, 100, 3600000, &c->o.request_deadline_ms);
         else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */

@@ -81,8 +81,9 @@ typedef struct {
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */
-    int max_conns;               /* HTTP connections in all (default 4 x max_conns_per_ip + 64) */
-    int max_conns_per_ip;        /* HTTP connections per client address (default queue_max + 32) */
+    int max_conns;               /* HTTP connections in all (default 4 x (queue_max + slots + 32) + 64) */
+    int client_share;            /* percent of slots + queue one client may hold (default 50; 100 = no share) */
+    int max_conns_per_ip;        /* per address other than the router's (default: httpd.h shares) */
     int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */

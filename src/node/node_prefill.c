@@ -47,6 +47,20 @@
  * real decode node's handshake by at most PN_DEFAULT_HANDSHAKE_MS, never
  * lock it out. */
 #define PN_DEFAULT_PREAUTH 16
+/* Shares of the handshake pool a stranger gets: one address a quarter,
+ * one /24 or /64 block half, so a flood from one block leaves the other
+ * half to everyone else; the block's own newcomers then push out its own
+ * oldest handshakes, never another block's. */
+#define PN_PREAUTH_ADDR_DIV 4
+#define PN_PREAUTH_BLOCK_DIV 2
+/* Handshakes kept apart for addresses that completed one within
+ * PN_TRUST_MS (the decode nodes that use this node): strangers never take
+ * or evict them. Half the strangers' pool, at least 4. */
+#define PN_TRUSTED_PREAUTH_MIN 4
+/* How long such an address stays trusted: decode nodes reconnect after an
+ * idle link or a restart within minutes. */
+#define PN_TRUST_MS (10 * 60 * 1000)
+#define PN_TRUST_MAX 32
 /* A handshake is two round trips and two HMACs: on any LAN far below this. */
 #define PN_DEFAULT_HANDSHAKE_MS 2000
 /* How long the accept loop waits for a dropped handshake's thread to exit
@@ -90,7 +104,15 @@ typedef struct {
     unsigned id;                  /* accept order: the smallest pre-auth id is the oldest */
     enum pn_state state;
     int evicted;                  /* dropped while in its handshake (its socket was shut down) */
+    httpd_addr addr;              /* the peer's address (has_addr) */
+    int has_addr;
+    int trusted;                  /* in the trusted handshake pool */
 } pn_slot;
+
+typedef struct {
+    httpd_addr addr;
+    double until_ms;              /* monotonic; 0 = free */
+} pn_trust;
 
 struct pnode {
     model *m;
@@ -107,7 +129,10 @@ struct pnode {
     pthread_mutex_t mu;           /* slots, counters */
     pn_slot *slots;
     int n_slots;
-    int max_authed, max_preauth;
+    int max_authed, max_preauth, max_trusted_preauth;
+    pn_trust trust[PN_TRUST_MAX];  /* addresses that completed a handshake */
+    uint64_t preauth_evicted;      /* handshakes dropped for a newcomer */
+    uint64_t preauth_refused;      /* newcomers refused: their address or block had its share */
     int n_authed, n_preauth;      /* slots in each state (evicted ones not counted as pre-auth) */
     unsigned next_conn;
     uint64_t n_requests;
@@ -937,6 +962,93 @@ static void pn_conn_loop(pn_conn *pc) {
     }
 }
 
+/* ==== Handshake pool shares ==== */
+
+static double pn_mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* Locked. */
+static int pn_is_trusted(pnode *node, const httpd_addr *a, double now) {
+    for (int i = 0; i < PN_TRUST_MAX; i++)
+        if (node->trust[i].until_ms > now && httpd_same_addr(&node->trust[i].addr, a)) return 1;
+    return 0;
+}
+
+/* Locked: a (renewed), in its own entry or the soonest-expiring one. */
+static void pn_trust_add(pnode *node, const httpd_addr *a) {
+    int slot = 0;
+    for (int i = 0; i < PN_TRUST_MAX; i++) {
+        if (node->trust[i].until_ms > 0 && httpd_same_addr(&node->trust[i].addr, a)) { slot = i; break; }
+        if (node->trust[i].until_ms < node->trust[slot].until_ms) slot = i;
+    }
+    node->trust[slot].addr = *a;
+    node->trust[slot].until_ms = pn_mono_ms() + PN_TRUST_MS;
+}
+
+/* Locked: drops a handshake in progress (its thread notices the shut socket). */
+static void pn_evict(pnode *node, pn_slot *s) {
+    s->evicted = 1;
+    node->n_preauth--;
+    node->preauth_evicted++;
+    shutdown(s->fd, SHUT_RDWR);
+}
+
+/* Locked: makes room in the handshake pool for a newcomer from a (trusted
+ * or not), by the shares above: a trusted newcomer drops the oldest
+ * trusted handshake when its pool is full; a stranger whose address or
+ * block already holds its share is refused (-1: closed at once, no thread
+ * spent, so a flood is drained as fast as it arrives); else in a full pool
+ * the oldest of the block holding the most is dropped (when that is more
+ * than the newcomer's block holds), else the oldest. 0 = admit. */
+static int pn_make_room(pnode *node, const httpd_addr *a, int has_addr, int trusted) {
+    pn_slot *pre[PN_MAX_CONNS * 3];
+    int np = 0, nt = 0;
+    pn_slot *oldest_t = NULL, *oldest = NULL, *own = NULL, *own_block = NULL;
+    int same = 0, block = 0;
+    for (int i = 0; i < node->n_slots && np < (int)(sizeof pre / sizeof pre[0]); i++) {
+        pn_slot *s = &node->slots[i];
+        if (!s->used || s->done || s->state != PN_PREAUTH || s->evicted) continue;
+        if (s->trusted) {
+            nt++;
+            if (!oldest_t || s->id < oldest_t->id) oldest_t = s;
+            continue;
+        }
+        pre[np++] = s;
+        if (!oldest || s->id < oldest->id) oldest = s;
+        if (has_addr && s->has_addr && httpd_same_addr(&s->addr, a)) { same++; if (!own || s->id < own->id) own = s; }
+        if (has_addr && s->has_addr && httpd_same_block(&s->addr, a)) {
+            block++;
+            if (!own_block || s->id < own_block->id) own_block = s;
+        }
+    }
+    if (trusted) {
+        if (nt >= node->max_trusted_preauth && oldest_t) pn_evict(node, oldest_t);
+        return 0;
+    }
+    int addr_share = node->max_preauth / PN_PREAUTH_ADDR_DIV, block_share = node->max_preauth / PN_PREAUTH_BLOCK_DIV;
+    if (own && same >= (addr_share > 0 ? addr_share : 1)) return -1;
+    if (own_block && block >= (block_share > 0 ? block_share : 1)) return -1;
+    if (np < node->max_preauth) return 0;
+    /* the block holding the most handshakes, and its oldest */
+    pn_slot *greedy = NULL;
+    int greedy_n = 0;
+    for (int i = 0; i < np; i++) {
+        int n = 0;
+        pn_slot *first = NULL;
+        for (int j = 0; j < np; j++)
+            if (pre[i]->has_addr && pre[j]->has_addr && httpd_same_block(&pre[i]->addr, &pre[j]->addr)) {
+                n++;
+                if (!first || pre[j]->id < first->id) first = pre[j];
+            }
+        if (first && (n > greedy_n || (n == greedy_n && first->id < greedy->id))) { greedy = first; greedy_n = n; }
+    }
+    pn_evict(node, greedy && greedy_n > block ? greedy : oldest);
+    return 0;
+}
+
 /* After a successful handshake: take an authenticated slot, or BUSY. */
 static int pn_promote(pn_slot *slot, pn_conn *pc) {
     pnode *node = slot->node;
@@ -946,6 +1058,7 @@ static int pn_promote(pn_slot *slot, pn_conn *pc) {
         node->n_preauth--;
         node->n_authed++;
         slot->state = PN_AUTHED;
+        if (slot->has_addr) pn_trust_add(node, &slot->addr);
     }
     int evicted = slot->evicted;
     pthread_mutex_unlock(&node->mu);
@@ -997,20 +1110,6 @@ static void pn_reap(pnode *node, int all) {
     }
 }
 
-/* Drops the oldest connection still in its handshake (its thread notices
- * the shut socket and exits). Locked. */
-static void pn_evict_oldest(pnode *node) {
-    pn_slot *old = NULL;
-    for (int i = 0; i < node->n_slots; i++) {
-        pn_slot *s = &node->slots[i];
-        if (s->used && !s->done && s->state == PN_PREAUTH && !s->evicted && (!old || s->id < old->id)) old = s;
-    }
-    if (!old) return;
-    old->evicted = 1;
-    node->n_preauth--;
-    shutdown(old->fd, SHUT_RDWR);
-}
-
 /* A free slot, waiting a little for dropped handshakes to exit; NULL if none. */
 static pn_slot *pn_free_slot(pnode *node) {
     for (int waited = 0; waited <= PN_EVICT_WAIT_MS; waited += 10) {
@@ -1034,10 +1133,20 @@ static void pn_accept_one(pnode *node, int lfd) {
     int fd = wire_accept(lfd, PN_TICK_MS, err, sizeof err);
     if (fd == -1) { log_error(NULL, "%s", err); pn_sleep_ms(PN_TICK_MS); }   /* e.g. out of fds: do not spin */
     if (fd < 0) return;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    httpd_addr a;
+    int has_addr = !getpeername(fd, (struct sockaddr *)&ss, &sl) && !httpd_addr_of((struct sockaddr *)&ss, &a);
     pthread_mutex_lock(&node->mu);
     int full = node->n_authed >= node->max_authed;
-    if (!full && node->n_preauth >= node->max_preauth) pn_evict_oldest(node);
+    int trusted = has_addr && pn_is_trusted(node, &a, pn_mono_ms());
+    int over = !full && pn_make_room(node, &a, has_addr, trusted);
+    if (over) node->preauth_refused++;
     pthread_mutex_unlock(&node->mu);
+    if (over) {   /* a flood: closed unanswered, at the cost of an accept */
+        close(fd);
+        return;
+    }
     if (full) {
         pn_refuse(fd, "prefill node busy: %d connections", node->max_authed);
         log_warn(NULL, "refused a connection: all %d slots busy", node->max_authed);
@@ -1057,6 +1166,9 @@ static void pn_accept_one(pnode *node, int lfd) {
     slot->id = ++node->next_conn;
     slot->state = PN_PREAUTH;
     slot->evicted = 0;
+    slot->has_addr = has_addr;
+    if (has_addr) slot->addr = a;
+    slot->trusted = trusted;
     node->n_preauth++;
     pthread_mutex_unlock(&node->mu);
     if (pthread_create(&slot->th, NULL, pn_conn_main, slot)) {
@@ -1111,9 +1223,10 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     node.max_authed = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
     node.max_preauth = o->max_preauth > 0 ? (o->max_preauth < PN_MAX_CONNS ? o->max_preauth : PN_MAX_CONNS)
                                           : PN_DEFAULT_PREAUTH;
+    node.max_trusted_preauth = node.max_preauth / 2 > PN_TRUSTED_PREAUTH_MIN ? node.max_preauth / 2 : PN_TRUSTED_PREAUTH_MIN;
     /* room for every authenticated and pre-auth connection, plus as many
      * dropped handshakes still on their way out */
-    node.n_slots = node.max_authed + 2 * node.max_preauth;
+    node.n_slots = node.max_authed + 2 * (node.max_preauth + node.max_trusted_preauth);
     node.slots = calloc((size_t)node.n_slots, sizeof *node.slots);
     if (!node.slots) { snprintf(err, errlen, "out of memory"); return -1; }
     int lfd = wire_listen(o->listen ? o->listen : "127.0.0.1:0", err, errlen);

@@ -285,13 +285,36 @@ static void sched_drop_cancelled(sched *s) {
     }
 }
 
-/* Moves queued jobs into free slots, in arrival order, except those that
- * wait for a shared prefix being computed (caller holds mu). */
+/* Slots running jobs of client c (caller holds mu). */
+static int sched_client_running(const sched *s, uint64_t c) {
+    int k = 0;
+    for (int i = 0; i < s->o.n_slots; i++) k += s->slots[i].job && s->slots[i].job->r.client == c;
+    return k;
+}
+
+/* The link to the queued job to admit next: of those not waiting for a
+ * shared prefix, the one whose client runs the fewest slots (a client
+ * with many slow streams does not keep the others queued), the earliest
+ * among equals; NULL if none (caller holds mu). */
+static sched_job **sched_next_queued(sched *s) {
+    sched_job **best = NULL;
+    int best_k = 0;
+    for (sched_job **pp = &s->q_head; *pp; pp = &(*pp)->next) {
+        sched_job *j = *pp;
+        if (sched_should_wait(s, j)) continue;
+        int k = j->r.client ? sched_client_running(s, j->r.client) : 0;
+        if (!best || k < best_k) { best = pp; best_k = k; }
+        if (k == 0) break;
+    }
+    return best;
+}
+
+/* Moves queued jobs into free slots (sched_next_queued's order), except
+ * those that wait for a shared prefix being computed (caller holds mu). */
 static void sched_admit_queued(sched *s) {
     sched_drop_cancelled(s);
-    for (sched_job **pp = &s->q_head; *pp;) {
+    for (sched_job **pp; (pp = sched_next_queued(s));) {
         sched_job *j = *pp;
-        if (sched_should_wait(s, j)) { pp = &j->next; continue; }
         sched_slot *sl = sched_slot_pick(s, j->r.prompt, j->r.n_prompt);
         if (!sl) break;
         *pp = j->next;

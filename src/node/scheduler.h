@@ -60,6 +60,9 @@ typedef struct {
     grammar *grammar;        /* owned by the job: constrained decoding (masks every
                               * token that cannot continue a valid output), or NULL */
     const grammar_vocab *gvocab;   /* the model's vocabulary index, with grammar */
+    uint64_t client;         /* who asked (node_decode.c's client id), 0 = unknown: a
+                              * free slot goes to the queued job whose client runs the
+                              * fewest, arrival order among equals */
     int sibling;             /* one of a request's n > 1 choices after the first: it
                               * waits for a same-prompt job computing its prompt and
                               * copies any shared prefix, however short (others only

@@ -316,7 +316,7 @@ static void test_preauth_bomb(const tnode *n) {
     size_t zl = ZSTD_compress(z, cap, zeros, raw, 1);
     free(zeros);
     CHECK(!ZSTD_isError(zl) && zl < 4096, "a %zu-byte zstd frame of 64 MiB", zl);
-    int fds[16], refused = 0;
+    int fds[16], refused = 0, dropped = 0;
     for (int i = 0; i < 16; i++) {
         fds[i] = tcp_to(n->port);
         uint16_t type = i % 2 ? WIRE_KV : WIRE_ERROR;   /* a data frame, and a handshake-legal type */
@@ -336,11 +336,15 @@ static void test_preauth_bomb(const tnode *n) {
         while (wire_recv(&c, &h, err, sizeof err) == 0)
             if (h.type == WIRE_ERROR) wire_decode_error(c.rx.data, c.rx.len, &e, err, sizeof err);
         refused += e.code == WERR_PROTOCOL && strstr(e.message, "before the handshake") != NULL;
+        dropped += e.code == 0;   /* dropped from the handshake pool for a newcomer, unanswered */
         wire_conn_close(&c);
     }
     free(z);
     long peak = proc_kb(n->pid, "VmHWM:");
-    CHECK(refused == 16, "all 16 pre-auth zstd frames refused with ERROR(PROTOCOL) (%d)", refused);
+    /* 127.0.0.1 authenticated before (test_relay): its handshakes share the
+     * trusted pool (8), whose oldest may be dropped for a newcomer first */
+    CHECK(refused + dropped == 16 && refused >= 8, "all 16 pre-auth zstd frames refused with ERROR(PROTOCOL) (%d) or "
+          "dropped unanswered (%d)", refused, dropped);
     CHECK(peak - idle < 64 * 1024, "peak RSS %ld kB -> %ld kB (+%ld kB, limit 64 MiB)", idle, peak, peak - idle);
     printf("wire_attack: 16 pre-auth 2 KB zstd bombs: VmHWM %ld -> %ld kB\n", idle, peak);
 }

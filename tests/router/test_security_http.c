@@ -360,13 +360,14 @@ static void test_ssrf_and_log(ts_env *e) {
 
 typedef struct { int fd; int closed; } ts_loris;
 
-/* n connections from src addresses 127.0.0.(first..), k per address, each
- * sending a request line and one header line. */
+/* n connections from src addresses 127.0.(first..).1, k per address, each
+ * sending a request line and one header line. Each address is in a /24 of
+ * its own, so the servers' per-block shares (httpd.h) do not join them. */
 static int ts_loris_open(ts_loris *l, int n, int port, int first, int per_addr) {
     int ok = 0;
     for (int i = 0; i < n; i++) {
         char src[32];
-        snprintf(src, sizeof src, "127.0.0.%d", first + i / per_addr);
+        snprintf(src, sizeof src, "127.0.%d.1", first + i / per_addr);
         l[i].fd = ts_connect(port, src);
         l[i].closed = 0;
         const char *start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
