@@ -147,7 +147,8 @@ enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int 
     json_decref(o);
     if (rc) return rt_send_error(r, c, RT_EP_OTHER, &e);
     strbuf b = {0};
-    long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, r->cfg.request_timeout_ms, &b);
+    long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, rt_node_key(r),
+                           RT_REPLY_TOKENS, r->cfg.request_timeout_ms, &b);
     if (st <= 0 || !b.p) {
         free(b.p);
         api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Decode node %s did not answer.", addr);

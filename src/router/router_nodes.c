@@ -6,6 +6,7 @@
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
 #include "router/router_internal.h"
+#include "router/router_nodes.h"
 
 /* ==== Cost model ==== */
 
@@ -114,23 +115,56 @@ int rt_pick_locked(router *r, int role, const char *model, const int *tried) {
 
 /* ==== Health checks ==== */
 
+const node_auth_key *rt_node_key(const router *r) {
+    return r->have_secret ? &r->api_key : NULL;
+}
+
+/* A node's reply, bounded by what its endpoint can legitimately return
+ * (cap): a health or stats reply is tiny (RT_REPLY_SMALL); a token endpoint's
+ * reply is large (RT_REPLY_TOKENS). */
+typedef struct {
+    strbuf *b;
+    size_t cap;
+} rt_reply;
+
 static size_t rt_sink(char *p, size_t sz, size_t nm, void *ud) {
-    strbuf *b = ud;
+    rt_reply *r = ud;
     size_t n = sz * nm;
-    if (b->len + n > (1u << 20)) return 0;   /* a health reply is tiny */
-    return strbuf_put(b, p, n) ? 0 : n;
+    if (r->b->len + n > r->cap) return 0;
+    return strbuf_put(r->b, p, n) ? 0 : n;
+}
+
+/* key (NULL: unsigned): signs method, path and body for a decode node
+ * that authenticates (node_auth.h), as rt_up_open signs /v1/generate; the
+ * node wants it on every endpoint that does work or reports more than a
+ * liveness bit (/v1/tokenize, /v1/detokenize, /v1/stats). */
+static struct curl_slist *rt_sign(struct curl_slist *hd, const node_auth_key *key, const char *method,
+                                  const char *path, const char *body, size_t len) {
+    if (!key || !hd) return hd;
+    struct curl_slist *out = node_auth_curl_sign(hd, key, method, path, body ? body : "", len);
+    if (!out) curl_slist_free_all(hd);
+    return out;
 }
 
 /* err (NULL: not wanted): libcurl's reason when no reply came. */
-static long rt_http_get(const char *addr, const char *path, int timeout_ms, strbuf *out, char *err, size_t errlen) {
+static long rt_http_get(const char *addr, const char *path, const node_auth_key *key, int timeout_ms, strbuf *out,
+                        char *err, size_t errlen) {
     char url[256], cerr[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "http://%s%s", addr, path);
     CURL *h = curl_easy_init();
-    if (!h) { if (err) snprintf(err, errlen, "out of memory"); return -1; }
+    struct curl_slist *hd = key ? rt_sign(curl_slist_append(NULL, "Accept: application/json"), key, "GET", path, "", 0) : NULL;
+    if (!h || (key && !hd)) {
+        if (err) snprintf(err, errlen, "out of memory");
+        if (h) curl_easy_cleanup(h);
+        curl_slist_free_all(hd);
+        return -1;
+    }
+    rt_reply rep = { out, RT_REPLY_SMALL };
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, cerr);
     curl_easy_setopt(h, CURLOPT_URL, url);
+    if (hd) curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rt_sink);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
     curl_easy_setopt(h, CURLOPT_PROXY, "");
@@ -139,14 +173,17 @@ static long rt_http_get(const char *addr, const char *path, int timeout_ms, strb
     if (rc == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     else if (err) snprintf(err, errlen, "%s", cerr[0] ? cerr : curl_easy_strerror(rc));
     curl_easy_cleanup(h);
+    curl_slist_free_all(hd);
     return code;
 }
 
-long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, strbuf *out) {
+long rt_http_post(const char *addr, const char *path, const char *body, size_t len, const node_auth_key *key,
+                  size_t cap, int timeout_ms, strbuf *out) {
     char url[256];
     snprintf(url, sizeof url, "http://%s%s", addr, path);
     CURL *h = curl_easy_init();
-    struct curl_slist *hd = curl_slist_append(NULL, "Content-Type: application/json");
+    struct curl_slist *hd = rt_sign(curl_slist_append(NULL, "Content-Type: application/json"), key, "POST", path, body, len);
+    rt_reply rep = { out, cap };
     long code = -1;
     if (h && hd) {
         curl_easy_setopt(h, CURLOPT_URL, url);
@@ -154,7 +191,7 @@ long rt_http_post(const char *addr, const char *path, const char *body, size_t l
         curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE, (long)len);
         curl_easy_setopt(h, CURLOPT_HTTPHEADER, hd);
         curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, rt_sink);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, out);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, &rep);
         curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
         curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
         curl_easy_setopt(h, CURLOPT_PROXY, "");
@@ -173,7 +210,8 @@ int rt_count_tokens(router *r, const char *addr, const api_request *req, char *e
     if (!body) { rt_errf(err, errlen, "out of memory"); return -1; }
     strbuf b = {0};
     double t0 = rt_now_ms();
-    long st = rt_http_post(addr, "/v1/tokenize", body, strlen(body), r->cfg.tokenize_timeout_ms, &b);
+    long st = rt_http_post(addr, "/v1/tokenize", body, strlen(body), rt_node_key(r), RT_REPLY_TOKENS,
+                           r->cfg.tokenize_timeout_ms, &b);
     free(body);
     json_t *o = st == 200 && b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     json_t *a = json_object_get(o, "tokens");
@@ -207,9 +245,9 @@ typedef struct {
     char err[256];               /* why the probe failed */
 } rt_probe;
 
-static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
+static void rt_probe_decode(const char *addr, const node_auth_key *key, int timeout_ms, rt_probe *p) {
     strbuf b = {0};
-    long code = rt_http_get(addr, "/health", timeout_ms, &b, p->err, sizeof p->err);
+    long code = rt_http_get(addr, "/health", NULL, timeout_ms, &b, p->err, sizeof p->err);
     json_t *o = b.p ? json_loadb(b.p, b.len, 0, NULL) : NULL;
     p->ok = code == 200 && json_is_object(o);
     if (!p->ok && code >= 0) snprintf(p->err, sizeof p->err, "GET /health answered HTTP %ld%s", code, code == 200 ? " without a JSON object" : "");
@@ -223,7 +261,7 @@ static void rt_probe_decode(const char *addr, int timeout_ms, rt_probe *p) {
     p->prefill_tps = p->decode_tps = -1;
     if (!p->ok) return;
     strbuf s = {0};
-    if (rt_http_get(addr, "/v1/stats", timeout_ms, &s, NULL, 0) == 200 && s.p) {
+    if (rt_http_get(addr, "/v1/stats", key, timeout_ms, &s, NULL, 0) == 200 && s.p) {
         json_t *st = json_loadb(s.p, s.len, 0, NULL);
         static const char *const qk[] = {"queued", "queue_depth", "waiting", NULL};
         static const char *const pk[] = {"prefill_tps_local", "prefill_tps", NULL};
@@ -286,7 +324,7 @@ void rt_health_round(router *r, int startup) {
     for (int i = 0; i < n && !r->stopping; i++) {
         rt_probe p;
         memset(&p, 0, sizeof p);
-        if (cfgs[i].role == ROUTER_NODE_DECODE) rt_probe_decode(cfgs[i].addr, timeout, &p);
+        if (cfgs[i].role == ROUTER_NODE_DECODE) rt_probe_decode(cfgs[i].addr, rt_node_key(r), timeout, &p);
         else rt_probe_prefill(cfgs[i].addr, timeout, &p);
         pthread_mutex_lock(&r->mu);
         rt_node *nd = &r->nodes[i];

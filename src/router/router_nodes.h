@@ -10,7 +10,19 @@ int rt_node_slots(const rt_node *n);
 int rt_node_full(const rt_node *n, int by_own);
 int rt_model_known(router *r, const char *model);
 int rt_pick_locked(router *r, int role, const char *model, const int *tried);
-long rt_http_post(const char *addr, const char *path, const char *body, size_t len, int timeout_ms, strbuf *out);
+/* Reply bounds per endpoint: a health or stats reply is tiny; a
+ * /v1/tokenize or /v1/detokenize reply is at most about 30 bytes a token
+ * ({"id":N,"piece":"..."} with pieces), or a piece's text (up to 6 bytes a
+ * byte, JSON-escaped) for each of TOKAPI_MAX_TOKENS ids: 64 MiB holds the
+ * largest body the router accepts (1 MiB of ids) with ordinary pieces, and a
+ * reply past it is refused rather than buffered without end. */
+#define RT_REPLY_SMALL ((size_t)1 << 20)
+#define RT_REPLY_TOKENS ((size_t)64 << 20)
+
+/* The key that signs calls to decode nodes, NULL without a secret. */
+const node_auth_key *rt_node_key(const router *r);
+long rt_http_post(const char *addr, const char *path, const char *body, size_t len, const node_auth_key *key,
+                  size_t cap, int timeout_ms, strbuf *out);
 int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen);
 void rt_health_round(router *r, int startup);
 void *rt_health_main(void *arg);
