@@ -10,11 +10,17 @@
  *     whose gap is below `tol` (on F16/F32 files: all 32 tokens).
  * Tolerances (logit units), with their evidence and tandem's measured worst
  * step per file: tests/data/README.md, "Tolerances". Evidence is the distance
- * between the two oracles on the same file: F32/F16 at most 0.023 (bar 3e-2);
- * quantized, only qwen2-mini-Q4_0, 0.28 (bar 0.30). The quantized qwen3 files
- * have no second oracle and bars above that evidence (a finding, see there).
- * Every step of every file is held to its bar, except qwen3moe-mini-Q4_K_M's
- * listed excursions, each printed with its distance and reason.
+ * between two independent oracles on the same file, ik_llama.cpp (the
+ * fixture set's golden/) and mainline llama.cpp (golden-mainline/, and
+ * tests/data/oracle/ for qwen3/qwen3moe, made by make_goldens.py there,
+ * measured by compare_goldens.py): F32/F16 at most 0.023 (bar 3e-2);
+ * quantized, the bar is the smallest multiple of 0.05 at or above 1.25x the
+ * oracles' largest distance (Q8_0 0.349 -> 0.45, Q4_K_M 0.471 -> 0.60;
+ * qwen2-mini-Q4_0 0.278 keeps its tighter 0.30). A bar is never raised to
+ * make tandem pass; where tandem's worst step is above it, that is a
+ * finding (see there). Every step of every file is held to its bar, except
+ * qwen3moe-mini-Q4_K_M's listed excursions, each printed with its distance
+ * and reason.
  * Also: stories260K's 200-token greedy story from BOS, exactly.
  * TANDEM_BACKEND=cuda (a build with CUDA=1) runs it all on the CUDA backend;
  * without a CUDA device that is a counted "skipped: cuda: ..." line; a CUDA
@@ -68,8 +74,14 @@ typedef struct {
  * with a temporary print in the CPU backend's expert selection, avx512):
  * 28 of the 46 have one below 0.05 (a near-tie, where the oracle's
  * differently quantised activations can pick the other expert), against a
- * median of 0.109 at the steps within tolerance. Every other step is held
- * to 0.60, and these are printed with their distance on every run. */
+ * median of 0.109 at the steps within tolerance. The second oracle
+ * (mainline llama.cpp, tests/data/oracle/qwen3moe-mini-Q4_K_M.jsonl) does
+ * the same to ik_llama.cpp: 2.42 apart at worst before they part; of the 12
+ * listed steps it reaches with ik's tokens, tandem is within 0.60 of it at 5
+ * (the expert tandem chose is mainline's), the two oracles are over 0.60
+ * apart at 5, and at 00_short_english 14 both oracles agree and tandem is
+ * 4.8 from each (unexplained). Every other step is held to 0.60, and these
+ * are printed with their distance on every run. */
 static const golden_excursion MOE_Q4_EXCURSIONS[] = {
     { "00_short_english", 1, "|dlogit| 0.86-0.88; router near-tie at this token, 2nd/3rd expert logit gap 0.0466" },
     { "00_short_english", 3, "|dlogit| 0.62-0.63; router near-tie at this token, 2nd/3rd expert logit gap 0.0114" },
@@ -126,37 +138,49 @@ static const golden_case CASES[] = {
     { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
     { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
     { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    /* qwen3 F16: the two oracles are 0.0176 apart at most on qwen3-mini-F16
+     * (bar 3e-2 as for every F16 file); on qwen3moe-mini-F16 0.021 at the
+     * median but up to 1.64 at router near-ties (4 of 8 prompts part). tandem
+     * against ik_llama.cpp: 0.0002 and 0.020 at worst, all 32 tokens. */
     { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
-    /* Quantised files: the activations are quantised differently from the
-     * primary oracle (measured medians 0.17 on Q8_0, 0.28 on Q4_K_M), so the
-     * tolerance is calibrated to the measured spread. Evidence: none for
-     * qwen3 (mainline has no qwen3); the only quantized oracle-to-oracle
-     * distance is qwen2-mini-Q4_0's 0.28. tandem's worst step, 2026-11-28:
-     * Q8_0 0.373 / 0.409 / 0.362 (ref / avx2 / avx512), above that
-     * evidence: a finding (tests/data/README.md), the bar is not raised. */
+    /* Quantised files: each implementation quantises the activations its
+     * own way. qwen3-mini-Q8_0: the two oracles are 0.349 apart at most
+     * (median 0.167, p95 0.260, 105 steps where their greedy tokens agree;
+     * they part on all 8 prompts, at top-1/top-2 gaps up to 0.16), so the
+     * bar is 0.45 (1.25 x 0.349, rounded up to 0.05). tandem's worst step
+     * against ik_llama.cpp 0.373 / 0.409 / 0.362 (ref / avx2 /
+     * avx512, 2026-11-28); against mainline 0.306 (avx512), 0.303 (avx2). */
     { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0 },
-    /* Q4_K_M: 0.65 since the V sums fuse their multiply-adds (as the
-     * oracle's own f16 dot products do): the worst step of the 256 moved
-     * from 0.594 to 0.617 with the avx2 kernel set (0.505 -> 0.542 with
-     * avx512 and the reference) while the median and p95 did not move
-     * (0.27, 0.43-0.45). A broken engine is off by whole units. That bar
-     * followed tandem, not an oracle: its worst step 0.542 / 0.617 / 0.542
-     * (ref / avx2 / avx512, 2026-11-28) is above the only quantized
-     * oracle-to-oracle evidence (0.28, qwen2-mini-Q4_0): a finding. */
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.65f, 0, NULL, 0 },
-    /* MoE + quantised: every step held to 0.60 (no second oracle runs
-     * qwen3moe; the only quantized oracle-to-oracle distance, qwen2-mini-Q4_0,
-     * is 0.28) except the listed excursions (MOE_Q4_EXCURSIONS, 47 of 256
-     * steps, worst 13.38): near-tied router decisions that pick a different
-     * expert, logits several units apart. Was: 75% of steps, checked only
-     * with at least 100 steps, so never under the sanitizers. */
+    /* qwen3-mini-Q4_K_M: the two oracles are 0.471 apart at most (median
+     * 0.244, p95 0.395, 104 common steps), so the bar is 0.60 (1.25 x
+     * 0.471, rounded up to 0.05). It had been raised to 0.65 by 4efe4b2
+     * after a kernel change moved tandem's worst step (avx2) to 0.617: that
+     * followed tandem, not an oracle, and is undone. tandem's worst step
+     * against ik_llama.cpp 0.542 / 0.617 / 0.542 (ref / avx2 / avx512,
+     * 2026-11-28): with avx2 (an x86-64 without AVX-512) one step,
+     * 03_unicode_emoji_cjk 9, is 0.017 over the bar and fails: a finding,
+     * not a reason to raise it (that step comes after the two oracles part
+     * on that prompt, so they give no distance for it). Against mainline
+     * 0.475 (avx512), 0.396 (avx2). */
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, NULL, 0 },
+    /* MoE + quantised: every step held to 0.60, the bar of the dense file
+     * of the same weight type (qwen3-mini-Q4_K_M's oracle evidence), except
+     * the listed excursions (MOE_Q4_EXCURSIONS, 47 of 256 steps, worst
+     * 13.38): near-tied router decisions that pick a different expert,
+     * logits several units apart. The two oracles do the same to each
+     * other on this file: median 0.306 but p95 1.34, max 2.42 over the 52
+     * steps before their greedy tokens part (all 8 prompts part, 4 of them
+     * by step 5). Was: 75% of steps, checked only with at least 100 steps,
+     * so never under the sanitizers. */
     { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS, 0 },
     /* qwen2-mini-Q4_0: the two oracles are 0.2775 apart at most (median
-     * 0.133, over the 162 steps where their greedy tokens agree); tandem's
-     * worst step 0.2936 against ik_llama.cpp, 0.2734 against mainline. */
+     * 0.133, over the 162 steps where their greedy tokens agree; mainline
+     * c392e50 and llama-cpp-python 0.3.36 give bit-identical goldens here);
+     * tandem's worst step 0.2936 against ik_llama.cpp, 0.2734 against
+     * mainline. 0.30 is tighter than the 1.25x rule (0.35) and kept. */
     { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
     { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
     /* A real model (tools/models.sh) against mainline llama.cpp (the script
@@ -164,6 +188,21 @@ static const golden_case CASES[] = {
      * same activation quantisation (Q8_1 for Q4_1, Q8_0 for the tied
      * output); see SMOLLM2_TOL. */
     { "tests/data/oracle/smollm2-Q4_1.jsonl", "real", SMOLLM2_TOL, 0, NULL, SMOLLM2_L2_REL },
+    /* The second oracle on the qwen3 files (mainline llama.cpp through
+     * llama-cpp-python 0.3.36, tests/data/oracle/make_goldens.py, the same
+     * prompt ids; the models are the fixture set's or the generated ones),
+     * with the same bars as the ik_llama.cpp files. tandem's worst step
+     * against it, 2026-11-28 (avx512 / avx2): F16 0.0176, Q8_0 0.306 / 0.303,
+     * Q4_K_M 0.475 / 0.396.
+     * The qwen3moe files from the same script are evidence only (the
+     * README's table), not held here: on them the two oracles part by whole
+     * logits at router near-ties (F16 up to 1.64, Q4_K_M 2.42) and tandem
+     * follows ik_llama.cpp's choices on F16 (within 0.02) so that against
+     * mainline 91 of 256 F16 steps leave 3e-2 (worst 14.4), which would
+     * need an excursion list of its own. */
+    { "tests/data/oracle/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "tests/data/oracle/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0 },
+    { "tests/data/oracle/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, NULL, 0 },
 };
 
 static int load_ids(json_t *arr, int32_t *out, int cap) {
@@ -318,9 +357,12 @@ static int cmp_float(const void *a, const void *b) {
 static void run_file(const golden_case *gc) {
     char path[1024], mpath[1024];
     int real = !strcmp(gc->dir_kind, "real");
-    if (real) snprintf(path, sizeof path, "%s", gc->golden);   /* in the repository */
+    /* tests/data/... goldens are in the repository (the second oracle's);
+     * their models are still the fixture set's or the generated ones */
+    int in_repo = real || !strncmp(gc->golden, "tests/", 6);
+    if (in_repo) snprintf(path, sizeof path, "%s", gc->golden);
     else t_fixture_path(path, sizeof path, gc->golden);
-    if (!real && !t_need(path)) return;
+    if (!in_repo && !t_need(path)) return;
     FILE *f = fopen(path, "r");
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
