@@ -66,6 +66,22 @@ PROC_FN pid_t spawn_log(char *const argv[], const char *log, int trunc) {
     return pid;
 }
 
+/* Starts argv with stdin from in (NULL: /dev/null) and stdout and stderr
+ * into the files out and err (truncated), for a command whose two outputs
+ * are checked apart. */
+PROC_FN pid_t spawn_io(char *const argv[], const char *in, const char *out, const char *err) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int i = open(in ? in : "/dev/null", O_RDONLY), o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (i < 0 || o < 0 || e < 0) _exit(126);
+        dup2(i, 0); dup2(o, 1); dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Starts argv with stdout/stderr appended to log. */
 PROC_FN pid_t spawn(char *const argv[], const char *log) {
     return spawn_log(argv, log, 0);
@@ -111,7 +127,9 @@ PROC_FN int wait_exit(pid_t pid, int timeout_ms) {
     double t0 = now_ms();
     int st;
     while (now_ms() - t0 < timeout_ms) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0 && errno != EINTR) return -1;   /* not our child (any more): signal nothing */
         sleep_ms(20);
     }
     kill(pid, SIGKILL);
@@ -720,9 +738,11 @@ PROC_FN json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
 
 /* A TCP connection to 127.0.0.1:port from the loopback address src
  * ("127.0.x.y": 127.0.0.0/8 gives a test many client addresses), with
- * timeout_ms on sends and receives (blocking connect); fd or -1. */
+ * timeout_ms on sends and receives (blocking connect); timeout_ms 0: a
+ * non-blocking socket, its connect left in progress (a flood that never
+ * waits for the server). fd or -1. */
 PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (timeout_ms ? 0 : SOCK_NONBLOCK), 0);
     if (fd < 0) return -1;
     struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -730,7 +750,7 @@ PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
     struct sockaddr_in s = { .sin_family = AF_INET }, a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if ((src && (inet_pton(AF_INET, src, &s.sin_addr) != 1 || bind(fd, (struct sockaddr *)&s, sizeof s))) ||
-        connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        (connect(fd, (struct sockaddr *)&a, sizeof a) && !(timeout_ms == 0 && errno == EINPROGRESS))) {
         close(fd);
         return -1;
     }
