@@ -47,10 +47,15 @@ static long long rp_index(json_t *o, int i) {
     return jint(json_array_get(json_object_get(o, "choices"), (size_t)i), "index", NULL);
 }
 
+/* The decode nodes have a secret: /v1/stats wants the decode-API
+ * signature, as the router's calls carry it. */
+static node_auth_key rp_key;
+
 static long long rp_stat(int port, const char *key) {
     char *out = NULL;
-    int st = http(port, "GET", "/v1/stats", NULL, &out);
-    json_t *o = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+    http_req q = { .method = "GET", .path = "/v1/stats", .sign = &rp_key };
+    int st = http_request(port, &q, &out);
+    json_t *o = st == 200 ? json_loads(out, 0, NULL) : NULL;
     free(out);
     long long v = jint(o, key, NULL);
     json_decref(o);
@@ -65,6 +70,7 @@ static int rp_setup(rp_env *e) {
     FILE *f = fopen(RP_DIR "/secret", "w");
     if (!f) return -1;
     fputs("router-prompts-test-secret\n", f);
+    node_auth_derive(&rp_key, "router-prompts-test-secret", strlen("router-prompts-test-secret"), NODE_AUTH_LABEL_DECODE_API);
     fclose(f);
     char *pf[] = {b, "serve", "--role", "prefill", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file",
                   RP_DIR "/secret", "--listen", "127.0.0.1:0", "--port-file", RP_DIR "/pf.port", NULL};
