@@ -70,10 +70,15 @@ static int rn_stream(int port, const char *path, const char *body, int chat, int
     return st;
 }
 
+/* The nodes have a secret: /v1/stats wants the decode-API signature, as
+ * the router's calls carry it. */
+static node_auth_key rn_key;
+
 static json_t *rn_stats(int port) {
     char *out = NULL;
-    int st = http(port, "GET", "/v1/stats", NULL, &out);
-    json_t *o = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+    http_req q = { .method = "GET", .path = "/v1/stats", .sign = &rn_key };
+    int st = http_request(port, &q, &out);
+    json_t *o = st == 200 ? json_loads(out, 0, NULL) : NULL;
     free(out);
     return o;
 }
@@ -129,6 +134,7 @@ static int rn_setup(rn_env *e) {
     FILE *f = fopen(RN_DIR "/secret", "w");
     if (!f) return -1;
     fputs("router-n-test-secret\n", f);
+    node_auth_derive(&rn_key, "router-n-test-secret", strlen("router-n-test-secret"), NODE_AUTH_LABEL_DECODE_API);
     fclose(f);
     char *pf[] = {b, "serve", "--role", "prefill", "-m", e->stories, "-t", "1", "--secret-file", RN_DIR "/secret",
                   "--listen", "127.0.0.1:0", "--port-file", RN_DIR "/pf.port", NULL};
