@@ -150,13 +150,24 @@ static int relay_frame(int from, int to, int dir, enum relay_mode mode, int *kv_
     return send_all(to, buf, n);
 }
 
-static pid_t relay_start(int lfd, int node_port, enum relay_mode mode) {
+/* Forks an attacker process: the parent gets its pid; the child gets 0 and
+ * in *fd the one connection it accepted on lfd (-1 when none came within
+ * 10 s). Output is flushed first, so that no buffered line goes out twice. */
+static pid_t attacker_fork(int lfd, int *fd) {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
+    if (pid == 0) {
+        char err[256];
+        *fd = wire_accept(lfd, 10000, err, sizeof err);
+    }
+    return pid;
+}
+
+static pid_t relay_start(int lfd, int node_port, enum relay_mode mode) {
+    int d;
+    pid_t pid = attacker_fork(lfd, &d);
     if (pid) return pid;
-    char err[256];
-    int d = wire_accept(lfd, 10000, err, sizeof err);
     int p = d >= 0 ? tcp_to(node_port) : -1;
     int kv_seen = 0;
     while (d >= 0 && p >= 0) {
@@ -329,12 +340,10 @@ static void test_idle_flood(const tnode *n, model *m) {
 
 /* A node that authenticates, reads the REQUEST, then only PINGs. */
 static pid_t pinger_start(int lfd, model *m) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    int fd;
+    pid_t pid = attacker_fork(lfd, &fd);
     if (pid) return pid;
     char err[512];
-    int fd = wire_accept(lfd, 10000, err, sizeof err);
     wire_conn c;
     wire_conn_init(&c, fd, 5000);
     wire_hello mine, peer;
