@@ -66,6 +66,22 @@ PROC_FN pid_t spawn_log(char *const argv[], const char *log, int trunc) {
     return pid;
 }
 
+/* Starts argv with stdin from in (NULL: /dev/null) and stdout and stderr
+ * into the files out and err (truncated), for a command whose two outputs
+ * are checked apart. */
+PROC_FN pid_t spawn_io(char *const argv[], const char *in, const char *out, const char *err) {
+    pid_t pid = fork();
+    if (pid == 0) {
+        int i = open(in ? in : "/dev/null", O_RDONLY), o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (i < 0 || o < 0 || e < 0) _exit(126);
+        dup2(i, 0); dup2(o, 1); dup2(e, 2);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
 /* Starts argv with stdout/stderr appended to log. */
 PROC_FN pid_t spawn(char *const argv[], const char *log) {
     return spawn_log(argv, log, 0);
@@ -103,20 +119,30 @@ PROC_FN int start_named(pid_t *pid, char *const argv[], const char *dir, const c
     return port;
 }
 
+/* Waits up to timeout_ms for pid to exit: its exit status (128 + the signal
+ * when one ended it), or -1 when it had to be killed (SIGKILL, reaped) or
+ * pid names no child. */
+PROC_FN int wait_exit(pid_t pid, int timeout_ms) {
+    if (pid <= 0) return -1;
+    double t0 = now_ms();
+    int st;
+    while (now_ms() - t0 < timeout_ms) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        if (r < 0 && errno != EINTR) return -1;   /* not our child (any more): signal nothing */
+        sleep_ms(20);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    return -1;
+}
+
 /* SIGTERM, then the exit status (or -1 if it had to be killed, or if pid
  * names no child: kill(0 or -1) would signal the whole process group). */
 PROC_FN int stop_proc(pid_t pid, int timeout_ms) {
     if (pid <= 0) return -1;
     kill(pid, SIGTERM);
-    double t0 = now_ms();
-    int st;
-    while (now_ms() - t0 < timeout_ms) {
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(50);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, &st, 0);
-    return -1;
+    return wait_exit(pid, timeout_ms);
 }
 
 /* ==== Files ==== */
@@ -140,6 +166,20 @@ PROC_FN char *read_text(const char *path) {
 PROC_FN char *slurp(const char *path) {
     char *s = read_text(path);
     return s ? s : strdup("");
+}
+
+/* 1 once the file at path holds what (read again every 20 ms), 0 when it
+ * still does not after wait_ms: a server's log line, written by another
+ * process at its own pace. */
+PROC_FN int wait_file_has(const char *path, const char *what, int wait_ms) {
+    double t0 = now_ms();
+    for (;;) {
+        char *s = slurp(path);
+        int r = strstr(s, what) != NULL;
+        free(s);
+        if (r || now_ms() - t0 > wait_ms) return r;
+        sleep_ms(20);
+    }
 }
 
 PROC_FN void write_text(const char *path, const char *text) {
@@ -316,14 +356,75 @@ PROC_FN int settled_fds(pid_t pid) {
     return best;
 }
 
-PROC_FN long rss_kb(pid_t pid) {
+/* A kB line of /proc/PID/status by its key with the colon ("VmRSS:",
+ * "VmHWM:" for the peak), or -1. */
+PROC_FN long proc_status_kb(pid_t pid, const char *key) {
     char path[64], line[256];
     snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
     FILE *f = fopen(path, "r");
     long kb = -1;
-    while (f && fgets(line, sizeof line, f)) if (!strncmp(line, "VmRSS:", 6)) kb = strtol(line + 6, NULL, 10);
+    size_t kl = strlen(key);
+    while (f && fgets(line, sizeof line, f)) if (!strncmp(line, key, kl)) kb = strtol(line + kl, NULL, 10);
     if (f) fclose(f);
     return kb;
+}
+
+PROC_FN long rss_kb(pid_t pid) {
+    return proc_status_kb(pid, "VmRSS:");
+}
+
+/* CPU time (user + system) a process has used so far, in ms; -1 if unknown.
+ * A server's own work, where wall time would also count a loaded machine. */
+PROC_FN double cpu_ms(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    unsigned long ut, stime;
+    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stime) != 2) return -1;
+    return (double)(ut + stime) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* ==== Sockets ==== */
+
+/* Writes all n bytes (a blocking send may take part of them); 0, or -1 when
+ * the peer or the send timeout stops it. */
+PROC_FN int send_all(int fd, const void *p, size_t n) {
+    for (size_t off = 0; off < n;) {
+        ssize_t w = send(fd, (const char *)p + off, n - off, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes; 0, or -1 at EOF or an error first. */
+PROC_FN int read_full(int fd, void *p, size_t n) {
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (char *)p + got, n - got);
+        if (r <= 0) return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/* A listening socket on 127.0.0.1 at a port the kernel picks (into *port);
+ * flags are more socket types (SOCK_NONBLOCK, SOCK_CLOEXEC). fd or -1. */
+PROC_FN int listen_loopback(int *port, int flags) {
+    int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET };
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) || getsockname(fd, (struct sockaddr *)&a, &l)) {
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    *port = ntohs(a.sin_port);
+    return fd;
 }
 
 /* ==== HTTP ==== */
@@ -356,23 +457,40 @@ PROC_FN int http_connect(int port) {
  * set while talking to one, requests are signed as the router signs them. */
 static const node_auth_key *sign_key __attribute__((unused));
 
+/* One request with every option, for tests of the signature checks. */
+typedef struct {
+    const char *method, *path, *body;
+    const char *extra;           /* more header lines, each ending in \r\n */
+    const node_auth_key *sign;   /* sign as a router does */
+    const node_auth_sig *sig;    /* or send these signature headers as they are (replays) */
+    int half_close;              /* shutdown(SHUT_WR) after sending */
+    node_auth_sig used;          /* out: the signature headers sent */
+} http_req;
+
+PROC_FN int http_send_req(int fd, http_req *q) {
+    char head[2048], sh[300] = "";
+    size_t bl = q->body ? strlen(q->body) : 0;
+    int signed_ = 0;
+    if (q->sign) signed_ = !node_auth_sign(q->sign, q->method, q->path, q->body ? q->body : "", bl, node_auth_now_ms(), &q->used);
+    else if (q->sig) { q->used = *q->sig; signed_ = 1; }
+    if (signed_)
+        snprintf(sh, sizeof sh, "%s: %s\r\n%s: %s\r\n%s: %s\r\n", NODE_AUTH_HDR_TIME, q->used.time, NODE_AUTH_HDR_NONCE,
+                 q->used.nonce, NODE_AUTH_HDR_SIG, q->used.sig);
+    int hl = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s%s\r\n", q->method, q->path, bl, sh,
+                      q->extra ? q->extra : "");
+    if (hl < 0 || hl >= (int)sizeof head) return -1;
+    if (send_all(fd, head, (size_t)hl) || send_all(fd, q->body, bl)) return -1;
+    if (q->half_close) shutdown(fd, SHUT_WR);
+    return 0;
+}
+
 /* A request with extra header lines ("Name: v\r\n"..., or NULL) after the
  * usual ones (and the signature's, with sign_key set). */
 PROC_FN int http_send_hdr(int fd, const char *method, const char *path, const char *extra, const char *body) {
-    char head[1536], sh[300] = "";
-    size_t bl = body ? strlen(body) : 0;
-    node_auth_sig sig;
-    if (sign_key && !node_auth_sign(sign_key, method, path, body ? body : "", bl, node_auth_now_ms(), &sig))
-        snprintf(sh, sizeof sh, "%s: %s\r\n%s: %s\r\n%s: %s\r\n", NODE_AUTH_HDR_TIME, sig.time, NODE_AUTH_HDR_NONCE,
-                 sig.nonce, NODE_AUTH_HDR_SIG, sig.sig);
-    int hl = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s%s\r\n", method, path, bl, sh,
-                      extra ? extra : "");
-    if (hl < 0 || hl >= (int)sizeof head) return -1;
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
-    if (bl && send(fd, body, bl, MSG_NOSIGNAL) != (ssize_t)bl) return -1;
-    return 0;
+    http_req q = { .method = method, .path = path, .body = body, .extra = extra, .sign = sign_key };
+    return http_send_req(fd, &q);
 }
 
 PROC_FN int http_send(int fd, const char *method, const char *path, const char *body) {
@@ -436,6 +554,17 @@ PROC_FN int http(int port, const char *method, const char *path, const char *req
     if (fd < 0) return -1;
     int st = http_send(fd, method, path, req) ? -1 : http_read(fd, body);
     close(fd);
+    return st;
+}
+
+/* q on a connection of its own; the status (-1 when no answer came) and
+ * the decoded body in *body (malloc'd; "" when none came, never NULL). */
+PROC_FN int http_request(int port, http_req *q, char **body) {
+    *body = NULL;
+    int fd = http_connect(port);
+    int st = fd < 0 || http_send_req(fd, q) ? -1 : http_read(fd, body);
+    if (fd >= 0) close(fd);
+    if (!*body) *body = strdup("");
     return st;
 }
 
@@ -609,9 +738,11 @@ PROC_FN json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
 
 /* A TCP connection to 127.0.0.1:port from the loopback address src
  * ("127.0.x.y": 127.0.0.0/8 gives a test many client addresses), with
- * timeout_ms on sends and receives (blocking connect); fd or -1. */
+ * timeout_ms on sends and receives (blocking connect); timeout_ms 0: a
+ * non-blocking socket, its connect left in progress (a flood that never
+ * waits for the server). fd or -1. */
 PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (timeout_ms ? 0 : SOCK_NONBLOCK), 0);
     if (fd < 0) return -1;
     struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -619,7 +750,7 @@ PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
     struct sockaddr_in s = { .sin_family = AF_INET }, a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if ((src && (inet_pton(AF_INET, src, &s.sin_addr) != 1 || bind(fd, (struct sockaddr *)&s, sizeof s))) ||
-        connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        (connect(fd, (struct sockaddr *)&a, sizeof a) && !(timeout_ms == 0 && errno == EINPROGRESS))) {
         close(fd);
         return -1;
     }

@@ -24,7 +24,7 @@
 /* ==== Running the binary ==== */
 
 typedef struct {
-    int status;          /* exit status; -1 if killed or not run */
+    int status;          /* exit status (128 + a signal that ended it); -1 if killed or not run */
     char *out, *err;     /* whole stdout and stderr, NUL-terminated */
 } tc_res;
 
@@ -40,21 +40,8 @@ static tc_res tc_run(const char *in, int timeout_s, char *const args[]) {
     const char *inf = TC_DIR "/stdin", *outf = TC_DIR "/stdout", *errf = TC_DIR "/stderr";
     FILE *f = fopen(inf, "wb");
     if (f) { if (in) fputs(in, f); fclose(f); }
-    pid_t pid = fork();
-    if (pid == 0) {
-        int i0 = open(in ? inf : "/dev/null", O_RDONLY), o = open(outf, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-            e = open(errf, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (i0 < 0 || o < 0 || e < 0) _exit(126);
-        dup2(i0, 0); dup2(o, 1); dup2(e, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st = 0;
-    for (int waited = 0; pid > 0; waited += 20) {
-        if (waitpid(pid, &st, WNOHANG) == pid) { r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1; break; }
-        if (waited > timeout_s * 1000) { kill(pid, SIGKILL); waitpid(pid, &st, 0); break; }
-        nanosleep(&(struct timespec){ 0, 20 * 1000000L }, NULL);
-    }
+    pid_t pid = spawn_io(argv, in ? inf : NULL, outf, errf);
+    if (pid > 0) r.status = wait_exit(pid, timeout_s * 1000);
     r.out = slurp(outf);
     r.err = slurp(errf);
     return r;

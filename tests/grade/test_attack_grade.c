@@ -50,17 +50,6 @@ static pid_t ta_capture(int lfd, const char *path) {
     }
 }
 
-static int ta_listen(int *port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t l = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) ||
-        getsockname(fd, (struct sockaddr *)&a, &l)) return -1;
-    *port = ntohs(a.sin_port);
-    return fd;
-}
-
 /* Runs grade on subs with the capture as its router; exit status. */
 static int ta_grade(int port, const char *out, const char *sub1, const char *sub2) {
     char url[64];
@@ -71,13 +60,7 @@ static int ta_grade(int port, const char *out, const char *sub1, const char *sub
     char log[256];
     snprintf(log, sizeof log, "%s.stdout", out);
     pid_t pid = spawn(argv, log);
-    int st = 0;
-    double t0 = now_ms();
-    while (waitpid(pid, &st, WNOHANG) != pid) {
-        if (now_ms() - t0 > 30000) { kill(pid, SIGKILL); waitpid(pid, &st, 0); return -1; }
-        sleep_ms(20);
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return wait_exit(pid, 30000);
 }
 
 static json_t *ta_rec(const char *out, const char *name) {
@@ -159,7 +142,7 @@ int main(void) {
     if (system("rm -rf " TA_DIR)) {}
     mkdir(TA_DIR, 0755);
     write_text(TA_DIR "/rubric.md", "# Lab\n## Correctness (5 points)\nWorks.\n");
-    int port = 0, lfd = ta_listen(&port);
+    int port = 0, lfd = listen_loopback(&port, 0);
     CHECK(lfd >= 0, "capture listener");
     if (lfd < 0) return t_done("test_attack_grade");
     pid_t cap = ta_capture(lfd, TA_DIR "/capture.bin");

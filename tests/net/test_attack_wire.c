@@ -59,16 +59,7 @@ static pid_t tw_flooder(int port, int seed, volatile long *count) {
         snprintf(src, sizeof src, "127.0.0.%ld", 2 + k % 249);
         int slot = (int)((k / TW_FLOODERS) % TW_HELD);
         if (held[slot] >= 0) close(held[slot]);
-        /* non-blocking: the flooder never waits for the node */
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) }, b = { .sin_family = AF_INET };
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        inet_pton(AF_INET, src, &b.sin_addr);
-        if (fd >= 0 && (bind(fd, (struct sockaddr *)&b, sizeof b) ||
-                        (connect(fd, (struct sockaddr *)&a, sizeof a) && errno != EINPROGRESS))) {
-            close(fd);
-            fd = -1;
-        }
+        int fd = connect_from(port, src, 0);   /* non-blocking: the flooder never waits for the node */
         held[slot] = fd;
         if (fd >= 0) __atomic_add_fetch(count, 1, __ATOMIC_RELAXED);
     }

@@ -56,55 +56,17 @@ static int node_start(tnode *n, const char *const *extra) {
     v[k++] = "--listen"; v[k++] = "127.0.0.1:0"; v[k++] = "--port-file"; v[k++] = pf; v[k++] = "-t"; v[k++] = "1";
     for (int i = 0; extra && extra[i] && k < 38; i++) v[k++] = (char *)extra[i];
     v[k] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    n->pid = fork();
-    if (n->pid == 0) {
-        int e = open(n->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int z = open("/dev/null", O_RDWR);
-        if (e < 0 || z < 0) _exit(126);
-        dup2(z, 0); dup2(z, 1); dup2(e, 2);
-        execv(v[0], v);
-        _exit(127);
-    }
+    n->pid = spawn_log(v, n->log, 1);
     n->port = wait_port(pf, n->pid, 30000 * g_slow);
     if (n->port > 0) return 0;
-    kill(n->pid, SIGKILL);
-    waitpid(n->pid, NULL, 0);
+    wait_exit(n->pid, 0);   /* killed and reaped */
     n->pid = 0;
     return -1;
 }
 
 static void node_stop(tnode *n) {
-    if (n->pid <= 0) return;
-    kill(n->pid, SIGTERM);
-    double t0 = now_ms();
-    while (waitpid(n->pid, NULL, WNOHANG) != n->pid) {
-        if (now_ms() - t0 > 20000.0 * g_slow) { kill(n->pid, SIGKILL); waitpid(n->pid, NULL, 0); break; }
-        sleep_ms(10);
-    }
+    stop_proc(n->pid, 20000 * g_slow);
     n->pid = 0;
-}
-
-static int log_has(const tnode *n, const char *what, int wait_ms) {
-    double t0 = now_ms();
-    for (;;) {
-        char *s = slurp(n->log);
-        int r = strstr(s, what) != NULL;
-        free(s);
-        if (r || now_ms() - t0 > wait_ms) return r;
-        sleep_ms(20);
-    }
-}
-
-static long proc_kb(pid_t pid, const char *key) {
-    char p[64];
-    snprintf(p, sizeof p, "/proc/%d/status", (int)pid);
-    char *s = slurp(p);
-    char *l = strstr(s, key);
-    long kb = l ? atol(l + strlen(key)) : -1;
-    free(s);
-    return kb;
 }
 
 /* ==== Wire helpers ==== */
@@ -155,26 +117,6 @@ static int recv_until(wire_conn *c, uint16_t want, wire_header *h, wire_error *e
 
 enum relay_mode { RELAY_PIPE, RELAY_TAMPER, RELAY_REPLAY, RELAY_INJECT, RELAY_DOWNGRADE };
 
-static int read_n(int fd, uint8_t *p, size_t n) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, p + got, n - got);
-        if (r <= 0) return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-static int write_n(int fd, const uint8_t *p, size_t n) {
-    size_t off = 0;
-    while (off < n) {
-        ssize_t w = send(fd, p + off, n - off, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        off += (size_t)w;
-    }
-    return 0;
-}
-
 static void fix_crc(uint8_t *frame, size_t n) {
     uint32_t crc = wire_crc32c(0, frame + WIRE_HEADER_BYTES, n - WIRE_HEADER_BYTES);
     for (int i = 0; i < 4; i++) frame[20 + i] = (uint8_t)(crc >> (8 * i));
@@ -184,10 +126,10 @@ static void fix_crc(uint8_t *frame, size_t n) {
  * dir 0: decode -> prefill, 1: prefill -> decode. */
 static int relay_frame(int from, int to, int dir, enum relay_mode mode, int *kv_seen) {
     static uint8_t buf[WIRE_HEADER_BYTES + (8u << 20)];
-    if (read_n(from, buf, WIRE_HEADER_BYTES)) return -1;
+    if (read_full(from, buf, WIRE_HEADER_BYTES)) return -1;
     uint32_t len = (uint32_t)buf[12] | (uint32_t)buf[13] << 8 | (uint32_t)buf[14] << 16 | (uint32_t)buf[15] << 24;
     uint16_t type = (uint16_t)(buf[6] | buf[7] << 8);
-    if (len > sizeof buf - WIRE_HEADER_BYTES || read_n(from, buf + WIRE_HEADER_BYTES, len)) return -1;
+    if (len > sizeof buf - WIRE_HEADER_BYTES || read_full(from, buf + WIRE_HEADER_BYTES, len)) return -1;
     size_t n = WIRE_HEADER_BYTES + len;
     if (dir == 0 && type == WIRE_HELLO && mode == RELAY_DOWNGRADE) {
         buf[WIRE_HEADER_BYTES + 4] &= (uint8_t)~WIRE_CAP_ZSTD;   /* strip the decode node's zstd capability */
@@ -198,23 +140,34 @@ static int relay_frame(int from, int to, int dir, enum relay_mode mode, int *kv_
             buf[WIRE_HEADER_BYTES + len / 2] ^= 0x40;
             fix_crc(buf, n);
         }
-        if (mode == RELAY_REPLAY && write_n(to, buf, n)) return -1;   /* the frame goes twice */
+        if (mode == RELAY_REPLAY && send_all(to, buf, n)) return -1;   /* the frame goes twice */
     }
     if (dir == 0 && type == WIRE_REQUEST && mode == RELAY_INJECT) {
         /* our own REQUEST in place of the real one: same shape, new bytes */
         for (uint32_t i = 0; i + 16 < len; i++) buf[WIRE_HEADER_BYTES + i] ^= 0x21;
         fix_crc(buf, n);
     }
-    return write_n(to, buf, n);
+    return send_all(to, buf, n);
 }
 
-static pid_t relay_start(int lfd, int node_port, enum relay_mode mode) {
+/* Forks an attacker process: the parent gets its pid; the child gets 0 and
+ * in *fd the one connection it accepted on lfd (-1 when none came within
+ * 10 s). Output is flushed first, so that no buffered line goes out twice. */
+static pid_t attacker_fork(int lfd, int *fd) {
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
+    if (pid == 0) {
+        char err[256];
+        *fd = wire_accept(lfd, 10000, err, sizeof err);
+    }
+    return pid;
+}
+
+static pid_t relay_start(int lfd, int node_port, enum relay_mode mode) {
+    int d;
+    pid_t pid = attacker_fork(lfd, &d);
     if (pid) return pid;
-    char err[256];
-    int d = wire_accept(lfd, 10000, err, sizeof err);
     int p = d >= 0 ? tcp_to(node_port) : -1;
     int kv_seen = 0;
     while (d >= 0 && p >= 0) {
@@ -300,16 +253,16 @@ static void test_relay(const tnode *n, model *m) {
         }
         printf("wire_attack: %s: %s\n", names[mode], rc == 0 ? "served" : err);
     }
-    CHECK(log_has(n, "authentication tag mismatch in REQUEST frame", 3000 * g_slow),
+    CHECK(wait_file_has(n->log, "authentication tag mismatch in REQUEST frame", 3000 * g_slow),
           "the node refused the injected REQUEST at its tag");
-    CHECK(log_has(n, "does not know the shared secret", 3000 * g_slow), "the node refused the downgraded HELLO's proof");
+    CHECK(wait_file_has(n->log, "does not know the shared secret", 3000 * g_slow), "the node refused the downgraded HELLO's proof");
     session_free(s);
 }
 
 /* ==== 3: decompression bombs before the handshake ==== */
 
 static void test_preauth_bomb(const tnode *n) {
-    long idle = proc_kb(n->pid, "VmHWM:");
+    long idle = proc_status_kb(n->pid, "VmHWM:");
     /* 2 KB of zstd that would inflate to 64 MiB */
     size_t raw = WIRE_MAX_PAYLOAD, cap = ZSTD_compressBound(raw);
     uint8_t *zeros = calloc(1, raw), *z = malloc(cap);
@@ -324,7 +277,7 @@ static void test_preauth_bomb(const tnode *n) {
                           .raw_len = (uint32_t)raw, .crc = wire_crc32c(0, z, zl) };
         uint8_t hb[WIRE_HEADER_BYTES];
         wire_header_encode(&h, hb);
-        if (fds[i] >= 0) { write_n(fds[i], hb, sizeof hb); write_n(fds[i], z, zl); }
+        if (fds[i] >= 0) { send_all(fds[i], hb, sizeof hb); send_all(fds[i], z, zl); }
     }
     for (int i = 0; i < 16; i++) {
         wire_conn c;
@@ -340,7 +293,7 @@ static void test_preauth_bomb(const tnode *n) {
         wire_conn_close(&c);
     }
     free(z);
-    long peak = proc_kb(n->pid, "VmHWM:");
+    long peak = proc_status_kb(n->pid, "VmHWM:");
     /* 127.0.0.1 authenticated before (test_relay): its handshakes share the
      * trusted pool (8), whose oldest may be dropped for a newcomer first */
     CHECK(refused + dropped == 16 && refused >= 8, "all 16 pre-auth zstd frames refused with ERROR(PROTOCOL) (%d) or "
@@ -387,12 +340,10 @@ static void test_idle_flood(const tnode *n, model *m) {
 
 /* A node that authenticates, reads the REQUEST, then only PINGs. */
 static pid_t pinger_start(int lfd, model *m) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
+    int fd;
+    pid_t pid = attacker_fork(lfd, &fd);
     if (pid) return pid;
     char err[512];
-    int fd = wire_accept(lfd, 10000, err, sizeof err);
     wire_conn c;
     wire_conn_init(&c, fd, 5000);
     wire_hello mine, peer;
@@ -522,8 +473,8 @@ static void test_queued_cancel(model *m) {
           "B's queued request: ERROR(CANCELLED) (%u %s)", e.code, e.message);
     double dt = now_ms() - t0;
     CHECK(dt < 1500.0 * g_slow, "B answered %.0f ms after queuing, while A still computes", dt);
-    CHECK(log_has(&n, "cancelled by the decode node while queued", 3000 * g_slow), "the node logged B's cancel");
-    CHECK(log_has(&n, "went away while queued", 3000 * g_slow), "the node logged V's departure");
+    CHECK(wait_file_has(n.log, "cancelled by the decode node while queued", 3000 * g_slow), "the node logged B's cancel");
+    CHECK(wait_file_has(n.log, "went away while queued", 3000 * g_slow), "the node logged V's departure");
     char *log = slurp(n.log);
     CHECK(strstr(log, " computed=11 ") == NULL, "neither queued request was computed");
     free(log);
@@ -538,8 +489,8 @@ static void test_queued_cancel(model *m) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    g_bin = getenv("TANDEM_BIN") && *getenv("TANDEM_BIN") ? getenv("TANDEM_BIN") : "build/tandem";
-    g_slow = getenv("TANDEM_ASAN") && atoi(getenv("TANDEM_ASAN")) ? 4 : 1;
+    g_bin = bin();
+    g_slow = asan() ? 4 : 1;
     if (access(g_bin, X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", g_bin); return t_done("test_wire_attack"); }
     snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-attack-XXXXXX");
     if (!mkdtemp(g_tmp)) { CHECK(0, "mkdtemp"); return t_done("test_wire_attack"); }

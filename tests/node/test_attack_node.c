@@ -32,12 +32,11 @@ static node_auth_key tn_key;
 
 /* ==== Helpers ==== */
 
-/* One request (signed when sign), its status; the answer's body in *body. */
+/* One request (signed when sign), its status; the answer's body in *body
+ * ("" when none came). */
 static int tn_http(int port, int sign, const char *method, const char *path, const char *req, char **body) {
-    sign_key = sign ? &tn_key : NULL;
-    int st = http(port, method, path, req, body);
-    sign_key = NULL;
-    return st;
+    http_req q = { .method = method, .path = path, .body = req, .sign = sign ? &tn_key : NULL };
+    return http_request(port, &q, body);
 }
 
 typedef struct { int port, sign, status; double ms; } tn_big;
@@ -54,9 +53,9 @@ static void *tn_big_main(void *arg) {
     memcpy(body + n - 2, "\"}", 3);
     double t0 = now_ms();
     int fd = http_connect(b->port);
-    sign_key = b->sign ? &tn_key : NULL;   /* read once by http_send_hdr below, same key for all */
+    http_req q = { .method = "POST", .path = "/v1/tokenize", .body = body, .sign = b->sign ? &tn_key : NULL };
     char *resp = NULL;
-    int sent = fd >= 0 ? http_send(fd, "POST", "/v1/tokenize", body) : -1;
+    int sent = fd >= 0 ? http_send_req(fd, &q) : -1;
     b->status = fd >= 0 ? http_read(fd, &resp) : -1;
     (void)sent;
     b->ms = now_ms() - t0;
@@ -203,6 +202,7 @@ static void test_slow_clients(int port) {
         int st = i % 5 == 0 ? tn_http(port, 1, "POST", "/v1/generate", "{\"prompt\":\"Once upon a time\",\"max_tokens\":4}", &body)
                             : tn_http(port, 1, "GET", "/v1/stats", NULL, &body);
         free(body);
+        body = NULL;   /* the stranger below may not get one */
         double ms = now_ms() - t;
         if (st == 200 && ms < 2000) router_ok++;
         if (ms > worst_r) worst_r = ms;

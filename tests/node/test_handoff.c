@@ -66,43 +66,12 @@ static void arg(args *a, const char *fmt, ...) {
     a->v[++a->n] = NULL;
 }
 
-static pid_t spawn_args(args *a, const char *out, const char *err) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int in = open("/dev/null", O_RDONLY);
-        int o = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int e = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (in < 0 || o < 0 || e < 0) _exit(126);
-        dup2(in, 0); dup2(o, 1); dup2(e, 2);
-        execv(a->v[0], a->v);
-        _exit(127);
-    }
-    return pid;
-}
-
-/* Waits for pid up to timeout_ms. Exit status, 128+signal, or -1 on timeout. */
-static int wait_for(pid_t pid, int timeout_ms) {
-    double t0 = now_ms();
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        if (r < 0) return -2;
-        if (now_ms() - t0 > timeout_ms) return -1;
-        sleep_ms(5);
-    }
-}
-
 /* Runs a command to completion; rc, or -1 if it had to be killed. */
 static int run(args *a, int timeout_ms, char **out, char **err) {
     char po[300], pe[300];
     snprintf(po, sizeof po, "%s/run.out", g_tmp);
     snprintf(pe, sizeof pe, "%s/run.err", g_tmp);
-    pid_t pid = spawn_args(a, po, pe);
-    int rc = wait_for(pid, timeout_ms);
-    if (rc == -1) { kill(pid, SIGKILL); waitpid(pid, NULL, 0); }
+    int rc = wait_exit(spawn_io(a->v, NULL, po, pe), timeout_ms);
     if (out) *out = slurp(po);
     if (err) *err = slurp(pe);
     return rc;
@@ -123,24 +92,20 @@ static int node_start(tnode *n, const char *model, const char *secret_file, cons
     arg(&a, "--node-id"); arg(&a, "test-prefill-%d", seq);
     for (int i = 0; extra && extra[i]; i++) arg(&a, "%s", extra[i]);
     n->port = 0;
-    n->pid = spawn_args(&a, "/dev/null", n->log);
+    n->pid = spawn_io(a.v, NULL, "/dev/null", n->log);
     int port = wait_port(pf, n->pid, 30000 * g_slow);
     if (port > 0) { n->port = port; return 0; }
     char *log = slurp(n->log);
     fprintf(stderr, "prefill node for %s did not start:\n%s\n", model, log);
     free(log);
-    kill(n->pid, SIGKILL);
-    waitpid(n->pid, NULL, 0);
+    wait_exit(n->pid, 0);   /* killed and reaped */
     n->pid = 0;
     return -1;
 }
 
 /* SIGTERM, and the node must exit cleanly (0) within a few seconds. */
 static int node_stop(tnode *n) {
-    if (n->pid <= 0) return -1;
-    kill(n->pid, SIGTERM);
-    int rc = wait_for(n->pid, 20000 * g_slow);
-    if (rc == -1) { kill(n->pid, SIGKILL); waitpid(n->pid, NULL, 0); }
+    int rc = stop_proc(n->pid, 20000 * g_slow);
     n->pid = 0;
     return rc;
 }
@@ -359,7 +324,7 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     runspec r = { .model = model, .prompt_file = long_prompt, .port = n.port, .secret_file = secret };
     args a = { 0 };
     run_args(&a, &r);
-    pid_t dec = spawn_args(&a, po, pe);
+    pid_t dec = spawn_io(a.v, NULL, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected");
     sleep_ms(3 * delay);
     kill(dec, SIGKILL);
@@ -385,15 +350,14 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     args c = { 0 };
     run_args(&c, &r);
     base = count_fds(n.pid);
-    dec = spawn_args(&c, po, pe);
+    dec = spawn_io(c.v, NULL, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected (stall)");
     sleep_ms(2 * delay);
     kill(n.pid, SIGSTOP);
     t0 = now_ms();
-    rc = wait_for(dec, 15000 * g_slow);
+    rc = wait_exit(dec, 15000 * g_slow);
     double waited = now_ms() - t0;
     kill(n.pid, SIGCONT);
-    if (rc == -1) { kill(dec, SIGKILL); waitpid(dec, NULL, 0); }
     char *e2 = slurp(pe);
     CHECK(rc == 1, "stalled transfer: decode exits with an error (rc %d)", rc);
     CHECK(strstr(e2, "timed out") && strstr(e2, "1500 ms"), "timeout message: %s", e2);
@@ -409,16 +373,15 @@ static void test_faults(const char *model, const char *long_prompt, const char *
     run_args(&d, &r);
     sleep_ms(200);
     base = count_fds(n.pid);
-    dec = spawn_args(&d, po, pe);
+    dec = spawn_io(d.v, NULL, po, pe);
     CHECK(wait_conn(&n, base, 30000 * g_slow) == 0, "decode process connected (kill)");
     sleep_ms(3 * delay);
     kill(n.pid, SIGKILL);
     waitpid(n.pid, NULL, 0);
     n.pid = 0;
     t0 = now_ms();
-    rc = wait_for(dec, 15000 * g_slow);
+    rc = wait_exit(dec, 15000 * g_slow);
     waited = now_ms() - t0;
-    if (rc == -1) { kill(dec, SIGKILL); waitpid(dec, NULL, 0); }
     char *e3 = slurp(pe);
     char *o3 = slurp(po);
     CHECK(rc == 1, "prefill node killed: decode exits with an error (rc %d)", rc);

@@ -549,16 +549,12 @@ static void test_decode_kill(tr_env *e) {
 /* A client that goes away mid-stream cancels its work. */
 static void test_disconnect(tr_env *e) {
     double before = metric_value(e->pr1, "tandem_router_cancelled_total");
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)e->pr1), .sin_addr.s_addr = htonl(0x7f000001)};
-    CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect");
+    int fd = http_connect(e->pr1);
+    CHECK(fd >= 0, "connect");
     /* to the end of the context past end-of-generation: long enough that the
      * client is gone well before the stream ends, however fast the node */
     const char *body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"ignore_eos\":true,\"stream\":true}";
-    char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n%s", strlen(body), body);
-    CHECK(write(fd, req, (size_t)n) == n, "send");
+    CHECK(fd >= 0 && http_send(fd, "POST", "/v1/completions", body) == 0, "send");
     char buf[2048];
     ssize_t got = read(fd, buf, sizeof buf - 1);
     CHECK(got > 0, "first bytes of the stream");
@@ -573,25 +569,6 @@ static void test_disconnect(tr_env *e) {
 
 
 /* ==== Full nodes, queues and seeds ==== */
-
-/* One raw HTTP/1.1 exchange (Connection: close): status line, headers and
- * body as text, for checking headers. */
-static char *tr_http_raw(int port, const char *path, const char *body) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
-    membuf b = {0};
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) { if (fd >= 0) close(fd); return strdup(""); }
-    char req[2048];
-    int n = snprintf(req, sizeof req, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"
-                     "Content-Length: %zu\r\n\r\n%s", path, strlen(body), body);
-    if (write(fd, req, (size_t)n) == n) {
-        char buf[4096];
-        ssize_t got;
-        while ((got = read(fd, buf, sizeof buf)) > 0) membuf_add(buf, 1, (size_t)got, &b);
-    }
-    close(fd);
-    return b.s ? b.s : strdup("");
-}
 
 typedef struct { int port; const char *body; long status; char *resp; double ms; } tr_stream_job;
 
@@ -623,7 +600,9 @@ static void test_busy(const char *bin, const char *qwen, int rport) {
         pthread_create(&th[i], NULL, tr_stream_main, &jobs[i]);
         usleep(100 * 1000);   /* the first one takes the slot */
     }
-    char *third = tr_http_raw(rport, "/v1/completions", body);
+    char *third = NULL;   /* status line, headers and body as they came */
+    http_raw(rport, "POST", "/v1/completions", NULL, body, &third);
+    if (!third) third = strdup("");
     int ok429 = !strncmp(third, "HTTP/1.1 429", 12);
     CHECK(ok429 && strcasestr(third, "\r\nRetry-After: ") && strstr(third, "\"rate_limit_error\"") &&
           strstr(third, "\"overloaded\""), "third request on a full node: %.300s", third);

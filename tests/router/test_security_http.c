@@ -49,113 +49,7 @@
 
 /* Starts argv (its --port-file is TS_DIR/name.port), returns the port. */
 static int ts_start(pid_t *pid, char *const argv[], const char *name) {
-    char pf[256], log[256];
-    snprintf(pf, sizeof pf, TS_DIR "/%s.port", name);
-    snprintf(log, sizeof log, TS_DIR "/%s.log", name);
-    unlink(pf);
-    unlink(log);
-    *pid = spawn(argv, log);
-    int port = wait_port(pf, *pid, 60000);
-    CHECK(port > 0, "%s started (see %s)", name, log);
-    return port;
-}
-
-/* pid 0 means "never started": stop_proc must not signal the process group. */
-static int ts_stop(pid_t pid) {
-    return pid > 0 ? stop_proc(pid, 10000) : -1;
-}
-
-/* CPU time (user + system) a process has used so far, in ms; -1 if unknown. */
-static double ts_cpu_ms(pid_t pid) {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    unsigned long ut, stime;
-    if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &stime) != 2) return -1;
-    return (double)(ut + stime) * 1000.0 / (double)sysconf(_SC_CLK_TCK);
-}
-
-static char *ts_read_file(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return strdup("");
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    size_t got = fread(s, 1, (size_t)n, f);
-    s[got] = 0;
-    fclose(f);
-    return s;
-}
-
-/* ==== Raw HTTP client ==== */
-
-/* A TCP connection to 127.0.0.1:port from source address src (NULL: any). */
-static int ts_connect(int port, const char *src) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    struct timeval tv = { 30, 0 };
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (src) {
-        struct sockaddr_in s = { .sin_family = AF_INET };
-        inet_pton(AF_INET, src, &s.sin_addr);
-        if (bind(fd, (struct sockaddr *)&s, sizeof s)) { close(fd); return -1; }
-    }
-    struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a)) { close(fd); return -1; }
-    return fd;
-}
-
-typedef struct {
-    const char *method, *path, *body;
-    const char *extra;           /* more header lines, each ending in \r\n */
-    const node_auth_key *sign;   /* sign as a router does */
-    const node_auth_sig *sig;    /* use these signature headers as they are (replays) */
-    int half_close;              /* shutdown(SHUT_WR) after sending */
-    node_auth_sig used;          /* out: the headers sent */
-} ts_req;
-
-static int ts_send(int fd, ts_req *q) {
-    char head[2048], sh[300] = "";
-    size_t bl = q->body ? strlen(q->body) : 0;
-    if (q->sign) node_auth_sign(q->sign, q->method, q->path, q->body ? q->body : "", bl, node_auth_now_ms(), &q->used);
-    else if (q->sig) q->used = *q->sig;
-    if (q->sign || q->sig)
-        snprintf(sh, sizeof sh, "%s: %s\r\n%s: %s\r\n%s: %s\r\n", NODE_AUTH_HDR_TIME, q->used.time, NODE_AUTH_HDR_NONCE,
-                 q->used.nonce, NODE_AUTH_HDR_SIG, q->used.sig);
-    int hl = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
-                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s%s\r\n",
-                      q->method, q->path, bl, sh, q->extra ? q->extra : "");
-    if (send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) return -1;
-    for (size_t off = 0; off < bl;) {
-        ssize_t w = send(fd, q->body + off, bl - off, MSG_NOSIGNAL);
-        if (w <= 0) return -1;
-        off += (size_t)w;
-    }
-    if (q->half_close) shutdown(fd, SHUT_WR);
-    return 0;
-}
-
-static int ts_http(int port, ts_req *q, char **body) {
-    *body = NULL;
-    int fd = ts_connect(port, NULL);
-    if (fd < 0) { *body = strdup(""); return -1; }
-    int st = ts_send(fd, q) ? -1 : http_read(fd, body);
-    close(fd);
-    if (!*body) *body = strdup("");
-    return st;
-}
-
-static int ts_get(int port, const char *path, char **body) {
-    ts_req q = { .method = "GET", .path = path };
-    return ts_http(port, &q, body);
+    return start_named(pid, argv, TS_DIR, name, 1, 60000);
 }
 
 static const char *ts_gen_body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0}";
@@ -253,7 +147,7 @@ static int ts_setup(ts_env *e) {
 /* The router's status for a node address ("up", "registered"), -1 if absent. */
 static int ts_node_flag(int rport, const char *addr, const char *flag) {
     char *body = NULL;
-    ts_get(rport, "/health", &body);
+    http_request(rport, &(http_req){ .method = "GET", .path = "/health" }, &body);
     json_t *o = json_loads(body, 0, NULL), *nodes = json_object_get(o, "nodes");
     int v = -1;
     for (size_t i = 0; i < json_array_size(nodes); i++) {
@@ -269,32 +163,32 @@ static int ts_node_flag(int rport, const char *addr, const char *flag) {
 /* Anonymous, forged, altered, stale and replayed requests to a decode node. */
 static void test_decode_auth(ts_env *e) {
     char *body = NULL;
-    ts_req q = { .method = "POST", .path = "/v1/generate", .body = ts_gen_body };
-    int st = ts_http(e->pd, &q, &body);
+    http_req q = { .method = "POST", .path = "/v1/generate", .body = ts_gen_body };
+    int st = http_request(e->pd, &q, &body);
     CHECK(st == 401 && strstr(body, "X-Tandem-Signature"), "anonymous POST: %d %s", st, body);
     free(body);
     node_auth_key wrong;
     node_auth_derive(&wrong, "not-the-secret", 14, NODE_AUTH_LABEL_DECODE_API);
     q.sign = &wrong;
-    st = ts_http(e->pd, &q, &body);
+    st = http_request(e->pd, &q, &body);
     CHECK(st == 401 && strstr(body, "bad X-Tandem-Signature"), "wrong key: %d %s", st, body);
     free(body);
     q.sign = &e->reg;
-    st = ts_http(e->pd, &q, &body);
+    st = http_request(e->pd, &q, &body);
     CHECK(st == 401, "registration key on the decode API: %d", st);
     free(body);
     q.sign = &e->api;
-    st = ts_http(e->pd, &q, &body);
+    st = http_request(e->pd, &q, &body);
     CHECK(st == 200 && strstr(body, "\"text\""), "signed request: %d %s", st, body);
     free(body);
     node_auth_sig used = q.used;
-    ts_req rq = { .method = "POST", .path = "/v1/generate", .body = ts_gen_body, .sig = &used };
-    st = ts_http(e->pd, &rq, &body);
+    http_req rq = { .method = "POST", .path = "/v1/generate", .body = ts_gen_body, .sig = &used };
+    st = http_request(e->pd, &rq, &body);
     CHECK(st == 401 && strstr(body, "replayed"), "replayed request: %d %s", st, body);
     free(body);
     /* the captured signature on another body */
     rq.body = "{\"prompt\":\"Something else entirely\",\"max_tokens\":4}";
-    st = ts_http(e->pd, &rq, &body);
+    st = http_request(e->pd, &rq, &body);
     CHECK(st == 401, "signature moved to another body: %d", st);
     free(body);
     node_auth_sig stale;
@@ -302,23 +196,12 @@ static void test_decode_auth(ts_env *e) {
                    node_auth_now_ms() - NODE_AUTH_WINDOW_MS - 5000, &stale);
     rq.body = ts_gen_body;
     rq.sig = &stale;
-    st = ts_http(e->pd, &rq, &body);
+    st = http_request(e->pd, &rq, &body);
     CHECK(st == 401 && strstr(body, "clock"), "stale request: %d %s", st, body);
     free(body);
-    st = ts_get(e->pd, "/health", &body);
+    st = http_request(e->pd, &(http_req){ .method = "GET", .path = "/health" }, &body);
     CHECK(st == 200, "GET /health stays open: %d", st);
     free(body);
-}
-
-/* A listener that counts the connections it gets (the SSRF target). */
-static int ts_listener(int *port) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    struct sockaddr_in a = { .sin_family = AF_INET };
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t sl = sizeof a;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 16) || getsockname(fd, (struct sockaddr *)&a, &sl)) return -1;
-    *port = ntohs(a.sin_port);
-    return fd;
 }
 
 static int ts_accepted(int lfd) {
@@ -328,16 +211,16 @@ static int ts_accepted(int lfd) {
 }
 
 static void test_ssrf_and_log(ts_env *e) {
-    int lport = 0, lfd = ts_listener(&lport);
+    int lport = 0, lfd = listen_loopback(&lport, SOCK_NONBLOCK | SOCK_CLOEXEC);   /* counts the connections it gets (the SSRF target) */
     CHECK(lfd >= 0, "listener");
     char req[512], *body = NULL;
     snprintf(req, sizeof req, "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"prefill\":\"remote\","
              "\"prefill_node\":\"127.0.0.1:%d\"}", lport);
-    ts_req q = { .method = "POST", .path = "/v1/generate", .body = req };
-    int st = ts_http(e->po, &q, &body);
+    http_req q = { .method = "POST", .path = "/v1/generate", .body = req };
+    int st = http_request(e->po, &q, &body);
     CHECK(st == 400 && strstr(body, "authenticated router"), "prefill_node at a node without secret: %d %s", st, body);
     free(body);
-    st = ts_http(e->pd, &q, &body);
+    st = http_request(e->pd, &q, &body);
     CHECK(st == 401, "anonymous prefill_node at a node with a secret: %d", st);
     free(body);
     sleep_ms(200);
@@ -346,11 +229,11 @@ static void test_ssrf_and_log(ts_env *e) {
     /* a signed request (the router's privilege) naming a hostile string: logged escaped */
     const char *evil = "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"prefill\":\"remote\","
                        "\"prefill_node\":\"127.0.0.1:1\\n[forged] tandem decode: all is fine\\u001b[2J\"}";
-    ts_req s = { .method = "POST", .path = "/v1/generate", .body = evil, .sign = &e->api };
-    st = ts_http(e->pd, &s, &body);
+    http_req s = { .method = "POST", .path = "/v1/generate", .body = evil, .sign = &e->api };
+    st = http_request(e->pd, &s, &body);
     CHECK(st == 200 && strstr(body, "fallback_reason"), "signed hostile prefill_node falls back: %d %s", st, body);
     free(body);
-    char *log = ts_read_file(TS_DIR "/d.log");
+    char *log = slurp(TS_DIR "/d.log");
     CHECK(strstr(log, "\\n[forged] tandem decode: all is fine\\x1b[2J") != NULL, "hostile address logged escaped");
     CHECK(!strstr(log, "\n[forged]") && !strchr(log, 0x1b), "no forged line, no ESC in the log");
     free(log);
@@ -368,7 +251,7 @@ static int ts_loris_open(ts_loris *l, int n, int port, int first, int per_addr) 
     for (int i = 0; i < n; i++) {
         char src[32];
         snprintf(src, sizeof src, "127.0.%d.1", first + i / per_addr);
-        l[i].fd = ts_connect(port, src);
+        l[i].fd = connect_from(port, src, 30000);
         l[i].closed = 0;
         const char *start = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
         if (l[i].fd >= 0 && send(l[i].fd, start, strlen(start), MSG_NOSIGNAL) > 0) ok++;
@@ -405,7 +288,7 @@ static void ts_loris_close(ts_loris *l, int n) {
 static double ts_health_ms(int port) {
     char *body = NULL;
     double t0 = now_ms();
-    int st = ts_get(port, "/health", &body);
+    int st = http_request(port, &(http_req){ .method = "GET", .path = "/health" }, &body);
     free(body);
     return st == 200 ? now_ms() - t0 : -1;
 }
@@ -434,9 +317,9 @@ static void test_slow_clients(ts_env *e) {
         if (hd < 0 || hd > worst_d) worst_d = hd < 0 ? 1e9 : hd;
         if (!dripped && now_ms() - t0 > 5000) { ts_loris_drip(lr, NR); ts_loris_drip(ld, ND); dripped = 1; }
         if (!gen_ok) {
-            ts_req q = { .method = "POST", .path = "/v1/completions",
+            http_req q = { .method = "POST", .path = "/v1/completions",
                          .body = "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":8}" };
-            gen_ok = ts_http(e->pr, &q, &body) == 200 && strstr(body, "\"finish_reason\":\"length\"");
+            gen_ok = http_request(e->pr, &q, &body) == 200 && strstr(body, "\"finish_reason\":\"length\"");
             free(body);
         }
         sleep_ms(250);
@@ -463,8 +346,8 @@ static void test_slow_clients(ts_env *e) {
 
 static int ts_register(int rport, const node_auth_key *k, const char *body, const node_auth_sig *sig, node_auth_sig *used,
                        char **resp) {
-    ts_req q = { .method = "POST", .path = "/v1/nodes/register", .body = body, .sign = sig ? NULL : k, .sig = sig };
-    int st = ts_http(rport, &q, resp);
+    http_req q = { .method = "POST", .path = "/v1/nodes/register", .body = body, .sign = sig ? NULL : k, .sig = sig };
+    int st = http_request(rport, &q, resp);
     if (used) *used = q.used;
     return st;
 }
@@ -490,8 +373,8 @@ static void test_registration(ts_env *e) {
     sleep_ms(2000);   /* beyond heartbeat_ttl_ms (1500): a hijacked node would now be down */
     CHECK(ts_node_flag(e->pr, daddr, "up") == 1 && ts_node_flag(e->pr, daddr, "registered") == 0,
           "static node still up and still static after the attempts");
-    ts_req q = { .method = "POST", .path = "/v1/completions", .body = "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":2}" };
-    st = ts_http(e->pr, &q, &resp);
+    http_req q = { .method = "POST", .path = "/v1/completions", .body = "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":2}" };
+    st = http_request(e->pr, &q, &resp);
     CHECK(st == 200, "requests still served: %d %s", st, resp);
     free(resp);
     /* a new node; then its registration replayed; a stale one; bad fields */
@@ -512,7 +395,7 @@ static void test_registration(ts_env *e) {
     st = ts_register(e->pr, &e->reg, "{\"role\":\"decode\",\"model\":\"m\\n[forged]\",\"addr\":\"127.0.0.1:8\"}", NULL, NULL, &resp);
     CHECK(st == 400, "control characters in a registration: %d %s", st, resp);
     free(resp);
-    char *log = ts_read_file(TS_DIR "/r.log");
+    char *log = slurp(TS_DIR "/r.log");
     CHECK(!strstr(log, "\n[forged]"), "no forged router log line");
     free(log);
 }
@@ -533,7 +416,7 @@ static void test_self_registration(ts_env *e) {
     snprintf(paddr, sizeof paddr, "127.0.0.1:%d", spp);
     int listed = 0, up = 0;
     for (int i = 0; i < 100 && !(listed && up); i++) {
-        ts_get(e->pr, "/v1/models", &resp);
+        http_request(e->pr, &(http_req){ .method = "GET", .path = "/v1/models" }, &resp);
         listed = strstr(resp, "\"selfreg\"") != NULL;
         free(resp);
         up = ts_node_flag(e->pr, daddr, "up") == 1 && ts_node_flag(e->pr, paddr, "up") == 1;
@@ -541,14 +424,14 @@ static void test_self_registration(ts_env *e) {
     }
     CHECK(listed, "self-registered decode node's model in /v1/models");
     CHECK(up && ts_node_flag(e->pr, daddr, "registered") == 1, "self-registered decode and prefill nodes are up");
-    ts_req q = { .method = "POST", .path = "/v1/completions",
+    http_req q = { .method = "POST", .path = "/v1/completions",
                  .body = "{\"model\":\"selfreg\",\"prompt\":\"Once upon a time there was\",\"max_tokens\":4}" };
-    int st = ts_http(e->pr, &q, &resp);
+    int st = http_request(e->pr, &q, &resp);
     CHECK(st == 200 && strstr(resp, "\"finish_reason\":\"length\""), "request through the router to it: %d %s", st, resp);
     free(resp);
     sleep_ms(2000);   /* heartbeats keep it up beyond heartbeat_ttl_ms */
     CHECK(ts_node_flag(e->pr, daddr, "up") == 1, "still up after heartbeat_ttl_ms");
-    CHECK(ts_stop(e->sd) == 0 && ts_stop(e->sp) == 0, "self-registering nodes stop cleanly");
+    CHECK(stop_proc(e->sd, 10000) == 0 && stop_proc(e->sp, 10000) == 0, "self-registering nodes stop cleanly");
     e->sd = e->sp = 0;
 }
 
@@ -559,15 +442,15 @@ static void test_half_close(ts_env *e) {
                               "{\"model\":\"stories\",\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"stream\":true}" };
     for (int s = 0; s < 2; s++) {
         char *resp = NULL;
-        ts_req q = { .method = "POST", .path = "/v1/completions", .body = bodies[s], .half_close = 1 };
-        int st = ts_http(e->pr, &q, &resp);
+        http_req q = { .method = "POST", .path = "/v1/completions", .body = bodies[s], .half_close = 1 };
+        int st = http_request(e->pr, &q, &resp);
         CHECK(st == 200 && (s ? strstr(resp, "[DONE]") != NULL : strstr(resp, "\"finish_reason\":\"length\"") != NULL),
               "router, half-closed client, %s: %d %s", s ? "stream" : "no stream", st, resp);
         free(resp);
         const char *nb = s ? "{\"prompt\":\"Once upon a time\",\"max_tokens\":32,\"stream\":true}"
                            : "{\"prompt\":\"Once upon a time\",\"max_tokens\":32}";
-        ts_req d = { .method = "POST", .path = "/v1/generate", .body = nb, .sign = &e->api, .half_close = 1 };
-        st = ts_http(e->pd, &d, &resp);
+        http_req d = { .method = "POST", .path = "/v1/generate", .body = nb, .sign = &e->api, .half_close = 1 };
+        st = http_request(e->pd, &d, &resp);
         CHECK(st == 200 && strstr(resp, "\"finish_reason\":\"length\""), "decode node, half-closed client, %s: %d %s",
               s ? "stream" : "no stream", st, resp);
         free(resp);
@@ -581,10 +464,10 @@ static void test_big_prompt(ts_env *e) {
     for (size_t i = 0; i < n - 64; i += 2) { big[off + i] = 'a'; big[off + i + 1] = ' '; }
     strcpy(big + off + n - 64, "\"}");
     char *resp = NULL;
-    ts_req q = { .method = "POST", .path = "/v1/generate", .body = big };
-    double t0 = now_ms(), cpu0 = ts_cpu_ms(e->o);
-    int st = ts_http(e->po, &q, &resp);
-    double ms = now_ms() - t0, cpu = ts_cpu_ms(e->o) - cpu0;
+    http_req q = { .method = "POST", .path = "/v1/generate", .body = big };
+    double t0 = now_ms(), cpu0 = cpu_ms(e->o);
+    int st = http_request(e->po, &q, &resp);
+    double ms = now_ms() - t0, cpu = cpu_ms(e->o) - cpu0;
     printf("test_security_http: 8 MiB prompt refused in %.0f ms (node CPU %.0f ms)\n", ms, cpu);
     CHECK(st == 400 && strstr(resp, "context"), "8 MiB prompt: %d %.200s", st, resp);
     /* The node's own CPU time, not wall time: a loaded machine stretches the
@@ -616,11 +499,11 @@ int main(void) {
         test_self_registration(&e);
         test_slow_clients(&e);
     }
-    CHECK(ts_stop(e.r) == 0, "router exits cleanly");
-    CHECK(ts_stop(e.d) == 0, "decode node exits cleanly");
-    CHECK(ts_stop(e.o) == 0, "open decode node exits cleanly");
-    ts_stop(e.sd);
-    ts_stop(e.sp);
+    CHECK(stop_proc(e.r, 10000) == 0, "router exits cleanly");
+    CHECK(stop_proc(e.d, 10000) == 0, "decode node exits cleanly");
+    CHECK(stop_proc(e.o, 10000) == 0, "open decode node exits cleanly");
+    stop_proc(e.sd, 10000);
+    stop_proc(e.sp, 10000);
     fprintf(stderr, "test_security_http: %.1f s\n", (now_ms() - t0) / 1e3);
     return t_done("test_security_http");
 }
