@@ -53,7 +53,8 @@ typedef struct {
     int heartbeat_ttl_ms;        /* registered node with no heartbeat for this long is down */
     int quiet;                   /* no per-request log lines */
     int max_conns;               /* HTTP connections in all (httpd.h) */
-    int max_conns_per_ip;        /* HTTP connections per client address */
+    int max_conns_per_ip;        /* HTTP connections per client address; 0 = a 16th of max_conns */
+    int reg_private_only;        /* registration_addresses "private": loopback and private networks only */
     int request_deadline_ms;     /* a request's headers + body must arrive within this */
     router_node_cfg nodes[ROUTER_MAX_NODES];
     int n_nodes;
