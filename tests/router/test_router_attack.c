@@ -13,7 +13,9 @@
  *   - item 6: registration addresses are HOST:PORT only; link-local and
  *     unspecified addresses are refused, and with registration_addresses
  *     "private" every public address and every name;
- *   - item 7: /detokenize of 100k ids answers 200 with the content.
+ *   - item 7: /detokenize of 100k ids answers 200 with the content;
+ *   - item 2, the router's own share: 100 slow connections from one
+ *     address keep at most max_connections_per_ip (64 by default).
  * The node runs stories260K (assets/), so nothing here needs fixtures. */
 #include "proc.h"
 
@@ -216,6 +218,41 @@ static void test_client_share(int rport, int nport) {
     ta_wait_idle(nport);
 }
 
+/* ==== The router's per-address connection share ==== */
+
+/* 100 connections from one address, each holding half a request: the
+ * router keeps at most max_connections_per_ip (default a 16th of 1024:
+ * 64) and serves another address meanwhile. */
+static void test_conn_share(int rport) {
+    enum { N = 100 };
+    int fds[N], opened = 0, open_now = 0;
+    for (int i = 0; i < N; i++) {
+        fds[i] = connect_from(rport, "127.0.0.9", 2000);
+        if (fds[i] >= 0 && send(fds[i], "POST /v1/completions HTTP/1.1\r\nHost: x\r\n", 40, MSG_NOSIGNAL) != 40) {
+            close(fds[i]);
+            fds[i] = -1;
+        }
+        opened += fds[i] >= 0;
+    }
+    sleep_ms(300);
+    for (int i = 0; i < N; i++) {
+        char c;
+        if (fds[i] < 0) continue;
+        ssize_t r = recv(fds[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        open_now += r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);   /* nothing to read and not closed */
+    }
+    char *body = NULL;
+    double t0 = now_ms();
+    int st = ta_post_from(rport, "127.0.0.2", "/v1/completions", "{\"model\":\"stories\",\"prompt\":\"Once\",\"max_tokens\":4}", &body);
+    double ms = now_ms() - t0;
+    free(body);
+    printf("test_router_attack: 100 slow connections from one address: %d connected, %d kept open; another address %d in %.0f ms\n",
+           opened, open_now, st, ms);
+    CHECK(open_now <= 64 && open_now >= 32, "one address held to its connection share: %d of %d kept (share 64)", open_now, N);
+    CHECK(st == 200 && ms < 5000, "another address served meanwhile: %d in %.0f ms", st, ms);
+    for (int i = 0; i < N; i++) if (fds[i] >= 0) close(fds[i]);
+}
+
 /* ==== Item 6: registration addresses ==== */
 
 static void ta_expect_refused(int port, const char *addr, const char *why) {
@@ -336,6 +373,7 @@ int main(void) {
         test_tokenize_bounds(rport, r2port, nport);
         test_detokenize_big(rport);
         test_client_share(rport, nport);
+        test_conn_share(rport);
         test_reg_addresses(rport, r2port);
         test_reg_expiry(rport);
     }

@@ -47,9 +47,15 @@ static long long rp_index(json_t *o, int i) {
     return jint(json_array_get(json_object_get(o, "choices"), (size_t)i), "index", NULL);
 }
 
+/* /v1/stats of a node with the secret wants the router's signature. */
 static long long rp_stat(int port, const char *key) {
+    static node_auth_key k;
+    static int have_k;
+    if (!have_k) { node_auth_derive(&k, "router-prompts-test-secret", 26, NODE_AUTH_LABEL_DECODE_API); have_k = 1; }
     char *out = NULL;
+    sign_key = &k;
     int st = http(port, "GET", "/v1/stats", NULL, &out);
+    sign_key = NULL;
     json_t *o = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
     free(out);
     long long v = jint(o, key, NULL);
