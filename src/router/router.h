@@ -111,4 +111,9 @@ int router_cli(int argc, char **argv);
 #include <stdio.h>
 void router_usage(FILE *f);
 
+/* A registered node's address: HOST:PORT only, no link-local or unspecified
+ * address; private_only: loopback and private IP addresses only (no names).
+ * 0, or -1 with a message (router_endpoints.c; fuzz/fuzz_router_addr.c). */
+int router_check_addr(const char *addr, int private_only, char *err, size_t errlen);
+
 #endif

@@ -265,7 +265,7 @@ static int rt_reg_token_ok(const char *s, size_t len, size_t max) {
  * refused; with registration_addresses "private", so is every address
  * that is not loopback or private (10/8, 172.16/12, 192.168/16, fc00::/7),
  * and every name (it could resolve anywhere). 0, or -1 with a message. */
-static int rt_reg_addr_check(const char *a, int private_only, char *err, size_t errlen) {
+int router_check_addr(const char *a, int private_only, char *err, size_t errlen) {
     const char *colon = strrchr(a, ':');
     char host[128];
     if (!colon || colon == a || !colon[1] || strlen(colon + 1) > 5 || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
@@ -274,6 +274,7 @@ static int rt_reg_addr_check(const char *a, int private_only, char *err, size_t 
         return -1;
     }
     size_t hl = (size_t)(colon - a);
+    if (hl >= sizeof host) { rt_errf(err, errlen, "\"addr\" has a host over %zu bytes", sizeof host - 1); return -1; }
     int v6 = a[0] == '[';
     if (v6 ? hl < 3 || a[hl - 1] != ']' : 0) { rt_errf(err, errlen, "\"addr\" must be [IPV6]:PORT"); return -1; }
     if (v6) { memcpy(host, a + 1, hl - 2); host[hl - 2] = 0; }
@@ -327,7 +328,7 @@ static int rt_reg_parse(const char *body, size_t len, int private_only, router_n
         rt_errf(err, errlen, "\"model\" must be a non-empty printable name without spaces, under %zu bytes", sizeof nc->model);
     else if (!json_is_string(addr) || !rt_reg_token_ok(a, json_string_length(addr), sizeof nc->addr))
         rt_errf(err, errlen, "\"addr\" must be HOST:PORT");
-    else if (!rt_reg_addr_check(a, private_only, err, errlen)) {
+    else if (!router_check_addr(a, private_only, err, errlen)) {
         snprintf(nc->model, sizeof nc->model, "%s", json_string_value(model));
         snprintf(nc->addr, sizeof nc->addr, "%s", a);
         rc = 0;
