@@ -338,6 +338,22 @@ static void test_reg_expiry(int rport) {
     free(sbody);
 }
 
+/* A registration_addresses value other than "any" or "private": the
+ * router refuses to start (exit 2) with the key's name. */
+static void test_bad_policy(void) {
+    write_text(TA_DIR "/bad.json", "{\"listen\":\"127.0.0.1:0\",\"secret\":\"k\",\"registration_addresses\":\"public\"}\n");
+    char *a[] = { (char *)bin(), "serve", "--role", "router", "--config", TA_DIR "/bad.json", NULL };
+    pid_t pid = spawn_log(a, TA_DIR "/bad.log", 1);
+    int st = -1, code = -1;
+    for (double t0 = now_ms(); now_ms() - t0 < 10000; sleep_ms(20))
+        if (waitpid(pid, &st, WNOHANG) == pid) { code = WIFEXITED(st) ? WEXITSTATUS(st) : -1; break; }
+    if (code < 0) stop_proc(pid, 1000);
+    char *log = read_text(TA_DIR "/bad.log");
+    CHECK(code == 2 && log && strstr(log, "registration_addresses"), "registration_addresses \"public\": exit %d (%.200s)",
+          code, log ? log : "");
+    free(log);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     mkdir("build", 0755);
@@ -345,6 +361,7 @@ int main(void) {
     write_text(TA_DIR "/secret", TA_SECRET "\n");
     node_auth_derive(&ta_api_key, TA_SECRET, strlen(TA_SECRET), NODE_AUTH_LABEL_DECODE_API);
     node_auth_derive(&ta_reg_key, TA_SECRET, strlen(TA_SECRET), NODE_AUTH_LABEL_REGISTER);
+    test_bad_policy();
     int tmo = asan() ? 60000 : 20000;
     char *nargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", "assets/stories260K.gguf", "-t", "1", "-c", TA_NCTX,
                       "--parallel", "4", "--queue", "16", "--client-share", "50", "--secret-file", TA_DIR "/secret",
