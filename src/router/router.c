@@ -153,6 +153,14 @@ int rt_client_fd(struct MHD_Connection *c) {
     return ci ? ci->connect_fd : -1;
 }
 
+void rt_client_addr(struct MHD_Connection *c, char *out, size_t n) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+    out[0] = 0;
+    if (sa && sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)n);
+    else if (sa && sa->sa_family == AF_INET6) inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)n);
+}
+
 /* ==== Request dispatch ==== */
 
 static int rt_route(const char *method, const char *url, int *ep, int *post) {
@@ -199,14 +207,17 @@ static enum MHD_Result rt_first_call(router *r, struct MHD_Connection *c, const 
         return rt_send_error(r, c, ep, &e);
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (post && cl && strtoull(cl, NULL, 10) > r->cfg.max_body_bytes) {
+    size_t limit = !strcmp(url, "/tokenize") ? rt_tokenize_cap(r) : r->cfg.max_body_bytes;
+    if (post && cl && strtoull(cl, NULL, 10) > limit) {
         api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                      "The request body (%s bytes) exceeds %zu bytes.", cl, r->cfg.max_body_bytes);
+                      "The request body (%s bytes) exceeds %zu bytes%s.", cl, limit,
+                      limit < r->cfg.max_body_bytes ? " (what the decode nodes' context can hold)" : "");
         return rt_send_error(r, c, ep, &e);
     }
     rt_conn *cc = calloc(1, sizeof *cc);
     if (!cc) return MHD_NO;
     cc->ep = ep;
+    cc->limit = limit;
     *con_cls = cc;
     return MHD_YES;
 }
@@ -217,7 +228,7 @@ static enum MHD_Result rt_handler(void *cls, struct MHD_Connection *c, const cha
     if (!*con_cls) return rt_first_call(r, c, url, method, con_cls);
     rt_conn *cc = *con_cls;
     if (*upload_size) {
-        if (!cc->too_big && cc->len + *upload_size > r->cfg.max_body_bytes) {
+        if (!cc->too_big && cc->len + *upload_size > cc->limit) {
             cc->too_big = 1;
             free(cc->body);
             cc->body = NULL;
@@ -316,7 +327,11 @@ int router_start(router **out, const router_config *cfg, char *err, size_t errle
      * above max_concurrent (httpd.h has the slow-client defences). */
     unsigned conn_limit = (unsigned)cfg->max_conns;
     if (conn_limit < (unsigned)cfg->max_concurrent * 2 + 16) conn_limit = (unsigned)cfg->max_concurrent * 2 + 16;
-    httpd_limits lim = { .max_conns = conn_limit, .max_conns_per_ip = (unsigned)cfg->max_conns_per_ip,
+    /* A fair share per address by default: a 16th of the pool (64 of the
+     * default 1024), and httpd's per-/24 share (half the pool) and
+     * slow-stranger eviction behind it. */
+    unsigned per_ip = cfg->max_conns_per_ip > 0 ? (unsigned)cfg->max_conns_per_ip : conn_limit / 16;
+    httpd_limits lim = { .max_conns = conn_limit, .max_conns_per_ip = per_ip,
                          .request_deadline_ms = cfg->request_deadline_ms, .idle_timeout_s = 60 };
     if (httpd_start(&r->http, &lim, fd, rt_handler, r, rt_completed, r, herr, sizeof herr)) {
         rt_errf(err, errlen, "%s: %s", cfg->listen, herr);

@@ -53,7 +53,8 @@ typedef struct {
     int heartbeat_ttl_ms;        /* registered node with no heartbeat for this long is down */
     int quiet;                   /* no per-request log lines */
     int max_conns;               /* HTTP connections in all (httpd.h) */
-    int max_conns_per_ip;        /* HTTP connections per client address */
+    int max_conns_per_ip;        /* HTTP connections per client address; 0 = a 16th of max_conns */
+    int reg_private_only;        /* registration_addresses "private": loopback and private networks only */
     int request_deadline_ms;     /* a request's headers + body must arrive within this */
     router_node_cfg nodes[ROUTER_MAX_NODES];
     int n_nodes;
@@ -109,5 +110,10 @@ int router_cli(int argc, char **argv);
 /* The router's options (tandem serve --role router --help). */
 #include <stdio.h>
 void router_usage(FILE *f);
+
+/* A registered node's address: HOST:PORT only, no link-local or unspecified
+ * address; private_only: loopback and private IP addresses only (no names).
+ * 0, or -1 with a message (router_endpoints.c; fuzz/fuzz_router_addr.c). */
+int router_check_addr(const char *addr, int private_only, char *err, size_t errlen);
 
 #endif

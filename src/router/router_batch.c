@@ -39,6 +39,7 @@ static rt_req *rt_kid_new(rt_batch *b, int k, api_request *req) {
     q->client_fd = p->client_fd;
     memcpy(q->id, p->id, sizeof q->id);
     memcpy(q->rid, p->rid, sizeof q->rid);
+    memcpy(q->client, p->client, sizeof q->client);
     q->batch = b;
     q->index_base = k * p->req.n;
     return q;
@@ -389,6 +390,7 @@ enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     rt_req *q = calloc(1, sizeof *q);
     if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_refuse(r, c, cc->ep, &e); }
     q->r = r;
+    rt_client_addr(c, q->client, sizeof q->client);   /* whose share of a node's slots (X-Tandem-Client) */
     q->ep = cc->ep;
     q->decode_idx = q->prefill_idx = -1;
     q->t_start = rt_now_ms();

@@ -33,7 +33,10 @@ void router_config_default(router_config *c) {
      * real work; one address gets a quarter of it; 30 s to send a request
      * (a 1 MiB body at ~35 KB/s). */
     c->max_conns = 1024;
-    c->max_conns_per_ip = 256;
+    /* 0: a 16th of max_connections (router_start), so that 16 addresses
+     * cannot hold every connection; issue 39 saw 20 addresses at 256 each
+     * leave the router serving 0 of 40 legitimate requests. */
+    c->max_conns_per_ip = 0;
     c->request_deadline_ms = 30000;
 }
 
@@ -104,7 +107,8 @@ static int rt_cfg_known(json_t *o, const char *const *keys, const char *where, c
 
 static const char *const rt_cfg_root_keys[] = {
     "listen", "api_key", "secret", "secret_file", "split", "min_split_tokens", "link_gbps", "health_interval_ms",
-    "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes", NULL};
+    "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes",
+    "registration_addresses", NULL};
 static const char *const rt_cfg_limit_keys[] = {
     "max_body_bytes", "max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens", "max_concurrent",
     "request_timeout_ms", "idle_timeout_ms", "max_connections", "max_connections_per_ip", "request_deadline_ms", NULL};
@@ -184,7 +188,7 @@ static int rt_cfg_nodes(router_config *c, json_t *nodes, char *err, size_t errle
 }
 
 static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen) {
-    char split[16] = "";
+    char split[16] = "", regaddr[16] = "";
     double gbps = c->link_gbps;
     if (rt_cfg_known(root, rt_cfg_root_keys, "", err, errlen)) return -1;
     json_t *g = json_object_get(root, "link_gbps");
@@ -197,6 +201,7 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
     if (rt_cfg_str(root, "listen", c->listen, sizeof c->listen, err, errlen) ||
         rt_cfg_str(root, "api_key", c->api_key, sizeof c->api_key, err, errlen) ||
         rt_cfg_str(root, "split", split, sizeof split, err, errlen) ||
+        rt_cfg_str(root, "registration_addresses", regaddr, sizeof regaddr, err, errlen) ||
         rt_cfg_int(root, "min_split_tokens", 0, 1 << 24, &c->min_split_tokens, err, errlen) ||
         rt_cfg_int(root, "health_interval_ms", 50, 600000, &c->health_interval_ms, err, errlen) ||
         rt_cfg_int(root, "down_after", 1, 100, &c->down_after, err, errlen) ||
@@ -207,6 +212,11 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
         rt_cfg_limits(c, json_object_get(root, "limits"), err, errlen) ||
         rt_cfg_nodes(c, json_object_get(root, "nodes"), err, errlen))
         return -1;
+    if (regaddr[0] && strcmp(regaddr, "any") && strcmp(regaddr, "private")) {
+        rt_errf(err, errlen, "config: \"registration_addresses\" must be \"any\" or \"private\"");
+        return -1;
+    }
+    c->reg_private_only = !strcmp(regaddr, "private");
     if (split[0] && rt_cfg_split(split, &c->split)) {
         rt_errf(err, errlen, "config: \"split\" must be \"auto\", \"always\" or \"never\"");
         return -1;

@@ -66,6 +66,7 @@ enum MHD_Result rt_health(router *r, struct MHD_Connection *c) {
     int decode_up = 0;
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->n_nodes; i++) {
+        if (!r->nodes[i].cfg.role) continue;   /* a free entry */
         json_array_append_new(arr, rt_node_json(&r->nodes[i]));
         decode_up += r->nodes[i].cfg.role == ROUTER_NODE_DECODE && r->nodes[i].up;
     }
@@ -88,6 +89,7 @@ enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
     for (int k = 0; k < RT_NM_N; k++) metrics_clear(m->node[k]);
     for (int i = 0; i < r->n_nodes; i++) {
         const rt_node *n = &r->nodes[i];
+        if (!n->cfg.role) continue;   /* a free entry */
         const char *lv[] = {n->cfg.addr, n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill", n->cfg.model};
         double v[RT_NM_N] = {n->up, n->inflight, n->queue_depth, n->prefill_tps, n->decode_tps, n->kv_bytes_per_token,
                              n->link_Bps, (double)n->requests, (double)n->failures};
@@ -102,9 +104,39 @@ enum MHD_Result rt_metrics_page(router *r, struct MHD_Connection *c) {
 
 /* ==== /tokenize and /detokenize: forwarded to a decode node ==== */
 
+/* Body bytes a /tokenize request may carry per context token: the decode
+ * node's own bound (node_decode.c DN_TOK_BODY_PER_TOKEN, 24: above the
+ * costliest realistic text, JSON-escaped non-Latin script at 6 bytes a
+ * token), plus the JSON around a prompt (DN_TOK_BODY_SLACK). A body past
+ * it cannot fit the context, and tokenizing costs a node about 53 bytes
+ * of memory per input byte: refused unread (413). */
+#define RT_TOK_BODY_PER_TOKEN 24
+#define RT_TOK_BODY_SLACK (64u << 10)
+
+static size_t rt_tok_cap_of(const router *r, int n_ctx) {
+    if (n_ctx <= 0) return r->cfg.max_body_bytes;   /* a node that does not say: its own bound applies */
+    size_t cap = (size_t)n_ctx * RT_TOK_BODY_PER_TOKEN + RT_TOK_BODY_SLACK;
+    return cap < r->cfg.max_body_bytes ? cap : r->cfg.max_body_bytes;
+}
+
+size_t rt_tokenize_cap(router *r) {
+    size_t cap = 0;
+    int any = 0;
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < r->n_nodes; i++) {
+        const rt_node *n = &r->nodes[i];
+        if (n->cfg.role != ROUTER_NODE_DECODE || !n->up) continue;
+        size_t c = rt_tok_cap_of(r, n->n_ctx);
+        if (!any || c > cap) cap = c;
+        any = 1;
+    }
+    pthread_mutex_unlock(&r->mu);
+    return any ? cap : r->cfg.max_body_bytes;   /* none up: the request fails on its model anyway */
+}
+
 /* The decode node for a tokenizer request: "model" if given, else the only
- * model served. -1 with e filled. */
-static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, api_error *e) {
+ * model served; its context into *n_ctx. -1 with e filled. */
+static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, int *n_ctx, api_error *e) {
     json_t *mv = json_object_get(o, "model");
     const char *ids[ROUTER_MAX_NODES];
     if (mv && !json_is_null(mv) && !json_is_string(mv)) {
@@ -116,7 +148,10 @@ static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, api_
     const char *model = json_string_value(mv);
     if (!model && n == 1) model = ids[0];
     if (model) idx = rt_pick_locked(r, ROUTER_NODE_DECODE, model, NULL);
-    if (idx >= 0) snprintf(addr, addrlen, "%s", r->nodes[idx].cfg.addr);
+    if (idx >= 0) {
+        snprintf(addr, addrlen, "%s", r->nodes[idx].cfg.addr);
+        *n_ctx = r->nodes[idx].n_ctx;
+    }
     pthread_mutex_unlock(&r->mu);
     if (idx >= 0) return 0;
     if (!model)
@@ -130,22 +165,26 @@ static int rt_tokens_node(router *r, json_t *o, char *addr, size_t addrlen, api_
     return -1;
 }
 
-enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int detok) {
+/* The forwarded call, once the request holds its share of max_concurrent. */
+static enum MHD_Result rt_tokens_forward(router *r, struct MHD_Connection *c, rt_conn *cc, int detok) {
     api_error e;
     char addr[128];
-    if (cc->too_big) {
-        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL, "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
-        return rt_send_error(r, c, RT_EP_OTHER, &e);
-    }
+    int n_ctx = 0;
     json_t *o = json_loadb(cc->body ? cc->body : "", cc->len, 0, NULL);
     if (!json_is_object(o)) {
         json_decref(o);
         api_error_set(&e, 400, "invalid_request_error", "invalid_json", NULL, "The request body must be a JSON object.");
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
-    int rc = rt_tokens_node(r, o, addr, sizeof addr, &e);
+    int rc = rt_tokens_node(r, o, addr, sizeof addr, &n_ctx, &e);
     json_decref(o);
     if (rc) return rt_send_error(r, c, RT_EP_OTHER, &e);
+    if (!detok && cc->len > rt_tok_cap_of(r, n_ctx)) {   /* the chosen node's context is smaller than the largest */
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                      "The request body (%zu bytes) exceeds %zu bytes (what the model's context of %d tokens can hold).",
+                      cc->len, rt_tok_cap_of(r, n_ctx), n_ctx);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
     strbuf b = {0};
     long st = rt_http_post(addr, detok ? "/v1/detokenize" : "/v1/tokenize", cc->body, cc->len, rt_node_key(r),
                            RT_REPLY_TOKENS, r->cfg.request_timeout_ms, &b);
@@ -156,6 +195,32 @@ enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int 
     }
     rt_count_request(r, RT_EP_OTHER, (int)st);
     return rt_send(c, (int)st, "application/json", b.p);
+}
+
+/* POST /tokenize, /detokenize: a decode node does the work, so each holds
+ * one of the router's max_concurrent requests while it runs (429 with
+ * Retry-After past it, as for completions). */
+enum MHD_Result rt_tokens(router *r, struct MHD_Connection *c, rt_conn *cc, int detok) {
+    api_error e;
+    if (cc->too_big) {
+        api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL, "The request body exceeds %zu bytes%s.",
+                      cc->limit, cc->limit < r->cfg.max_body_bytes ? " (what the decode nodes' context can hold)" : "");
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    pthread_mutex_lock(&r->mu);
+    int over = r->active + 1 > r->cfg.max_concurrent;
+    if (!over) r->active++;
+    pthread_mutex_unlock(&r->mu);
+    if (over) {
+        api_error_set(&e, 429, "rate_limit_error", "too_many_requests", NULL,
+                      "Too many concurrent requests (limit %d); retry later.", r->cfg.max_concurrent);
+        return rt_send_error(r, c, RT_EP_OTHER, &e);
+    }
+    enum MHD_Result mr = rt_tokens_forward(r, c, cc, detok);
+    pthread_mutex_lock(&r->mu);
+    r->active--;
+    pthread_mutex_unlock(&r->mu);
+    return mr;
 }
 
 /* ==== Node registration ==== */
@@ -170,13 +235,16 @@ int rt_node_upsert_locked(router *r, const router_node_cfg *cfg, int registered)
             return i;
         }
     }
-    if (r->n_nodes >= ROUTER_MAX_NODES) return -1;
-    rt_node *n = &r->nodes[r->n_nodes];
+    int i = 0;
+    while (i < r->n_nodes && r->nodes[i].cfg.role) i++;   /* a free entry (rt_node_forget_locked), else a new one */
+    if (i >= ROUTER_MAX_NODES) return -1;
+    rt_node *n = &r->nodes[i];
     memset(n, 0, sizeof *n);
     n->cfg = *cfg;
     n->registered = registered;
     n->last_heartbeat_ms = rt_now_ms();
-    return r->n_nodes++;
+    if (i == r->n_nodes) r->n_nodes++;
+    return i;
 }
 
 /* A registered name or address ends up in URLs, metrics labels and logs:
@@ -188,12 +256,69 @@ static int rt_reg_token_ok(const char *s, size_t len, size_t max) {
     return 1;
 }
 
+/* A registered address is where health checks and signed calls go:
+ * HOST:PORT and nothing else (issue 39 item 6: "127.0.0.1:80/admin?x=:1"
+ * sent them to a path of the registrant's choosing). HOST is a name of
+ * letters, digits, '-' and '.', a dotted IPv4 address, or an IPv6 address
+ * in brackets; PORT is 1-65535. Link-local addresses (169.254.0.0/16, where
+ * clouds serve instance metadata, and fe80::/10) and unspecified ones are
+ * refused; with registration_addresses "private", so is every address
+ * that is not loopback or private (10/8, 172.16/12, 192.168/16, fc00::/7),
+ * and every name (it could resolve anywhere). 0, or -1 with a message. */
+int router_check_addr(const char *a, int private_only, char *err, size_t errlen) {
+    const char *colon = strrchr(a, ':');
+    char host[128];
+    if (!colon || colon == a || !colon[1] || strlen(colon + 1) > 5 || strspn(colon + 1, "0123456789") != strlen(colon + 1) ||
+        atoi(colon + 1) < 1 || atoi(colon + 1) > 65535) {
+        rt_errf(err, errlen, "\"addr\" must be HOST:PORT with a port of 1-65535");
+        return -1;
+    }
+    size_t hl = (size_t)(colon - a);
+    if (hl >= sizeof host) { rt_errf(err, errlen, "\"addr\" has a host over %zu bytes", sizeof host - 1); return -1; }
+    int v6 = a[0] == '[';
+    if (v6 ? hl < 3 || a[hl - 1] != ']' : 0) { rt_errf(err, errlen, "\"addr\" must be [IPV6]:PORT"); return -1; }
+    if (v6) { memcpy(host, a + 1, hl - 2); host[hl - 2] = 0; }
+    else { memcpy(host, a, hl); host[hl] = 0; }
+    if (strspn(host, v6 ? "0123456789abcdefABCDEF:." : "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-.") != strlen(host)) {
+        rt_errf(err, errlen, "\"addr\" must be HOST:PORT only (no path, query, fragment, user or spaces)");
+        return -1;
+    }
+    unsigned char ip[16];
+    if (v6 && inet_pton(AF_INET6, host, ip) != 1) { rt_errf(err, errlen, "\"addr\" has a bad IPv6 address"); return -1; }
+    int is4 = !v6 && inet_pton(AF_INET, host, ip) == 1;
+    if (!v6 && !is4) {
+        if (host[0] == '-' || host[0] == '.' || strspn(host, "0123456789.") == strlen(host)) {
+            rt_errf(err, errlen, "\"addr\" has a bad host name or IPv4 address");
+            return -1;
+        }
+        if (private_only) {
+            rt_errf(err, errlen, "\"addr\" must be a loopback or private IP address (registration_addresses is \"private\")");
+            return -1;
+        }
+        return 0;
+    }
+    if (v6 && !memcmp(ip, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12)) { memmove(ip, ip + 12, 4); is4 = 1; v6 = 0; }   /* ::ffff:a.b.c.d */
+    static const unsigned char zero[16];
+    int link_local = is4 ? ip[0] == 169 && ip[1] == 254 : ip[0] == 0xfe && (ip[1] & 0xc0) == 0x80;
+    int unspecified = !memcmp(ip, zero, is4 ? 4 : 16);
+    if (link_local || unspecified) {
+        rt_errf(err, errlen, "\"addr\" is a %s address", link_local ? "link-local" : "unspecified");
+        return -1;
+    }
+    int priv = is4 ? ip[0] == 127 || ip[0] == 10 || (ip[0] == 172 && (ip[1] & 0xf0) == 16) || (ip[0] == 192 && ip[1] == 168)
+                   : (!memcmp(ip, zero, 15) && ip[15] == 1) || (ip[0] & 0xfe) == 0xfc;
+    if (private_only && !priv) {
+        rt_errf(err, errlen, "\"addr\" must be a loopback or private IP address (registration_addresses is \"private\")");
+        return -1;
+    }
+    return 0;
+}
+
 /* {"role", "model", "addr"} into *nc; 0, or -1 with a message. */
-static int rt_reg_parse(const char *body, size_t len, router_node_cfg *nc, char *err, size_t errlen) {
+static int rt_reg_parse(const char *body, size_t len, int private_only, router_node_cfg *nc, char *err, size_t errlen) {
     json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
     json_t *role = json_object_get(o, "role"), *model = json_object_get(o, "model"), *addr = json_object_get(o, "addr");
     const char *rs = json_string_value(role), *a = json_string_value(addr);
-    const char *colon = a ? strrchr(a, ':') : NULL;
     int rc = -1;
     memset(nc, 0, sizeof *nc);
     nc->role = rs && !strcmp(rs, "decode") ? ROUTER_NODE_DECODE : rs && !strcmp(rs, "prefill") ? ROUTER_NODE_PREFILL : 0;
@@ -201,10 +326,9 @@ static int rt_reg_parse(const char *body, size_t len, router_node_cfg *nc, char 
     else if (!nc->role) rt_errf(err, errlen, "\"role\" must be \"decode\" or \"prefill\"");
     else if (!json_is_string(model) || !rt_reg_token_ok(json_string_value(model), json_string_length(model), sizeof nc->model))
         rt_errf(err, errlen, "\"model\" must be a non-empty printable name without spaces, under %zu bytes", sizeof nc->model);
-    else if (!json_is_string(addr) || !rt_reg_token_ok(a, json_string_length(addr), sizeof nc->addr) || !colon ||
-             colon == a || strspn(colon + 1, "0123456789") != strlen(colon + 1) || !colon[1] || strlen(colon + 1) > 5)
+    else if (!json_is_string(addr) || !rt_reg_token_ok(a, json_string_length(addr), sizeof nc->addr))
         rt_errf(err, errlen, "\"addr\" must be HOST:PORT");
-    else {
+    else if (!router_check_addr(a, private_only, err, errlen)) {
         snprintf(nc->model, sizeof nc->model, "%s", json_string_value(model));
         snprintf(nc->addr, sizeof nc->addr, "%s", a);
         rc = 0;
@@ -228,7 +352,7 @@ enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
     router_node_cfg nc;
-    if (rt_reg_parse(cc->body, cc->len, &nc, err, sizeof err)) {
+    if (rt_reg_parse(cc->body, cc->len, r->cfg.reg_private_only, &nc, err, sizeof err)) {
         api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s.", err);
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }

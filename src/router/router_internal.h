@@ -73,6 +73,7 @@ typedef struct {
     double kv_bytes_per_token, link_Bps, overhead_ms;
     double bytes_per_token;      /* prompt bytes per token (decode nodes), to estimate prompt length */
     char chat_format[16];        /* the decode node's template family (its /health), for tool calls */
+    int n_ctx;                   /* the decode node's context (its /health "n_ctx"); 0 = not reported */
     unsigned long long requests, failures, checks_failed;
     char desc[400];
 } rt_node;
@@ -173,6 +174,7 @@ typedef struct {
     int index_base;
     char id[48];
     char rid[LOG_ID_CHARS + 1];  /* request id in the logs of every node (log.h) */
+    char client[64];             /* the client's address, sent as X-Tandem-Client for the node's share */
     long long created;
     int client_fd;
     /* chosen nodes */
@@ -240,6 +242,7 @@ typedef struct {
     int ep;
     char *body;
     size_t len, cap;
+    size_t limit;                /* body bytes this request may carry (rt_first_call) */
     int too_big;
     int handled;
 } rt_conn;
@@ -257,5 +260,7 @@ void rt_count_request(router *r, int ep, int status);
 enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body);
 enum MHD_Result rt_send_error(router *r, struct MHD_Connection *c, int ep, const api_error *e);
 int rt_client_fd(struct MHD_Connection *c);
+/* The client's address as text ("" when not an IP connection). */
+void rt_client_addr(struct MHD_Connection *c, char *out, size_t n);
 
 #endif

@@ -239,7 +239,7 @@ static double rt_json_num(json_t *o, const char *const *keys) {
 typedef struct {
     int ok;
     char desc[400];
-    int queue, slots, queue_max;
+    int queue, slots, queue_max, n_ctx;
     double prefill_tps, decode_tps;
     char chat_format[16];
     char err[256];               /* why the probe failed */
@@ -255,6 +255,9 @@ static void rt_probe_decode(const char *addr, const node_auth_key *key, int time
     if (model) snprintf(p->desc, sizeof p->desc, "%s", model);
     const char *cf = json_string_value(json_object_get(o, "chat_format"));
     snprintf(p->chat_format, sizeof p->chat_format, "%s", cf ? cf : "");
+    json_t *nc = json_object_get(o, "n_ctx");   /* bounds /tokenize bodies; a broken report is ignored */
+    p->n_ctx = json_is_integer(nc) && json_integer_value(nc) > 0 && json_integer_value(nc) <= (1 << 24)
+             ? (int)json_integer_value(nc) : 0;
     json_decref(o);
     free(b.p);
     p->queue = -1;
@@ -310,6 +313,14 @@ static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
     wire_conn_close(&wc);
 }
 
+/* Frees entry i of the table: its role 0 marks it free (every loop over
+ * the table skips it, rt_node_upsert_locked reuses it); the table shrinks
+ * when it was the last. Caller holds mu. */
+void rt_node_forget_locked(router *r, int i) {
+    memset(&r->nodes[i], 0, sizeof r->nodes[i]);
+    while (r->n_nodes > 0 && !r->nodes[r->n_nodes - 1].cfg.role) r->n_nodes--;
+}
+
 /* One probe of every node. startup: the round before the router serves,
  * which logs every configured node as reachable or not (with the reason);
  * later rounds log only changes. */
@@ -324,12 +335,28 @@ void rt_health_round(router *r, int startup) {
     for (int i = 0; i < n && !r->stopping; i++) {
         rt_probe p;
         memset(&p, 0, sizeof p);
+        if (!cfgs[i].role) continue;   /* a free entry (rt_node_forget_locked) */
         if (cfgs[i].role == ROUTER_NODE_DECODE) rt_probe_decode(cfgs[i].addr, rt_node_key(r), timeout, &p);
         else rt_probe_prefill(cfgs[i].addr, timeout, &p);
         pthread_mutex_lock(&r->mu);
         rt_node *nd = &r->nodes[i];
+        if (nd->cfg.role != cfgs[i].role || strcmp(nd->cfg.addr, cfgs[i].addr)) {   /* forgotten and reused meanwhile */
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
         double now = rt_now_ms();
         int expired = nd->registered && now - nd->last_heartbeat_ms > r->cfg.heartbeat_ttl_ms;
+        if (expired && nd->inflight == 0) {
+            /* Removed at heartbeat expiry, so that a table filled by churn
+             * or a signed flood empties itself (issue 39 item 5). One with
+             * requests in flight waits for them: they hold its index. */
+            log_warn(NULL, "%s node %s (model %s) removed: no heartbeat for %d ms",
+                     cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill", cfgs[i].addr, cfgs[i].model,
+                     r->cfg.heartbeat_ttl_ms);
+            rt_node_forget_locked(r, i);
+            pthread_mutex_unlock(&r->mu);
+            continue;
+        }
         if (p.ok && !expired) {
             if (!nd->up) log_info(NULL, "%s node %s (model %s) %s: %s", cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill",
                                   cfgs[i].addr, cfgs[i].model, startup ? "reachable at start-up" : "is up", p.desc);
@@ -337,6 +364,7 @@ void rt_health_round(router *r, int startup) {
             nd->fails = 0;
             snprintf(nd->desc, sizeof nd->desc, "%s", p.desc);
             snprintf(nd->chat_format, sizeof nd->chat_format, "%s", p.chat_format);
+            if (p.n_ctx > 0) nd->n_ctx = p.n_ctx;
             if (p.queue >= 0) { nd->queue_depth = p.queue; nd->inflight_at_report = nd->inflight; }
             if (cfgs[i].role == ROUTER_NODE_DECODE) {
                 nd->slots = p.slots;

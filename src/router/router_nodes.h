@@ -25,6 +25,9 @@ long rt_http_post(const char *addr, const char *path, const char *body, size_t l
                   size_t cap, int timeout_ms, strbuf *out);
 int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen);
 void rt_health_round(router *r, int startup);
+/* Frees entry i of the node table (a registration past its heartbeat).
+ * Caller holds mu. */
+void rt_node_forget_locked(router *r, int i);
 void *rt_health_main(void *arg);
 
 #endif

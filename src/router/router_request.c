@@ -265,7 +265,7 @@ static int rt_attempt(rt_req *q, api_error *e) {
     const char *mode = q->dec.split ? "remote" : "local";
     char *body = api_upstream_body(&q->req, mode, q->dec.split ? q->prefill_addr : NULL);
     if (!body || rt_up_open(&q->up, q->decode_addr, body, r->cfg.connect_timeout_ms, r->have_secret ? &r->api_key : NULL,
-                             q->rid)) {
+                             q->rid, q->client)) {
         if (!q->up.body) free(body);
         rt_up_close(&q->up);
         api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");

@@ -42,8 +42,12 @@ void rt_up_close(rt_up *u) {
 }
 
 /* key: signs the request for a decode node that authenticates (NULL: unsigned).
- * rid: the request id (log.h), sent as X-Request-Id for the node's log. */
-int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key, const char *rid) {
+ * rid: the request id (log.h), sent as X-Request-Id for the node's log.
+ * client: who asked (the client's address; "" none), sent as
+ * X-Tandem-Client, which a node with a secret reads on signed requests to
+ * hold one client to its --client-share of the slots. */
+int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key, const char *rid,
+               const char *client) {
     memset(u, 0, sizeof *u);
     u->body = body;
     char url[192];
@@ -54,6 +58,9 @@ int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const nod
     snprintf(xid, sizeof xid, "X-Request-Id: %s", rid);
     u->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     if (u->hdrs) u->hdrs = curl_slist_append(u->hdrs, xid);
+    char xc[96];
+    snprintf(xc, sizeof xc, "X-Tandem-Client: %.64s", client ? client : "");
+    if (u->hdrs && client && *client) u->hdrs = curl_slist_append(u->hdrs, xc);
     if (!u->easy || !u->multi || !u->hdrs) return -1;
     node_auth_sig sig;
     if (key && (node_auth_sign(key, "POST", "/v1/generate", body, strlen(body), node_auth_now_ms(), &sig) ||

@@ -6,7 +6,8 @@
 #include "router/router_internal.h"
 
 void rt_up_close(rt_up *u);
-int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key, const char *rid);
+int rt_up_open(rt_up *u, const char *addr, char *body, int connect_ms, const node_auth_key *key, const char *rid,
+               const char *client);
 long rt_up_status(rt_up *u);
 int rt_up_line(rt_up *u, double deadline_ms, int client_fd, char **line, size_t *len);
 int rt_tools_prepare(rt_req *q, api_error *e);
