@@ -96,7 +96,9 @@ uint32_t quant_vec_dot_type(uint32_t wtype) {
     /* Half-precision weights meet f32 activations unrounded: that is what the
      * primary oracle (ik_llama.cpp) does, and it agrees with it to 1e-4
      * logits where rounding the activations to f16 (mainline ggml) leaves
-     * 1e-2 and flips near-tied MoE routing decisions. */
+     * 1e-2 and flips near-tied MoE routing decisions. The experts of a MoE
+     * block are the exception: both oracles round their inputs to f16
+     * (backend_cpu.c, moe_round_f16). */
     case GGML_TYPE_F16: return GGML_TYPE_F32;
     case GGML_TYPE_BF16: return GGML_TYPE_F32;
     case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return GGML_TYPE_Q8_0;

@@ -7,7 +7,9 @@
  *     activation block carries s = d * sum(q), which meets the weight's min)
  *   Q4_K, Q5_K, Q6_K weights  x  Q8_K activations  (blocks of 256)
  *   F16, BF16 and F32 weights x F32 activations (f32 accumulation, as the
- *   primary oracle ik_llama.cpp does; mainline ggml rounds them to f16)
+ *   primary oracle ik_llama.cpp does; mainline ggml rounds them to f16),
+ *   except a MoE block's F16 experts, whose f32 inputs the CPU backend
+ *   rounds to f16 first, as both oracles do there (backend_cpu.c)
  *
  * Every kernel exists as a plain C reference (quant_ref_*) and in SIMD kernel
  * sets (src/backend/cpu/): "avx2" (AVX2/FMA/F16C), "avxvnni" (the same with

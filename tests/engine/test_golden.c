@@ -19,8 +19,8 @@
  * qwen2-mini-Q4_0 0.278 keeps its tighter 0.30). A bar is never raised to
  * make tandem pass; where tandem's worst step is above it, that is a
  * finding (see there). Every step of every file is held to its bar, except
- * qwen3moe-mini-Q4_K_M's listed excursions, each printed with its distance
- * and reason.
+ * qwen3moe-mini-Q4_K_M's listed excursions and qwen3moe-mini-F16's one
+ * (a free-running near-tie), each printed with its distance and reason.
  * Also: stories260K's 200-token greedy story from BOS, exactly.
  * TANDEM_BACKEND=cuda (a build with CUDA=1) runs it all on the CUDA backend;
  * without a CUDA device that is a counted "skipped: cuda: ..." line; a CUDA
@@ -143,6 +143,20 @@ static const golden_excursion MOE_Q4_EXCURSIONS[] = {
     { NULL, 0, NULL },
 };
 
+/* qwen3moe-mini-F16's one known excursion, a final-logit near-tie: at
+ * 05_digits step 6 the oracle's top two are 0.0063 apart (mainline's
+ * golden: 0.0045, the same order), under F16 noise. Since the MoE experts'
+ * inputs are rounded to F16 as both oracles round them (backend_cpu.c,
+ * moe_round_f16), tandem is within 0.010 of ik_llama.cpp there but with
+ * the avx2/avx512 sets puts the 2nd token 0.0025 above the 1st (the ref set
+ * and a float64 forward keep the oracle's order), so free running parts
+ * there. Teacher-forced it is within tolerance; listed so that free running
+ * is held up to it, and printed on every run. */
+static const golden_excursion MOE_F16_EXCURSIONS[] = {
+    { "05_digits", 6, "final-logit near-tie: oracle top-1/top-2 gap 0.0063 (mainline 0.0045), |dlogit| 0.010 (avx2/avx512), 0.017 (ref); avx2/avx512 order the two the other way by 0.0025, ref as the oracle" },
+    { NULL, 0, NULL },
+};
+
 static const golden_case CASES[] = {
     { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
     { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
@@ -151,9 +165,12 @@ static const golden_case CASES[] = {
     /* qwen3 F16: the two oracles are 0.0176 apart at most on qwen3-mini-F16
      * (bar 3e-2 as for every F16 file); on qwen3moe-mini-F16 0.021 at the
      * median but up to 1.64 at router near-ties (4 of 8 prompts part). tandem
-     * against ik_llama.cpp: 0.0002 and 0.020 at worst, all 32 tokens. */
+     * against ik_llama.cpp: 0.0002 and, on qwen3moe-mini-F16 (experts' inputs
+     * rounded to F16, 2026-11-28), median 0.0024 p95 0.0050 max 0.0105
+     * (avx2/avx512; ref 0.0035 / 0.0077 / 0.0170), was 0.0048 / 0.0093 /
+     * 0.0200 unrounded; one free-running near-tie, MOE_F16_EXCURSIONS. */
     { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
-    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, MOE_F16_EXCURSIONS, 0 },
     { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
     /* Quantised files: each implementation quantises the activations its

@@ -666,10 +666,29 @@ typedef struct {
     int a0, a1, i0, i1, n_tok;
     int64_t dim, nff;
     uint32_t vg, vu, vd;    /* vec_dot types of gate, up, down */
+    int rg, ru, rd;         /* 1: that matrix is F16, its f32 input rows are rounded to f16 */
     size_t qg, qu, qd;      /* their quantised row bytes */
     uint8_t *xg, *xu, *hq;  /* gate's and up's inputs (xu == xg when they share a type), down's */
     float *gate, *up, *down;
 } moe_group;
+
+/* An f32 input row of an F16 expert matrix, rounded to f16 in place. Both
+ * oracles multiply the experts (ggml's mul_mat_id) against activations
+ * converted to F16, F16's vec_dot_type, while tandem's dense products keep
+ * them f32 as ik_llama.cpp's do (quant.h). Measured on qwen3moe-mini-F16,
+ * "03_multilingual" of shared/cases/moe-divergence.jsonl against
+ * ik_llama.cpp: unrounded, logits 0.11 apart at worst and another greedy
+ * token at step 22 (a router near-tie at prompt position 53, layer 2, 2nd
+ * and 3rd experts 2e-4..6e-4 apart, resolved the other way); a float64
+ * forward with these rows rounded is 0.0075 from the oracle at worst. */
+static void moe_round_f16(float *x, int64_t n) {
+    fp16_t h[1024];   /* chunks, converted by the kernel set's (F16C) path */
+    for (int64_t i = 0; i < n; i += 1024) {
+        int64_t m = n - i < 1024 ? n - i : 1024;
+        quant_quantize_act_row(GGML_TYPE_F16, x + i, h, m);
+        quant_dequantize_row(GGML_TYPE_F16, h, x + i, m);
+    }
+}
 
 /* Rows [lo, hi) of the group's inputs, quantised for gate and up. */
 static void moe_quantize_in(void *ctx, int ith, int nth) {
@@ -678,8 +697,13 @@ static void moe_quantize_in(void *ctx, int ith, int nth) {
     tpool_split(g->i1 - g->i0, ith, nth, &lo, &hi);
     for (long i = lo; i < hi; i++) {
         const float *xr = g->x + (size_t)g->r->tok[g->i0 + i] * g->dim;
-        quant_quantize_act_row(g->vg, xr, g->xg + (size_t)i * g->qg, g->dim);
-        if (g->xu != g->xg) quant_quantize_act_row(g->vu, xr, g->xu + (size_t)i * g->qu, g->dim);
+        uint8_t *yg = g->xg + (size_t)i * g->qg, *yu = g->xu + (size_t)i * g->qu;
+        quant_quantize_act_row(g->vg, xr, yg, g->dim);
+        if (g->rg) moe_round_f16((float *)yg, g->dim);
+        if (g->xu != g->xg) {
+            quant_quantize_act_row(g->vu, xr, yu, g->dim);
+            if (g->ru) moe_round_f16((float *)yu, g->dim);
+        }
     }
 }
 
@@ -688,8 +712,10 @@ static void moe_quantize_mid(void *ctx, int ith, int nth) {
     const moe_group *g = ctx;
     long lo, hi;
     tpool_split(g->i1 - g->i0, ith, nth, &lo, &hi);
-    for (long i = lo; i < hi; i++)
+    for (long i = lo; i < hi; i++) {
         quant_quantize_act_row(g->vd, g->gate + (size_t)i * g->nff, g->hq + (size_t)i * g->qd, g->nff);
+        if (g->rd) moe_round_f16((float *)(g->hq + (size_t)i * g->qd), g->nff);
+    }
 }
 
 /* y[t] += weight x down row, tokens [lo, hi) of this thread: every thread
@@ -760,8 +786,10 @@ static int cpu_moe_ffn(backend *be, const be_moe *m, const float *x, int n_tok, 
     if (ne > 256 || k > ne || k < 1 || n_tok < 1) return -1;
     moe_group g = { .m = m, .x = x, .y = y, .n_tok = n_tok, .dim = m->gate_inp->ne[0], .nff = m->gate_exps->ne[1],
                     .vg = quant_vec_dot_type(m->gate_exps->type), .vu = quant_vec_dot_type(m->up_exps->type),
-                    .vd = quant_vec_dot_type(m->down_exps->type) };
-    const int shared = g.vu == g.vg;   /* gate and up read one quantised copy of x */
+                    .vd = quant_vec_dot_type(m->down_exps->type),
+                    .rg = m->gate_exps->type == GGML_TYPE_F16, .ru = m->up_exps->type == GGML_TYPE_F16,
+                    .rd = m->down_exps->type == GGML_TYPE_F16 };
+    const int shared = g.vu == g.vg && g.ru == g.rg;   /* gate and up read one quantised copy of x */
     g.qg = gguf_row_bytes(g.vg, (uint64_t)g.dim);
     g.qu = gguf_row_bytes(g.vu, (uint64_t)g.dim);
     g.qd = gguf_row_bytes(g.vd, (uint64_t)g.nff);
