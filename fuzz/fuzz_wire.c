@@ -67,7 +67,7 @@ static void decode_all(const uint8_t *p, size_t n) {
 }
 
 /* +1: the literal's terminator, no part of the key (an array of exactly
- * WIRE_KEY_BYTES drops it, which clang 21 and gcc 15 warn about). */
+ * WIRE_KEY_BYTES drops it, which clang 22 and gcc 15 warn about). */
 static const uint8_t key_ab[WIRE_KEY_BYTES + 1] = "fuzz-key-a-to-b-0123456789abcdef";
 static const uint8_t key_ba[WIRE_KEY_BYTES + 1] = "fuzz-key-b-to-a-0123456789abcdef";
 

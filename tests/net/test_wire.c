@@ -381,7 +381,7 @@ static void test_header(void) {
 
 /* Session keys for connections that skip the handshake: 32 bytes each,
  * +1 for the literal's terminator (no part of the key; an array of exactly
- * 32 drops it, which gcc 15 and clang 21 warn about in -Wextra). */
+ * 32 drops it, which gcc 15 and clang 22 warn about in -Wextra). */
 static const uint8_t key_ab[WIRE_KEY_BYTES + 1] = "0123456789abcdef0123456789abcdef";
 static const uint8_t key_ba[WIRE_KEY_BYTES + 1] = "fedcba9876543210fedcba9876543210";
 
