@@ -19,7 +19,7 @@
 # missing), 2 no toolchain (the caller decides whether that is a skip:
 # tools/test.sh does; the last line says why).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 # Zig 0.17.1 (PyPI ziglang, the newest at the time of writing): clang
 # 22.1.8, the SDK's headers up to macOS 27, deployment target macOS 15.0.
@@ -84,8 +84,9 @@ deps_include() {
         [ -f "/usr/include/$f" ] || { echo "macos: /usr/include/$f not found (tools/deps.sh installs the -dev packages)"; return 1; }
         cp "/usr/include/$f" "$INC/"
     done
-    [ -d /usr/include/openssl ] && [ -f "/usr/include/$multi/openssl/configuration.h" ] ||
-        { echo "macos: openssl headers not found (/usr/include/openssl, /usr/include/$multi/openssl)"; return 1; }
+    if [ ! -d /usr/include/openssl ] || [ ! -f "/usr/include/$multi/openssl/configuration.h" ]; then
+        echo "macos: openssl headers not found (/usr/include/openssl, /usr/include/$multi/openssl)"; return 1
+    fi
     cp /usr/include/openssl/*.h "$INC/openssl/"
     cp "/usr/include/$multi/openssl/configuration.h" "/usr/include/$multi/openssl/opensslconf.h" "$INC/openssl/"
     lib=/usr/include/$multi/curl; [ -d "$lib" ] || lib=/usr/include/curl
@@ -144,6 +145,7 @@ export ZIG_EXE OUT MACOS_CFLAGS
 TARGETS=(aarch64-macos x86_64-macos)
 start=$(date +%s)
 for t in "${TARGETS[@]}"; do rm -rf "${OUT:?}/$t"; mkdir -p "$OUT/$t"; done
+# shellcheck disable=SC2016 # $1 and $2 are the inner shell's
 for t in "${TARGETS[@]}"; do for f in "${FILES[@]}"; do printf '%s\0%s\0' "$t" "$f"; done; done |
     xargs -0 -n 2 -P "$JOBS" bash -c 'one_file "$1" "$2"' _
 pass=0; fail=0
