@@ -8,10 +8,11 @@
  * file is either refused with a message or runs without a sanitizer report.
  *
  * The input is written to a memfd and loaded through /proc/self/fd/N, the
- * same mmap path as a real file. Inputs over FUZZ_MAX_BYTES are skipped: the
- * interesting files are tiny models (tools/test.sh seeds it with gen-model
- * output of about 40 KB per architecture), and every weight must lie inside
- * the file, so big inputs only make iterations slow.
+ * same mmap path as a real file (elsewhere than Linux: a temporary file).
+ * Inputs over FUZZ_MAX_BYTES are skipped: the interesting files are tiny
+ * models (tools/test.sh seeds it with gen-model output of about 40 KB per
+ * architecture), and every weight must lie inside the file, so big inputs
+ * only make iterations slow.
  *
  * Run (from the repository root, after `make fuzz`):
  *   mkdir -p /tmp/model_seeds && build/tandem gen-model --arch qwen3 \
@@ -32,9 +33,27 @@
 
 static volatile float fuzz_sink;
 static int fuzz_fd = -1;
+static char fuzz_path[64];
+
+#if !defined(__linux__)
+static void fuzz_unlink(void) { unlink(fuzz_path); }
+#endif
+
+/* Opens the file the inputs go through (once), names it in fuzz_path. */
+static int fuzz_open_file(void) {
+#if defined(__linux__)
+    fuzz_fd = memfd_create("fuzz_model", MFD_CLOEXEC);
+    snprintf(fuzz_path, sizeof fuzz_path, "/proc/self/fd/%d", fuzz_fd);
+#else
+    snprintf(fuzz_path, sizeof fuzz_path, "/tmp/fuzz_model.XXXXXX");
+    fuzz_fd = mkstemp(fuzz_path);
+    if (fuzz_fd >= 0) atexit(fuzz_unlink);
+#endif
+    return fuzz_fd;
+}
 
 static int fuzz_write_file(const uint8_t *data, size_t size) {
-    if (fuzz_fd < 0) fuzz_fd = memfd_create("fuzz_model", MFD_CLOEXEC);
+    if (fuzz_fd < 0) fuzz_open_file();
     if (fuzz_fd < 0 || ftruncate(fuzz_fd, 0) != 0) return -1;
     size_t off = 0;
     while (off < size) {
@@ -61,11 +80,10 @@ static void fuzz_run_token(model *m) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0 || size > FUZZ_MAX_BYTES || fuzz_write_file(data, size) != 0) return 0;
-    char path[64], err[256];
-    snprintf(path, sizeof path, "/proc/self/fd/%d", fuzz_fd);
-    model_opts o = { 1, 4 };   /* one thread, chunks of 4 tokens: small activation buffers */
+    char err[256];
+    model_opts o = { .n_threads = 1, .n_batch = 4 };   /* one thread, chunks of 4 tokens: small activation buffers */
     model *m = NULL;
-    if (model_load(&m, path, &o, err, sizeof err) == 0) {
+    if (model_load(&m, fuzz_path, &o, err, sizeof err) == 0) {
         fuzz_run_token(m);
         model_free(m);
     }

@@ -25,6 +25,7 @@
 
 #include <jansson.h>
 
+#include "base/platform.h"
 #include "net/node_auth.h"
 
 #define PROC_FN static __attribute__((unused))
@@ -412,10 +413,11 @@ PROC_FN int read_full(int fd, void *p, size_t n) {
     return 0;
 }
 
-/* A listening socket on 127.0.0.1 at a port the kernel picks (into *port);
- * flags are more socket types (SOCK_NONBLOCK, SOCK_CLOEXEC). fd or -1. */
-PROC_FN int listen_loopback(int *port, int flags) {
-    int fd = socket(AF_INET, SOCK_STREAM | flags, 0);
+/* A listening socket on 127.0.0.1 at a port the kernel picks (into *port),
+ * close-on-exec, non-blocking if nonblock (plat_socket: SOCK_NONBLOCK and
+ * SOCK_CLOEXEC are Linux's). fd or -1. */
+PROC_FN int listen_loopback(int *port, int nonblock) {
+    int fd = plat_socket(AF_INET, SOCK_STREAM, 0, nonblock);
     struct sockaddr_in a = { .sin_family = AF_INET };
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t l = sizeof a;
@@ -742,7 +744,7 @@ PROC_FN json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
  * non-blocking socket, its connect left in progress (a flood that never
  * waits for the server). fd or -1. */
 PROC_FN int connect_from(int port, const char *src, int timeout_ms) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (timeout_ms ? 0 : SOCK_NONBLOCK), 0);
+    int fd = plat_socket(AF_INET, SOCK_STREAM, 0, timeout_ms == 0);
     if (fd < 0) return -1;
     struct timeval tv = { timeout_ms / 1000, (timeout_ms % 1000) * 1000 };
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);

@@ -4,7 +4,7 @@
 #   2. build and run the tests (make test)
 #   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan),
 #      and the tests that go through platform.c with its POSIX fallbacks
-#      (make portable)
+#      (make portable), and every source compiled for macOS (tools/macos_check.sh)
 #   4. every libFuzzer target for a short bounded time
 #   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
 #      and link only: CI has no GPU) and its test's host-side checks
@@ -15,8 +15,8 @@
 # Before all of it, tests/selftest.sh tests the harness itself (broken runs
 # that must give the right totals); after the CUDA build, its CUDA part.
 # The totals, printed in every case (failing runs and failed builds
-# included): one line per part (selftest, suite, asan, portable, cuda,
-# fuzz: asan and portable run the suite's checks again, so the same check
+# included): one line per part (selftest, suite, asan, portable, macos,
+# cuda, fuzz: asan and portable run the suite's checks again, so the same check
 # is counted up to three times), then the last line, the sum of them all,
 # "N passed, M failed, K skipped", which CI reads. A part that printed no
 # totals line counts as one failure. Exit status non-zero if anything failed.
@@ -91,6 +91,20 @@ part asan build/asan.log
 echo "== platform fallbacks (make portable)"
 make -j"$JOBS" portable 2>&1 | tee build/portable.log
 part portable build/portable.log
+# macOS (the decode nodes' machines): every non-CUDA source, test and fuzz
+# target compiled for aarch64-macos and x86_64-macos by zig cc, PyPI's
+# ziglang in build/zigenv (tools/macos_check.sh): about 70 CPU-seconds
+# (85 s at -j1 on the shared 2 cores), 5 s when nothing changed (zig's
+# cache); the first run also installs ziglang (10 s, 440 MB). One check
+# per file and target.
+echo "== macOS compile check (tools/macos_check.sh)"
+tools/macos_check.sh -j"$JOBS" 2>&1 | tee build/macos.log
+if [ "${PIPESTATUS[0]}" = 2 ]; then
+    if skip_what ziglang "$(tail -n 1 build/macos.log)"
+    then part_counts macos 0 0 1; else part_counts macos 0 1 0; fi
+else
+    part macos build/macos.log
+fi
 # The CUDA build: all of its targets compile and link; on a machine without
 # a CUDA device test_backend_ops checks the device code's host versions and
 # counts "skipped: cuda: no CUDA device" for the rest, as the goldens on the

@@ -159,8 +159,11 @@ uint32_t wire_crc32c_sw(uint32_t crc, const void *data, size_t n) {
 #if defined(__x86_64__)
 /* The SSE4.2 crc32 instruction computes CRC32C; compiled for SSE4.2 here
  * alone and called only when cpuid says the CPU has it, so the build can
- * target baseline x86-64. */
-__attribute__((target("sse4.2")))
+ * target baseline x86-64. "crc32" too: clang 22 (zig 0.17's, which the
+ * macOS check uses) no longer lets sse4.2 imply it and refuses the
+ * intrinsics without it; gcc 12 and clang 14 accept the name and emit the
+ * same code. */
+__attribute__((target("sse4.2,crc32")))
 static uint32_t wire_crc32c_hw(uint32_t crc, const uint8_t *p, size_t n) {
     uint64_t c = (uint32_t)~crc;
     while (n && ((uintptr_t)p & 7)) { c = _mm_crc32_u8((uint32_t)c, *p++); n--; }

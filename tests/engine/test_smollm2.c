@@ -103,8 +103,10 @@ static void test_chat(const gguf_file *g) {
     static const char *const convs[] = {
         "{\"messages\":[{\"role\":\"user\",\"content\":\"What is the capital of France?\"}]}",
         "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\",\"content\":\"Hi there\"}]}",
-        "{\"messages\":[{\"role\":\"user\",\"content\":\"2+2?\"},{\"role\":\"assistant\",\"content\":\"4\"},"
-        "{\"role\":\"user\",\"content\":\" and  3+3? \\n\"}]}",
+        /* one string on two lines, in parentheses: clang's -Wstring-concatenation
+         * otherwise takes it for a missing comma */
+        ("{\"messages\":[{\"role\":\"user\",\"content\":\"2+2?\"},{\"role\":\"assistant\",\"content\":\"4\"},"
+         "{\"role\":\"user\",\"content\":\" and  3+3? \\n\"}]}"),
     };
     for (size_t i = 0; i < sizeof convs / sizeof convs[0]; i++) {
         f = fopen(TS_DIR "/conv.json", "w");

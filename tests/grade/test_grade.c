@@ -367,7 +367,13 @@ static time_t tg_mtime(const char *outdir, const char *name) {
     char path[512];
     struct stat st;
     snprintf(path, sizeof path, "%s/%s.json", outdir, name);
-    return stat(path, &st) ? 0 : st.st_mtim.tv_sec * 1000000000L + st.st_mtim.tv_nsec;
+    if (stat(path, &st)) return 0;
+#if defined(__APPLE__)
+    struct timespec m = st.st_mtimespec;   /* macOS's name for POSIX's st_mtim */
+#else
+    struct timespec m = st.st_mtim;
+#endif
+    return m.tv_sec * 1000000000L + m.tv_nsec;
 }
 
 /* Requests in the router's log that reused a cached prefix on their node

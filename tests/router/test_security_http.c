@@ -211,7 +211,7 @@ static int ts_accepted(int lfd) {
 }
 
 static void test_ssrf_and_log(ts_env *e) {
-    int lport = 0, lfd = listen_loopback(&lport, SOCK_NONBLOCK | SOCK_CLOEXEC);   /* counts the connections it gets (the SSRF target) */
+    int lport = 0, lfd = listen_loopback(&lport, 1);   /* counts the connections it gets (the SSRF target) */
     CHECK(lfd >= 0, "listener");
     char req[512], *body = NULL;
     snprintf(req, sizeof req, "{\"prompt\":\"Once upon a time\",\"max_tokens\":2,\"prefill\":\"remote\","
