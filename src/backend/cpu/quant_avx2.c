@@ -1566,43 +1566,39 @@ QA_INLINE __m256i qa_pack_i8(__m256i a, __m256i b, __m256i c, __m256i d) {
     return _mm256_permutevar8x32_epi32(x, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void qa_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
+/* One block of 32 activations as Q8_0 levels: the scale into *dh (its f32
+ * value returned, unrounded), the levels into qs and returned packed (Q8_0
+ * and Q8_1 share it; Q8_1 also sums the levels). */
+QA_INLINE __m256i qa_act_block_q8(const float *x, fp16_t *dh, int8_t *qs, float *d_out) {
     const __m256 sgn = _mm256_set1_ps(-0.0f);
-    for (int64_t i = 0; i < nb; i++, x += 32) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sgn, v[k]));
-        }
-        float amax = qa_hmax_ps(m);
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = f32_to_fp16(d);
-        __m256 idv = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = qa_round_away(_mm256_mul_ps(v[k], idv));
-        _mm256_storeu_si256((__m256i *)y[i].qs, qa_pack_i8(q[0], q[1], q[2], q[3]));
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int k = 0; k < 4; k++) {
+        v[k] = _mm256_loadu_ps(x + 8 * k);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sgn, v[k]));
     }
+    float amax = qa_hmax_ps(m);
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    *dh = f32_to_fp16(d);
+    *d_out = d;
+    __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) q[k] = qa_round_away(_mm256_mul_ps(v[k], idv));
+    __m256i p = qa_pack_i8(q[0], q[1], q[2], q[3]);
+    _mm256_storeu_si256((__m256i *)qs, p);
+    return p;
+}
+
+static void qa_act_q8_0(const float *x, block_q8_0 *y, int64_t nb) {
+    float d;
+    for (int64_t i = 0; i < nb; i++, x += 32) qa_act_block_q8(x, &y[i].d, y[i].qs, &d);
 }
 
 /* Q8_1: Q8_0's levels and s = fp16(d * sum(q)), d unrounded (the reference's) */
 static void qa_act_q8_1(const float *x, block_q8_1 *y, int64_t nb) {
-    const __m256 sgn = _mm256_set1_ps(-0.0f);
     for (int64_t i = 0; i < nb; i++, x += 32) {
-        __m256 v[4], m = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 8 * k);
-            m = _mm256_max_ps(m, _mm256_andnot_ps(sgn, v[k]));
-        }
-        float amax = qa_hmax_ps(m);
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        y[i].d = f32_to_fp16(d);
-        __m256 idv = _mm256_set1_ps(id);
-        __m256i q[4];
-        for (int k = 0; k < 4; k++) q[k] = qa_round_away(_mm256_mul_ps(v[k], idv));
-        __m256i p = qa_pack_i8(q[0], q[1], q[2], q[3]);
-        _mm256_storeu_si256((__m256i *)y[i].qs, p);
+        float d;
+        __m256i p = qa_act_block_q8(x, &y[i].d, y[i].qs, &d);
         /* the sum of the stored bytes */
         __m256i s16 = _mm256_maddubs_epi16(_mm256_set1_epi8(1), p);
         __m256i s32 = _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
