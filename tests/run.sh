@@ -19,7 +19,11 @@ for b in "${bins[@]}"; do
     fi
     ran=$((ran+1))
     # A hung test must fail, not stall CI: each binary gets TEST_TIMEOUT seconds.
+    t0=$(date +%s%N)
     out=$(timeout "${TEST_TIMEOUT:-900}" "$b" 2>&1); rc=$?
+    # each binary's wall time, where the suite's time goes (tools/test.sh
+    # lists the slowest); a line of its own that no totals parser reads
+    echo "time ${b##*/}: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
     printf '%s\n' "$out" | grep -E '^(FAIL|skipped:|[a-z0-9_]+: [0-9]+ passed)'
     line=$(printf '%s\n' "$out" | grep -E '^[a-z0-9_]+: [0-9]+ passed, [0-9]+ failed' | tail -n 1)
     if [ -z "$line" ]; then

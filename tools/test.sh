@@ -56,6 +56,13 @@ skip_what() {
 }
 # part_counts NAME PASS FAIL SKIP: a part counted here (setup, fuzzers).
 part_counts() { PARTS+=("$1"); P[$1]=$2; F[$1]=$3; S[$1]=$4; }
+# slowest LOG: the ten slowest test binaries of a part (tests/run.sh's
+# "time NAME: MS ms" lines), to see where the suite's time goes.
+slowest() {
+    echo "slowest in $1:"
+    awk '/^time [a-z0-9_.]+: [0-9]+ ms$/ { sub(/:$/, "", $2); print $3, $2 }' "$1" | sort -nr | head -n 10 |
+        awk '{ printf "  %7.1f s  %s\n", $1 / 1000, $2 }'
+}
 totals() {
     local n pass=0 fail=0 skip=0
     echo "== totals (asan and portable run the suite's checks again: counted again)"
@@ -83,9 +90,11 @@ part selftest build/selftest.log
 echo "== tests"
 make test 2>&1 | tee build/test.log
 part suite build/test.log
+slowest build/test.log
 echo "== tests under ASan+UBSan"
 make -j"$JOBS" asan 2>&1 | tee build/asan.log
 part asan build/asan.log
+slowest build/asan.log
 # platform.c's POSIX fallbacks (what macOS gets) in place of Linux's own
 # calls, through the tests that use them: about a minute.
 echo "== platform fallbacks (make portable)"
@@ -215,7 +224,20 @@ fuzz_needs() {
     tokenizer) echo "$FIX/vocab/ggml-vocab-qwen2.gguf" ;;
     esac
 }
-fuzz_pass=0; fuzz_fail=0; fuzz_skip=0
+# fuzz_one NAME: one target for FUZZ_SECONDS; its verdict in build/NAME.verdict
+fuzz_one() {
+    local name=$1 corpus="build/corpus-$1"
+    if build/"$name" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 \
+        "$corpus" "build/seeds-$name" >build/"$name".log 2>&1; then
+        echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash" >build/"$name".verdict
+    else
+        echo "$name: FAILED" >build/"$name".verdict
+    fi
+}
+# The targets run JOBS at a time (each is one process on one core), so the
+# part takes about targets/JOBS x FUZZ_SECONDS, each target still getting
+# its full FUZZ_SECONDS of a core.
+fuzz_pass=0; fuzz_fail=0; fuzz_skip=0; fuzz_ran=()
 for f in build/fuzz_*; do
     [ -x "$f" ] || continue
     name=$(basename "$f")
@@ -229,12 +251,17 @@ for f in build/fuzz_*; do
     if [ "$name" = fuzz_grammar ] && [ ! -f "$FIX/vocab/ggml-vocab-qwen2.gguf" ]; then
         echo "fuzz_grammar: $FIX/vocab/ggml-vocab-qwen2.gguf not found: schemas and bytes through the grammar, no token masks"
     fi
-    corpus="build/corpus-$name"; mkdir -p "$corpus"
-    seeds="build/seeds-$name"; mkdir -p "$seeds"
-    fuzz_seed "${name#fuzz_}" "$seeds"
-    args=("$corpus" "$seeds")
-    if "$f" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -max_len=65536 "${args[@]}" >build/"$name".log 2>&1; then
-        echo "$name: $(ls "$corpus" | wc -l) corpus files, no crash"; fuzz_pass=$((fuzz_pass+1))
+    mkdir -p "build/corpus-$name" "build/seeds-$name"
+    fuzz_seed "${name#fuzz_}" "build/seeds-$name"
+    rm -f build/"$name".verdict
+    while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+    fuzz_one "$name" &
+    fuzz_ran+=("$name")
+done
+wait
+for name in "${fuzz_ran[@]}"; do
+    if grep -q "no crash" build/"$name".verdict 2>/dev/null; then
+        cat build/"$name".verdict; fuzz_pass=$((fuzz_pass+1))
     else
         echo "$name: FAILED"; tail -n 30 build/"$name".log; fuzz_fail=$((fuzz_fail+1))
     fi
