@@ -67,6 +67,10 @@ $(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(HDRS) | $(BUILD)/obj
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
 # Per-file instruction sets of the x86-64 kernel sets (quant_kernels.h).
+# (Not in the fuzz build: its targets parse and run tiny models on the
+# reference kernels, which is what they fuzz; the kernel sets instrumented
+# for coverage took clang over half an hour on 2 cores.)
+ifneq ($(BUILD),build-fuzz)
 ifneq ($(filter x86_64-% amd64-%,$(shell $(CC) -dumpmachine)),)
 # Loops start on 64-byte lines: where the code happened to fall decided the
 # kernels' speed. Measured on a 2-core Zen 5, one source (commit 636cf68),
@@ -85,6 +89,7 @@ endif
 ifneq ($(filter aarch64-% arm64-%,$(shell $(CC) -dumpmachine)),)
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
 $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: CFLAGS += -march=armv8.2-a+dotprod+i8mm
+endif
 endif
 # quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names,
 # quant_neon_dotprod.c and quant_neon_i8mm.c are quant_neon.c
@@ -159,11 +164,22 @@ asan:
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
 	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
 
-# libFuzzer targets, linked against the library sources rebuilt with clang.
-fuzz: $(FUZZERS)
-$(BUILD)/fuzz_%: fuzz/fuzz_%.c $(LIB_SRC) $(HDRS)
-	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-	  $< $(LIB_SRC) -lm -pthread -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl -o $@
+# libFuzzer targets: the library is compiled once with clang's coverage
+# instrumentation and sanitizers (build-fuzz/libtandem.a, the per-file
+# kernel-set flags included), then each target is its one source linked
+# against it. (Each target used to recompile every library source: eleven
+# library builds in CI's fuzz part.)
+FUZZ_SAN := -fsanitize=address,undefined -fno-sanitize-recover=undefined
+fuzz:
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" build-fuzz/libtandem.a
+	$(MAKE) $(FUZZERS)
+ifneq ($(BUILD),build-fuzz)
+build-fuzz/libtandem.a: $(LIB_SRC) $(HDRS)
+	$(MAKE) BUILD=build-fuzz CC=clang OPT=-O1 SAN="$(FUZZ_SAN) -fsanitize=fuzzer-no-link" build-fuzz/libtandem.a
+endif
+$(BUILD)/fuzz_%: fuzz/fuzz_%.c build-fuzz/libtandem.a
+	clang -std=c11 -D_GNU_SOURCE -g -O1 $(ARCH_FLAGS) -Isrc $(FUZZ_SAN) -fsanitize=fuzzer \
+	  $< build-fuzz/libtandem.a $(LDLIBS) -o $@
 
 clean:
-	rm -rf build build-asan build-cuda build-portable
+	rm -rf build build-asan build-cuda build-portable build-fuzz
