@@ -13,6 +13,10 @@
  * elsewhere, no plugins, no base URL: an injected script, an external
  * font or a framing site are all refused by the browser.
  *
+ * The page asks HEAD / whether the router wants an API key (X-Tandem-Auth:
+ * key or none); the key typed into it stays in the tab's sessionStorage
+ * and goes out as Authorization: Bearer on its API requests.
+ *
  * The rule of every router file: the registry, the measured rates and the
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
@@ -72,6 +76,9 @@ enum MHD_Result rt_web_page(router *r, struct MHD_Connection *c) {
     MHD_add_response_header(resp, "Cross-Origin-Opener-Policy", "same-origin");
     MHD_add_response_header(resp, "Cross-Origin-Resource-Policy", "same-origin");
     MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    /* whether the API needs a key: the page asks (HEAD /) before its first
+     * request, so that it never sends one only to have it refused */
+    MHD_add_response_header(resp, "X-Tandem-Auth", r->cfg.api_key[0] ? "key" : "none");
     rt_count_request(r, RT_EP_OTHER, 200);
     enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
