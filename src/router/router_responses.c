@@ -180,8 +180,11 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
         static const char *const keys[] = {"type", "role", "content", "id", "status", "phase", NULL};
         if (!rs_keys(it, keys, p, e)) return -1;
         const char *role = json_string_value(json_object_get(it, "role"));
-        if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer")))
-            return rs_bad(e, p, "invalid_value", "'%s.role' must be one of user, assistant, system, developer.", p);
+        if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer"))) {
+            char pr[64];
+            snprintf(pr, sizeof pr, "%s.role", p);
+            return rs_bad(e, pr, "invalid_value", "'%s' must be one of user, assistant, system, developer.", pr);
+        }
         char pc[64];
         snprintf(pc, sizeof pc, "%s.content", p);
         json_t *text;
@@ -205,8 +208,9 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
         static const char *const keys[] = {"type", "id", "call_id", "output", "status", NULL};
         if (!rs_keys(it, keys, p, e)) return -1;
         json_t *cid = json_object_get(it, "call_id"), *text;
-        if (!json_is_string(cid)) return rs_bad(e, p, "invalid_type", "'%s.call_id' must be a string.", p);
         char po[64];
+        snprintf(po, sizeof po, "%s.call_id", p);
+        if (!json_is_string(cid)) return rs_bad(e, po, "invalid_type", "'%s' must be a string.", po);
         snprintf(po, sizeof po, "%s.output", p);
         if (rs_text_of(json_object_get(it, "output"), po, &text, e)) return -1;
         json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", cid, "content", text));
