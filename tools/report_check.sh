@@ -7,7 +7,8 @@
 #     every relative link names a file that exists.
 # usage: tools/report_check.sh [DIR...]   (default: the reports tests/grade/test_grade.c
 #        leaves in build/test_grade.d/render and build/test_grade.d/class-out)
-# Needs Debian's chromium package (apt-get install chromium); not part of CI.
+# Needs Debian's chromium package (apt-get install chromium), started through
+# tools/chromium.sh (as tests/router/test_web.c does); not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIRS=("$@"); [ ${#DIRS[@]} -gt 0 ] || DIRS=(build/test_grade.d/render build/test_grade.d/class-out)
