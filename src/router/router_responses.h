@@ -5,6 +5,7 @@
 #define TANDEM_ROUTER_RESPONSES_H
 
 #include "router/router_internal.h"
+#include "api/responses_api.h"
 
 typedef struct rt_responses rt_responses;
 
