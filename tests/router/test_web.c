@@ -73,6 +73,20 @@ static void test_page_http(tw_env *e) {
     http_header(raw, "X-Tandem-Auth", v, sizeof v);
     CHECK(st == 200 && !strcmp(v, "key"), "HEAD /: %d, X-Tandem-Auth: %s", st, v);
     free(raw);
+    raw = NULL;
+    /* a router without a key says so: the page asks for none */
+    char b[512], dn[64];
+    snprintf(b, sizeof b, "%s", bin());
+    snprintf(dn, sizeof dn, "qwen3=127.0.0.1:%d", e->pnode);
+    char *open_r[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--decode", dn, "--port-file",
+                      TW_DIR "/open.port", NULL};
+    pid_t open_pid = 0;
+    int popen_ = start_named(&open_pid, open_r, TW_DIR, "open", 1, 30000);
+    st = popen_ > 0 ? http_raw(popen_, "HEAD", "/", NULL, NULL, &raw) : -1;
+    http_header(raw, "X-Tandem-Auth", v, sizeof v);
+    CHECK(st == 200 && !strcmp(v, "none"), "HEAD / of a router without a key: %d, X-Tandem-Auth: %s", st, v);
+    free(raw);
+    if (open_pid) stop_proc(open_pid, 5000);
     char *out = NULL;
     st = http(e->prouter, "GET", "/v1/models", NULL, &out);
     CHECK(st == 401, "GET /v1/models without the key: %d", st);
