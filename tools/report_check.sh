@@ -7,19 +7,17 @@
 #     every relative link names a file that exists.
 # usage: tools/report_check.sh [DIR...]   (default: the reports tests/grade/test_grade.c
 #        leaves in build/test_grade.d/render and build/test_grade.d/class-out)
-# Needs Debian's chromium package (apt-get install chromium); not part of CI.
+# Needs Debian's chromium package (apt-get install chromium), started through
+# tools/chromium.sh (as tests/router/test_web.c does); not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIRS=("$@"); [ ${#DIRS[@]} -gt 0 ] || DIRS=(build/test_grade.d/render build/test_grade.d/class-out)
-CHROMIUM=${CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
-[ -n "$CHROMIUM" ] || { echo "report_check: chromium not found (apt-get install chromium)"; exit 2; }
+# tools/chromium.sh starts it (the flags, the throw-away profile)
+command -v "${CHROMIUM:-chromium}" >/dev/null || command -v chromium-browser >/dev/null ||
+    { echo "report_check: chromium not found (apt-get install chromium)"; exit 2; }
 
-browse() {   # browse OUTFLAG URL: one headless Chromium run with a throw-away profile
-    local profile; profile=$(mktemp -d)
-    timeout 120 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
-        --disable-background-networking --disable-component-update --disable-sync \
-        --user-data-dir="$profile" --window-size=1200,900 "$@" 2>/dev/null
-    rm -rf "$profile"
+browse() {   # browse ARGS...: one headless Chromium run (tools/chromium.sh)
+    tools/chromium.sh "$@" 2>/dev/null
 }
 
 fail=0

@@ -206,6 +206,11 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x01{"model":"m","prompt":"Once","n":3,"stream":true,"logprobs":2}' >"$2/n"
           printf '\x02{"index":1,"done":true,"finish_reason":"stop","usage":{"prompt_tokens":3,"completion_tokens":2}}' >"$2/line-index"
           printf '\x00{"model":"m","messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"a","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{}}}],"tool_choice":"required"}' >"$2/tools" ;;
+    responses)
+          printf '\x01{"model":"m","instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"r"}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"}}],"tool_choice":{"type":"function","name":"f"},"text":{"format":{"type":"json_schema","name":"g","schema":{"type":"object"}}},"max_output_tokens":8,"stream":true}' >"$2/request"
+          printf '\x02data: {"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"}}]}\n\ndata: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]}}]}\n\ndata: {"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}\n\ndata: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\ndata: [DONE]\n\n' >"$2/stream"
+          printf '\x00data: {"error":{"message":"boom","type":"server_error"}}\n\n' >"$2/error"
+          printf '\x00{"choices":[{"index":0,"message":{"role":"assistant","content":"x","tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{}"}}]},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}' >"$2/reply" ;;
     tools)
           printf '\x08Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' >"$2/qwen"
           printf '\x02<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}' >"$2/llama"

@@ -12,6 +12,8 @@
 #include "router/router_batch.h"
 #include "router/router_endpoints.h"
 #include "router/router_nodes.h"
+#include "router/router_responses.h"
+#include "router/router_web.h"
 
 /* ==== Small helpers ==== */
 
@@ -167,6 +169,7 @@ static int rt_route(const char *method, const char *url, int *ep, int *post) {
     *post = !strcmp(method, "POST");
     if (!strcmp(url, "/v1/chat/completions")) { *ep = RT_EP_CHAT; return 1; }
     if (!strcmp(url, "/v1/completions")) { *ep = RT_EP_COMPLETIONS; return 1; }
+    if (!strcmp(url, "/v1/responses")) { *ep = RT_EP_RESPONSES; return 1; }
     if (!strcmp(url, "/v1/nodes/register") || !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
         *ep = RT_EP_OTHER;
         return 1;
@@ -176,7 +179,8 @@ static int rt_route(const char *method, const char *url, int *ep, int *post) {
 }
 
 static int rt_authorized(router *r, struct MHD_Connection *c, const char *url) {
-    if (!r->cfg.api_key[0] || !strncmp(url, "/health", 7) || !strcmp(url, "/metrics") ||
+    /* the chat page itself is public: it asks for the key (router_web.c) */
+    if (!r->cfg.api_key[0] || !strcmp(url, "/") || !strncmp(url, "/health", 7) || !strcmp(url, "/metrics") ||
         !strcmp(url, "/v1/nodes/register"))
         return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -196,7 +200,7 @@ static enum MHD_Result rt_first_call(router *r, struct MHD_Connection *c, const 
         return rt_send_error(r, c, ep, &e);
     }
     int known_get = !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
-                    !strcmp(url, "/health") || !strcmp(url, "/metrics");
+                    !strcmp(url, "/health") || !strcmp(url, "/metrics") || !strcmp(url, "/");
     if (!is_post_ep && !known_get) {
         api_error_set(&e, 404, "invalid_request_error", "unknown_url", NULL, "Unknown request URL: %s %.100s.", method, url);
         return rt_send_error(r, c, ep, &e);
@@ -257,6 +261,7 @@ static enum MHD_Result rt_handler(void *cls, struct MHD_Connection *c, const cha
     if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) return rt_tokens(r, c, cc, url[1] == 'd');
     if (!strcmp(url, "/health")) return rt_health(r, c);
     if (!strcmp(url, "/metrics")) return rt_metrics_page(r, c);
+    if (!strcmp(url, "/")) return rt_web_page(r, c);
     if (!strcmp(url, "/v1/nodes/register")) return rt_register(r, c, cc);
     return rt_generate(r, c, cc);
 }
@@ -264,6 +269,7 @@ static enum MHD_Result rt_handler(void *cls, struct MHD_Connection *c, const cha
 static void rt_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
     rt_conn *cc = *con_cls;
     if (!cc) return;
+    rt_responses_free(cc->responses);
     free(cc->body);
     free(cc);
     *con_cls = NULL;

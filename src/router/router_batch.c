@@ -8,6 +8,7 @@
 #include "router/router_internal.h"
 #include "router/router_nodes.h"
 #include "router/router_request.h"
+#include "router/router_responses.h"
 #include "router/router_stream.h"
 
 /* ==== Several prompts (completions) ==== */
@@ -380,13 +381,14 @@ static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, co
 }
 
 enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
-    enum api_kind kind = cc->ep == RT_EP_CHAT ? API_CHAT : API_COMPLETION;
+    enum api_kind kind = cc->ep == RT_EP_COMPLETIONS ? API_COMPLETION : API_CHAT;   /* /v1/responses: as chat */
     api_error e;
     if (cc->too_big) {
         api_error_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
                       "The request body exceeds %zu bytes.", r->cfg.max_body_bytes);
         return rt_refuse(r, c, cc->ep, &e);
     }
+    if (cc->ep == RT_EP_RESPONSES && rt_responses_prepare(r, cc, &e)) return rt_refuse(r, c, cc->ep, &e);
     rt_req *q = calloc(1, sizeof *q);
     if (!q) { api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory"); return rt_refuse(r, c, cc->ep, &e); }
     q->r = r;
@@ -397,6 +399,7 @@ enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     q->created = (long long)time(NULL);
     q->client_fd = rt_client_fd(c);
     if (api_parse_request(kind, cc->body ? cc->body : "", cc->len, &r->cfg.lim, &q->req, &e)) {
+        if (cc->responses) rt_responses_fix_error(&e);
         free(q);
         return rt_refuse(r, c, cc->ep, &e);
     }
@@ -435,6 +438,7 @@ enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     snprintf(q->id, sizeof q->id, "%s-%llu%02x%02x%02x%02x%02x%02x", kind == API_CHAT ? "chatcmpl" : "cmpl", seq,
              rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
     log_id_format(log_id_new(), q->rid);
+    if (cc->responses) return rt_responses_run(q, c, cc);
     if (q->req.n_prompts > 1) return rt_run_batch(q, c, cc);
     return q->req.stream ? rt_run_stream(q, c) : rt_run_blocking(q, c);
 }

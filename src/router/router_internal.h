@@ -84,8 +84,8 @@ typedef struct {
  * them). Series are created when first observed: a (decision, reason) pair
  * is exported once a request took it. Histograms are in seconds and carry
  * the request's model (a name some decode node serves). */
-enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_N };
-static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other"};
+enum { RT_EP_CHAT, RT_EP_COMPLETIONS, RT_EP_MODELS, RT_EP_OTHER, RT_EP_RESPONSES, RT_EP_N };
+static const char *const rt_ep_names[RT_EP_N] = {"chat", "completions", "models", "other", "responses"};
 /* Where a completed request's prompt was prefilled (rt_prefill_outcome). */
 enum { RT_PF_LOCAL, RT_PF_SPLIT, RT_PF_CACHED, RT_PF_N };
 static const char *const rt_pf_names[RT_PF_N] = {"local", "split", "cached"};
@@ -245,6 +245,7 @@ typedef struct {
     size_t limit;                /* body bytes this request may carry (rt_first_call) */
     int too_big;
     int handled;
+    struct rt_responses *responses;   /* POST /v1/responses: the request as translated (router_responses.c) */
 } rt_conn;
 
 /* Seconds a client told 429 should wait: about one health interval, after

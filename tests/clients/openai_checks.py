@@ -25,6 +25,8 @@ MODE tools    (test_router_tools)  forced tool calls and their round trips
               the client, its parse() with a pydantic model and langchain's
               with_structured_output, langchain invoke and stream, and the
               client's retries on the router's 503 and 429.
+MODE responses  (test_router_responses)  POST /v1/responses through
+              client.responses (tests/clients/responses_checks.py).
 """
 import argparse
 import json
@@ -507,7 +509,7 @@ def mode_tools(a):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["router", "n", "prompts", "tools"])
+    ap.add_argument("mode", choices=["router", "n", "prompts", "tools", "responses"])
     ap.add_argument("--base", required=True, help="the router's /v1 URL")
     ap.add_argument("--keyed", help="router: a router with an API key")
     ap.add_argument("--key", help="router: that key")
@@ -519,7 +521,12 @@ def main():
     ap.add_argument("--dead-model", help="tools: a model whose only node is down")
     ap.add_argument("--limited", help="tools: a router with max_concurrent 1")
     a = ap.parse_args()
-    {"router": mode_router, "n": mode_n, "prompts": mode_prompts, "tools": mode_tools}[a.mode](a)
+    if a.mode == "responses":   # /v1/responses: tests/clients/responses_checks.py, with this module's helpers
+        sys.modules.setdefault("openai_checks", sys.modules[__name__])
+        from responses_checks import mode_responses
+        mode_responses(a)
+    else:
+        {"router": mode_router, "n": mode_n, "prompts": mode_prompts, "tools": mode_tools}[a.mode](a)
     print(f"# {a.mode}: {RESULTS['ok']} ok, {RESULTS['fail']} failed (openai {openai.__version__})", flush=True)
     return 0
 
