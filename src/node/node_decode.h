@@ -85,6 +85,9 @@ typedef struct {
     int client_share;            /* percent of slots + queue one client may hold (default 50; 100 = no share) */
     int max_conns_per_ip;        /* per address other than the router's (default: httpd.h shares) */
     int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
+    uint64_t kv_cache_ram;       /* KV store (kvstore.h): memory tier bytes (0: none) */
+    const char *kv_cache_dir;    /* its disk tier (NULL: none) */
+    uint64_t kv_cache_disk;      /* the disk tier's budget (0: 4 GiB) */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
 } decode_node_opts;
