@@ -47,7 +47,12 @@
  * longest cached prefix of any slot (copying rows from another slot when
  * that one shares more), so only the missing span is prefilled (locally or
  * by a prefill node). A remote prefill that fails falls back to local
- * prefill for that request.
+ * prefill for that request. With kv_cache_ram / kv_cache_dir, finished
+ * sequences' rows also go to a KV store (kvstore.h: memory, then disk), and
+ * a request continues the slot's prefix with stored blocks; the final line's
+ * usage carries "prompt_tokens_details": {"cached_tokens": start_pos} and
+ * its prefill object "cache_tier" (none, slot, ram, disk),
+ * "store_ram_tokens" and "store_disk_tokens".
  */
 #ifndef TANDEM_NODE_DECODE_H
 #define TANDEM_NODE_DECODE_H

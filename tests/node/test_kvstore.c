@@ -256,6 +256,56 @@ static void test_tiers(ctx *c) {
     CHECK(stop_proc(pid, 20000) == 0, "SIGTERM: clean exit");
 }
 
+/* The OpenAI usage through a router: prompt_tokens_details.cached_tokens,
+ * not streamed and streamed (the decode node's slot now holds the prompt). */
+static void test_router_usage(ctx *c, int dport, const char *secret) {
+    const node_auth_key *keep = sign_key;
+    sign_key = NULL;
+    char pf[512], dn[64];
+    snprintf(pf, sizeof pf, "%s/router.port", c->dir);
+    snprintf(dn, sizeof dn, "qwen=127.0.0.1:%d", dport);
+    char *argv[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file",
+                     (char *)secret, "--decode", dn, "--split", "never", "--port-file", pf, NULL };
+    pid_t rpid;
+    int rport = start_named(&rpid, argv, c->dir, "router", 1, 30000);
+    if (rport > 0) {
+        json_t *req = json_object();
+        json_object_set_new(req, "model", json_string("qwen"));
+        json_object_set_new(req, "prompt", ids_json(c->prompt, PROMPT_N));
+        json_object_set_new(req, "max_tokens", json_integer(N_PRED));
+        json_object_set_new(req, "temperature", json_integer(0));
+        char *s = json_dumps(req, JSON_COMPACT), *body = NULL;
+        double t0 = now_ms();
+        int st = 0;
+        do {   /* until the router's first health check has seen the node */
+            free(body);
+            body = NULL;
+            st = http(rport, "POST", "/v1/completions", s, &body);
+        } while (st != 200 && now_ms() - t0 < 10000 && (sleep_ms(100), 1));
+        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+        json_t *u = json_object_get(o, "usage");
+        CHECK(st == 200 && jint(u, "prompt_tokens", NULL) == PROMPT_N &&
+              jint(u, "prompt_tokens_details", "cached_tokens") == 299,
+              "router, not streamed: usage %s", body ? body : "(none)");
+        json_decref(o);
+        free(body);
+        free(s);
+        json_object_set_new(req, "stream", json_true());
+        json_object_set_new(req, "stream_options", json_pack("{s:b}", "include_usage", 1));
+        s = json_dumps(req, JSON_COMPACT);
+        body = NULL;
+        st = http(rport, "POST", "/v1/completions", s, &body);
+        const char *us = body ? strstr(body, "\"usage\":{") : NULL;
+        CHECK(st == 200 && us && strstr(us, "\"prompt_tokens_details\":{\"cached_tokens\":299}"),
+              "router, streamed: the usage chunk says 299 cached tokens: %s", us ? us : "(no usage)");
+        free(body);
+        free(s);
+        json_decref(req);
+        CHECK(stop_proc(rpid, 20000) == 0, "router: clean exit");
+    }
+    sign_key = keep;
+}
+
 /* Through a prefill node: the restarted decode node asks it only for the rest. */
 static void test_split(ctx *c) {
     char secret[512];
@@ -293,6 +343,7 @@ static void test_split(ctx *c) {
         CHECK(r.cached == 256 && r.received == PROMPT_N - 1 - 256 && !strcmp(r.tier, "disk"),
               "split after a restart: cached %d, received %d (want %d), tier %s", r.cached, r.received,
               PROMPT_N - 1 - 256, r.tier);
+        test_router_usage(c, port, secret);
         CHECK(stop_proc(pid, 20000) == 0, "SIGTERM: clean exit");
     }
     CHECK(stop_proc(ppid, 20000) == 0, "prefill node: clean exit");
