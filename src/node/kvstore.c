@@ -734,6 +734,33 @@ int kvstore_save(kvstore *st, const int32_t *ids, int n) {
     return end;
 }
 
+int kvstore_warm(kvstore *st, const int32_t *ids, int n) {
+    if (!st || !st->ram_max) return 0;
+    int nb, end = 0;
+    uint64_t *h = kvs_hashes(st, ids, n, &nb);
+    for (int i = 0; i < nb; i++) {
+        pthread_mutex_lock(&st->mu);
+        kvs_block *b = kvs_ram_get(st, h[i], i, ids);
+        pthread_mutex_unlock(&st->mu);
+        if (!b && st->dfd >= 0 && (b = kvs_disk_load(st, h[i], i, ids))) {
+            pthread_mutex_lock(&st->mu);
+            if (kvs_disk_find(st, h[i]) < 0) kvs_disk_add(st, h[i], b->size, ++st->tick);
+            st->st.hits[KVS_TIER_DISK]++;
+            st->st.bytes_read[KVS_TIER_DISK] += b->size;
+            int in = kvs_ram_insert(st, b) == 0;
+            pthread_mutex_unlock(&st->mu);
+            if (!in) { kvs_block_unref(b); break; }
+        }
+        if (!b) break;
+        pthread_mutex_lock(&st->mu);
+        kvs_block_unref(b);
+        pthread_mutex_unlock(&st->mu);
+        end = (i + 1) * PREFIX_HASH_BLOCK;
+    }
+    free(h);
+    return end;
+}
+
 int kvstore_list_hashes(kvstore *st, uint64_t *out, int max_out) {
     if (!st) return 0;
     int k = 0;

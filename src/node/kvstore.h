@@ -96,6 +96,11 @@ int kvstore_probe(kvstore *st, const int32_t *ids, int n);
  * on disk from 0, or -1 when there is no disk tier. */
 int kvstore_save(kvstore *st, const int32_t *ids, int n);
 
+/* Loads the stored blocks of ids[0, n) from disk into memory (an
+ * operator's load, ahead of the requests that will use them). Returns the
+ * positions from 0 held in memory afterwards. */
+int kvstore_warm(kvstore *st, const int32_t *ids, int n);
+
 /* The block hashes the store holds, memory first then disk (each once), at
  * most max_out: what a node reports for cache-aware routing. */
 int kvstore_list_hashes(kvstore *st, uint64_t *out, int max_out);

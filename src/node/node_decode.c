@@ -1345,6 +1345,45 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     return rc;
 }
 
+/* POST /v1/cache/save and /v1/cache/load: a generation body names the
+ * prefix (a rubric). save computes it if the store lacks it (one greedy
+ * token, through a prefill node when the body asks for one), then writes
+ * its blocks to disk and answers when they are there; load reads them from
+ * disk into memory ahead of the requests that will use them. */
+static enum MHD_Result dn_handle_cache(dnode *n, struct MHD_Connection *c, int save, const char *body, size_t len) {
+    char err[512];
+    if (!n->store) return dn_send_error(n, c, 400, "invalid_request_error", "this node has no KV store (--kv-cache-ram, --kv-cache-dir)");
+    dn_req r;
+    if (dn_parse_request(n, body, len, &r, err, sizeof err)) return dn_send_error(n, c, 400, "invalid_request_error", err);
+    int n_prompt = r.n_prompt, have = kvstore_probe(n->store, r.prompt, n_prompt), done;
+    if (!save) done = kvstore_warm(n->store, r.prompt, n_prompt);
+    else {
+        if (have < n_prompt / 64 * 64) {   /* compute it: the finished job puts its blocks in the store */
+            json_t *o = json_loadb(body, len, 0, NULL);
+            json_object_set_new(o, "max_tokens", json_integer(1));
+            json_object_del(o, "stream");
+            json_object_del(o, "n");
+            size_t bl = 0;
+            char *b = dn_dump(o, &bl);
+            dn_job *j = NULL;
+            const char *type = "";
+            unsigned st = b ? dn_job_submit(n, b, bl, dn_now(), 0, &j, &type, err, sizeof err) : 500;
+            free(b);
+            if (st) { dn_req_free(&r); return dn_send_error(n, c, st, type, st == 500 && !j ? "out of memory" : err); }
+            j->rid_num = dn_request_id(c, j->rid);
+            dn_job_wait(j, INT32_MAX);
+            dn_job_free(j);
+        }
+        done = kvstore_save(n->store, r.prompt, n_prompt);
+    }
+    dn_req_free(&r);
+    if (done < 0) return dn_send_error(n, c, 400, "invalid_request_error", "this node's KV store has no disk tier (--kv-cache-dir)");
+    log_info(NULL, "kv store: %s a prefix of %d tokens: %d positions %s", save ? "saved" : "loaded", n_prompt, done,
+             save ? "on disk" : "in memory");
+    return dn_send_json(c, 200, json_pack("{s:i, s:i, s:s}", "prompt_tokens", n_prompt, "stored_tokens", done,
+                                          "tier", save ? "disk" : "ram"));
+}
+
 /* POST /v1/tokenize with a generation request's prompt ("prompt" and
  * "chat", "messages" with "tools" and "assistant_prefix", or "tokens") in
  * place of "content": the ids /v1/generate would evaluate, template
@@ -1403,7 +1442,7 @@ static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int 
  * the liveness answer). */
 static int dn_needs_signature(const char *url) {
     return !strcmp(url, "/v1/generate") || !strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize") ||
-           !strcmp(url, "/v1/stats");
+           !strcmp(url, "/v1/stats") || !strcmp(url, "/v1/cache/save") || !strcmp(url, "/v1/cache/load");
 }
 
 /* The body limit of one request: /v1/tokenize's bound by the context,
@@ -1474,6 +1513,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     }
     if (!strcmp(url, "/v1/stats")) return dn_handle_stats(n, c);
     if (!strcmp(url, "/v1/generate")) return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    if (!strncmp(url, "/v1/cache/", 10)) return dn_handle_cache(n, c, url[10] == 's', cc->body.p, cc->body.len);
     return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);   /* /v1/tokenize, /v1/detokenize */
 }
 

@@ -6,6 +6,11 @@
  *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
  *   GET  /v1/stats      counters and moving-average speeds (router cost model)
  *   GET  /metrics       Prometheus text (docs/router.md lists the families)
+ *   POST /v1/cache/save a generation body names a prefix (a rubric): computed
+ *                       (one token) unless the KV store has it, its blocks
+ *                       written to disk; {"prompt_tokens","stored_tokens","tier"}
+ *   POST /v1/cache/load the same body: its blocks read from disk into memory
+ *                       (`tandem cache save|load` is the CLI form)
  *
  * Authentication: a node with a shared secret takes POST /v1/generate
  * only when signed by a router (node_auth.h, key label "tandem decode-api

@@ -21,6 +21,8 @@
  */
 #include "proc.h"
 
+#include "base/strbuf.h"
+
 #include <sys/resource.h>
 
 #include <xxhash.h>
@@ -542,6 +544,66 @@ static void test_shared_and_unsafe(ctx *c) {
     }
 }
 
+/* tandem cache save on one node, load on another sharing the directory;
+ * unsigned requests refused. */
+static void test_save_load(ctx *c) {
+    char secret[512], sdir[400], pfile[512];
+    snprintf(secret, sizeof secret, "%s/secret", c->dir);
+    snprintf(sdir, sizeof sdir, "%s/saved", c->dir);
+    snprintf(pfile, sizeof pfile, "%s/rubric.txt", c->dir);
+    strbuf rubric = { 0 };
+    for (int i = 0; i < 12; i++)
+        strbuf_printf(&rubric, "Criterion %d: the program reads its input, checks every value and explains each step. ", i);
+    write_text(pfile, rubric.p);
+    int32_t ref[N_PRED];
+    CHECK(run_ids(c->model, rubric.p, 0, N_PRED, ref, N_PRED) == N_PRED, "tandem run on the rubric");
+    const char *o[] = { "--kv-cache-ram", "64000000", "--kv-cache-dir", sdir, "--secret-file", secret, NULL };
+    pid_t pa, pb;
+    int a = start_node(c, &pa, "save", "local", o);
+    if (a <= 0) { free(rubric.p); return; }
+    char *bad = NULL;
+    CHECK(http(a, "POST", "/v1/cache/save", "{\"prompt\":\"x\"}", &bad) == 401, "unsigned /v1/cache/save: 401");
+    free(bad);
+    char node[64];
+    snprintf(node, sizeof node, "127.0.0.1:%d", a);
+    char *argv[] = { (char *)bin(), "cache", "save", "--node", node, "-f", pfile, "--secret-file", secret, NULL };
+    char *out = run_capture(argv);
+    json_t *j = out ? json_loads(out, 0, NULL) : NULL;
+    int np = (int)jint(j, "prompt_tokens", NULL), stored = (int)jint(j, "stored_tokens", NULL);
+    CHECK(j && np > 128 && stored == np / 64 * 64, "tandem cache save: %s", out ? out : "(failed)");
+    json_decref(j);
+    free(out);
+    CHECK(stop_proc(pa, 20000) == 0, "save node: clean exit");
+    int b = start_node(c, &pb, "load", "local", o);
+    if (b > 0) {
+        snprintf(node, sizeof node, "127.0.0.1:%d", b);
+        char *argl[] = { (char *)bin(), "cache", "load", "--node", node, "-f", pfile, "--secret-file", secret, NULL };
+        out = run_capture(argl);
+        j = out ? json_loads(out, 0, NULL) : NULL;
+        CHECK(j && jint(j, "stored_tokens", NULL) == stored && !strcmp(jstr(j, "tier", NULL), "ram"),
+              "tandem cache load: %s", out ? out : "(failed)");
+        json_decref(j);
+        free(out);
+        static node_auth_key key;
+        char sec[128] = "";
+        FILE *f = fopen(secret, "r");
+        if (f) { if (!fgets(sec, sizeof sec, f)) sec[0] = 0; fclose(f); }
+        node_auth_derive(&key, sec, strlen(sec), NODE_AUTH_LABEL_DECODE_API);
+        sign_key = &key;
+        json_t *req = json_pack("{s:s, s:i, s:b}", "prompt", rubric.p, "max_tokens", N_PRED, "ignore_eos", 1);
+        int st;
+        json_t *r = post_json(b, req, &st);
+        CHECK(st == 200 && same_ids(json_object_get(r, "tokens"), ref, N_PRED), "after a load: the same tokens as tandem run");
+        CHECK(jint(json_object_get(r, "usage"), "prompt_tokens_details", "cached_tokens") == stored &&
+              !strcmp(jstr(r, "prefill", "cache_tier"), "ram"), "after a load: %d cached from memory (want %d)",
+              (int)jint(json_object_get(r, "usage"), "prompt_tokens_details", "cached_tokens"), stored);
+        json_decref(r);
+        sign_key = NULL;
+        CHECK(stop_proc(pb, 20000) == 0, "load node: clean exit");
+    }
+    free(rubric.p);
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     unsetenv("TANDEM_LOG_LEVEL");
@@ -566,6 +628,7 @@ int main(void) {
     if (!t_fail) test_bad_blocks(&c);
     if (!t_fail) test_write_faults(&c);
     if (!t_fail) test_shared_and_unsafe(&c);
+    if (!t_fail) test_save_load(&c);
     fprintf(stderr, "test_kvstore: %.1f s (logs in %s)\n", (now_ms() - t0) / 1e3, c.dir);
     if (!t_fail) rm_tree(c.dir);
     return t_done("test_kvstore");
