@@ -27,6 +27,7 @@
 
 #include <xxhash.h>
 
+#include "base/hugemap.h"
 #include "base/log.h"
 #include "base/prefix_hash.h"
 #include "engine/fingerprint.h"
@@ -67,6 +68,7 @@ typedef struct kvs_block {
     int index;               /* positions [index * B, (index + 1) * B) */
     uint8_t *data;           /* the file form */
     size_t size;
+    size_t mapped;           /* data is a hugemap of this many bytes, or 0 (malloc) */
     int refs;
     uint64_t last_used;
 } kvs_block;
@@ -102,6 +104,27 @@ struct kvstore {
 
 /* ==== Block form ==== */
 
+/* A block and its data buffer (on huge pages when large: a block of a real
+ * model is megabytes, and faulting it in 4 KiB pages cost more than reading
+ * it), or NULL. */
+static kvs_block *kvs_block_alloc(size_t size) {
+    kvs_block *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    if (size >= 2 * HUGEMAP_PAGE) b->data = hugemap_alloc(size, &b->mapped);
+    else b->data = malloc(size);
+    if (!b->data) { free(b); return NULL; }
+    b->size = size;
+    return b;
+}
+
+static void kvs_block_free(kvs_block *b) {
+    if (!b) return;
+    if (b->mapped) hugemap_free(b->data, b->mapped);
+    else free(b->data);
+    free(b);
+}
+
+
 static void kvs_put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void kvs_put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t kvs_get32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
@@ -120,9 +143,10 @@ static uint64_t kvs_checksum(const uint8_t *d, size_t size) {
 /* A block of index `index` built from ids and kv's rows, or NULL (memory). */
 static kvs_block *kvs_block_make(kvstore *st, uint64_t hash, int index, const int32_t *ids, const kvcache *kv) {
     size_t size = kvs_block_size(st, index);
-    kvs_block *b = calloc(1, sizeof *b);
-    uint8_t *d = b ? calloc(1, size) : NULL;
-    if (!d) { free(b); return NULL; }
+    kvs_block *b = kvs_block_alloc(size);
+    if (!b) return NULL;
+    uint8_t *d = b->data;
+    memset(d, 0, KVS_HDR);
     memcpy(d, KVS_MAGIC, 8);
     kvs_put32(d + H_LAYOUT, KVS_LAYOUT);
     kvs_put32(d + H_DTYPE, st->dtype);
@@ -140,16 +164,13 @@ static kvs_block *kvs_block_make(kvstore *st, uint64_t hash, int index, const in
     for (int l = 0; l < st->n_layer; l++) {
         uint8_t *k = rows + (size_t)l * 2 * half;
         if (kv_read_span(kv, l, index * PREFIX_HASH_BLOCK, PREFIX_HASH_BLOCK, k, k + half, err, sizeof err)) {
-            free(d);
-            free(b);
+            kvs_block_free(b);
             return NULL;
         }
     }
     kvs_put64(d + H_SUM, kvs_checksum(d, size));
     b->hash = hash;
     b->index = index;
-    b->data = d;
-    b->size = size;
     b->refs = 1;
     return b;
 }
@@ -189,7 +210,7 @@ static int kvs_check_header(const kvstore *st, const uint8_t *h, uint64_t want_h
 /* ==== Tiers (caller holds mu) ==== */
 
 static void kvs_block_unref(kvs_block *b) {
-    if (b && --b->refs == 0) { free(b->data); free(b); }
+    if (b && --b->refs == 0) kvs_block_free(b);
 }
 
 static int kvs_ram_find(const kvstore *st, uint64_t hash) {
@@ -390,11 +411,7 @@ static kvs_block *kvs_disk_load(kvstore *st, uint64_t hash, int index, const int
     if (pread(fd, h, KVS_HDR, 0) != KVS_HDR) { snprintf(why, sizeof why, "short header"); goto bad; }
     if (kvs_check_header(st, h, hash, &bi, why, sizeof why)) goto bad;
     if (bi != index) { snprintf(why, sizeof why, "holds block %d, looked up as block %d", bi, index); goto bad; }
-    if (!(b = calloc(1, sizeof *b)) || !(b->data = malloc(want))) {
-        free(b);
-        close(fd);
-        return NULL;
-    }
+    if (!(b = kvs_block_alloc(want))) { close(fd); return NULL; }
     size_t got = 0;
     while (got < want) {
         ssize_t r = pread(fd, b->data + got, want - got, (off_t)got);
@@ -410,18 +427,16 @@ static kvs_block *kvs_disk_load(kvstore *st, uint64_t hash, int index, const int
         /* a valid block of another prefix with the same hash (a collision):
          * not ours to use, nor to delete */
         log_warn(NULL, "kv store: block %s/%s has the prompt's hash but other tokens; not used", st->dpath, name);
-        free(b->data);
-        free(b);
+        kvs_block_free(b);
         return NULL;
     }
     b->hash = hash;
     b->index = index;
-    b->size = want;
     b->refs = 1;
     return b;
 bad:
     close(fd);
-    if (b) { free(b->data); free(b); }
+    kvs_block_free(b);
     kvs_disk_reject(st, name, hash, why);
     return NULL;
 }

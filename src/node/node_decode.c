@@ -806,10 +806,10 @@ static const char *dn_cache_tier(const sched_view *v) {
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
-    log_info(j->rid, "done finish=%s prompt=%d cached=%d tier=%s store_ram=%d store_disk=%d computed_local=%d "
-             "prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+    log_info(j->rid, "done finish=%s prompt=%d cached=%d tier=%s store_ram=%d store_disk=%d store_ms=%.1f "
+             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
              finish, j->n_prompt, v->start_pos, dn_cache_tier(v), v->store_ram_tokens, v->store_disk_tokens,
-             v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
+             v->store_ms, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
              v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
              j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
@@ -847,6 +847,7 @@ static json_t *dn_prefill_json(dn_job *j) {
     json_object_set_new(p, "cache_tier", json_string(dn_cache_tier(v)));
     json_object_set_new(p, "store_ram_tokens", json_integer(v->store_ram_tokens));
     json_object_set_new(p, "store_disk_tokens", json_integer(v->store_disk_tokens));
+    json_object_set_new(p, "store_ms", json_real(v->store_ms));
     json_object_set_new(p, "positions_received", json_integer(j->remote ? j->hs.n_sent : 0));
     json_object_set_new(p, "computed_remote", json_integer(j->remote ? j->hs.n_computed_remote : 0));
     json_object_set_new(p, "computed_local", json_integer(v->computed_local));

@@ -245,7 +245,9 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     if (s->o.store && keep < n - 1) {
         /* continue with the longest run of stored blocks */
         kvstore_hit hit;
+        double t0 = gen_now_ms();
         int end = kvstore_fill(s->o.store, p, n - 1, keep, session_kv(sl->s), &hit);
+        j->v.store_ms = gen_now_ms() - t0;
         if (end > keep) {
             memcpy(sl->tokens + keep, p + keep, sizeof(int32_t) * (size_t)(end - keep));
             sl->n = keep = end;

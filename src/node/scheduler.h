@@ -111,6 +111,7 @@ typedef struct {
     int computed_local;      /* prompt positions evaluated here */
     int store_ram_tokens;    /* of start_pos: positions loaded from the store's memory */
     int store_disk_tokens;   /* ... and from its disk */
+    double store_ms;         /* time spent looking up and loading stored blocks */
     double t_submit, t_admit, t_first, t_prompt_done;   /* ms (gen_now_ms) */
 } sched_view;
 

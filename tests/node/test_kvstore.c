@@ -201,7 +201,7 @@ static void test_tiers(ctx *c) {
     CHECK(same_out(&r, c->ref), "from memory: the same tokens as cold");
     CHECK(r.cached == 256 && r.computed == PROMPT_N - 256 && !strcmp(r.tier, "ram"),
           "from memory: cached %d (want 256), computed %d (want %d), tier %s", r.cached, r.computed, PROMPT_N - 256, r.tier);
-    CHECK(log_has(c, "tiers", "tier=ram store_ram=256"), "the log line names the memory tier");
+    CHECK(log_has(c, "tiers", "tier=ram store_ram=256 store_disk=0"), "the log line names the memory tier");
     CHECK(metric_value(port, "tandem_decode_kv_store_hits_total{model=\"" MODEL_LABEL "\",tier=\"ram\"} ") >= 4,
           "/metrics counts memory hits");
     CHECK(wait_disk_blocks(port, 8), "both prompts' 8 blocks reach the disk");
