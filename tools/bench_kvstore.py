@@ -87,13 +87,15 @@ def drop_cache(files):
 
 
 def rubric_files(d, rubric_ids):
-    """The block files whose first token id is the rubric's (offset 128)."""
+    """The rubric's own block files: first token id the rubric's (offset 128)
+    and block index (offset 60) inside it (not the blocks that go on into a
+    submission)."""
     want = rubric_ids[0].to_bytes(4, "little")
     out = []
     for f in block_files(d):
         with open(f, "rb") as fh:
-            fh.seek(128)
-            if fh.read(4) == want:
+            h = fh.read(132)
+            if h[128:132] == want and int.from_bytes(h[60:64], "little") < len(rubric_ids) // 64:
                 out.append(f)
     return out
 
