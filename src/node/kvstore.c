@@ -37,7 +37,7 @@
 #define KVS_MAGIC "TDMKVBLK"        /* 8 bytes at offset 0 of every block */
 /* Bumped whenever the header or the row layout below changes: an old file
  * is then refused (and deleted) instead of misread. */
-#define KVS_LAYOUT 1
+#define KVS_LAYOUT 2
 #define KVS_HDR 128                 /* header bytes; the rest is reserved (zero) */
 #define KVS_DEFAULT_DISK (4ull << 30)   /* --kv-cache-dir without --kv-cache-disk */
 /* A temporary file older than this is a crashed writer's (ours or another
@@ -140,6 +140,37 @@ static uint64_t kvs_checksum(const uint8_t *d, size_t size) {
     return XXH3_64bits_withSeed(d + KVS_HDR, size - KVS_HDR, h);
 }
 
+/* Rows of a block: per layer, K then V, each [kv_head][64 positions]
+ * [head bytes], the cache's own head-major order, so a block is copied in
+ * or out in runs of 64 positions of one head (a position-major layout took
+ * 256-byte pieces). 0 if positions [p0, p0 + 64) of every layer fit kv and
+ * kv has this store's shape, else -1 with a message. */
+static int kvs_rows_check(const kvstore *st, const kvcache *kv, int p0, char *err, size_t errlen) {
+    if (kv_n_layer(kv) != st->n_layer || kv_row_bytes(kv) != st->row_bytes || kv_dtype(kv) != st->dtype) {
+        snprintf(err, errlen, "cache shape differs from the store's");
+        return -1;
+    }
+    return kv_check_range(kv, st->n_layer - 1, p0, PREFIX_HASH_BLOCK, err, errlen);
+}
+
+/* Copies positions [p0 + from, p0 + 64) of every layer between the block's
+ * rows and kv (to kv when in, else from it); kvs_rows_check passed. */
+static void kvs_rows_copy(const kvstore *st, kvcache *kv, uint8_t *rows, int p0, int from, int in) {
+    int nh = kv_n_head(kv);
+    size_t hb = kv_head_bytes(kv), run = (size_t)(PREFIX_HASH_BLOCK - from) * hb;
+    size_t off = (size_t)from * hb, cache_off = (size_t)(p0 + from) * hb;
+    for (int l = 0; l < st->n_layer; l++)
+        for (int kvi = 0; kvi < 2; kvi++)
+            for (int h = 0; h < nh; h++) {
+                uint8_t *blk = rows + (((size_t)l * 2 + (size_t)kvi) * (size_t)nh + (size_t)h) * PREFIX_HASH_BLOCK * hb + off;
+                /* the cache's own buffer, writable: kvcache.h hands out const
+                 * pointers for readers; the range was checked above */
+                uint8_t *c = (uint8_t *)(kvi ? kv_v_head(kv, l, h) : kv_k_head(kv, l, h)) + cache_off;
+                if (in) memcpy(c, blk, run);
+                else memcpy(blk, c, run);
+            }
+}
+
 /* A block of index `index` built from ids and kv's rows, or NULL (memory). */
 static kvs_block *kvs_block_make(kvstore *st, uint64_t hash, int index, const int32_t *ids, const kvcache *kv) {
     size_t size = kvs_block_size(st, index);
@@ -158,16 +189,9 @@ static kvs_block *kvs_block_make(kvstore *st, uint64_t hash, int index, const in
     kvs_put64(d + H_ROW, st->row_bytes);
     kvs_put64(d + H_SIZE, size);
     memcpy(d + KVS_HDR, ids, kvs_ids_bytes(index));
-    uint8_t *rows = d + KVS_HDR + kvs_ids_bytes(index);
-    size_t half = PREFIX_HASH_BLOCK * st->row_bytes;
     char err[256];
-    for (int l = 0; l < st->n_layer; l++) {
-        uint8_t *k = rows + (size_t)l * 2 * half;
-        if (kv_read_span(kv, l, index * PREFIX_HASH_BLOCK, PREFIX_HASH_BLOCK, k, k + half, err, sizeof err)) {
-            kvs_block_free(b);
-            return NULL;
-        }
-    }
+    if (kvs_rows_check(st, kv, index * PREFIX_HASH_BLOCK, err, sizeof err)) { kvs_block_free(b); return NULL; }
+    kvs_rows_copy(st, (kvcache *)kv, d + KVS_HDR + kvs_ids_bytes(index), index * PREFIX_HASH_BLOCK, 0, 0);
     kvs_put64(d + H_SUM, kvs_checksum(d, size));
     b->hash = hash;
     b->index = index;
@@ -175,8 +199,10 @@ static kvs_block *kvs_block_make(kvstore *st, uint64_t hash, int index, const in
     return b;
 }
 
-/* Checks a header against this store: 0, or -1 with the reason. index_out
- * receives the block index. */
+/* Checks a header against this store: 0, -1 with the reason (a bad
+ * block), or 1: a valid block beyond this node's context (another node
+ * sharing the directory may run a longer one: not ours to delete).
+ * index_out receives the block index. */
 static int kvs_check_header(const kvstore *st, const uint8_t *h, uint64_t want_hash, int *index_out,
                             char *why, size_t whylen) {
     if (memcmp(h, KVS_MAGIC, 8)) { snprintf(why, whylen, "not a KV block (bad magic)"); return -1; }
@@ -200,7 +226,7 @@ static int kvs_check_header(const kvstore *st, const uint8_t *h, uint64_t want_h
     uint32_t index = kvs_get32(h + H_INDEX);
     if ((uint64_t)(index + 1ull) * PREFIX_HASH_BLOCK > (uint64_t)st->n_ctx) {
         snprintf(why, whylen, "block %u is beyond the context (%d)", index, st->n_ctx);
-        return -1;
+        return 1;
     }
     if (kvs_get64(h + H_SIZE) != kvs_block_size(st, (int)index)) { snprintf(why, whylen, "size field is wrong"); return -1; }
     *index_out = (int)index;
@@ -507,13 +533,14 @@ static void kvs_scan(kvstore *st) {
         char why[256];
         uint8_t h[KVS_HDR];
         int index = -1;
-        int ok = 0;
+        int ok = 0, hc = 0;
         why[0] = 0;
         int bf = S_ISREG(sb.st_mode) ? openat(st->dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
         if (!S_ISREG(sb.st_mode)) snprintf(why, sizeof why, "not a regular file");
         else if (bf < 0) { log_warn(NULL, "kv store: %s/%s: %s (skipped)", st->dpath, e->d_name, strerror(errno)); continue; }
         else if (pread(bf, h, KVS_HDR, 0) != KVS_HDR) snprintf(why, sizeof why, "shorter than a header");
-        else if (kvs_check_header(st, h, hash, &index, why, sizeof why)) {}
+        else if ((hc = kvs_check_header(st, h, hash, &index, why, sizeof why)) > 0) { close(bf); continue; }
+        else if (hc < 0) {}
         else if ((uint64_t)sb.st_size != kvs_block_size(st, index))
             snprintf(why, sizeof why, "%lld bytes, a block %d is %zu (truncated)", (long long)sb.st_size, index,
                      kvs_block_size(st, index));
@@ -687,13 +714,8 @@ int kvstore_fill(kvstore *st, const int32_t *ids, int n, int have, kvcache *kv, 
         }
         if (!b) break;
         int p0 = i * PREFIX_HASH_BLOCK, from = end > p0 ? end - p0 : 0, k = PREFIX_HASH_BLOCK - from;
-        const uint8_t *rows = b->data + KVS_HDR + kvs_ids_bytes(i);
-        size_t half = PREFIX_HASH_BLOCK * st->row_bytes, off = (size_t)from * st->row_bytes;
-        int bad = 0;
-        for (int l = 0; l < st->n_layer && !bad; l++) {
-            const uint8_t *kr = rows + (size_t)l * 2 * half;
-            bad = kv_write_span(kv, l, p0 + from, k, kr + off, kr + half + off, err, sizeof err);
-        }
+        int bad = kvs_rows_check(st, kv, p0, err, sizeof err);
+        if (!bad) kvs_rows_copy(st, kv, b->data + KVS_HDR + kvs_ids_bytes(i), p0, from, 1);
         pthread_mutex_lock(&st->mu);
         st->st.hits[tier]++;
         st->st.bytes_read[tier] += b->size;

@@ -64,7 +64,7 @@ static int start_node(ctx *c, pid_t *pid, const char *name, const char *role, co
     return start_named(pid, argv, c->dir, name, 0, 60000);
 }
 
-typedef struct { int32_t out[N_PRED]; int n_out, cached, computed, received, status; char tier[16]; } gen_res;
+typedef struct { int32_t out[N_PRED]; int n_out, cached, computed, received, remote, status; char tier[16]; } gen_res;
 
 static gen_res gen(int port, const int32_t *ids, int n, const char *prefill) {
     gen_res r;
@@ -77,6 +77,7 @@ static gen_res gen(int port, const int32_t *ids, int n, const char *prefill) {
     r.cached = (int)jint(json_object_get(o, "usage"), "prompt_tokens_details", "cached_tokens");
     r.computed = (int)jint(o, "prefill", "computed_local");
     r.received = (int)jint(o, "prefill", "positions_received");
+    r.remote = (int)jint(o, "prefill", "computed_remote");
     snprintf(r.tier, sizeof r.tier, "%s", jstr(o, "prefill", "cache_tier"));
     json_decref(o);
     return r;
@@ -320,8 +321,11 @@ static void test_split(ctx *c) {
     sign_key = &key;
     char pf[512];
     snprintf(pf, sizeof pf, "%s/prefill.port", c->dir);
+    char pstore[400];
+    snprintf(pstore, sizeof pstore, "%s/pstore", c->dir);
     char *pargv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", c->model, "--listen", "127.0.0.1:0",
-                      "--port-file", pf, "--secret-file", secret, NULL };
+                      "--port-file", pf, "--secret-file", secret, "--kv-cache-ram", "64000000", "--kv-cache-dir",
+                      pstore, NULL };
     pid_t ppid;
     int pport = start_named(&ppid, pargv, c->dir, "prefill", 1, 60000);
     if (pport <= 0) return;
@@ -334,8 +338,9 @@ static void test_split(ctx *c) {
     int port = start_node(c, &pid, "split", "decode", o);
     if (port <= 0) { stop_proc(ppid, 10000); return; }
     gen_res r = gen(port, c->prompt, PROMPT_N, "remote");
-    CHECK(same_out(&r, c->ref) && r.received == PROMPT_N - 1,
-          "split, cold: the same tokens, %d positions received (want %d)", r.received, PROMPT_N - 1);
+    CHECK(same_out(&r, c->ref) && r.received == PROMPT_N - 1 && r.remote == PROMPT_N - 1,
+          "split, cold: the same tokens, %d positions received, %d computed remotely (want %d)", r.received, r.remote,
+          PROMPT_N - 1);
     CHECK(wait_disk_blocks(port, 4), "split: 4 blocks on disk");
     CHECK(stop_proc(pid, 20000) == 0, "SIGTERM: clean exit");
     port = start_node(c, &pid, "split", "decode", o);
@@ -345,6 +350,10 @@ static void test_split(ctx *c) {
         CHECK(r.cached == 256 && r.received == PROMPT_N - 1 - 256 && !strcmp(r.tier, "disk"),
               "split after a restart: cached %d, received %d (want %d), tier %s", r.cached, r.received,
               PROMPT_N - 1 - 256, r.tier);
+        /* the prefill node's own store: a new connection (empty session)
+         * loads the first 256 positions instead of computing them */
+        CHECK(r.remote == PROMPT_N - 1 - 256, "the prefill node computed %d positions (want %d: its store held 256)",
+              r.remote, PROMPT_N - 1 - 256);
         test_router_usage(c, port, secret);
         CHECK(stop_proc(pid, 20000) == 0, "SIGTERM: clean exit");
     }
