@@ -29,6 +29,12 @@
  * found by the others (they look a missing block up by its name), and one
  * that another deleted is a miss.
  *
+ * Rows in a block: per layer, K then V, each [kv_head][64][head bytes]
+ * (the cache's head-major order: copied in runs of 64 positions of a head).
+ *
+ * Used by the decode node (scheduler.c: sched_admit fills, a finished job
+ * puts) and the prefill node (node_prefill.c: per request).
+ *
  * Thread safety: every function may be called from any thread.
  */
 #ifndef TANDEM_KVSTORE_H
