@@ -858,8 +858,9 @@ void api_upstream_error_message(const char *body, size_t len, char *out, size_t 
 
 /* ==== OpenAI responses ==== */
 
-static json_t *api_usage(int p, int c) {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c);
+static json_t *api_usage(int p, int c, int cached) {
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", p, "completion_tokens", c, "total_tokens", p + c,
+                     "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static json_t *api_str_or_null(const char *s) { return s ? json_string(s) : json_null(); }
@@ -942,7 +943,7 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
                               "object", kind == API_CHAT ? "chat.completion" : "text_completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
-                              "usage", api_usage(prompt_tokens, completion_tokens)));
+                              "usage", api_usage(prompt_tokens, completion_tokens, m->cached_tokens)));
 }
 
 char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int completion_tokens) {
@@ -955,7 +956,15 @@ char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int com
         if (!c || json_array_append(choices, c)) { json_decref(o); json_decref(out); return NULL; }
         json_decref(o);
     }
-    json_object_set_new(out, "usage", api_usage(prompt_tokens, completion_tokens));
+    int cached = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *o = bodies[i] ? json_loads(bodies[i], 0, NULL) : NULL;
+        json_t *c = json_object_get(json_object_get(json_object_get(o, "usage"), "prompt_tokens_details"), "cached_tokens");
+        if (json_is_integer(c) && json_integer_value(c) > 0 && json_integer_value(c) <= INT32_MAX - cached)
+            cached += (int)json_integer_value(c);
+        json_decref(o);
+    }
+    json_object_set_new(out, "usage", api_usage(prompt_tokens, completion_tokens, cached));
     return api_dump(out);
 }
 
@@ -995,7 +1004,7 @@ char *api_render_usage_chunk(enum api_kind kind, const api_resp_meta *m, int pro
     return api_sse(json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", m->id,
                              "object", kind == API_CHAT ? "chat.completion.chunk" : "text_completion",
                              "created", (json_int_t)m->created, "model", m->model, "choices",
-                             "usage", api_usage(prompt_tokens, completion_tokens)));
+                             "usage", api_usage(prompt_tokens, completion_tokens, m->cached_tokens)));
 }
 
 char *api_render_error_event(const api_error *e) { return api_sse_text(api_error_json(e)); }
@@ -1107,5 +1116,5 @@ char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *ev
     if (!choice) return NULL;
     return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
-                              "usage", api_usage(prompt_tokens, completion_tokens)));
+                              "usage", api_usage(prompt_tokens, completion_tokens, m->cached_tokens)));
 }

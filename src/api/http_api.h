@@ -176,6 +176,8 @@ typedef struct {
     const char *model;
     const char *logprobs;       /* the choice's OpenAI "logprobs" object as JSON text, or NULL */
     int index;                  /* the choice's "index" (0..n-1) */
+    int cached_tokens;          /* usage.prompt_tokens_details.cached_tokens: prompt positions
+                                 * the decode node did not compute (its slots, KV store) */
 } api_resp_meta;
 
 /* The OpenAI "logprobs" object for n tokens, from the decode node's
@@ -193,7 +195,9 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
                           const char *finish_reason, int prompt_tokens, int completion_tokens);
 /* One response of n choices from n single-choice responses (each rendered
  * with its meta's index): their choices in order, usage computed once from
- * the figures given (the prompt counts once, completions summed). Frees
+ * the figures given (the prompt counts once, completions summed; cached
+ * tokens summed over the bodies, so render a prompt's cached tokens in one
+ * of its choices only). Frees
  * nothing; NULL on out of memory or malformed input. */
 char *api_merge_responses(char *const *bodies, int n, int prompt_tokens, int completion_tokens);
 /* One SSE event "data: {...}\n\n" carrying a chunk: text (may be NULL),

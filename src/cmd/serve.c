@@ -36,6 +36,8 @@ typedef struct {
     const char *model, *listen, *secret_file, *kv_type, *node_id, *port_file, *backend;
     const char *router, *model_name, *advertise;   /* registration with a router */
     const char *metrics_listen, *metrics_port_file;  /* prefill role: GET /metrics */
+    const char *kv_cache_dir;                      /* prefill role: KV store (kvstore.h) */
+    uint64_t kv_cache_ram, kv_cache_disk;
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
@@ -79,7 +81,9 @@ static void serve_usage(FILE *f) {
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
         "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
-        "  --metrics-port-file FILE    write the bound metrics port there\n");
+        "  --metrics-port-file FILE    write the bound metrics port there\n"
+        "  --kv-cache-ram BYTES, --kv-cache-dir DIR, --kv-cache-disk BYTES  a KV prefix store as on\n"
+        "                       decode nodes: a repeated prefix is loaded, not recomputed\n");
     cliopt_usage_backend(f, 20);
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
@@ -136,6 +140,9 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--handshake-ms")) bad = serve_int(a, v, 1, 600000, &o->handshake_ms);
         else if (!strcmp(a, "--idle-ms")) bad = serve_int(a, v, 1, 86400000, &o->idle_ms);
         else if (!strcmp(a, "--request-ms")) bad = serve_int(a, v, 1, 86400000, &o->request_ms);
+        else if (!strcmp(a, "--kv-cache-ram")) bad = cliopt_u64(SERVE, a, v, 0, UINT64_C(1) << 50, &o->kv_cache_ram);
+        else if (!strcmp(a, "--kv-cache-disk")) bad = cliopt_u64(SERVE, a, v, 1, UINT64_C(1) << 60, &o->kv_cache_disk);
+        else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(SERVE, a, v, &o->kv_cache_dir);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
     }
@@ -172,6 +179,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .request_ms = o->request_ms, .port_out = &port,
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
         .model_name = o->model_name, .model_path = o->model,
+        .kv_cache_ram = o->kv_cache_ram, .kv_cache_dir = o->kv_cache_dir, .kv_cache_disk = o->kv_cache_disk,
     };
     int rc = 0;
     if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }

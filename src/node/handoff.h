@@ -109,6 +109,12 @@ typedef struct {
     int debug_frame_delay_ms;
     int debug_corrupt_frame;
     int debug_tamper_frame;
+    /* KV prefix store (kvstore.h), as on decode nodes: a request's prompt
+     * continues the connection's cached prefix with stored blocks, and the
+     * computed prompt's blocks are put there */
+    uint64_t kv_cache_ram;
+    const char *kv_cache_dir;
+    uint64_t kv_cache_disk;
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

@@ -35,6 +35,7 @@
 #include "engine/grammar.h"
 #include "node/handoff.h"
 #include "engine/kvcache.h"
+#include "node/kvstore.h"
 #include "node/scheduler.h"
 #include "base/strbuf.h"
 #include "net/httpd.h"
@@ -121,6 +122,7 @@ typedef struct {
     metrics_family *requests, *prompt_tokens, *completion_tokens, *reused_tokens, *prefills, *fallbacks, *kv_received;
     metrics_family *queue, *ttft, *e2e, *prefill, *tpot;
     metrics_family *slots, *slots_busy, *queued, *queue_cap, *kv_tokens, *kv_capacity, *kv_usage, *steps, *batched;
+    kvstore_metrics store;       /* with --kv-cache-ram / --kv-cache-dir */
 } dn_metrics;
 
 typedef struct {
@@ -133,6 +135,7 @@ typedef struct {
     char desc[512];
     volatile int stopping;
     sched *sc;                   /* continuous batching: slots, queue, the model's thread */
+    kvstore *store;              /* KV prefix store (memory, disk), or NULL */
     /* prefill-node connections (pmu) */
     pthread_mutex_t pmu;
     dn_peer peers[DN_MAX_PEERS];
@@ -794,13 +797,19 @@ static void dn_count_job(dn_job *j) {
     dn_metrics_job(j, cancelled ? "cancelled" : failed ? "error" : "ok", prefill_ms, gen_ms);
 }
 
+/* Where the request's cached positions came from: the deepest tier used. */
+static const char *dn_cache_tier(const sched_view *v) {
+    return v->store_disk_tokens ? "disk" : v->store_ram_tokens ? "ram" : v->start_pos ? "slot" : "none";
+}
+
 /* The request's one INFO line: tokens, where the prompt came from, times. */
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
-    log_info(j->rid, "done finish=%s prompt=%d cached=%d computed_local=%d prefill=%s%s%s completion=%d "
-             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
-             finish, j->n_prompt, v->start_pos, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
+    log_info(j->rid, "done finish=%s prompt=%d cached=%d tier=%s store_ram=%d store_disk=%d store_ms=%.1f "
+             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+             finish, j->n_prompt, v->start_pos, dn_cache_tier(v), v->store_ram_tokens, v->store_disk_tokens,
+             v->store_ms, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
              v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
              j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
@@ -835,6 +844,10 @@ static json_t *dn_prefill_json(dn_job *j) {
     if (j->fallback[0]) json_object_set_new(p, "fallback_reason", dn_json_text(j->fallback, strlen(j->fallback)));
     json_object_set_new(p, "start_pos", json_integer(v->start_pos));
     json_object_set_new(p, "reused_from_other_session", json_boolean(v->reused_from_other));
+    json_object_set_new(p, "cache_tier", json_string(dn_cache_tier(v)));
+    json_object_set_new(p, "store_ram_tokens", json_integer(v->store_ram_tokens));
+    json_object_set_new(p, "store_disk_tokens", json_integer(v->store_disk_tokens));
+    json_object_set_new(p, "store_ms", json_real(v->store_ms));
     json_object_set_new(p, "positions_received", json_integer(j->remote ? j->hs.n_sent : 0));
     json_object_set_new(p, "computed_remote", json_integer(j->remote ? j->hs.n_computed_remote : 0));
     json_object_set_new(p, "computed_local", json_integer(v->computed_local));
@@ -858,6 +871,7 @@ static void dn_result_fields(dn_job *j, json_t *o) {
     json_t *u = json_object();
     json_object_set_new(u, "prompt_tokens", json_integer(j->n_prompt));
     json_object_set_new(u, "completion_tokens", json_integer(v->n_gen));
+    json_object_set_new(u, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", v->start_pos));
     json_object_set_new(o, "usage", u);
     json_object_set_new(o, "prefill", dn_prefill_json(j));
     if (v->n_gen > 1) {
@@ -988,6 +1002,7 @@ static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
     metrics_set(m->kv_usage, lm, ss.capacity_tokens ? (double)ss.cached_tokens / (double)ss.capacity_tokens : 0.0);
     metrics_set(m->steps, lm, (double)ss.steps);
     metrics_set(m->batched, lm, (double)ss.batched_tokens);
+    kvstore_metrics_update(n->store, &m->store, m->model);
     size_t len = 0;
     char *text = metrics_render(m->reg, &len);
     return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
@@ -1331,6 +1346,45 @@ static enum MHD_Result dn_handle_generate(dnode *n, struct MHD_Connection *c, co
     return rc;
 }
 
+/* POST /v1/cache/save and /v1/cache/load: a generation body names the
+ * prefix (a rubric). save computes it if the store lacks it (one greedy
+ * token, through a prefill node when the body asks for one), then writes
+ * its blocks to disk and answers when they are there; load reads them from
+ * disk into memory ahead of the requests that will use them. */
+static enum MHD_Result dn_handle_cache(dnode *n, struct MHD_Connection *c, int save, const char *body, size_t len) {
+    char err[512];
+    if (!n->store) return dn_send_error(n, c, 400, "invalid_request_error", "this node has no KV store (--kv-cache-ram, --kv-cache-dir)");
+    dn_req r;
+    if (dn_parse_request(n, body, len, &r, err, sizeof err)) return dn_send_error(n, c, 400, "invalid_request_error", err);
+    int n_prompt = r.n_prompt, have = kvstore_probe(n->store, r.prompt, n_prompt), done;
+    if (!save) done = kvstore_warm(n->store, r.prompt, n_prompt);
+    else {
+        if (have < n_prompt / 64 * 64) {   /* compute it: the finished job puts its blocks in the store */
+            json_t *o = json_loadb(body, len, 0, NULL);
+            json_object_set_new(o, "max_tokens", json_integer(1));
+            json_object_del(o, "stream");
+            json_object_del(o, "n");
+            size_t bl = 0;
+            char *b = dn_dump(o, &bl);
+            dn_job *j = NULL;
+            const char *type = "";
+            unsigned st = b ? dn_job_submit(n, b, bl, dn_now(), 0, &j, &type, err, sizeof err) : 500;
+            free(b);
+            if (st) { dn_req_free(&r); return dn_send_error(n, c, st, type, st == 500 && !j ? "out of memory" : err); }
+            j->rid_num = dn_request_id(c, j->rid);
+            dn_job_wait(j, INT32_MAX);
+            dn_job_free(j);
+        }
+        done = kvstore_save(n->store, r.prompt, n_prompt);
+    }
+    dn_req_free(&r);
+    if (done < 0) return dn_send_error(n, c, 400, "invalid_request_error", "this node's KV store has no disk tier (--kv-cache-dir)");
+    log_info(NULL, "kv store: %s a prefix of %d tokens: %d positions %s", save ? "saved" : "loaded", n_prompt, done,
+             save ? "on disk" : "in memory");
+    return dn_send_json(c, 200, json_pack("{s:i, s:i, s:s}", "prompt_tokens", n_prompt, "stored_tokens", done,
+                                          "tier", save ? "disk" : "ram"));
+}
+
 /* POST /v1/tokenize with a generation request's prompt ("prompt" and
  * "chat", "messages" with "tools" and "assistant_prefix", or "tokens") in
  * place of "content": the ids /v1/generate would evaluate, template
@@ -1389,7 +1443,7 @@ static enum MHD_Result dn_handle_tokens(dnode *n, struct MHD_Connection *c, int 
  * the liveness answer). */
 static int dn_needs_signature(const char *url) {
     return !strcmp(url, "/v1/generate") || !strcmp(url, "/v1/tokenize") || !strcmp(url, "/v1/detokenize") ||
-           !strcmp(url, "/v1/stats");
+           !strcmp(url, "/v1/stats") || !strcmp(url, "/v1/cache/save") || !strcmp(url, "/v1/cache/load");
 }
 
 /* The body limit of one request: /v1/tokenize's bound by the context,
@@ -1460,6 +1514,7 @@ static enum MHD_Result dn_on_request(void *cls, struct MHD_Connection *c, const 
     }
     if (!strcmp(url, "/v1/stats")) return dn_handle_stats(n, c);
     if (!strcmp(url, "/v1/generate")) return dn_handle_generate(n, c, cc->body.p, cc->body.len);
+    if (!strncmp(url, "/v1/cache/", 10)) return dn_handle_cache(n, c, url[10] == 's', cc->body.p, cc->body.len);
     return dn_handle_tokens(n, c, url[4] == 'd', cc->body.p, cc->body.len);   /* /v1/tokenize, /v1/detokenize */
 }
 
@@ -1617,15 +1672,26 @@ static void dn_calibrate(dnode *n) {
 
 /* Starts the scheduler (the node's generation slots). */
 static int dn_start(dnode *n, char *err, size_t errlen) {
+    const decode_node_opts *o = n->o;
+    if (o->kv_cache_ram || o->kv_cache_dir) {
+        kvstore_opts ko = { .ram_bytes = o->kv_cache_ram, .dir = o->kv_cache_dir, .disk_bytes = o->kv_cache_disk };
+        if (kvstore_open(&n->store, n->m, n->kv_dtype, n->n_ctx, &ko, err, errlen) ||
+            kvstore_metrics_init(&n->mt.store, n->mt.reg, "tandem_decode", err, errlen))
+            return -1;
+        log_info(NULL, "kv store: %llu bytes of memory%s%s", (unsigned long long)o->kv_cache_ram,
+                 o->kv_cache_dir ? ", directory " : "", o->kv_cache_dir ? o->kv_cache_dir : "");
+    }
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
                       .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,
-                      .min_reuse = DN_MIN_REUSE };
+                      .min_reuse = DN_MIN_REUSE, .store = n->store };
     return sched_create(&n->sc, n->m, &so, err, errlen);
 }
 
 static void dn_cleanup(dnode *n) {
     sched_destroy(n->sc);
     n->sc = NULL;
+    kvstore_close(n->store);     /* after the scheduler: its last jobs put their blocks */
+    n->store = NULL;
     dn_peers_close(n);
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
@@ -1727,6 +1793,11 @@ void decode_node_usage(FILE *f) {
         "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
         "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
         "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n"
+        "  --kv-cache-ram BYTES      keep finished sequences' KV rows by 64-token block in this much\n"
+        "                            host memory (default 0: only the slots hold prefixes)\n"
+        "  --kv-cache-dir DIR        and on disk under DIR (0700, ours, not writable by others), so\n"
+        "                            a prefix outlives a restart; DIR may be shared by nodes\n"
+        "  --kv-cache-disk BYTES     the disk tier's budget (default 4 GiB); least recently used out first\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
@@ -1798,6 +1869,9 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
         else if (!strcmp(a, "--client-share")) bad = dn_cli_int(a, v, 1, 100, &c->o.client_share);
         else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(a, v, 100, 3600000, &c->o.request_deadline_ms);
+        else if (!strcmp(a, "--kv-cache-ram")) bad = cliopt_u64(DN_CMD, a, v, 0, UINT64_C(1) << 50, &c->o.kv_cache_ram);
+        else if (!strcmp(a, "--kv-cache-disk")) bad = cliopt_u64(DN_CMD, a, v, 1, UINT64_C(1) << 60, &c->o.kv_cache_disk);
+        else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(DN_CMD, a, v, &c->o.kv_cache_dir);
         else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
         i++;

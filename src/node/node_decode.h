@@ -6,6 +6,11 @@
  *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
  *   GET  /v1/stats      counters and moving-average speeds (router cost model)
  *   GET  /metrics       Prometheus text (docs/router.md lists the families)
+ *   POST /v1/cache/save a generation body names a prefix (a rubric): computed
+ *                       (one token) unless the KV store has it, its blocks
+ *                       written to disk; {"prompt_tokens","stored_tokens","tier"}
+ *   POST /v1/cache/load the same body: its blocks read from disk into memory
+ *                       (`tandem cache save|load` is the CLI form)
  *
  * Authentication: a node with a shared secret takes POST /v1/generate
  * only when signed by a router (node_auth.h, key label "tandem decode-api
@@ -47,7 +52,12 @@
  * longest cached prefix of any slot (copying rows from another slot when
  * that one shares more), so only the missing span is prefilled (locally or
  * by a prefill node). A remote prefill that fails falls back to local
- * prefill for that request.
+ * prefill for that request. With kv_cache_ram / kv_cache_dir, finished
+ * sequences' rows also go to a KV store (kvstore.h: memory, then disk), and
+ * a request continues the slot's prefix with stored blocks; the final line's
+ * usage carries "prompt_tokens_details": {"cached_tokens": start_pos} and
+ * its prefill object "cache_tier" (none, slot, ram, disk),
+ * "store_ram_tokens" and "store_disk_tokens".
  */
 #ifndef TANDEM_NODE_DECODE_H
 #define TANDEM_NODE_DECODE_H
@@ -85,6 +95,9 @@ typedef struct {
     int client_share;            /* percent of slots + queue one client may hold (default 50; 100 = no share) */
     int max_conns_per_ip;        /* per address other than the router's (default: httpd.h shares) */
     int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
+    uint64_t kv_cache_ram;       /* KV store (kvstore.h): memory tier bytes (0: none) */
+    const char *kv_cache_dir;    /* its disk tier (NULL: none) */
+    uint64_t kv_cache_disk;      /* the disk tier's budget (0: 4 GiB) */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
 } decode_node_opts;

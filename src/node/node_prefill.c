@@ -14,6 +14,7 @@
  * also watches the socket, so a CANCEL or a vanished decode node stops the
  * evaluation at the next layer.
  */
+#include "node/kvstore.h"
 #include "node/handoff.h"
 
 #include <errno.h>
@@ -118,6 +119,8 @@ struct pnode {
     model *m;
     const prefill_node_opts *o;
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
+    kvstore *store;               /* KV prefix store, or NULL */
+    kvstore_metrics kvm;
     char base_desc[256];          /* hello.model_desc without the rate */
     double prefill_tps;           /* measured rate (mu): calibration, then a moving average of requests */
     /* Compute turns: one pass (at most n_batch tokens) at a time, handed out
@@ -681,6 +684,7 @@ static enum MHD_Result pn_http(void *cls, struct MHD_Connection *c, const char *
         pthread_mutex_unlock(&node->mu);
         metrics_set(node->mt.conns, lm, conns);
         metrics_set(node->mt.conns_max, lm, node->max_authed);
+        kvstore_metrics_update(node->store, &node->kvm, node->mt.model);
         text = metrics_render(node->mt.reg, NULL);
         if (!text) status = 500;
     }
@@ -869,6 +873,8 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     int admit = pn_request_admit(pc, req, rid, &q, &send_flags);
     if (admit) return admit > 0 ? 0 : -1;
     int have = pn_request_reuse(pc, &q);
+    if (node->store && have < (int)q.end_pos)   /* continue with stored blocks */
+        have = kvstore_fill(node->store, pc->prev, (int)q.end_pos, have, session_kv(pc->s), NULL);
     pn_req *r = pn_request_new(pc, req, &q, send_flags, t_req);
     if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); pn_metrics_outcome(node, "error"); return 0; }
 
@@ -877,6 +883,8 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     int rc = pn_run(pc, r, pc->prev, have, &ms, err, sizeof err);
     int keep = rc == 0 && !r->failed ? pn_request_done(pc, r, have, ms, t0, out0, q.n_tokens, rid)
                                      : pn_request_failed(pc, r, err, rid);
+    if (node->store && rc == 0 && !r->failed)
+        kvstore_put(node->store, pc->prev, session_pos(pc->s), session_kv(pc->s));
     pn_metrics_request(node, r, pn_outcome(r, rc, keep), r->end > have ? r->end - have : 0, ms, gen_now_ms() - t_req,
                        pc->conn.bytes_out - out0);
     pn_req_free(r);
@@ -1236,7 +1244,18 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.turn_mu, NULL);
     pthread_cond_init(&node.turn_cv, NULL);
-    if (pn_metrics_init(&node.mt, &oo, err, errlen) || pn_metrics_start(&node, err, errlen)) {
+    if (o->kv_cache_ram || o->kv_cache_dir) {
+        kvstore_opts ko = { .ram_bytes = o->kv_cache_ram, .dir = o->kv_cache_dir, .disk_bytes = o->kv_cache_disk };
+        if (kvstore_open(&node.store, m, oo.kv_dtype, oo.n_ctx, &ko, err, errlen)) {
+            close(lfd);
+            free(node.slots);
+            return -1;
+        }
+    }
+    if (pn_metrics_init(&node.mt, &oo, err, errlen) ||
+        (node.store && kvstore_metrics_init(&node.kvm, node.mt.reg, "tandem_prefill", err, errlen)) ||
+        pn_metrics_start(&node, err, errlen)) {
+        kvstore_close(node.store);
         metrics_free(node.mt.reg);
         close(lfd);
         pthread_mutex_destroy(&node.mu);
@@ -1260,6 +1279,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pthread_mutex_unlock(&node.mu);
     pn_reap(&node, 1);
     log_info(NULL, "shut down after %llu requests", (unsigned long long)node.n_requests);
+    kvstore_close(node.store);
     httpd_stop(node.mt.http);
     metrics_free(node.mt.reg);
     pthread_mutex_destroy(&node.mu);

@@ -151,6 +151,9 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
 /* Ends a job (caller holds mu): frees its slot for the next one. */
 static void sched_job_end(sched *s, sched_job *j, const char *finish, const char *error) {
     if (j->v.state == SJ_DONE) return;
+    /* the slot's rows outlive it in the store (not while lent to a remote fill) */
+    if (s->o.store && j->slot && j->v.state != SJ_REMOTE)
+        kvstore_put(s->o.store, j->slot->tokens, j->slot->n, session_kv(j->slot->s));
     j->v.state = SJ_DONE;
     j->v.finish = finish;
     j->v.error = error;
@@ -239,6 +242,19 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     if (keep > n - 1) keep = n - 1;
     session_reset(sl->s, keep);
     sl->n = keep;
+    if (s->o.store && keep < n - 1) {
+        /* continue with the longest run of stored blocks */
+        kvstore_hit hit;
+        double t0 = gen_now_ms();
+        int end = kvstore_fill(s->o.store, p, n - 1, keep, session_kv(sl->s), &hit);
+        j->v.store_ms = gen_now_ms() - t0;
+        if (end > keep) {
+            memcpy(sl->tokens + keep, p + keep, sizeof(int32_t) * (size_t)(end - keep));
+            sl->n = keep = end;
+            j->v.store_ram_tokens = hit.ram_tokens;
+            j->v.store_disk_tokens = hit.disk_tokens;
+        }
+    }
     sl->job = j;
     sl->last_used = ++s->tick;
     j->slot = sl;

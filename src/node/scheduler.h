@@ -30,6 +30,7 @@
 #include "engine/model.h"
 #include "engine/grammar.h"
 #include "engine/sampler.h"
+#include "node/kvstore.h"
 
 #define SCHED_MAX_STOP 8
 
@@ -44,6 +45,9 @@ typedef struct {
     uint32_t kv_dtype;
     int prefill_budget;      /* prompt tokens per step while other sequences decode */
     int min_reuse;           /* shared tokens worth taking another idle slot's cache for */
+    kvstore *store;          /* KV prefix store (kvstore.h), or NULL: an admitted job
+                              * continues its slot's prefix with stored blocks, and a
+                              * finished job's blocks are put there */
 } sched_opts;
 
 /* The request: filled by the owner before sched_submit, read-only after. */
@@ -105,6 +109,9 @@ typedef struct {
     int start_pos;           /* positions reused from a cache */
     int reused_from_other;   /* start_pos came from another slot's cache (copied) */
     int computed_local;      /* prompt positions evaluated here */
+    int store_ram_tokens;    /* of start_pos: positions loaded from the store's memory */
+    int store_disk_tokens;   /* ... and from its disk */
+    double store_ms;         /* time spent looking up and loading stored blocks */
     double t_submit, t_admit, t_first, t_prompt_done;   /* ms (gen_now_ms) */
 } sched_view;
 

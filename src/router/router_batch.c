@@ -247,9 +247,10 @@ static void *rt_kid_stream_main(void *arg) {
  * event when a prompt stopped without finishing. */
 static int rt_batch_stream_end(rt_batch *b) {
     rt_req *p = b->parent;
-    int prompt = 0, completion = 0, bad = -1;
+    int prompt = 0, completion = 0, cached = 0, bad = -1;
     for (int k = 0; k < b->n; k++) {
         if (b->kid[k]->status != 200 && bad < 0) bad = k;
+        cached += b->kid[k]->fin.start_pos;
         prompt += b->kid[k]->fin.prompt_tokens;
         completion += b->kid[k]->fin.completion_tokens;
     }
@@ -263,6 +264,7 @@ static int rt_batch_stream_end(rt_batch *b) {
     } else {
         api_resp_meta m;
         rt_meta(p, &m);
+        m.cached_tokens = cached;
         if (p->req.include_usage) s = api_render_usage_chunk(p->req.kind, &m, prompt, completion);
         s = api_concat(s, strdup("data: [DONE]\n\n"));
         p->status = 200;

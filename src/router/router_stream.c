@@ -266,6 +266,7 @@ void rt_meta(const rt_req *q, api_resp_meta *m) {
     m->id = q->id;
     m->created = q->created;
     m->model = q->req.model;
+    m->cached_tokens = q->fin.start_pos;
 }
 
 /* Which nodes serve the request, for clients that report it (tandem grade):
@@ -353,6 +354,7 @@ int rt_render_choices(rt_req *q, char **bodies) {
     int ok = 1;
     for (int i = 0; i < q->req.n; i++) {
         m.index = q->index_base + i;
+        m.cached_tokens = i == 0 ? q->fin.start_pos : 0;   /* merged replies sum them: once per prompt */
         ok &= (bodies[i] = rt_render_choice(q, &q->ch[i], &m)) != NULL;
     }
     return ok ? 0 : -1;
@@ -523,6 +525,7 @@ int rt_stream_produce(rt_req *q) {
         rt_learn(q);
         q->status = 200;
         if (!q->batch) {   /* a batch ends the stream once every prompt is done */
+            m.cached_tokens = q->fin.start_pos;
             if (q->req.include_usage)
                 s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
             s = api_concat(s, strdup("data: [DONE]\n\n"));

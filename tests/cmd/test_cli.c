@@ -54,7 +54,7 @@ static void tc_free(tc_res *r) { free(r->out); free(r->err); }
 /* ==== --help and --version ==== */
 
 static void test_help(void) {
-    static const char *cmds[] = { "run", "tokenize", "bench", "gen-model", "serve", "bench-handoff", "bench-serve", "grade" };
+    static const char *cmds[] = { "run", "tokenize", "bench", "gen-model", "serve", "bench-handoff", "bench-serve", "grade", "cache" };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
         snprintf(want, sizeof want, "usage: tandem %s", cmds[i]);
