@@ -528,7 +528,9 @@ int wire_decode_request(const uint8_t *p, size_t n, wire_request *r, char *err, 
                   gguf_type_name(x.wire_dtype));
         return -1;
     }
-    if (x.flags & ~(uint32_t)1u) {
+    /* bits 1-2: the ACT dtype of a layer-split request (section 4.9; the
+     * prefill node accepts them only with the SLICE capability) */
+    if (x.flags & ~(uint32_t)7u) {
         wire_errf(err, errlen, "REQUEST: unknown flags 0x%x", x.flags);
         return -1;
     }

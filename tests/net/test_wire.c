@@ -191,8 +191,10 @@ static void test_request(void) {
     m[8] = 0;   /* F32 is not a wire dtype */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0 && strstr(err, "dtype"), "bad dtype: %s", err);
     memcpy(m, b.data, 48);
-    m[12] = 2;
+    m[12] = 8;   /* bits 1-2 are the ACT dtype of a layer-split request; bit 3 is unknown */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0, "unknown flags");
+    m[12] = 4;
+    CHECK(wire_decode_request(m, 48, &d, err, sizeof err) == 0 && d.flags == 4, "ACT dtype flag bits");
     memcpy(m, b.data, 48);
     m[20 + 3] = 0x80;   /* token id >= 2^31 */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0, "huge token id");
