@@ -17,7 +17,7 @@ CTX=17000
 start() {  # core layers name
     if [ "$2" = all ]; then L=""; else L="--layers $2"; fi
     taskset -c "$1" $B serve --role prefill -m "$M" --secret-file $T/secret -t 1 -c $CTX $L \
-        --port-file $T/port.$3 --request-ms 3600000 --timeout-ms 600000 > $T/log.$3 2>&1 &
+        --port-file $T/port.$3 --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 > $T/log.$3 2>&1 &
     echo $! >> $T/pids
     while [ ! -s $T/port.$3 ]; do sleep 0.3; done
 }
