@@ -409,6 +409,85 @@ static void part_decode(void) {
     snode_stop(&a);
 }
 
+/* ==== 4b. Router ==== */
+
+/* A router whose prefill entry is a chain: /health and /metrics show it up,
+ * a completion is prefilled through it (X-Tandem-Prefill-Node names the
+ * chain) and equals tandem run; a spec with a gap is refused at start. */
+static void part_router(void) {
+    char path[512];
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    if (!t_need(path)) return;
+    int L = model_layers(path);
+    char spec[600], pf[300], rpf[300], log[300], rlog[300], dp[300], rp[700];
+    snprintf(rp, sizeof rp, "q=127.0.0.1:1/0:1,127.0.0.1:2/2:%d", L);
+    char *bad[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", g_secret,
+                    "--prefill", rp, NULL };
+    char *e = NULL;
+    snprintf(rlog, sizeof rlog, "%s/router-bad.log", g_tmp);
+    int rc = wait_exit(spawn_io(bad, NULL, "/dev/null", rlog), 10000);
+    e = slurp(rlog);
+    CHECK(rc == 2 && e && strstr(e, "layers must be 1:B"), "router refuses a chain with a gap (rc %d): %s", rc, e ? e : "");
+    free(e);
+    snode a, b;
+    if (snode_start(&a, path, 0, 1, NULL) || snode_start(&b, path, 1, L, NULL)) { CHECK(0, "router part nodes"); snode_stop(&a); snode_stop(&b); return; }
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:1,127.0.0.1:%d/1:%d", a.port, b.port, L);
+    snprintf(pf, sizeof pf, "%s/rdport", g_tmp);
+    snprintf(log, sizeof log, "%s/rdecode.log", g_tmp);
+    char *dargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", path, "--secret-file", g_secret, "--listen",
+                      "127.0.0.1:0", "--port-file", pf, "-t", "1", "--parallel", "1", NULL };
+    pid_t dpid = spawn_io(dargv, NULL, "/dev/null", log);
+    int dport = wait_port(pf, dpid, 60000);
+    snprintf(dp, sizeof dp, "q=127.0.0.1:%d", dport);
+    snprintf(rp, sizeof rp, "q=%s", spec);
+    snprintf(rpf, sizeof rpf, "%s/rport", g_tmp);
+    snprintf(rlog, sizeof rlog, "%s/router.log", g_tmp);
+    char *rargv[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", g_secret,
+                      "--decode", dp, "--prefill", rp, "--split", "always", "--health-interval-ms", "200",
+                      "--port-file", rpf, NULL };
+    pid_t rpid = dport > 0 ? spawn_io(rargv, NULL, "/dev/null", rlog) : 0;
+    int rport = rpid > 0 ? wait_port(rpf, rpid, 30000) : -1;
+    CHECK(rport > 0, "router over a chain starts");
+    if (rport > 0) {
+        /* wait until the chain's health check passed */
+        char series[900];
+        snprintf(series, sizeof series, "tandem_node_up{node=\"%s\",role=\"prefill\",model=\"q\"}", spec);
+        double up = 0;
+        for (int i = 0; i < 100 && up != 1; i++) { up = metric_value(rport, series); if (up != 1) sleep_ms(100); }
+        CHECK(up == 1, "/metrics shows the chain up: %s = %g", series, up);
+        char *body = NULL;
+        int st = http(rport, "GET", "/health", NULL, &body);
+        CHECK(st == 200 && body && strstr(body, spec) && strstr(body, "chain of 2"), "/health lists the chain (%d): %.300s", st,
+              body ? body : "");
+        free(body);
+        char *pfile = write_prompt(PROMPT);
+        char *largv[] = { (char *)bin(), "run", "-m", path, "-f", pfile, "-n", "4", "--ignore-eos", "-t", "1", NULL };
+        char *want = run_capture(largv);
+        if (want && *want && want[strlen(want) - 1] == '\n') want[strlen(want) - 1] = 0;   /* run ends its output with one */
+        json_t *req = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", "q", "prompt", PROMPT, "max_tokens", 4, "temperature", 0.0,
+                                "ignore_eos", 1);
+        char *raw = NULL, *js = json_dumps(req, 0);
+        st = http_raw(rport, "POST", "/v1/completions", "Content-Type: application/json\r\n", js, &raw);
+        char hv[700] = "";
+        http_header(raw ? raw : "", "X-Tandem-Prefill-Node", hv, sizeof hv);
+        const char *bodyp = raw ? strstr(raw, "\r\n\r\n") : NULL;
+        json_t *resp = bodyp ? json_loads(bodyp + 4, 0, NULL) : NULL;
+        const char *text = resp ? jstr(json_array_get(json_object_get(resp, "choices"), 0), "text", NULL) : "";
+        CHECK(raw && strstr(raw, " 200 ") && !strcmp(hv, spec), "completion prefilled through the chain (prefill node '%s')", hv);
+        CHECK(want && text && !strcmp(text, want), "completion through the router and the chain equals tandem run: '%s' vs '%s'",
+              text ? text : "", want ? want : "");
+        json_decref(resp);
+        free(want);
+        free(js);
+        free(raw);
+        json_decref(req);
+    }
+    if (rpid > 0) CHECK(stop_proc(rpid, 20000) == 0, "router exits cleanly");
+    if (dpid > 0) stop_proc(dpid, 20000);
+    snode_stop(&a);
+    snode_stop(&b);
+}
+
 /* ==== 5. Memory ==== */
 
 static void part_memory(void) {
@@ -440,6 +519,7 @@ int main(void) {
     part_act_attack();
     part_faults();
     part_decode();
+    part_router();
     part_memory();
     part_models();
     char cmd[400];
