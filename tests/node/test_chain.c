@@ -246,6 +246,14 @@ static void part_faults(void) {
     snode_stop(&w);
     snode_stop(&x);
 
+    /* node 1's baseline after one whole chain request (its buffers made) */
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, b.port, L);
+    e = NULL;
+    n = run_chain(path, pf, 2, spec, NULL, ids, 64, &e, 60000);
+    CHECK(n == 2, "chain before the faults: %s", e ? e : "");
+    free(e);
+    int fd0 = settled_fds(a.pid);
+    long rss0 = rss_kb(a.pid);
     /* kill -9 of the second node mid-prefill (it sleeps 30 ms per KV frame) */
     char longp[8192];
     size_t o = 0;
@@ -257,9 +265,14 @@ static void part_faults(void) {
     snprintf(err, sizeof err, "%s/kill.err", g_tmp);
     char *argv[] = { (char *)bin(), "run", "-m", path, "-f", lpf, "-n", "2", "--ids", "-t", "1", "--prefill-node", spec,
                      "--secret-file", g_secret, "--timeout-ms", "3000", NULL };
+    int bfd = settled_fds(b.pid);
     double t0 = now_ms();
     pid_t rp = spawn_io(argv, NULL, out, err);
-    sleep_ms(700);
+    /* mid-prefill: once the decode side's connection is there (its model
+     * load takes seconds on a loaded machine), and a little after */
+    for (int i = 0; i < 600 && count_fds(b.pid) <= bfd; i++) sleep_ms(50);
+    sleep_ms(300);
+    t0 = now_ms();
     kill(b.pid, SIGKILL);
     wait_exit(b.pid, 5000);
     b.pid = 0;
@@ -278,6 +291,11 @@ static void part_faults(void) {
         n = run_chain(path, pf, 4, spec, NULL, ids, 64, &e, 60000);
         CHECK(n == 4 && nr == 4 && !memcmp(ids, ref, sizeof ref[0] * 4), "chain after a restart equals local: %s", e ? e : "");
         free(e);
+        int fd1 = settled_fds(a.pid);
+        long rss1 = rss_kb(a.pid);
+        printf("chain: node 1 after kill -9 of node 2 and a new chain: fds %d -> %d, RSS %ld -> %ld KiB\n", fd0, fd1, rss0, rss1);
+        /* a session's KV pages and the connection's buffers go with it; 4 MiB of allocator slack */
+        CHECK(fd1 <= fd0 && rss1 <= rss0 + 4096, "node 1 back to baseline: fds %d -> %d, RSS %ld -> %ld KiB", fd0, fd1, rss0, rss1);
     }
     snode_stop(&a);
     snode_stop(&b);
