@@ -266,6 +266,8 @@ static int chain_act(chain_run *x, int i, const uint8_t *p, size_t n, int dim, u
                           (unsigned long long)a.pos0 + a.n, x->end);
     nd->act_next = (int)(a.pos0 + a.n);
     chain_node *to = &x->nd[i + 1];
+    /* a next node that held the whole span already finished without them */
+    if (to->done) return 0;
     if (wire_send(handoff_conn(to->c), WIRE_ACT, to->req, send_flags, p, n, e2, sizeof e2))
         return chain_fail(x, i + 1, 0, err, errlen, "relaying hidden states failed: %s", e2);
     return 0;
