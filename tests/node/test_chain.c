@@ -496,6 +496,10 @@ static void part_router(void) {
               text ? text : "", want ? want : "");
         json_decref(resp);
         free(want);
+        /* the router learned the chain's rate from that request */
+        snprintf(series, sizeof series, "tandem_node_prefill_tokens_per_second{node=\"%s\",role=\"prefill\",model=\"q\"}", spec);
+        double tps = metric_value(rport, series);
+        CHECK(tps > 0, "the router learned the chain's prefill rate: %g t/s", tps);
         free(js);
         free(raw);
         json_decref(req);
