@@ -53,7 +53,8 @@ static void cli_usage_run(FILE *f) {
     cliopt_usage_backend(f, 15);
     fprintf(f,
         "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
-        "  --prefill-node HOST:PORT   prefill node to use\n"
+        "  --prefill-node HOST:PORT   prefill node to use, or a layer-split chain\n"
+        "                             HOST:PORT/0:A,HOST:PORT/A:B,... (docs/layer-split.md)\n"
         "  --secret-file FILE         shared node secret (or env TANDEM_SECRET)\n"
         "  --wire-dtype T             KV type on the wire: the cache type (default) or q8_0\n"
         "  --act-dtype T              hidden states between chain slices (--prefill-node\n"
