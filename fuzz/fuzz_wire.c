@@ -1,5 +1,6 @@
 /* fuzz_wire.c - libFuzzer target for everything that parses bytes from a peer:
- * wire_header_decode (both modes), every wire_decode_* payload decoder, and
+ * wire_header_decode (both modes), every wire_decode_* payload decoder (the
+ * ACT frame's too), and
  * wire_recv's frame path (header checks, CRC32C, the AES-256-GCM seal, zstd
  * decompression) over a socketpair.
  *
@@ -29,6 +30,7 @@
 
 #include "net/prefill_rate.h"
 #include "net/wire.h"
+#include "net/wire_act.h"
 
 static void decode_all(const uint8_t *p, size_t n) {
     char err[256];
@@ -60,6 +62,14 @@ static void decode_all(const uint8_t *p, size_t n) {
         volatile uint8_t x = kv.k[span - 1] ^ kv.v[span - 1];
         (void)x;
         if (kv.v + span != p + n) abort();
+    }
+    wire_act act;
+    if (wire_decode_act(p, n, &act, err, sizeof err) == 0) {
+        /* the rows fill the payload exactly; read them all as f32 */
+        size_t bytes = (size_t)act.n * act.dim * wire_act_elt_bytes(act.dtype);
+        if (act.rows + bytes != p + n || (uint64_t)act.pos0 + act.n > 0x7fffffffu) abort();
+        float *f = malloc(sizeof(float) * (size_t)act.n * act.dim);
+        if (f) { wire_act_rows_f32(&act, f); free(f); }
     }
     (void)wire_decode_done(p, n, &d, err, sizeof err);
     if (wire_decode_error(p, n, &e, err, sizeof err) == 0 && strnlen(e.message, sizeof e.message) == sizeof e.message)

@@ -9,6 +9,7 @@
 #include "base/cliopt.h"
 #include "engine/generate.h"
 #include "api/tools.h"
+#include "node/chain.h"
 #include "node/handoff.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
@@ -22,6 +23,7 @@
 typedef struct {
     const char *model, *prompt, *prompt_file, *kv_type;
     const char *prefill_node, *secret_file, *wire_dtype;   /* remote prefill */
+    const char *act_dtype;   /* a chain's hidden states: f32, f16, bf16 */
     const char *backend;
     int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms, device;
     int seed_given;              /* else a fresh seed per run */
@@ -51,9 +53,12 @@ static void cli_usage_run(FILE *f) {
     cliopt_usage_backend(f, 15);
     fprintf(f,
         "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
-        "  --prefill-node HOST:PORT   prefill node to use\n"
+        "  --prefill-node HOST:PORT   prefill node to use, or a layer-split chain\n"
+        "                             HOST:PORT/0:A,HOST:PORT/A:B,... (docs/layer-split.md)\n"
         "  --secret-file FILE         shared node secret (or env TANDEM_SECRET)\n"
         "  --wire-dtype T             KV type on the wire: the cache type (default) or q8_0\n"
+        "  --act-dtype T              hidden states between chain slices (--prefill-node\n"
+        "                             HOST:PORT/A:B,...): f32 (default), f16, bf16\n"
         "  --zstd                     compress KV frames\n"
         "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n");
 }
@@ -80,6 +85,10 @@ static int cli_parse_run_value(run_opts *o, const char *a, const char *v) {
     if (!strcmp(a, "--min-p")) return cliopt_float(RUN, a, v, 0, 1, &o->sp.min_p);
     if (!strcmp(a, "--seed")) { o->seed_given = 1; return cliopt_u64(RUN, a, v, 0, INT64_MAX, &o->sp.seed); }
     if (!strcmp(a, "--kv-type")) return cliopt_choice(RUN, a, v, kv_dtype_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->kv_type);
+    if (!strcmp(a, "--act-dtype")) {
+        static const char *const acts[] = { "f32", "f16", "bf16", NULL };
+        return cliopt_choice(RUN, a, v, acts, &k) ? -1 : cliopt_str(RUN, a, v, &o->act_dtype);
+    }
     if (!strcmp(a, "--wire-dtype")) return cliopt_choice(RUN, a, v, kv_dtype_names, &k) ? -1 : cliopt_str(RUN, a, v, &o->wire_dtype);
     if (!strcmp(a, "--backend")) return cliopt_backend(RUN, v, &o->backend);
     if (!strcmp(a, "--device")) return cliopt_int(RUN, a, v, 0, 63, &o->device);
@@ -140,12 +149,23 @@ static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t 
                         .secret = secret, .secret_len = slen, .node_id = "tandem-run" };
     handoff_client *c = NULL;
     double t0 = gen_now_ms();
-    int rc = handoff_connect(&c, o->prefill_node, m, kvt, &ho, err, errlen);
-    free(secret);
-    if (rc) return -1;
-    rr->connect_ms = gen_now_ms() - t0;
-    rc = handoff_prefill(c, s, ids, n, 0, &rr->hs, err, errlen);
-    handoff_close(c);
+    int rc;
+    if (chain_is_spec(o->prefill_node)) {   /* a layer-split chain (node/chain.h) */
+        chain_pool *cp = chain_pool_new();
+        chain_opts co = { .act_dtype = !o->act_dtype || !strcmp(o->act_dtype, "f32") ? GGML_TYPE_F32
+                                     : !strcmp(o->act_dtype, "f16") ? GGML_TYPE_F16 : GGML_TYPE_BF16 };
+        rc = cp ? chain_pool_prefill(cp, o->prefill_node, m, kvt, &ho, &co, 0, s, ids, n, 0, &rr->hs, err, errlen) : -1;
+        if (!cp) snprintf(err, errlen, "out of memory");
+        chain_pool_free(cp);
+        free(secret);
+    } else {
+        rc = handoff_connect(&c, o->prefill_node, m, kvt, &ho, err, errlen);
+        free(secret);
+        if (rc) return -1;
+        rr->connect_ms = gen_now_ms() - t0;
+        rc = handoff_prefill(c, s, ids, n, 0, &rr->hs, err, errlen);
+        handoff_close(c);
+    }
     if (rc) return -1;
     double t1 = gen_now_ms();
     if (model_eval(m, s, ids + n - 1, 1, logits, NULL, NULL, err, errlen)) return -1;

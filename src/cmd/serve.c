@@ -41,6 +41,8 @@ typedef struct {
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
+    int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
+    int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
     uint32_t kv_dtype;
     char *secret;
     size_t secret_len;
@@ -83,13 +85,16 @@ static void serve_usage(FILE *f) {
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
         "  --metrics-port-file FILE    write the bound metrics port there\n"
         "  --kv-cache-ram BYTES, --kv-cache-dir DIR, --kv-cache-disk BYTES  a KV prefix store as on\n"
-        "                       decode nodes: a repeated prefix is loaded, not recomputed\n");
+        "                       decode nodes: a repeated prefix is loaded, not recomputed\n"
+        "  --layers A:B         serve blocks A..B-1 only (end exclusive; a slice of a layer-split\n"
+        "                       prefill chain: docs/layer-split.md)\n");
     cliopt_usage_backend(f, 20);
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
         "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n"
-        "  --debug-tamper-frame N     flip a sealed byte of the Nth KV frame and fix its CRC\n");
+        "  --debug-tamper-frame N     flip a sealed byte of the Nth KV frame and fix its CRC\n"
+        "  --debug-act-stall N        (slice) stop sending anything after the Nth ACT frame\n");
 }
 
 #define SERVE "tandem serve"
@@ -104,6 +109,18 @@ static int serve_role_parse(const char *s, enum serve_role *r) {
     int k;
     if (cliopt_choice(SERVE, "--role", s, serve_roles, &k) || k == 3) return -1;
     *r = (enum serve_role)(k + 1);   /* SERVE_PREFILL = 1; router never gets here */
+    return 0;
+}
+
+/* --layers A:B: 0 <= A < B <= 1024 (the file's block count is checked at load). */
+static int serve_layers(const char *opt, const char *v, serve_opts *o) {
+    int a, b, n = 0;
+    if (!v || sscanf(v, "%d:%d%n", &a, &b, &n) != 2 || v[n] || a < 0 || b <= a || b > 1024) {
+        fprintf(stderr, SERVE ": %s wants A:B with 0 <= A < B (end exclusive), got '%s'\n", opt, v ? v : "");
+        return -1;
+    }
+    o->layer_lo = a;
+    o->layer_hi = b;
     return 0;
 }
 
@@ -143,6 +160,8 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--kv-cache-ram")) bad = cliopt_u64(SERVE, a, v, 0, UINT64_C(1) << 50, &o->kv_cache_ram);
         else if (!strcmp(a, "--kv-cache-disk")) bad = cliopt_u64(SERVE, a, v, 1, UINT64_C(1) << 60, &o->kv_cache_disk);
         else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(SERVE, a, v, &o->kv_cache_dir);
+        else if (!strcmp(a, "--layers")) bad = serve_layers(a, v, o);
+        else if (!strcmp(a, "--debug-act-stall")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_act_stall);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
     }
@@ -178,7 +197,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
         .request_ms = o->request_ms, .port_out = &port,
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
-        .model_name = o->model_name, .model_path = o->model,
+        .model_name = o->model_name, .model_path = o->model, .debug_act_stall = o->debug_act_stall,
         .kv_cache_ram = o->kv_cache_ram, .kv_cache_dir = o->kv_cache_dir, .kv_cache_disk = o->kv_cache_disk,
     };
     int rc = 0;
@@ -238,7 +257,8 @@ int cli_serve(int argc, char **argv) {
         return 2;
     }
     o.stop = cliopt_stop_on_signals();
-    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
+    model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device,
+                      .layer_lo = o.layer_lo, .layer_hi = o.layer_hi };
     model *m = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {   /* err names the file */

@@ -12,6 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <openssl/evp.h>
 #include <xxhash.h>
 
@@ -148,11 +151,26 @@ typedef struct { uint64_t bytes; int64_t index; } fp_size;
 
 typedef struct {
     const gguf_file *f;
+    const model *m;
     int64_t n;
     const fp_size *order;             /* the tensors, largest first */
     _Atomic int64_t next;             /* next position in order */
     XXH128_canonical_t *out;          /* [n], by tensor index */
 } fp_hash_job;
+
+/* A slice node hashes the whole file (its fingerprint must be the whole
+ * model's, which every node of a chain and the decode node agree on) but
+ * holds only its own layers: the pages of a tensor it does not use leave
+ * its resident set once hashed (MADV_DONTNEED on a read-only file mapping
+ * drops them from this process; the page cache keeps them). Pages shared
+ * with a neighbour tensor are kept (rounded inward). */
+static void fp_drop_pages(const void *data, uint64_t bytes) {
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0) return;
+    uintptr_t lo = ((uintptr_t)data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t hi = ((uintptr_t)data + (uintptr_t)bytes) & ~((uintptr_t)pg - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
 
 static void fp_hash_run(fp_hash_job *j) {
     for (;;) {
@@ -160,7 +178,9 @@ static void fp_hash_run(fp_hash_job *j) {
         if (k >= j->n) return;
         int64_t i = j->order[k].index;
         const gguf_tensor *t = gguf_get_tensor(j->f, i);
-        if (t) XXH128_canonicalFromHash(&j->out[i], XXH3_128bits(t->data, (size_t)t->nbytes));
+        if (!t) continue;
+        XXH128_canonicalFromHash(&j->out[i], XXH3_128bits(t->data, (size_t)t->nbytes));
+        if (j->m->sliced && !model_tensor_bound(j->m, t->name.ptr, t->name.len)) fp_drop_pages(t->data, t->nbytes);
     }
 }
 
@@ -176,7 +196,7 @@ static int fp_by_size(const void *a, const void *b) {
 
 /* Digests of all n tensors into out, on up to nth threads (the caller is
  * one; a thread that cannot start leaves its share to the others). */
-static int fp_hash_tensors(const gguf_file *f, int64_t n, int nth, XXH128_canonical_t *out) {
+static int fp_hash_tensors(const model *m, const gguf_file *f, int64_t n, int nth, XXH128_canonical_t *out) {
     fp_size *order = malloc(sizeof *order * (size_t)(n ? n : 1));
     if (!order) return -1;
     for (int64_t i = 0; i < n; i++) {
@@ -184,7 +204,7 @@ static int fp_hash_tensors(const gguf_file *f, int64_t n, int nth, XXH128_canoni
         order[i] = (fp_size){ t ? t->nbytes : 0, i };
     }
     qsort(order, (size_t)n, sizeof *order, fp_by_size);
-    fp_hash_job j = { .f = f, .n = n, .order = order, .out = out };
+    fp_hash_job j = { .f = f, .m = m, .n = n, .order = order, .out = out };
     atomic_init(&j.next, 0);
     enum { FP_MAX_THREADS = 64 };
     pthread_t th[FP_MAX_THREADS];
@@ -199,11 +219,11 @@ static int fp_hash_tensors(const gguf_file *f, int64_t n, int nth, XXH128_canoni
 
 /* ==== Tensors ==== */
 
-static void fp_tensors(fp_ctx *c, const gguf_file *f, int nth) {
+static void fp_tensors(fp_ctx *c, const model *m, const gguf_file *f, int nth) {
     int64_t n = gguf_count_tensors(f);
     fp_line(c, "tensors=%" PRId64, n);
     XXH128_canonical_t *dg = malloc(sizeof *dg * (size_t)(n ? n : 1));
-    if (!dg || fp_hash_tensors(f, n, nth, dg)) { free(dg); c->failed = 1; return; }
+    if (!dg || fp_hash_tensors(m, f, n, nth, dg)) { free(dg); c->failed = 1; return; }
     for (int64_t i = 0; i < n; i++) {
         const gguf_tensor *t = gguf_get_tensor(f, i);
         if (!t) { c->failed = 1; break; }
@@ -276,7 +296,7 @@ static int fp_compute(const model *m, uint8_t out[32], char *desc, size_t desc_l
     fp_hparams(&c, model_get_hparams(m));
     fp_line(&c, "tokenizer");
     fp_tokenizer(&c, f);
-    fp_tensors(&c, f, m->fp->n_threads);
+    fp_tensors(&c, m, f, m->fp->n_threads);
     unsigned int olen = 0;
     if (!c.failed && EVP_DigestFinal_ex(c.md, out, &olen) != 1) c.failed = 1;
     EVP_MD_CTX_free(c.md);

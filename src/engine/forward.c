@@ -91,6 +91,8 @@ typedef struct {
     int *item_of;            /* [n_seq] */
     int *want_logits;        /* [n_seq] */
     int n_out;               /* sequences wanting logits */
+    const float *x_in;       /* slice: hidden states entering layer_lo (else the embedding of ids) */
+    float *x_out;            /* slice: receives the hidden states leaving layer_hi - 1 */
 } fwd_pass;
 
 /* ==== One layer ==== */
@@ -180,7 +182,7 @@ static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t er
         forward_warm(m, &L->ffn_down, NULL, NULL);
         forward_mul_mats(be, gu, 2, b->h, n, gu_out);
         op->swiglu(be, b->g, b->u, b->g, (size_t)n * hp->n_ff);
-        if (il + 1 < hp->n_layer) {
+        if (il + 1 < m->layer_hi) {
             const model_layer *N = &m->layers[il + 1];
             forward_warm(m, &N->wq, &N->wk, &N->wv);
         } else if (p->n_out) {
@@ -225,7 +227,9 @@ static int forward_pass(model *m, const fwd_pass *p, const int32_t *ids, char *e
     backend *be = m->be;
     fwd_bufs *b = &m->b;
 
-    if (be->ops->get_rows(be, &m->tok_embd, ids, p->bt.n_tok, b->x)) {
+    if (p->x_in) {
+        be->ops->write(be, b->x, p->x_in, (size_t)p->bt.n_tok * (size_t)hp->n_embd);
+    } else if (be->ops->get_rows(be, &m->tok_embd, ids, p->bt.n_tok, b->x)) {
         snprintf(err, errlen, "token id out of range");
         return -1;
     }
@@ -234,14 +238,15 @@ static int forward_pass(model *m, const fwd_pass *p, const int32_t *ids, char *e
      * the layer has been queued, so the copy overlaps that work. */
     if (be->ops->warm_next) be->ops->warm_next(be, NULL, 0);   /* no hint left from an earlier pass */
     int late = be->ops->sync_kv != NULL;
-    for (int il = 0; il < hp->n_layer; il++) {
+    for (int il = m->layer_lo; il < m->layer_hi; il++) {
         if (forward_attention(m, p, il, err, errlen)) return -1;
         /* A pass whose logits nobody reads needs the last layer's K/V
          * only: the rest of that layer cannot change any cache. */
-        if (il == hp->n_layer - 1 && !p->n_out) return late ? forward_hooks(m, p, il, err, errlen) : 0;
+        if (il == hp->n_layer - 1 && !p->n_out && !p->x_out) return late ? forward_hooks(m, p, il, err, errlen) : 0;
         if (forward_mix(m, p, il, err, errlen)) return -1;
         if (late && forward_hooks(m, p, il, err, errlen)) return -1;
     }
+    if (p->x_out) be->ops->read(be, b->x, p->x_out, (size_t)p->bt.n_tok * (size_t)hp->n_embd);
     return p->n_out ? forward_logits(m, p, err, errlen) : 0;
 }
 
@@ -327,6 +332,11 @@ out:
 }
 
 int model_eval_batch(model *m, model_batch_item *items, int n_items, char *err, size_t errlen) {
+    if (m->sliced) {
+        snprintf(err, errlen, "this model holds layers %d:%d only (a prefill slice): use model_eval_slice",
+                 m->layer_lo, m->layer_hi);
+        return -1;
+    }
     if (forward_check_items(m, items, n_items, err, errlen)) return -1;
     pthread_mutex_lock(&m->eval_mu);
     int rc = forward_run_items(m, items, n_items, err, errlen);
@@ -338,4 +348,46 @@ int model_eval(model *m, session *s, const int32_t *ids, int n, float *logits,
                layer_hook hook, void *hook_ud, char *err, size_t errlen) {
     model_batch_item it = { .s = s, .ids = ids, .n = n, .logits = logits, .hook = hook, .hook_ud = hook_ud };
     return model_eval_batch(m, &it, 1, err, errlen);
+}
+
+/* ==== Slices ==== */
+
+int model_eval_slice(model *m, session *s, const int32_t *ids, const float *x_in, int n, float *x_out,
+                     layer_hook hook, void *hook_ud, char *err, size_t errlen) {
+    if (n <= 0 || n > m->n_batch) {
+        snprintf(err, errlen, "a slice pass takes 1..%d positions, not %d", m->n_batch, n);
+        return -1;
+    }
+    if ((m->layer_lo == 0) != (x_in == NULL) || (!x_in && !ids)) {
+        snprintf(err, errlen, "layers %d:%d take %s", m->layer_lo, m->layer_hi,
+                 m->layer_lo == 0 ? "token ids" : "hidden states");
+        return -1;
+    }
+    /* hidden states carry no ids: a placeholder 0 passes the range check */
+    int32_t *zero = NULL;
+    if (!ids && !(ids = zero = calloc((size_t)n, sizeof *zero))) { snprintf(err, errlen, "out of memory"); return -1; }
+    model_batch_item it = { .s = s, .ids = ids, .n = n, .hook = hook, .hook_ud = hook_ud };
+    int rc = forward_check_items(m, &it, 1, err, errlen);
+    if (rc == 0) {
+        pthread_mutex_lock(&m->eval_mu);
+        rc = forward_alloc(m, err, errlen);
+        if (rc == 0) {
+            int item_of[2];
+            fwd_pass p = { .item_of = item_of, .want_logits = item_of + 1, .x_in = x_in, .x_out = x_out };
+            int done = 0;
+            int32_t *pids = malloc(sizeof(int32_t) * (size_t)n);
+            if (!pids) { snprintf(err, errlen, "out of memory"); rc = -1; }
+            else {
+                forward_fill_pass(m, &it, 1, &done, &p, pids);
+                p.x_in = x_in;
+                p.x_out = x_out;
+                rc = forward_pass(m, &p, pids, err, errlen);
+                kv_set_used(s->kv, p.bt.seq[0].pos0 + (rc == 0 ? n : 0));
+                free(pids);
+            }
+        }
+        pthread_mutex_unlock(&m->eval_mu);
+    }
+    free(zero);
+    return rc;
 }

@@ -338,15 +338,42 @@ static int model_bind_weights(model *m, char *err, size_t errlen) {
     m->layers = calloc((size_t)h->n_layer, sizeof *m->layers);
     if (!m->names || !m->layers) { snprintf(err, errlen, "out of memory"); return -1; }
     int64_t E = h->n_embd, V = h->n_vocab;
-    if (model_bind(m, &m->tok_embd, "token_embd.weight", 1, W_MAT, SHAPE(E, V, 1), err, errlen) ||
-        model_bind(m, &m->output_norm, "output_norm.weight", 1, W_F32, SHAPE(E, 1, 1), err, errlen) ||
-        model_bind(m, &m->output, "output.weight", 0, W_MAT, SHAPE(E, V, 1), err, errlen) ||
+    /* a slice binds the embedding only when it starts the chain, and never
+     * the output head: the decode node computes the logits */
+    if ((m->layer_lo == 0 &&
+         model_bind(m, &m->tok_embd, "token_embd.weight", 1, W_MAT, SHAPE(E, V, 1), err, errlen)) ||
+        (!m->sliced &&
+         (model_bind(m, &m->output_norm, "output_norm.weight", 1, W_F32, SHAPE(E, 1, 1), err, errlen) ||
+          model_bind(m, &m->output, "output.weight", 0, W_MAT, SHAPE(E, V, 1), err, errlen))) ||
         model_bind_rope_freqs(m, err, errlen))
         return -1;
-    if (!m->output.data) m->output = m->tok_embd;     /* tied embeddings */
+    if (!m->sliced && !m->output.data) m->output = m->tok_embd;     /* tied embeddings */
     m->tok_embd.rows_only = 1;
-    for (int il = 0; il < h->n_layer; il++)
+    for (int il = m->layer_lo; il < m->layer_hi; il++)
         if (model_bind_attn(m, il, err, errlen) || model_bind_ffn(m, il, err, errlen)) return -1;
+    return 0;
+}
+
+int model_tensor_bound(const model *m, const char *name, size_t len) {
+    for (int i = 0; i < m->n_names; i++)
+        if (strlen(m->names[i]) == len && !memcmp(m->names[i], name, len)) return 1;
+    return 0;
+}
+
+/* --layers A:B against the file's block count. */
+static int model_set_slice(model *m, const model_opts *o, char *err, size_t errlen) {
+    int n = m->hp.n_layer;
+    m->layer_lo = 0;
+    m->layer_hi = n;
+    if (!o || o->layer_hi <= 0) return 0;
+    if (o->layer_lo < 0 || o->layer_lo >= o->layer_hi || o->layer_hi > n) {
+        snprintf(err, errlen, "layers %d:%d are not a slice of this %d-layer model (need 0 <= A < B <= %d)",
+                 o->layer_lo, o->layer_hi, n, n);
+        return -1;
+    }
+    m->layer_lo = o->layer_lo;
+    m->layer_hi = o->layer_hi;
+    m->sliced = 1;
     return 0;
 }
 
@@ -381,7 +408,7 @@ static int model_load_weights(model *m, const model_opts *o, char *err, size_t e
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && be->ops->load_weight(be, top[i], err, errlen)) return -1;
     for (int il = 0; il < m->hp.n_layer; il++) {
-        model_layer *L = &m->layers[il];
+        model_layer *L = &m->layers[il];   /* a slice's other layers are unbound: data NULL */
         be_weight *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                             &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up, &L->ffn_down,
                             &L->gate_inp, &L->gate_exps, &L->up_exps, &L->down_exps };
@@ -416,6 +443,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     if (model_read_hparams(m, err, errlen)) goto fail;
     if (tokenizer_load(&m->tok, m->gf, err, errlen)) goto fail;
     if (model_check_vocab(m, err, errlen)) goto fail;
+    if (model_set_slice(m, o, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
     if (!(m->be = model_create_backend(o, nth, err, errlen))) goto fail;
     /* rows per pass: the caller's, else the backend's, else the CPU's 512 */
@@ -423,7 +451,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     /* A backend that copies the weights (CUDA uploads them, the CPU packs
      * them and gives the file's pages back): hash them now, while they are
      * read anyway, not later from the disk at a node's first handshake. */
-    if (m->be->ops->load_weight && !(o && o->fingerprint_later)) {
+    if ((m->be->ops->load_weight || m->sliced) && !(o && o->fingerprint_later)) {
         uint8_t fp[32];
         char d[200];
         (void)model_fingerprint(m, fp, d, sizeof d);   /* a failure is retried at first use */
@@ -456,6 +484,11 @@ const tokenizer *model_get_tokenizer(const model *m) { return m->tok; }
 const gguf_file *model_get_gguf(const model *m) { return m->gf; }
 backend *model_get_backend(model *m) { return m->be; }
 int model_get_n_batch(const model *m) { return m->n_batch; }
+int model_get_layers(const model *m, int *lo, int *hi) {
+    if (lo) *lo = m->layer_lo;
+    if (hi) *hi = m->layer_hi;
+    return m->sliced;
+}
 uint64_t model_file_bytes(const model *m) { return gguf_get_size(m->gf); }
 
 static uint64_t weight_bytes(const be_weight *w) {
@@ -465,7 +498,7 @@ static uint64_t weight_bytes(const be_weight *w) {
 uint64_t model_weight_bytes_per_token(const model *m) {
     const model_hparams *h = &m->hp;
     uint64_t b = weight_bytes(&m->output_norm) + weight_bytes(&m->output) + m->tok_embd.row_bytes;
-    for (int il = 0; il < h->n_layer; il++) {
+    for (int il = m->layer_lo; il < m->layer_hi; il++) {
         const model_layer *L = &m->layers[il];
         const be_weight *ws[] = { &L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo, &L->bq, &L->bk, &L->bv,
                                   &L->q_norm, &L->k_norm, &L->ffn_norm, &L->ffn_gate, &L->ffn_up,
@@ -481,7 +514,7 @@ uint64_t model_weight_bytes_per_token(const model *m) {
 
 const char *model_type_summary(const model *m) {
     /* the type of the first FFN weight names the file's flavour well enough */
-    const model_layer *L = &m->layers[0];
+    const model_layer *L = &m->layers[m->layer_lo];
     const be_weight *w = L->ffn_up.data ? &L->ffn_up : &L->up_exps;
     return gguf_type_name(w->type);
 }
@@ -516,6 +549,7 @@ void session_free(session *s) {
 }
 
 kvcache *session_kv(session *s) { return s->kv; }
+model *session_model(session *s) { return s->m; }
 int session_pos(const session *s) { return kv_used(s->kv); }
 void session_reset(session *s, int pos) {
     if (pos >= kv_used(s->kv)) return;

@@ -67,6 +67,13 @@ typedef struct {
      * (every byte of the file: about a CPU-second for 3 GB), and a later
      * model_fingerprint reads the file again. 0 (default): hash at load. */
     int fingerprint_later;
+    /* A slice of the layers (layer-split prefill, issue 41): layer_hi > 0
+     * loads only blocks [layer_lo, layer_hi) (end exclusive), plus the token
+     * embedding when layer_lo is 0 and never the output head (the decode
+     * node, which holds the whole model, computes the logits). Such a model
+     * evaluates only through model_eval_slice. 0, 0: the whole model. The
+     * fingerprint stays the whole file's (every node of a chain agrees). */
+    int layer_lo, layer_hi;
 } model_opts;
 
 /* Every error message starts with "PATH: " (printed once by the callers). */
@@ -86,6 +93,7 @@ const char *model_type_summary(const model *m);   /* e.g. "Q8_0" / "Q4_K_M"-ish:
 int session_new(session **out, model *m, int n_ctx, uint32_t kv_dtype, char *err, size_t errlen);
 void session_free(session *s);
 kvcache *session_kv(session *s);
+model *session_model(session *s);
 int session_pos(const session *s);          /* tokens in the cache */
 void session_reset(session *s, int pos);    /* forget positions >= pos */
 
@@ -114,6 +122,18 @@ typedef struct {
 /* 0 on success; -1 with a message, each session keeping the positions
  * completed before the failure. Items must name distinct sessions. */
 int model_eval_batch(model *m, model_batch_item *items, int n_items, char *err, size_t errlen);
+
+/* The layers this model holds: [*lo, *hi); returns 1 for a slice
+ * (model_opts.layer_hi), 0 for the whole model (lo 0, hi n_layer). */
+int model_get_layers(const model *m, int *lo, int *hi);
+
+/* A slice's part of the forward pass for n (<= model_get_n_batch) positions
+ * of session s, appended at its current position: the input is ids (a slice
+ * starting at layer 0) or x_in, the hidden states entering layer lo
+ * ([n][n_embd] f32); x_out, if non-NULL, receives the hidden states leaving
+ * layer hi - 1. Works on the whole model too (then x_in must be NULL). */
+int model_eval_slice(model *m, session *s, const int32_t *ids, const float *x_in, int n, float *x_out,
+                     layer_hook hook, void *hook_ud, char *err, size_t errlen);
 
 /* The single-sequence case: n tokens of one session. */
 int model_eval(model *m, session *s, const int32_t *ids, int n, float *logits,

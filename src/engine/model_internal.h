@@ -52,7 +52,13 @@ struct model {
     pthread_mutex_t eval_mu;
     fwd_bufs b;
     model_fp_memo *fp;       /* see model_fp_memo */
+    int layer_lo, layer_hi;  /* blocks held: [layer_lo, layer_hi) */
+    int sliced;              /* loaded with model_opts.layer_hi (no output head) */
 };
+
+/* 1 when tensor `name` (len bytes) is bound by this model (a slice leaves
+ * the other layers' tensors unbound and unread after the fingerprint). */
+int model_tensor_bound(const model *m, const char *name, size_t len);
 
 struct session {
     model *m;

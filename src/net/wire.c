@@ -80,7 +80,7 @@ static uint64_t get_u64(const uint8_t *p) {
 
 const char *wire_type_name(uint32_t type) {
     static const char *const names[] = {
-        "unknown", "HELLO", "AUTH", "REQUEST", "KV", "DONE", "ERROR", "CANCEL", "PING", "PONG",
+        "unknown", "HELLO", "AUTH", "REQUEST", "KV", "DONE", "ERROR", "CANCEL", "PING", "PONG", "ACT",
     };
     return type < sizeof names / sizeof names[0] ? names[type] : "unknown";
 }
@@ -112,11 +112,12 @@ uint32_t wire_type_max_payload(uint32_t type) {
     case WIRE_ERROR: return WIRE_ERROR_FIXED + WIRE_ERROR_MAX_MSG;
     case WIRE_CANCEL: return 0;
     case WIRE_PING: case WIRE_PONG: return WIRE_PING_MAX;
+    case WIRE_ACT: return WIRE_MAX_PAYLOAD;
     default: return 0;
     }
 }
 
-static int wire_type_known(uint32_t type) { return type >= WIRE_HELLO && type <= WIRE_PONG; }
+static int wire_type_known(uint32_t type) { return type >= WIRE_HELLO && type <= WIRE_ACT; }
 
 /* ==== CRC32C ==== */
 /* Castagnoli polynomial, bit-reflected (the form iSCSI, ext4 and SSE4.2 use). */
@@ -457,7 +458,7 @@ int wire_decode_hello(const uint8_t *p, size_t n, wire_hello *h, char *err, size
         return -1;
     }
     /* Unknown capability bits are ignored (a newer peer may offer more). */
-    x.caps &= WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16;
+    x.caps &= WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16 | WIRE_CAP_SLICE;
     if (get_fixed_str(p + 76, sizeof x.node_id, x.node_id, "HELLO node_id", err, errlen)) return -1;
     if (get_fixed_str(p + 140, sizeof x.model_desc, x.model_desc, "HELLO model_desc", err, errlen))
         return -1;
@@ -527,7 +528,9 @@ int wire_decode_request(const uint8_t *p, size_t n, wire_request *r, char *err, 
                   gguf_type_name(x.wire_dtype));
         return -1;
     }
-    if (x.flags & ~(uint32_t)1u) {
+    /* bits 1-2: the ACT dtype of a layer-split request (section 4.9; the
+     * prefill node accepts them only with the SLICE capability) */
+    if (x.flags & ~(uint32_t)7u) {
         wire_errf(err, errlen, "REQUEST: unknown flags 0x%x", x.flags);
         return -1;
     }

@@ -39,6 +39,7 @@ struct handoff_client {
     uint64_t next_req;
     uint32_t log_id;            /* low 32 bits of the next request ids (handoff_set_log_id) */
     char peer[400];             /* "node-id (model description)" */
+    char peer_desc[256];        /* the peer HELLO's model_desc (a slice names its layers there) */
     float *tmp;                 /* one f32 row for dtype conversion */
     size_t tmp_cap;             /* floats in it */
     uint8_t *conv;              /* a frame's rows in the cache dtype: K's, then V's */
@@ -60,7 +61,7 @@ int handoff_hello_init(wire_hello *h, model *m, uint32_t kv_dtype, uint32_t role
                        char *err, size_t errlen) {
     memset(h, 0, sizeof *h);
     h->role = role;
-    h->caps = WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16;
+    h->caps = WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16 | WIRE_CAP_SLICE;
     h->kv_dtype = kv_dtype;
     snprintf(h->node_id, sizeof h->node_id, "%s", node_id && *node_id ? node_id : wire_role_name(role));
     char desc[200];
@@ -122,6 +123,7 @@ int handoff_connect(handoff_client **out, const char *hostport, model *m, uint32
         goto fail;
     }
     snprintf(c->peer, sizeof c->peer, "%s [%s]", hostport, peer.node_id);
+    snprintf(c->peer_desc, sizeof c->peer_desc, "%s", peer.model_desc);
     if (peer.role != WIRE_ROLE_PREFILL) {
         snprintf(err, errlen, "%s is not a prefill node (role %u)", c->peer, peer.role);
         goto fail;
@@ -273,10 +275,10 @@ static void xfer_recv_error(handoff_client *c, const xfer_state *x, const char *
 }
 
 static int xfer_send_request(handoff_client *c, uint64_t req, const int32_t *tokens, int n, int start_pos,
-                             int end_pos, char *err, size_t errlen) {
+                             int end_pos, uint32_t extra_flags, char *err, size_t errlen) {
     wire_request r = { .start_pos = (uint32_t)start_pos, .end_pos = (uint32_t)end_pos,
                        .wire_dtype = c->wire_dtype,
-                       .flags = (c->zstd && (c->caps & WIRE_CAP_ZSTD)) ? 1u : 0u,
+                       .flags = ((c->zstd && (c->caps & WIRE_CAP_ZSTD)) ? 1u : 0u) | extra_flags,
                        .n_tokens = (uint32_t)n };
     wire_buf b = { 0 };
     char e2[256];
@@ -399,7 +401,7 @@ int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n,
     uint64_t req = ++c->next_req << 32 | c->log_id;
     double t0 = gen_now_ms();
     uint64_t in0 = c->conn.bytes_in;
-    if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, err, errlen)) { c->broken = 1; return -1; }
+    if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, 0, err, errlen)) { c->broken = 1; return -1; }
     xfer_state x = { .start = start_pos, .end = end_pos, .next = start_pos, .n_layer = kv_n_layer(cache),
                      .deadline = t0 + c->deadline_ms };
     wire_done done;
@@ -422,4 +424,27 @@ int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n,
     st->kv_bytes = x.kv_bytes;
     st->wire_bytes = c->conn.bytes_in - in0;
     return 0;
+}
+
+/* ==== For the layer-split chain (chain.c) ==== */
+
+wire_conn *handoff_conn(handoff_client *c) { return &c->conn; }
+const char *handoff_peer_desc(const handoff_client *c) { return c->peer_desc; }
+uint32_t handoff_caps(const handoff_client *c) { return c->caps; }
+uint32_t handoff_wire_dtype(const handoff_client *c) { return c->wire_dtype; }
+int handoff_timeout_ms(const handoff_client *c) { return c->timeout_ms; }
+int handoff_deadline_ms(const handoff_client *c) { return c->deadline_ms; }
+int handoff_is_broken(const handoff_client *c) { return c->broken; }
+int handoff_poll_abandoned(handoff_client *c) { return c->abandoned && c->abandoned(c->abandoned_ud); }
+
+uint64_t handoff_send_request(handoff_client *c, const int32_t *tokens, int n, int start_pos, int end_pos,
+                              uint32_t extra_flags, char *err, size_t errlen) {
+    uint64_t req = ++c->next_req << 32 | c->log_id;
+    if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, extra_flags, err, errlen)) { c->broken = 1; return 0; }
+    return req;
+}
+
+void handoff_abort(handoff_client *c, uint64_t req, uint32_t code, const char *why) {
+    c->fail_code = code;
+    xfer_abort(c, req, why);
 }

@@ -65,6 +65,23 @@ void handoff_set_log_id(handoff_client *c, uint32_t id);
 int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n, int start_pos,
                     handoff_stats *st, char *err, size_t errlen);
 
+/* ==== For the layer-split chain (chain.c) ==== */
+wire_conn *handoff_conn(handoff_client *c);
+const char *handoff_peer_desc(const handoff_client *c);   /* the peer HELLO's model_desc */
+uint32_t handoff_caps(const handoff_client *c);           /* capabilities both ends have */
+uint32_t handoff_wire_dtype(const handoff_client *c);
+int handoff_timeout_ms(const handoff_client *c);
+int handoff_deadline_ms(const handoff_client *c);
+int handoff_is_broken(const handoff_client *c);
+int handoff_poll_abandoned(handoff_client *c);
+/* Sends a REQUEST with the next request id (returned; 0 on failure, the
+ * connection then broken); extra_flags are ORed into the request's flags. */
+uint64_t handoff_send_request(handoff_client *c, const int32_t *tokens, int n, int start_pos, int end_pos,
+                              uint32_t extra_flags, char *err, size_t errlen);
+/* Ends a request in flight: ERROR(code) when code != 0, else CANCEL; the
+ * connection is shut and marked broken. */
+void handoff_abort(handoff_client *c, uint64_t req, uint32_t code, const char *why);
+
 /* ==== Shared by both sides ==== */
 /* A node's HELLO: caps, KV dtype, node id, model_fingerprint() and a model
  * description ("file (arch, layers, n_embd, weight type), KV type").
@@ -115,6 +132,7 @@ typedef struct {
     uint64_t kv_cache_ram;
     const char *kv_cache_dir;
     uint64_t kv_cache_disk;
+    int debug_act_stall;        /* a slice: send nothing more after the Nth ACT frame of a request */
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

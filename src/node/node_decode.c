@@ -33,6 +33,7 @@
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/grammar.h"
+#include "node/chain.h"
 #include "node/handoff.h"
 #include "engine/kvcache.h"
 #include "node/kvstore.h"
@@ -139,6 +140,7 @@ typedef struct {
     /* prefill-node connections (pmu) */
     pthread_mutex_t pmu;
     dn_peer peers[DN_MAX_PEERS];
+    chain_pool *chains;          /* layer-split chains' connection sets (chain.h) */
     uint64_t tick;
     unsigned rr;
     /* counters (smu) */
@@ -686,6 +688,15 @@ static const char *dn_pick_node(dnode *n, const dn_req *r) {
  * connection fails at once (the prefill node drops idle connections). */
 static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char *err, size_t errlen) {
     dnode *n = j->n;
+    if (chain_is_spec(j->addr)) {   /* a layer-split chain: HOST:PORT/A:B,... (chain.h) */
+        handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
+                            .secret = n->o->secret, .secret_len = n->o->secret_len,
+                            .node_id = n->o->node_id ? n->o->node_id : "decode" };
+        chain_opts co = { .act_dtype = n->o->act_dtype };
+        memset(&j->hs, 0, sizeof j->hs);
+        return chain_pool_prefill(n->chains, j->addr, n->m, n->kv_dtype, &ho, &co, j->rid_num, s, prompt, j->n_prompt,
+                                  j->v->start_pos, &j->hs, err, errlen);
+    }
     dn_peer *p = dn_peer_take(n, j->addr);
     if (!p) { snprintf(err, errlen, "every prefill-node connection is in use"); return -1; }
     handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
@@ -1640,6 +1651,7 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     snprintf(n->desc, sizeof n->desc, "%s (%s, %d layers, n_embd %d, %s)", base ? base + 1 : path,
              hp->arch_name ? hp->arch_name : "?", hp->n_layer, hp->n_embd, model_type_summary(m));
     pthread_mutex_init(&n->pmu, NULL);
+    n->chains = chain_pool_new();
     pthread_mutex_init(&n->smu, NULL);
     pthread_mutex_init(&n->gmu, NULL);
     pthread_mutex_init(&n->cmu, NULL);
@@ -1693,6 +1705,8 @@ static void dn_cleanup(dnode *n) {
     kvstore_close(n->store);     /* after the scheduler: its last jobs put their blocks */
     n->store = NULL;
     dn_peers_close(n);
+    chain_pool_free(n->chains);
+    n->chains = NULL;
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
     pthread_mutex_destroy(&n->cmu);
@@ -1766,7 +1780,8 @@ void decode_node_usage(FILE *f) {
         "usage: tandem serve --role decode|local -m MODEL.gguf [options]\n"
         "  --listen HOST:PORT        HTTP address (default 127.0.0.1:8080; port 0 = any free port)\n"
         "  --port-file F             write the bound port to F once listening\n"
-        "  --prefill-node HOST:PORT  a prefill node (repeatable; decode role only)\n"
+        "  --prefill-node HOST:PORT  a prefill node (repeatable; decode role only), or a layer-split\n"
+        "                            chain HOST:PORT/0:A,HOST:PORT/A:B,... (docs/layer-split.md)\n"
         "  --secret-file F           shared secret (or env TANDEM_SECRET): authenticates the prefill nodes,\n"
         "                            the router's requests to this node and our registration\n"
         "  -t N                      threads (default 2)\n"
@@ -1779,6 +1794,7 @@ void decode_node_usage(FILE *f) {
         "  --min-split-tokens N      \"auto\" prefills remotely from this prompt length (default 32)\n"
         "  --kv-type T               cache type: f16 (default), bf16, q8_0\n"
         "  --wire-dtype T            handoff dtype: the cache type (default) or q8_0\n"
+        "  --act-dtype T             hidden states between a chain's slices: f32 (default), f16, bf16\n"
         "  --zstd                    ask for zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
@@ -1819,6 +1835,16 @@ static int dn_cli_choice(const char *opt, const char *v, const char *const *name
     return 0;
 }
 
+/* --act-dtype f32|f16|bf16 (a chain's hidden states on the wire). */
+static int dn_cli_act(const char *opt, const char *v, uint32_t *out) {
+    static const char *const names[] = { "f32", "f16", "bf16", NULL };
+    static const uint32_t types[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 };
+    int k;
+    if (cliopt_choice(DN_CMD, opt, v, names, &k)) return -1;
+    *out = types[k];
+    return 0;
+}
+
 typedef struct {
     decode_node_opts o;
     const char *model, *kv, *wire, *secret_file;
@@ -1853,6 +1879,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--node-id")) bad = cliopt_str(DN_CMD, a, v, &c->o.node_id);
         else if (!strcmp(a, "--kv-type")) bad = dn_cli_choice(a, v, kv_dtype_names, &c->kv);
         else if (!strcmp(a, "--wire-dtype")) bad = dn_cli_choice(a, v, kv_dtype_names, &c->wire);
+        else if (!strcmp(a, "--act-dtype")) bad = dn_cli_act(a, v, &c->o.act_dtype);
         else if (!strcmp(a, "--prefill-node")) bad = dn_cli_prefill_node(c, a, v);
         else if (!strcmp(a, "-t")) bad = dn_cli_int(a, v, 1, 256, &c->threads);
         else if (!strcmp(a, "-c")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.n_ctx);

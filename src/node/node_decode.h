@@ -83,6 +83,7 @@ typedef struct {
     int n_ctx;                   /* per-session context (default: the model's, at most 4096) */
     uint32_t kv_dtype;           /* cache type (default GGML_TYPE_F16) */
     uint32_t wire_dtype;         /* handoff wire type (default: the cache type) */
+    uint32_t act_dtype;          /* a chain's hidden states on the wire: F32 (0, default), F16 or BF16 */
     int zstd;                    /* ask prefill nodes for zstd frames */
     int timeout_ms;              /* handoff: no frame for this long -> fall back (default 10000) */
     int n_sessions;              /* --parallel: slots decoded together, one KV cache each

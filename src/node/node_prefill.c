@@ -16,6 +16,7 @@
  */
 #include "node/kvstore.h"
 #include "node/handoff.h"
+#include "node/chain.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -164,6 +165,13 @@ typedef struct {
     int cancelled, peer_gone, stopping, expired;
     int computing;                /* got the model (or had nothing to compute): not merely queued */
     int too_big;                  /* positions of a chunk too big for one frame */
+    /* a slice of a layer-split chain (chain.h) */
+    int sliced, slice_lo, slice_hi, n_layer;
+    uint32_t act_dtype;           /* ACT frames this request sends */
+    chain_act_in act;             /* hidden states received (slice_lo > 0) */
+    float *x_out;                 /* a chunk's hidden states to send (slice_hi < n_layer) */
+    wire_buf act_fb;
+    int act_frames;
 
     /* sender's */
     wire_buf fb;
@@ -352,6 +360,13 @@ static int pn_check_peer(pn_req *r) {
         return 1;
     }
     if (h.type == WIRE_CANCEL && h.req_id == r->req_id) { r->cancelled = 1; return 1; }
+    if (h.type == WIRE_ACT && h.req_id == r->req_id && r->slice_lo > 0) {
+        if (chain_act_take(&r->act, r->conn->rx.data, r->conn->rx.len, err, sizeof err) == 0) return 0;
+        r->peer_gone = 1;
+        snprintf(r->fail_msg, sizeof r->fail_msg, "bad hidden states: %s", err);
+        pn_send_error(r->conn, r->req_id, WERR_RANGE, "%s", r->fail_msg);
+        return 1;
+    }
     if (h.type == WIRE_PING) {
         wire_send(r->conn, WIRE_PONG, h.req_id, 0, r->conn->rx.data, r->conn->rx.len, err, sizeof err);
         return 0;
@@ -425,13 +440,12 @@ static int pn_hook(void *ud, int layer, int pos0, int n) {
 
 /* Queues the part of [start, end) the session already holds (prefix reuse). */
 static int pn_push_cached(pn_req *r, int have) {
-    int n_layer = kv_n_layer(r->kv);
     int hi = have < r->end ? have : r->end;
     int span = PN_CACHED_SPAN;
     while (span > 1 && pn_frame_bytes(r, span) > WIRE_MAX_PAYLOAD) span /= 2;
     for (int p = r->start; p < hi; p += span) {
         int n = hi - p < span ? hi - p : span;
-        for (int l = 0; l < n_layer; l++)
+        for (int l = r->slice_lo; l < r->slice_hi; l++)
             if (pn_push(r, l, p, n)) return -1;
     }
     return 0;
@@ -474,7 +488,8 @@ static int pn_validate(pn_conn *pc, uint64_t req, const wire_request *q, uint32_
                  "(q8_0 only if negotiated; KV is never upcast)", gguf_type_name(q->wire_dtype),
                  q->wire_dtype, gguf_type_name(o->kv_dtype));
     }
-    if (!why[0] && (q->flags & ~1u)) {
+    uint32_t known = (pc->caps & WIRE_CAP_SLICE) ? 1u | CHAIN_REQ_ACT_MASK : 1u;
+    if (!why[0] && ((q->flags & ~known) || chain_act_dtype_from_flags(q->flags) == UINT32_MAX)) {
         code = WERR_PROTOCOL;
         snprintf(why, whylen, "unknown request flags 0x%x", q->flags);
     }
@@ -534,6 +549,56 @@ static void pn_turn_give(pnode *node, pn_waiter *w) {
     pthread_mutex_unlock(&node->turn_mu);
 }
 
+/* ==== Slices (layer-split chain, chain.h) ==== */
+
+/* Waits until the hidden states of positions up to `upto` arrived (upto < 0:
+ * the first frame), reading the decode node's frames; non-zero: stop. */
+static int pn_act_wait(pn_req *r, int upto, char *err, size_t errlen) {
+    double last = gen_now_ms();
+    int had = r->act.end;
+    while (upto < 0 ? !r->act.started : r->act.end < upto) {
+        if (pn_stopped(r->node)) { r->stopping = 1; snprintf(err, errlen, "shutting down"); return -1; }
+        if (gen_now_ms() - last > r->node->o->timeout_ms) {
+            snprintf(err, errlen, "no hidden states for %d ms (have positions up to %d, need %d)",
+                     r->node->o->timeout_ms, r->act.end, upto);
+            return -1;
+        }
+        struct pollfd pf = { .fd = r->conn->fd, .events = POLLIN };
+        if (poll(&pf, 1, PN_TICK_MS) < 0 && errno != EINTR) { snprintf(err, errlen, "poll failed"); return -1; }
+        if (pn_check_peer(r)) { snprintf(err, errlen, "%s", r->fail_msg[0] ? r->fail_msg : "stopped"); return -1; }
+        if (r->act.end != had) { had = r->act.end; last = gen_now_ms(); }
+    }
+    return 0;
+}
+
+/* One chunk through this node's layers: from the tokens (the first slice)
+ * or the received hidden states; the output states kept for pn_act_out. */
+static int pn_slice_chunk(pn_conn *pc, pn_req *r, const int32_t *tokens, int p, int n, char *err, size_t errlen) {
+    model *m = pc->node->m;
+    size_t dim = (size_t)model_get_hparams(m)->n_embd;
+    const float *xin = r->slice_lo > 0 ? r->act.rows + (size_t)(p - r->act.p0) * dim : NULL;
+    if (r->slice_hi < r->n_layer && !r->x_out && !(r->x_out = malloc(sizeof(float) * dim * (size_t)model_get_n_batch(m)))) {
+        snprintf(err, errlen, "out of memory for hidden states");
+        return -1;
+    }
+    return model_eval_slice(m, pc->s, r->slice_lo > 0 ? NULL : tokens + p, xin, n,
+                            r->slice_hi < r->n_layer ? r->x_out : NULL, pn_hook, r, err, errlen);
+}
+
+/* The chunk's hidden states to the decode node, for the next slice. */
+static int pn_act_out(pn_req *r, int p, int n, char *err, size_t errlen) {
+    const prefill_node_opts *o = r->node->o;
+    if (o->debug_act_stall > 0 && r->act_frames >= o->debug_act_stall) {
+        /* fault injection: a node that stops sending but keeps its connection */
+        while (!pn_stopped(r->node) && !pn_check_peer(r)) pn_sleep_ms(PN_TICK_MS);
+        snprintf(err, errlen, "stalled on purpose (--debug-act-stall)");
+        return -1;
+    }
+    r->act_frames++;
+    int dim = model_get_hparams(r->node->m)->n_embd;
+    return chain_act_send(r->conn, r->req_id, r->send_flags, r->act_dtype, p, n, dim, r->x_out, &r->act_fb, err, errlen);
+}
+
 /* Positions [have, end) one pass per turn; *ms: time spent computing (not
  * waiting for other requests' turns). */
 static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, double *ms, char *err, size_t errlen) {
@@ -543,15 +608,18 @@ static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, d
     *ms = 0;
     for (int p = have; p < r->end && !rc; p += chunk) {
         int n = r->end - p < chunk ? r->end - p : chunk;
+        if (r->slice_lo > 0 && pn_act_wait(r, p + n, err, errlen)) return -1;
         if (pn_turn_take(r, &w)) {
             snprintf(err, errlen, "gave up waiting for the model");
             return -1;
         }
         r->computing = 1;
         double t0 = gen_now_ms();
-        rc = model_eval(node->m, pc->s, tokens + p, n, NULL, pn_hook, r, err, errlen);
+        if (r->sliced) rc = pn_slice_chunk(pc, r, tokens, p, n, err, errlen);
+        else rc = model_eval(node->m, pc->s, tokens + p, n, NULL, pn_hook, r, err, errlen);
         *ms += gen_now_ms() - t0;
         pn_turn_give(node, &w);
+        if (!rc && r->slice_hi < r->n_layer) rc = pn_act_out(r, p, n, err, errlen);
     }
     return rc;
 }
@@ -593,6 +661,9 @@ static void pn_req_free(pn_req *r) {
     free(r->rows);
     free(r->conv);
     free(r->tmp);
+    chain_act_free(&r->act);
+    free(r->x_out);
+    wire_buf_free(&r->act_fb);
 }
 
 /* ==== Metrics ==== */
@@ -783,6 +854,11 @@ static pn_req *pn_request_new(pn_conn *pc, uint64_t req, const wire_request *q, 
     r->req_id = req; r->seq = seq; r->start = (int)q->start_pos; r->end = (int)q->end_pos;
     r->deadline = t_req + node->o->request_ms;
     r->wire_dtype = q->wire_dtype; r->send_flags = send_flags;
+    r->n_layer = n_layer;
+    r->sliced = model_get_layers(node->m, &r->slice_lo, &r->slice_hi);
+    r->act_dtype = chain_act_dtype_from_flags(q->flags);
+    r->act.dim = model_get_hparams(node->m)->n_embd;
+    r->act.limit = r->end;
     return r;
 }
 
@@ -861,6 +937,20 @@ static int pn_request_failed(pn_conn *pc, const pn_req *r, const char *err, cons
     return 1;
 }
 
+/* A slice after the first computes from where the hidden states it is
+ * sent start: at most the positions it holds (a chain's nodes keep the
+ * same prefix; one that holds fewer cannot fill the gap and refuses). */
+static int pn_slice_start(pn_conn *pc, pn_req *r, int *have, char *err, size_t errlen) {
+    if (pn_act_wait(r, -1, err, errlen)) return -1;
+    if (r->act.p0 > *have) {
+        snprintf(err, errlen, "hidden states start at position %d but this slice holds only %d", r->act.p0, *have);
+        return -1;
+    }
+    *have = r->act.p0;
+    session_reset(pc->s, *have);
+    return 0;
+}
+
 /* Handles one REQUEST: admit, run, report. Returns 0 to keep the
  * connection, -1 to drop it. */
 static int pn_request(pn_conn *pc, uint64_t req) {
@@ -877,6 +967,13 @@ static int pn_request(pn_conn *pc, uint64_t req) {
         have = kvstore_fill(node->store, pc->prev, (int)q.end_pos, have, session_kv(pc->s), NULL);
     pn_req *r = pn_request_new(pc, req, &q, send_flags, t_req);
     if (!r) { pn_send_error(&pc->conn, req, WERR_INTERNAL, "out of memory"); pn_metrics_outcome(node, "error"); return 0; }
+    if (r->slice_lo > 0 && have < r->end && pn_slice_start(pc, r, &have, err, sizeof err)) {
+        int keep = pn_request_failed(pc, r, err, rid);
+        pn_metrics_outcome(node, "error");
+        pn_req_free(r);
+        free(r);
+        return keep ? 0 : -1;
+    }
 
     double t0 = gen_now_ms(), ms = 0;
     uint64_t out0 = pc->conn.bytes_out;
@@ -1226,8 +1323,14 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     node.o = &oo;
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
-    snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);
-    pn_calibrate(&node);
+    int lo, hi;
+    if (model_get_layers(m, &lo, &hi)) {   /* a slice names its layers (chain.h reads them) */
+        snprintf(node.base_desc, sizeof node.base_desc, "%.200s; layers %d:%d", node.hello.model_desc, lo, hi);
+        snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", node.base_desc);
+    } else {
+        snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);
+        pn_calibrate(&node);
+    }
     node.max_authed = o->max_conns > 0 ? (o->max_conns < PN_MAX_CONNS ? o->max_conns : PN_MAX_CONNS) : PN_DEFAULT_CONNS;
     node.max_preauth = o->max_preauth > 0 ? (o->max_preauth < PN_MAX_CONNS ? o->max_preauth : PN_MAX_CONNS)
                                           : PN_DEFAULT_PREAUTH;

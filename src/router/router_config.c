@@ -4,6 +4,7 @@
  * The rule of every router file: the registry, the measured rates and the
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
+#include "router/router_chain.h"
 #include "router/router_internal.h"
 
 /* ==== Config ==== */
@@ -56,6 +57,14 @@ int router_config_add_node(router_config *c, const char *role, const char *model
     }
     if (!addr || !*addr || strlen(addr) >= sizeof c->nodes[0].addr || !strchr(addr, ':')) {
         rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\"", addr ? addr : "");
+        return -1;
+    }
+    if (r == ROUTER_NODE_PREFILL && rt_chain_is_spec(addr)) {   /* HOST:PORT/A:B,... (router_chain.h) */
+        char addrs[RT_CHAIN_MAX][128];
+        int lo[RT_CHAIN_MAX], hi[RT_CHAIN_MAX];
+        if (rt_chain_parse(addr, addrs, lo, hi, err, errlen) < 0) return -1;
+    } else if (rt_chain_is_spec(addr)) {
+        rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\" (only a prefill entry may be a chain)", addr);
         return -1;
     }
     if (c->n_nodes >= ROUTER_MAX_NODES) { rt_errf(err, errlen, "too many nodes (at most %d)", ROUTER_MAX_NODES); return -1; }
@@ -245,7 +254,8 @@ void router_usage(FILE *f) {
         "  --config FILE          JSON config (docs/router.md): listen, nodes, secret, limits, split\n"
         "  --listen HOST:PORT     address (default 127.0.0.1:8000; port 0 = any free port)\n"
         "  --decode MODEL=HOST:PORT    a decode node serving MODEL (repeatable)\n"
-        "  --prefill MODEL=HOST:PORT   a prefill node for MODEL (repeatable)\n"
+        "  --prefill MODEL=HOST:PORT   a prefill node for MODEL (repeatable); or a layer-split chain,\n"
+        "                              MODEL=HOST:PORT/0:A,HOST:PORT/A:B,... (docs/layer-split.md)\n"
         "  --split auto|always|never   prefill placement policy (default auto: cost model)\n"
         "  --secret-file FILE     shared secret (node registration); or env TANDEM_SECRET\n"
         "  --api-key-file FILE    require 'Authorization: Bearer <key>'; or env TANDEM_API_KEY\n"

@@ -5,6 +5,7 @@
  * The rule of every router file: the registry, the measured rates and the
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
+#include "router/router_chain.h"
 #include "router/router_internal.h"
 #include "router/router_nodes.h"
 
@@ -291,6 +292,11 @@ static void rt_probe_decode(const char *addr, const node_auth_key *key, int time
 static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
     char *err = p->err;
     size_t errlen = sizeof p->err;
+    if (rt_chain_is_spec(addr)) {   /* a layer-split chain: every member, its slice (router_chain.h) */
+        p->ok = rt_chain_probe(addr, timeout_ms, p->desc, sizeof p->desc, err, errlen) == 0;
+        p->prefill_tps = -1;   /* slices report no rate: the configured default stands in */
+        return;
+    }
     int fd = wire_connect(addr, timeout_ms, err, errlen);
     p->ok = 0;
     if (fd < 0) return;

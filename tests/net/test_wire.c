@@ -4,6 +4,7 @@
 #include "t.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,6 +17,7 @@
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "net/wire.h"
+#include "net/wire_act.h"
 
 #include <zstd.h>
 
@@ -189,8 +191,10 @@ static void test_request(void) {
     m[8] = 0;   /* F32 is not a wire dtype */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0 && strstr(err, "dtype"), "bad dtype: %s", err);
     memcpy(m, b.data, 48);
-    m[12] = 2;
+    m[12] = 8;   /* bits 1-2 are the ACT dtype of a layer-split request; bit 3 is unknown */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0, "unknown flags");
+    m[12] = 4;
+    CHECK(wire_decode_request(m, 48, &d, err, sizeof err) == 0 && d.flags == 4, "ACT dtype flag bits");
     memcpy(m, b.data, 48);
     m[20 + 3] = 0x80;   /* token id >= 2^31 */
     CHECK(wire_decode_request(m, 48, &d, err, sizeof err) < 0, "huge token id");
@@ -319,8 +323,8 @@ static void test_header(void) {
           strstr(err, "protocol version mismatch: peer speaks version 1, this node speaks 2"), "version 1: %s", err);
     memcpy(m, b, sizeof m); m[6] = 0;
     CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "unknown frame type"), "type 0");
-    memcpy(m, b, sizeof m); m[6] = 10;
-    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "type 10");
+    memcpy(m, b, sizeof m); m[6] = 11;   /* 10 is ACT (layer-split prefill) */
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "type 11");
     memcpy(m, b, sizeof m); m[8] = 3;
     CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "flags"), "unknown flag");
     /* Sealed: len counts the tag; uncompressed means raw_len = len - 16. */
@@ -1004,7 +1008,47 @@ static void test_fingerprint(void) {
     model_free(m2);
 }
 
+/* ACT (layer-split prefill): round trips in each dtype, every truncation
+ * and extension refused, bad dtype / empty / out-of-range heads refused. */
+static void test_act(void) {
+    enum { N = 3, D = 40 };
+    float rows[N * D], back[N * D];
+    for (int i = 0; i < N * D; i++) rows[i] = (float)(i - 50) * 0.37f;
+    const uint32_t dts[] = { GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16 };
+    char err[256];
+    for (int k = 0; k < 3; k++) {
+        wire_buf b = { 0 };
+        CHECK(wire_encode_act(&b, 7, N, dts[k], D, rows) == 0 && b.len == WIRE_ACT_FIXED + N * D * wire_act_elt_bytes(dts[k]),
+              "ACT encode %s", gguf_type_name(dts[k]));
+        wire_act a;
+        CHECK(wire_decode_act(b.data, b.len, &a, err, sizeof err) == 0 && a.pos0 == 7 && a.n == N && a.dim == D &&
+              a.dtype == dts[k], "ACT decode %s: %s", gguf_type_name(dts[k]), err);
+        wire_act_rows_f32(&a, back);
+        double worst = 0;
+        for (int i = 0; i < N * D; i++) worst = fmax(worst, fabs((double)back[i] - rows[i]));
+        /* f32 travels exactly; f16 keeps 11 bits, bf16 8, of values up to 18.5 */
+        double tol = dts[k] == GGML_TYPE_F32 ? 0 : dts[k] == GGML_TYPE_F16 ? 0.01 : 0.07;
+        CHECK(worst <= tol, "ACT %s round trip worst %g (tolerance %g)", gguf_type_name(dts[k]), worst, tol);
+        int bad = 0;
+        for (size_t cut = 0; cut < b.len; cut++) bad += wire_decode_act(b.data, cut, &a, err, sizeof err) == 0;
+        CHECK(bad == 0, "ACT %s: %d truncations accepted", gguf_type_name(dts[k]), bad);
+        wire_buf_free(&b);
+    }
+    uint8_t h[WIRE_ACT_FIXED + 8] = { 0 };
+    wire_act a;
+    h[4] = 1; h[8] = 2; h[12] = 2;   /* n 1, dtype Q4_0, dim 2 */
+    CHECK(wire_decode_act(h, WIRE_ACT_FIXED + 8, &a, err, sizeof err) < 0 && strstr(err, "dtype"), "ACT Q4_0 refused: %s", err);
+    h[8] = 0; h[4] = 0;
+    CHECK(wire_decode_act(h, WIRE_ACT_FIXED + 8, &a, err, sizeof err) < 0, "ACT of 0 rows refused");
+    h[4] = 1; h[0] = 0xff; h[1] = 0xff; h[2] = 0xff; h[3] = 0x7f;   /* pos0 2^31 - 1 */
+    CHECK(wire_decode_act(h, WIRE_ACT_FIXED + 8, &a, err, sizeof err) < 0 && strstr(err, "2^31"), "ACT beyond 2^31: %s", err);
+    CHECK(wire_act_max_rows(GGML_TYPE_F32, 65536) >= 1 &&
+          (uint64_t)wire_act_max_rows(GGML_TYPE_F32, 1024) * 4096 + WIRE_ACT_FIXED <= WIRE_MAX_PAYLOAD, "ACT rows per frame");
+    CHECK(!strcmp(wire_type_name(WIRE_ACT), "ACT") && wire_type_max_payload(WIRE_ACT) == WIRE_MAX_PAYLOAD, "ACT type");
+}
+
 int main(void) {
+    test_act();
     test_crc();
     test_hmac();
     test_hello();

@@ -1,0 +1,102 @@
+/* chain.h - layer-split (pipelined) prefill over a chain of slice nodes
+ * (issue 41; docs/layer-split.md).
+ *
+ * A chain spec names the slice owners in layer order:
+ *   "host:port/0:14,host2:port/14:28"
+ * Each is a prefill node started with --layers A:B. The decode node sends
+ * every node the same REQUEST; node 1 embeds the tokens and computes its
+ * layers chunk by chunk, sending each chunk's hidden states (ACT frames) to
+ * the decode node, which relays them on its own sealed connection to node
+ * 2, and so on, so node k computes chunk c while node k-1 computes c + 1.
+ * Every node streams the KV rows of its own layers to the decode node,
+ * which stores them by layer and checks that every layer and position
+ * arrived exactly once before the session is used.
+ *
+ * Prefill side helpers (node_prefill.c): the incoming hidden states of a
+ * request, and sending a chunk's outgoing ones.
+ */
+#ifndef TANDEM_CHAIN_H
+#define TANDEM_CHAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+#include "net/wire.h"
+#include "node/handoff.h"
+
+/* Most nodes in one chain (a 1024-layer cap makes more pointless here). */
+#define CHAIN_MAX_NODES 16
+
+/* REQUEST flags bits 1-2 (only with WIRE_CAP_SLICE in both HELLOs): the
+ * dtype of the ACT frames the request's slices send: 0 F32, 1 F16, 2 BF16. */
+#define CHAIN_REQ_ACT_SHIFT 1
+#define CHAIN_REQ_ACT_MASK (3u << CHAIN_REQ_ACT_SHIFT)
+uint32_t chain_act_dtype_from_flags(uint32_t flags);   /* UINT32_MAX for the unused value 3 */
+uint32_t chain_act_flags(uint32_t dtype);
+
+/* ==== Specs ==== */
+typedef struct {
+    int n;
+    char addr[CHAIN_MAX_NODES][256];
+    int lo[CHAIN_MAX_NODES], hi[CHAIN_MAX_NODES];
+} chain_spec;
+
+/* 1 when s looks like a chain spec (has a '/'), else 0. */
+int chain_is_spec(const char *s);
+/* Parses "addr/A:B,addr/B:C,...": at least one node, each A < B, each slice
+ * starting where the previous one ended, the first at 0. The model's layer
+ * count is checked when the nodes answer. 0, or -1 with a message. */
+int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen);
+/* The slice a prefill node advertises at the end of its HELLO's
+ * model_desc ("...; layers A:B"); 0 with *lo, *hi, or -1 if none. */
+int chain_desc_layers(const char *desc, int *lo, int *hi);
+
+/* ==== Decode side ==== */
+typedef struct {
+    uint32_t act_dtype;         /* GGML_TYPE_F32 (default), F16 or BF16 */
+} chain_opts;
+
+/* One prefill over connected slice nodes cs[0..n) (handoff_connect each,
+ * in the spec's order): fills s with positions [start_pos, n_tok - 1) as
+ * handoff_prefill does. Refuses before any work a set whose slices (as the
+ * nodes advertise them) do not cover the model's layers exactly once in
+ * order, or that differ from the spec's. On any failure no position is
+ * kept (the session is back at start_pos), every connection is ended, and
+ * err names the node and what happened. */
+int chain_prefill(handoff_client **cs, const chain_spec *spec, const chain_opts *o, session *s,
+                  const int32_t *tokens, int n_tok, int start_pos, handoff_stats *st, char *err, size_t errlen);
+
+/* A decode node's cached connection sets, one per spec in use (thread-safe). */
+typedef struct chain_pool chain_pool;
+chain_pool *chain_pool_new(void);
+void chain_pool_free(chain_pool *p);
+/* chain_prefill over the set for `spec` (connecting what is not yet
+ * connected, with ho); one retry with fresh connections when a reused set
+ * fails. */
+int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dtype, const handoff_opts *ho,
+                       const chain_opts *co, uint32_t log_id, session *s, const int32_t *tokens, int n_tok,
+                       int start_pos, handoff_stats *st, char *err, size_t errlen);
+
+/* ==== Prefill side ==== */
+/* The hidden states a slice (layer_lo > 0) has received for a request:
+ * rows [p0, end) of dim floats, filled in order. */
+typedef struct {
+    float *rows;
+    int started, p0, end;       /* end: positions [p0, end) received */
+    int limit;                  /* positions beyond this are refused (the request's end_pos) */
+    int dim;
+    size_t cap_rows;
+} chain_act_in;
+
+/* Takes one ACT payload: dim must match, the first frame sets p0, every
+ * later one must start where the previous ended, nothing beyond limit.
+ * 0, or -1 with a message. */
+int chain_act_take(chain_act_in *a, const uint8_t *p, size_t n, char *err, size_t errlen);
+void chain_act_free(chain_act_in *a);
+/* Sends positions [pos0, pos0 + n) of rows (n x dim f32) as ACT frames in
+ * dtype, as many as the frame limit needs; fb is scratch. */
+int chain_act_send(wire_conn *c, uint64_t req, uint32_t wire_flags, uint32_t dtype, int pos0, int n, int dim,
+                   const float *rows, wire_buf *fb, char *err, size_t errlen);
+
+#endif

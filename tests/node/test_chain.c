@@ -1,0 +1,551 @@
+/* test_chain.c - layer-split (pipelined) prefill with real processes (issue 41).
+ *
+ * Slice nodes are `tandem serve --role prefill --layers A:B`; `tandem run
+ * --prefill-node HOST:PORT/A:B,...` and a `tandem serve --role decode` node
+ * are the decode side. Parts:
+ *   1. every model file: chains of 2 nodes (a single-layer slice, then the
+ *      rest) and of 3 (unequal slices) give exactly the tokens of a local run
+ *      (hidden states travel as f32: the same arithmetic as one node); the
+ *      slice nodes run -b 16, so each prompt crosses several chunks, and the
+ *      first model also takes a long prompt (many chunks); f16 and bf16
+ *      hidden states: agreement measured and printed;
+ *   2. refusals before any work: a slice other than the spec's, a whole-model
+ *      node in a chain, a node with another model (fingerprint);
+ *   3. faults: a node that stops sending mid-prefill, kill -9 of the second
+ *      node mid-prefill: a clear error, the surviving nodes serve the next
+ *      chain; hostile ACT frames sent straight to a slice node (another
+ *      request's id, wrong width, a gap) are refused;
+ *   4. a decode node over a chain: generation equals tandem run, prefix reuse
+ *      sends only the missing span, a dead chain falls back to local prefill;
+ *   5. memory: a slice node's RSS after load against the whole-model node's.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine/gguf.h"
+#include "net/wire_act.h"
+#include "node/chain.h"
+#include "node/handoff.h"
+#include "proc.h"
+#include "t.h"
+
+static char g_tmp[256], g_secret[300];
+static int g_pf;   /* prompt file counter */
+
+typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;
+
+static int snode_start(snode *n, const char *model, int lo, int hi, const char *const *extra) {
+    static int seq;
+    char pf[300], layers[32], id[32];
+    snprintf(pf, sizeof pf, "%s/port.%d", g_tmp, ++seq);
+    snprintf(n->log, sizeof n->log, "%s/node.%d.log", g_tmp, seq);
+    snprintf(layers, sizeof layers, "%d:%d", lo, hi);
+    snprintf(id, sizeof id, "slice-%d", seq);
+    char *argv[32] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)model, "--secret-file", g_secret,
+                       "--port-file", pf, "--node-id", id, "-t", "1", "-b", "16" };
+    int k = 16;
+    if (hi > 0) { argv[k++] = "--layers"; argv[k++] = layers; }
+    for (int i = 0; extra && extra[i] && k < 30; i++) argv[k++] = (char *)extra[i];
+    argv[k] = NULL;
+    n->lo = lo;
+    n->hi = hi;
+    n->pid = spawn_io(argv, NULL, "/dev/null", n->log);
+    n->port = wait_port(pf, n->pid, 60000);
+    if (n->port > 0) return 0;
+    char *log = slurp(n->log);
+    fprintf(stderr, "slice node %s %d:%d did not start:\n%s\n", model, lo, hi, log ? log : "");
+    free(log);
+    wait_exit(n->pid, 0);
+    n->pid = 0;
+    return -1;
+}
+
+static void snode_stop(snode *n) {
+    if (n->pid > 0) stop_proc(n->pid, 20000);
+    n->pid = 0;
+}
+
+static void spec_of(char *out, size_t len, snode *const *ns, int k) {
+    size_t o = 0;
+    out[0] = 0;
+    for (int i = 0; i < k; i++)
+        o += (size_t)snprintf(out + o, len - o, "%s127.0.0.1:%d/%d:%d", i ? "," : "", ns[i]->port, ns[i]->lo, ns[i]->hi);
+}
+
+static char *write_prompt(const char *text) {
+    static char path[300];
+    snprintf(path, sizeof path, "%s/prompt.%d", g_tmp, ++g_pf);
+    write_text(path, text);
+    return path;
+}
+
+/* `tandem run` with ids out; spec NULL: local. Returns the count (-1 on a
+ * failed run, then *errout holds its stderr). */
+static int run_chain(const char *model, const char *prompt_path, int n_pred, const char *spec, const char *act,
+                     int32_t *ids, int cap, char **errout, int timeout_ms) {
+    char np[16], out[300], err[300];
+    snprintf(np, sizeof np, "%d", n_pred);
+    snprintf(out, sizeof out, "%s/run.out", g_tmp);
+    snprintf(err, sizeof err, "%s/run.err", g_tmp);
+    char *argv[32] = { (char *)bin(), "run", "-m", (char *)model, "-f", (char *)prompt_path, "-n", np, "--ids",
+                       "--ignore-eos", "-t", "1" };
+    int k = 12;
+    if (spec) {
+        argv[k++] = "--prefill-node"; argv[k++] = (char *)spec;
+        argv[k++] = "--secret-file"; argv[k++] = g_secret;
+        argv[k++] = "--timeout-ms"; argv[k++] = "3000";
+    }
+    if (act) { argv[k++] = "--act-dtype"; argv[k++] = (char *)act; }
+    argv[k] = NULL;
+    int rc = wait_exit(spawn_io(argv, NULL, out, err), timeout_ms);
+    if (errout) *errout = slurp(err);
+    if (rc != 0) return -1;
+    char *o = slurp(out);
+    int n = 0;
+    char *p = o, *end;
+    while (o && n < cap) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        ids[n++] = (int32_t)v;
+        p = end;
+    }
+    free(o);
+    return n;
+}
+
+static int model_layers(const char *path) {
+    gguf_file *f = NULL;
+    char err[256];
+    if (gguf_open_file(&f, path, err, sizeof err)) return -1;
+    gguf_str a;
+    int64_t n = -1;
+    char key[96];
+    if (gguf_get_str(f, "general.architecture", &a) == 0) {
+        snprintf(key, sizeof key, "%.*s.block_count", (int)(a.len > 60 ? 60 : a.len), a.ptr);
+        if (gguf_get_i64(f, key, &n)) n = -1;
+    }
+    gguf_close(f);
+    return (int)n;
+}
+
+static const char *PROMPT =
+    "Once upon a time, in a small village by the sea, there lived an old fisherman and his wife. Every morning "
+    "he walked down to the harbour, checked his nets and rowed out past the rocks where the gulls nested.";
+
+/* ==== 1. Correctness ==== */
+
+static int g_act_n, g_act_same[2], g_act_first[2];
+
+static void part_models(void) {
+    const char *names[] = { "stories260K", "stories260K-F16", "qwen3-mini-Q8_0", "qwen3-mini-Q4_K_M", "qwen2-mini-Q4_0",
+                            "qwen3moe-mini-Q4_K_M", "qwen3-mini-F16", "qwen2-mini-F16", "qwen3moe-mini-F16" };
+    char longp[8192];
+    size_t o = 0;
+    for (int i = 0; i < 20 && o + 300 < sizeof longp; i++) o += (size_t)snprintf(longp + o, sizeof longp - o, "%s ", PROMPT);
+    for (size_t mi = 0; mi < sizeof names / sizeof names[0]; mi++) {
+        char path[512], rel[128];
+        int gen = strstr(names[mi], "-F16") && strncmp(names[mi], "stories", 7);
+        if (gen) snprintf(path, sizeof path, "%s/%s.gguf", t_models(), names[mi]);
+        else { snprintf(rel, sizeof rel, "models/%s.gguf", names[mi]); t_fixture_path(path, sizeof path, rel); }
+        if (!t_need(path)) continue;
+        int L = model_layers(path);
+        CHECK(L >= 3, "%s: %d layers", names[mi], L);
+        if (L < 3) continue;
+        snode a, b, c, d;
+        if (snode_start(&a, path, 0, 1, NULL) || snode_start(&b, path, 1, L, NULL) || snode_start(&c, path, 1, L - 1, NULL) ||
+            snode_start(&d, path, L - 1, L, NULL)) {
+            CHECK(0, "%s: slice nodes start", names[mi]);
+            snode_stop(&a); snode_stop(&b); snode_stop(&c); snode_stop(&d);
+            continue;
+        }
+        char s2[600], s3[900];
+        snode *c2[] = { &a, &b }, *c3[] = { &a, &c, &d };
+        spec_of(s2, sizeof s2, c2, 2);
+        spec_of(s3, sizeof s3, c3, 3);
+        int npred = 8;
+        const char *prompts[] = { PROMPT, longp };
+        for (int pi = 0; pi < (mi == 2 ? 2 : 1); pi++) {
+            char *pf = write_prompt(prompts[pi]);
+            int32_t ref[64], got[64];
+            char *e = NULL;
+            int nr = run_chain(path, pf, npred, NULL, NULL, ref, 64, &e, 120000);
+            free(e);
+            CHECK(nr == npred, "%s: local run (%d)", names[mi], nr);
+            for (int ci = 0; ci < 2; ci++) {
+                e = NULL;
+                int ng = run_chain(path, pf, npred, ci ? s3 : s2, NULL, got, 64, &e, 120000);
+                CHECK(ng == nr && !memcmp(got, ref, sizeof(int32_t) * (size_t)(nr > 0 ? nr : 0)),
+                      "%s: %s prompt through a %d-node chain (%s) equals the local run exactly (%d tokens): %s", names[mi],
+                      pi ? "long" : "short", ci ? 3 : 2, ci ? "1 + L-2 + 1 layers" : "1 + L-1 layers", ng, e ? e : "");
+                free(e);
+            }
+            /* lossy hidden states: measured */
+            const char *acts[] = { "f16", "bf16" };
+            for (int ai = 0; ai < 2 && pi == 0; ai++) {
+                e = NULL;
+                int ng = run_chain(path, pf, npred, s3, acts[ai], got, 64, &e, 120000);
+                CHECK(ng == nr, "%s: %s hidden states: run (%s)", names[mi], acts[ai], e ? e : "");
+                free(e);
+                if (ng != nr || nr <= 0) continue;
+                g_act_first[ai] += got[0] == ref[0];
+                g_act_same[ai] += !memcmp(got, ref, sizeof(int32_t) * (size_t)nr);
+                if (ai == 0) g_act_n++;
+            }
+        }
+        snode_stop(&a); snode_stop(&b); snode_stop(&c); snode_stop(&d);
+    }
+    printf("chain: lossy hidden states over %d model files (3-node chain, short prompt, 8 greedy tokens): "
+           "f16 first token %d/%d, all tokens %d/%d; bf16 first token %d/%d, all tokens %d/%d\n", g_act_n,
+           g_act_first[0], g_act_n, g_act_same[0], g_act_n, g_act_first[1], g_act_n, g_act_same[1], g_act_n);
+    /* bf16 keeps 8 bits of the residual stream: a floor, not equality */
+    CHECK(g_act_first[0] * 2 >= g_act_n, "f16 hidden states: first token on %d of %d files", g_act_first[0], g_act_n);
+}
+
+/* ==== 2, 3. Refusals and faults ==== */
+
+static void part_faults(void) {
+    char path[512], other[512];
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    t_fixture_path(other, sizeof other, "models/qwen3-mini-Q4_K_M.gguf");
+    if (!t_need(path) || !t_need(other)) return;
+    int L = model_layers(path);
+    snode a, b, w, x;
+    const char *slow[] = { "--debug-frame-delay-ms", "30", NULL };
+    if (snode_start(&a, path, 0, 2, NULL) || snode_start(&b, path, 2, L, slow) || snode_start(&w, path, 0, 0, NULL) ||
+        snode_start(&x, other, 2, L, NULL)) {
+        CHECK(0, "fault nodes start");
+        snode_stop(&a); snode_stop(&b); snode_stop(&w); snode_stop(&x);
+        return;
+    }
+    char *pf = write_prompt(PROMPT);
+    int32_t ids[64];
+    char spec[700], *e = NULL;
+    /* a slice other than the spec's */
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:1,127.0.0.1:%d/1:%d", a.port, b.port, L);
+    int n = run_chain(path, pf, 4, spec, NULL, ids, 64, &e, 60000);
+    CHECK(n < 0 && e && strstr(e, "chain refused") && strstr(e, "serves layers 0:2, the chain names it for 0:1"),
+          "wrong slice refused by name: %s", e ? e : "");
+    free(e);
+    CHECK(!strstr(slurp(a.log), "done tokens"), "nothing computed for a refused chain");
+    /* a whole-model node named as a slice */
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", w.port, b.port, L);
+    e = NULL;
+    n = run_chain(path, pf, 4, spec, NULL, ids, 64, &e, 60000);
+    CHECK(n < 0 && e && strstr(e, "serves no layer slice"), "whole-model node refused in a chain: %s", e ? e : "");
+    free(e);
+    /* another model's slice: the fingerprint */
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, x.port, L);
+    e = NULL;
+    n = run_chain(path, pf, 4, spec, NULL, ids, 64, &e, 60000);
+    CHECK(n < 0 && e && strstr(e, "model mismatch"), "another model's slice refused: %s", e ? e : "");
+    free(e);
+    snode_stop(&w);
+    snode_stop(&x);
+
+    /* node 1's baseline after one whole chain request (its buffers made) */
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, b.port, L);
+    e = NULL;
+    n = run_chain(path, pf, 2, spec, NULL, ids, 64, &e, 60000);
+    CHECK(n == 2, "chain before the faults: %s", e ? e : "");
+    free(e);
+    int fd0 = settled_fds(a.pid);
+    long rss0 = rss_kb(a.pid);
+    /* kill -9 of the second node mid-prefill (it sleeps 30 ms per KV frame) */
+    char longp[8192];
+    size_t o = 0;
+    for (int i = 0; i < 12; i++) o += (size_t)snprintf(longp + o, sizeof longp - o, "%s ", PROMPT);
+    char *lpf = write_prompt(longp);
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, b.port, L);
+    char out[300], err[300];
+    snprintf(out, sizeof out, "%s/kill.out", g_tmp);
+    snprintf(err, sizeof err, "%s/kill.err", g_tmp);
+    char *argv[] = { (char *)bin(), "run", "-m", path, "-f", lpf, "-n", "2", "--ids", "-t", "1", "--prefill-node", spec,
+                     "--secret-file", g_secret, "--timeout-ms", "3000", NULL };
+    int bfd = settled_fds(b.pid);
+    double t0 = now_ms();
+    pid_t rp = spawn_io(argv, NULL, out, err);
+    /* mid-prefill: once the decode side's connection is there (its model
+     * load takes seconds on a loaded machine), and a little after */
+    for (int i = 0; i < 600 && count_fds(b.pid) <= bfd; i++) sleep_ms(50);
+    sleep_ms(300);
+    t0 = now_ms();
+    kill(b.pid, SIGKILL);
+    wait_exit(b.pid, 5000);
+    b.pid = 0;
+    int rc = wait_exit(rp, 30000);
+    e = slurp(err);
+    CHECK(rc != 0 && e && strstr(e, "chain node 2 of 2") && now_ms() - t0 < 15000,
+          "kill -9 of node 2 mid-prefill: rc %d in %.0f ms: %s", rc, now_ms() - t0, e ? e : "");
+    free(e);
+    /* the first node is still healthy: a new second node, a full chain again */
+    CHECK(kill(a.pid, 0) == 0, "node 1 alive after node 2 died");
+    if (snode_start(&b, path, 2, L, NULL) == 0) {
+        snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, b.port, L);
+        int32_t ref[8];
+        e = NULL;
+        int nr = run_chain(path, pf, 4, NULL, NULL, ref, 8, NULL, 60000);
+        n = run_chain(path, pf, 4, spec, NULL, ids, 64, &e, 60000);
+        CHECK(n == 4 && nr == 4 && !memcmp(ids, ref, sizeof ref[0] * 4), "chain after a restart equals local: %s", e ? e : "");
+        free(e);
+        int fd1 = settled_fds(a.pid);
+        long rss1 = rss_kb(a.pid);
+        printf("chain: node 1 after kill -9 of node 2 and a new chain: fds %d -> %d, RSS %ld -> %ld KiB\n", fd0, fd1, rss0, rss1);
+        /* a session's KV pages and the connection's buffers go with it; 4 MiB of allocator slack */
+        CHECK(fd1 <= fd0 && rss1 <= rss0 + 4096, "node 1 back to baseline: fds %d -> %d, RSS %ld -> %ld KiB", fd0, fd1, rss0, rss1);
+    }
+    snode_stop(&a);
+    snode_stop(&b);
+
+    /* a first node that stops sending after its first ACT frame */
+    const char *stall[] = { "--debug-act-stall", "1", NULL };
+    if (snode_start(&a, path, 0, 2, stall) || snode_start(&b, path, 2, L, NULL)) { CHECK(0, "stall nodes"); snode_stop(&a); snode_stop(&b); return; }
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", a.port, b.port, L);
+    t0 = now_ms();
+    e = NULL;
+    n = run_chain(path, lpf, 2, spec, NULL, ids, 64, &e, 30000);
+    CHECK(n < 0 && e && strstr(e, "timed out") && now_ms() - t0 < 15000, "stalled node: rc in %.0f ms: %s", now_ms() - t0,
+          e ? e : "");
+    free(e);
+    sleep_ms(500);
+    CHECK(kill(a.pid, 0) == 0 && kill(b.pid, 0) == 0, "both nodes alive after the stall");
+    snode_stop(&a);
+    snode_stop(&b);
+}
+
+/* Hostile ACT frames straight to a slice that takes hidden states. */
+static void part_act_attack(void) {
+    char path[512];
+    t_fixture_path(path, sizeof path, "models/stories260K.gguf");
+    if (!t_need(path)) return;
+    snode b;
+    if (snode_start(&b, path, 2, 5, NULL)) { CHECK(0, "attack node"); return; }
+    model *m = NULL;
+    char err[512], addr[64];
+    model_opts mo = { .n_threads = 1, .fingerprint_later = 0 };
+    if (model_load(&m, path, &mo, err, sizeof err)) { CHECK(0, "load: %s", err); snode_stop(&b); return; }
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", b.port);
+    handoff_opts ho = { .secret = "chain-test-secret-0123456789", .secret_len = 28, .timeout_ms = 3000, .node_id = "attacker" };
+    int32_t toks[12] = { 1, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120 };
+    float rows[12 * 64];
+    for (int i = 0; i < 12 * 64; i++) rows[i] = 0.01f * (float)(i % 97);
+    const char *what[] = { "another request's id", "a wrong width", "a gap in the positions" };
+    for (int k = 0; k < 3; k++) {
+        handoff_client *c = NULL;
+        if (handoff_connect(&c, addr, m, GGML_TYPE_F16, &ho, err, sizeof err)) { CHECK(0, "connect: %s", err); break; }
+        uint64_t req = handoff_send_request(c, toks, 12, 0, 11, 0, err, sizeof err);
+        wire_conn *wc = handoff_conn(c);
+        wire_buf fb = { 0 };
+        int rc;
+        if (k == 0) rc = chain_act_send(wc, req - (1ull << 32), 0, GGML_TYPE_F32, 0, 4, 64, rows, &fb, err, sizeof err);
+        else if (k == 1) rc = chain_act_send(wc, req, 0, GGML_TYPE_F32, 0, 4, 32, rows, &fb, err, sizeof err);
+        else {
+            rc = chain_act_send(wc, req, 0, GGML_TYPE_F32, 0, 4, 64, rows, &fb, err, sizeof err);
+            if (!rc) rc = chain_act_send(wc, req, 0, GGML_TYPE_F32, 6, 4, 64, rows, &fb, err, sizeof err);
+        }
+        wire_buf_free(&fb);
+        /* the node answers with an ERROR and sends no DONE */
+        int refused = 0, done = 0;
+        for (int f = 0; f < 64 && rc == 0; f++) {
+            wire_header h;
+            if (wire_recv(wc, &h, err, sizeof err)) break;
+            if (h.type == WIRE_ERROR) { refused = 1; break; }
+            if (h.type == WIRE_DONE) { done = 1; break; }
+        }
+        CHECK(rc == 0 && refused && !done, "ACT with %s refused (error %d, done %d)", what[k], refused, done);
+        handoff_close(c);
+    }
+    CHECK(kill(b.pid, 0) == 0, "slice node alive after hostile ACT frames");
+    model_free(m);
+    snode_stop(&b);
+}
+
+/* ==== 4. Decode node ==== */
+
+static json_t *gen(int port, const char *prompt, int n, int *st) {
+    json_t *r = json_object();
+    json_object_set_new(r, "prompt", json_string(prompt));
+    json_object_set_new(r, "max_tokens", json_integer(n));
+    json_object_set_new(r, "ignore_eos", json_true());
+    json_object_set_new(r, "prefill", json_string("remote"));
+    return post_json(port, r, st);
+}
+
+static void part_decode(void) {
+    char path[512];
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    if (!t_need(path)) return;
+    int L = model_layers(path);
+    snode a, b;
+    if (snode_start(&a, path, 0, 1, NULL) || snode_start(&b, path, 1, L, NULL)) { CHECK(0, "decode part nodes"); snode_stop(&a); snode_stop(&b); return; }
+    char spec[600], pf[300], log[300];
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:1,127.0.0.1:%d/1:%d", a.port, b.port, L);
+    snprintf(pf, sizeof pf, "%s/dport", g_tmp);
+    snprintf(log, sizeof log, "%s/decode.log", g_tmp);
+    char *argv[] = { (char *)bin(), "serve", "--role", "decode", "-m", path, "--secret-file", g_secret, "--listen",
+                     "127.0.0.1:0", "--port-file", pf, "--prefill-node", spec, "-t", "1", "--parallel", "2", NULL };
+    pid_t dp = spawn_io(argv, NULL, "/dev/null", log);
+    int port = wait_port(pf, dp, 60000);
+    CHECK(port > 0, "decode node over a chain starts");
+    if (port <= 0) { snode_stop(&a); snode_stop(&b); return; }
+    static node_auth_key key;
+    node_auth_derive(&key, "chain-test-secret-0123456789", 28, NODE_AUTH_LABEL_DECODE_API);
+    sign_key = &key;
+    int32_t ref[16], ref2[16];
+    char ext[2048];
+    snprintf(ext, sizeof ext, "%s The fisherman's wife baked bread while he was away.", PROMPT);
+    int nr = run_chain(path, write_prompt(PROMPT), 6, NULL, NULL, ref, 16, NULL, 60000);
+    int nr2 = run_chain(path, write_prompt(ext), 6, NULL, NULL, ref2, 16, NULL, 60000);
+    int st;
+    json_t *o = gen(port, PROMPT, 6, &st);
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && same_ids(json_object_get(o, "tokens"), ref, nr),
+          "decode node through a chain equals tandem run (status %d, mode %s, %s)", st, jstr(o, "prefill", "mode"),
+          jstr(o, "prefill", "fallback_reason"));
+    long long n1 = jint(o, "usage", "prompt_tokens");
+    json_decref(o);
+    o = gen(port, ext, 6, &st);
+    long long n2 = jint(o, "usage", "prompt_tokens");
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && jint(o, "prefill", "start_pos") == n1 &&
+          jint(o, "prefill", "positions_received") == n2 - n1 - 1 && same_ids(json_object_get(o, "tokens"), ref2, nr2),
+          "prefix reuse through a chain: start %lld (want %lld), received %lld of %lld new, tokens equal",
+          jint(o, "prefill", "start_pos"), n1, jint(o, "prefill", "positions_received"), n2 - n1);
+    json_decref(o);
+    /* the chain's second node dies: the request falls back to local prefill */
+    kill(b.pid, SIGKILL);
+    wait_exit(b.pid, 5000);
+    b.pid = 0;
+    o = gen(port, "A completely different prompt about mountains and rivers.", 4, &st);
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "local") && strstr(jstr(o, "prefill", "fallback_reason"), "127.0.0.1"),
+          "dead chain node: local fallback (status %d, mode %s, reason %s)", st, jstr(o, "prefill", "mode"),
+          jstr(o, "prefill", "fallback_reason"));
+    json_decref(o);
+    sign_key = NULL;
+    CHECK(stop_proc(dp, 20000) == 0, "decode node exits cleanly");
+    snode_stop(&a);
+}
+
+/* ==== 4b. Router ==== */
+
+/* A router whose prefill entry is a chain: /health and /metrics show it up,
+ * a completion is prefilled through it (X-Tandem-Prefill-Node names the
+ * chain) and equals tandem run; a spec with a gap is refused at start. */
+static void part_router(void) {
+    char path[512];
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    if (!t_need(path)) return;
+    int L = model_layers(path);
+    char spec[600], pf[300], rpf[300], log[300], rlog[300], dp[300], rp[700];
+    snprintf(rp, sizeof rp, "q=127.0.0.1:1/0:1,127.0.0.1:2/2:%d", L);
+    char *bad[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", g_secret,
+                    "--prefill", rp, NULL };
+    char *e = NULL;
+    snprintf(rlog, sizeof rlog, "%s/router-bad.log", g_tmp);
+    int rc = wait_exit(spawn_io(bad, NULL, "/dev/null", rlog), 10000);
+    e = slurp(rlog);
+    CHECK(rc == 2 && e && strstr(e, "layers must be 1:B"), "router refuses a chain with a gap (rc %d): %s", rc, e ? e : "");
+    free(e);
+    snode a, b;
+    if (snode_start(&a, path, 0, 1, NULL) || snode_start(&b, path, 1, L, NULL)) { CHECK(0, "router part nodes"); snode_stop(&a); snode_stop(&b); return; }
+    snprintf(spec, sizeof spec, "127.0.0.1:%d/0:1,127.0.0.1:%d/1:%d", a.port, b.port, L);
+    snprintf(pf, sizeof pf, "%s/rdport", g_tmp);
+    snprintf(log, sizeof log, "%s/rdecode.log", g_tmp);
+    char *dargv[] = { (char *)bin(), "serve", "--role", "decode", "-m", path, "--secret-file", g_secret, "--listen",
+                      "127.0.0.1:0", "--port-file", pf, "-t", "1", "--parallel", "1", NULL };
+    pid_t dpid = spawn_io(dargv, NULL, "/dev/null", log);
+    int dport = wait_port(pf, dpid, 60000);
+    snprintf(dp, sizeof dp, "q=127.0.0.1:%d", dport);
+    snprintf(rp, sizeof rp, "q=%s", spec);
+    snprintf(rpf, sizeof rpf, "%s/rport", g_tmp);
+    snprintf(rlog, sizeof rlog, "%s/router.log", g_tmp);
+    char *rargv[] = { (char *)bin(), "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", g_secret,
+                      "--decode", dp, "--prefill", rp, "--split", "always", "--health-interval-ms", "200",
+                      "--port-file", rpf, NULL };
+    pid_t rpid = dport > 0 ? spawn_io(rargv, NULL, "/dev/null", rlog) : 0;
+    int rport = rpid > 0 ? wait_port(rpf, rpid, 30000) : -1;
+    CHECK(rport > 0, "router over a chain starts");
+    if (rport > 0) {
+        /* wait until the chain's health check passed */
+        char series[900];
+        snprintf(series, sizeof series, "tandem_node_up{node=\"%s\",role=\"prefill\",model=\"q\"}", spec);
+        double up = 0;
+        for (int i = 0; i < 100 && up != 1; i++) { up = metric_value(rport, series); if (up != 1) sleep_ms(100); }
+        CHECK(up == 1, "/metrics shows the chain up: %s = %g", series, up);
+        char *body = NULL;
+        int st = http(rport, "GET", "/health", NULL, &body);
+        CHECK(st == 200 && body && strstr(body, spec) && strstr(body, "chain of 2"), "/health lists the chain (%d): %.300s", st,
+              body ? body : "");
+        free(body);
+        char *pfile = write_prompt(PROMPT);
+        char *largv[] = { (char *)bin(), "run", "-m", path, "-f", pfile, "-n", "4", "--ignore-eos", "-t", "1", NULL };
+        char *want = run_capture(largv);
+        if (want && *want && want[strlen(want) - 1] == '\n') want[strlen(want) - 1] = 0;   /* run ends its output with one */
+        json_t *req = json_pack("{s:s, s:s, s:i, s:f, s:b}", "model", "q", "prompt", PROMPT, "max_tokens", 4, "temperature", 0.0,
+                                "ignore_eos", 1);
+        char *raw = NULL, *js = json_dumps(req, 0);
+        st = http_raw(rport, "POST", "/v1/completions", "Content-Type: application/json\r\n", js, &raw);
+        char hv[700] = "";
+        http_header(raw ? raw : "", "X-Tandem-Prefill-Node", hv, sizeof hv);
+        const char *bodyp = raw ? strstr(raw, "\r\n\r\n") : NULL;
+        json_t *resp = bodyp ? json_loads(bodyp + 4, 0, NULL) : NULL;
+        const char *text = resp ? jstr(json_array_get(json_object_get(resp, "choices"), 0), "text", NULL) : "";
+        CHECK(raw && strstr(raw, " 200 ") && !strcmp(hv, spec), "completion prefilled through the chain (prefill node '%s')", hv);
+        CHECK(want && text && !strcmp(text, want), "completion through the router and the chain equals tandem run: '%s' vs '%s'",
+              text ? text : "", want ? want : "");
+        json_decref(resp);
+        free(want);
+        /* the router learned the chain's rate from that request */
+        snprintf(series, sizeof series, "tandem_node_prefill_tokens_per_second{node=\"%s\",role=\"prefill\",model=\"q\"}", spec);
+        double tps = metric_value(rport, series);
+        CHECK(tps > 0, "the router learned the chain's prefill rate: %g t/s", tps);
+        free(js);
+        free(raw);
+        json_decref(req);
+    }
+    if (rpid > 0) CHECK(stop_proc(rpid, 20000) == 0, "router exits cleanly");
+    if (dpid > 0) stop_proc(dpid, 20000);
+    snode_stop(&a);
+    snode_stop(&b);
+}
+
+/* ==== 5. Memory ==== */
+
+static void part_memory(void) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/qwen3-mini-F16.gguf", t_models());
+    if (!t_need(path)) return;
+    int L = model_layers(path);
+    snode w, s0, s1;
+    if (snode_start(&w, path, 0, 0, NULL) || snode_start(&s0, path, 0, 1, NULL) || snode_start(&s1, path, 1, L, NULL)) {
+        CHECK(0, "memory nodes");
+    } else {
+        long rw = rss_kb(w.pid), r0 = rss_kb(s0.pid), r1 = rss_kb(s1.pid);
+        printf("chain: qwen3-mini-F16 (%d layers) RSS after load: whole model %ld KiB, slice 0:1 %ld KiB, slice 1:%d %ld KiB\n",
+               L, rw, r0, L, r1);
+        /* slice 1:L holds no embedding and no output head: less than the whole */
+        CHECK(r1 < rw && r0 < rw, "slices hold less than the whole model (%ld, %ld < %ld KiB)", r0, r1, rw);
+    }
+    snode_stop(&w); snode_stop(&s0); snode_stop(&s1);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    for (const char *const *v = (const char *const[]){ "TANDEM_SECRET", "TANDEM_LOG_LEVEL", "TANDEM_KERNELS", NULL }; *v; v++)
+        unsetenv(*v);
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-chain-XXXXXX");
+    if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 1; }
+    snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
+    write_text(g_secret, "chain-test-secret-0123456789");
+    part_act_attack();
+    part_faults();
+    part_decode();
+    part_router();
+    part_memory();
+    part_models();
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+    if (system(cmd)) {}
+    return t_done("test_chain");
+}

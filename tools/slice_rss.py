@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""slice_rss.py - resident memory of layer-split prefill slice nodes (issue 41).
+
+Starts `tandem serve --role prefill --layers A:B` for each slice of an even
+split of MODEL into K slices (K from --slices, e.g. 2,4), waits until each
+listens, reads its VmRSS, and prints it beside the slice's share of the
+weight bytes (its blocks' tensors, plus token_embd for the first slice: what
+it maps and keeps; the output head is the decode node's). A measurement,
+not a test.
+
+usage: tools/slice_rss.py MODEL.gguf [--slices 2,4] [--bin build/tandem]
+"""
+import argparse, os, re, struct, subprocess, sys, tempfile, time
+
+# bytes per block and elements per block of the GGUF types used here
+TYPES = {0: (4, 1), 1: (2, 1), 30: (2, 1), 8: (34, 32), 2: (18, 32), 3: (20, 32), 6: (22, 32), 7: (24, 32),
+         12: (144, 256), 13: (176, 256), 14: (210, 256)}
+
+
+def read_tensors(path):
+    with open(path, 'rb') as f:
+        data = f.read(64 << 20)
+    off = 0
+
+    def u(fmt):
+        nonlocal off
+        v = struct.unpack_from('<' + fmt, data, off)
+        off += struct.calcsize('<' + fmt)
+        return v[0]
+
+    def s():
+        n = u('Q')
+        nonlocal off
+        v = data[off:off + n].decode('utf-8', 'replace')
+        off += n
+        return v
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(t):
+        nonlocal off
+        if t == 8:
+            s()
+        elif t == 9:
+            et = u('I'); n = u('Q')
+            for _ in range(n):
+                skip(et)
+        else:
+            off += sizes[t]
+    assert data[:4] == b'GGUF'
+    off = 4
+    u('I'); nt = u('Q'); nkv = u('Q')
+    for _ in range(nkv):
+        s(); skip(u('I'))
+    out = []
+    for _ in range(nt):
+        name = s(); nd = u('I'); ne = [u('Q') for _ in range(nd)]; t = u('I'); u('Q')
+        n = 1
+        for d in ne:
+            n *= d
+        bb, be = TYPES[t]
+        out.append((name, n // be * bb))
+    return out
+
+
+def share(tensors, lo, hi):
+    b = 0
+    for name, nb in tensors:
+        m = re.match(r'blk\.(\d+)\.', name)
+        if m and lo <= int(m.group(1)) < hi:
+            b += nb
+        elif name == 'token_embd.weight' and lo == 0:
+            b += nb
+    return b
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('model')
+    ap.add_argument('--slices', default='2,4')
+    ap.add_argument('--bin', default='build/tandem')
+    a = ap.parse_args()
+    tensors = read_tensors(a.model)
+    nl = 1 + max(int(m.group(1)) for m in (re.match(r'blk\.(\d+)\.', n) for n, _ in tensors) if m)
+    tmp = tempfile.mkdtemp(prefix='slice-rss-')
+    sec = os.path.join(tmp, 'secret')
+    open(sec, 'w').write('slice-rss-secret-0123456789')
+    print(f'{os.path.basename(a.model)}: {nl} layers, {sum(b for _, b in tensors) / 2**20:.1f} MiB of tensors')
+    print('| chain | slice | weight share MiB | RSS after load MiB | RSS / share |')
+    print('|---|---|---:|---:|---:|')
+    for k in [int(x) for x in a.slices.split(',')]:
+        for i in range(k):
+            lo, hi = i * nl // k, (i + 1) * nl // k
+            pf = os.path.join(tmp, f'port{k}.{i}')
+            log = open(os.path.join(tmp, f'log{k}.{i}'), 'w')
+            p = subprocess.Popen([a.bin, 'serve', '--role', 'prefill', '-m', a.model, '--secret-file', sec,
+                                  '--port-file', pf, '-t', '2', '--layers', f'{lo}:{hi}'], stdout=log, stderr=log)
+            t0 = time.time()
+            while not os.path.exists(pf) and time.time() - t0 < 300 and p.poll() is None:
+                time.sleep(0.2)
+            time.sleep(0.5)
+            rss = 0
+            for line in open(f'/proc/{p.pid}/status'):
+                if line.startswith('VmRSS:'):
+                    rss = int(line.split()[1]) * 1024
+            p.terminate()
+            p.wait()
+            sh = share(tensors, lo, hi)
+            print(f'| {k} slices | {lo}:{hi} | {sh / 2**20:.1f} | {rss / 2**20:.1f} | {rss / sh:.2f} |')
+            sys.stdout.flush()
+
+
+if __name__ == '__main__':
+    main()
