@@ -53,7 +53,8 @@ static void cli_usage_run(FILE *f) {
         "Remote prefill (this process decodes; the prompt's KV comes from a prefill node):\n"
         "  --prefill-node HOST:PORT   prefill node to use\n"
         "  --secret-file FILE         shared node secret (or env TANDEM_SECRET)\n"
-        "  --wire-dtype T             KV type on the wire: the cache type (default) or q8_0\n"
+        "  --wire-dtype T             KV type on the wire: the cache type (default) or q8_0 (lossy with\n"
+        "                             an f16/bf16 cache: greedy output can differ from local prefill)\n"
         "  --zstd                     compress KV frames\n"
         "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n");
 }
