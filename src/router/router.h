@@ -3,8 +3,9 @@
  * The router loads no model. It keeps a registry of nodes (from a config
  * file, the command line, or nodes that register themselves and send
  * heartbeats), checks their health, and for every request picks the healthy
- * decode node serving the requested model with the most free slots (then the
- * shortest queue; 429 when all are full), decides from a
+ * decode node serving the requested model with the least expected time to
+ * first token (router_cache.c: the wait for a slot, per slot, and the
+ * prefill the prefixes it holds leave; 429 when all are full), decides from a
  * cost model whether the prompt is prefilled on that decode node ("local")
  * or on a prefill node ("split"), and forwards the request to the decode
  * node's POST /v1/generate (libcurl), turning its NDJSON stream into

@@ -60,13 +60,18 @@ static int rc_cmp(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* Sorts, drops duplicates, and gives back the buffer's unused room (a
+ * report is kept until the next one). */
 static void rc_set_sort(rc_set *s) {
-    if (s->n <= 1) return;
-    qsort(s->h, (size_t)s->n, sizeof *s->h, rc_cmp);
-    int k = 1;
-    for (int i = 1; i < s->n; i++)
-        if (s->h[i] != s->h[k - 1]) s->h[k++] = s->h[i];
-    s->n = k;
+    if (s->n > 1) {
+        qsort(s->h, (size_t)s->n, sizeof *s->h, rc_cmp);
+        int k = 1;
+        for (int i = 1; i < s->n; i++)
+            if (s->h[i] != s->h[k - 1]) s->h[k++] = s->h[i];
+        s->n = k;
+    }
+    uint64_t *p = s->h ? realloc(s->h, sizeof *s->h * (size_t)(s->n > 0 ? s->n : 1)) : NULL;
+    if (p) s->h = p;
 }
 
 static int rc_set_has(const rc_set *s, uint64_t h) {
