@@ -45,7 +45,7 @@ run_one() {   # mode (on|off) -> one result line
     rm -rf "$d"; mkdir -p "$d"
     local pp=() mp=() dp=()
     for i in 0 1; do
-        "$bin" serve --role prefill -m "$model" -t 1 --secret-file "$dir/secret" --metrics-listen 127.0.0.1:0 \
+        "$bin" serve --role prefill -m "$model" -t 1 -c 8192 --secret-file "$dir/secret" --metrics-listen 127.0.0.1:0 \
             --metrics-port-file "$d/pm$i.port" --port-file "$d/pf$i.port" > "$d/pf$i.log" 2>&1 &
         pids+=($!)
     done
