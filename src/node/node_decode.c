@@ -134,6 +134,7 @@ typedef struct {
     int n_ctx, n_vocab, n_slots, queue_max, min_split, timeout_ms;
     uint32_t kv_dtype, wire_dtype;
     uint64_t prefix_seed;        /* block hashes of the prefix report (prefix_report.h) */
+    int prefix_ok;               /* the seed is known (the model's fingerprint was taken) */
     const char *role;
     char desc[512];
     volatile int stopping;
@@ -1007,7 +1008,7 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "batch_steps", json_integer((json_int_t)ss.steps));
     json_object_set_new(o, "batched_tokens", json_integer((json_int_t)ss.batched_tokens));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
-    json_object_set_new(o, "prefix", dn_prefix_json(n));
+    if (n->prefix_ok) json_object_set_new(o, "prefix", dn_prefix_json(n));
     return dn_send_json(c, 200, o);
 }
 
@@ -1620,8 +1621,10 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     n->wire_dtype = o->wire_dtype ? o->wire_dtype : n->kv_dtype;
     uint8_t fp[32];
     char fpe[256];
-    if (model_fingerprint(m, fp, fpe, sizeof fpe)) { snprintf(err, errlen, "%s", fpe); return -1; }
-    n->prefix_seed = prefix_hash_seed(fp);
+    /* without a fingerprint the node reports no prefixes (the router then
+     * routes it by capacity alone); handoffs would fail on it anyway */
+    if (model_fingerprint(m, fp, fpe, sizeof fpe)) log_warn(NULL, "no prefix report: %s", fpe);
+    else { n->prefix_seed = prefix_hash_seed(fp); n->prefix_ok = 1; }
     n->role = o->local_only ? "local" : "decode";
     const char *path = o->model_path ? o->model_path : "model";
     const char *base = strrchr(path, '/');
