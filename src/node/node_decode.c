@@ -30,6 +30,7 @@
 #include <microhttpd.h>
 
 #include "base/cliopt.h"
+#include "engine/fingerprint.h"
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/grammar.h"
@@ -37,7 +38,9 @@
 #include "node/handoff.h"
 #include "engine/kvcache.h"
 #include "node/kvstore.h"
+#include "node/prefix_report.h"
 #include "node/scheduler.h"
+#include "base/prefix_hash.h"
 #include "base/strbuf.h"
 #include "net/httpd.h"
 #include "base/log.h"
@@ -106,6 +109,7 @@ typedef struct {
     handoff_client *c;
     int in_use;
     uint64_t last_used;
+    prefix_held held;            /* the prompt its session on the prefill node holds (prefix_report.h) */
 } dn_peer;
 
 typedef struct {
@@ -132,6 +136,8 @@ typedef struct {
     const tokenizer *tok;
     int n_ctx, n_vocab, n_slots, queue_max, min_split, timeout_ms;
     uint32_t kv_dtype, wire_dtype;
+    uint64_t prefix_seed;        /* block hashes of the prefix report (prefix_report.h) */
+    int prefix_ok;               /* the seed is known (the model's fingerprint was taken) */
     const char *role;
     char desc[512];
     volatile int stopping;
@@ -256,18 +262,25 @@ static void dn_metrics_refused(dn_metrics *m, unsigned status) {
 /* Lends a connection to addr: an idle one if there is one, else a new
  * entry (an unused one, else the least recently used idle one). NULL when
  * every entry is lent. */
-static dn_peer *dn_peer_take(dnode *n, const char *addr) {
+static dn_peer *dn_peer_take(dnode *n, const char *addr, const prefix_held *want) {
     dn_peer *p = NULL, *empty = NULL, *lru = NULL;
+    int best = -1;
     pthread_mutex_lock(&n->pmu);
-    for (int i = 0; i < DN_MAX_PEERS && !p; i++) {
+    for (int i = 0; i < DN_MAX_PEERS; i++) {
         dn_peer *q = &n->peers[i];
         if (q->in_use) continue;
-        if (q->addr[0] && q->c && !strcmp(q->addr, addr)) p = q;
+        /* of the idle connections to addr, the one whose session holds the
+         * most of this prompt: the prefill node computes only past it */
+        if (q->addr[0] && q->c && !strcmp(q->addr, addr)) {
+            int m = prefix_held_match(&q->held, want->h, want->n);
+            if (m > best) { best = m; p = q; }
+        }
         else if (!q->addr[0]) { if (!empty) empty = q; }
         else if (!lru || q->last_used < lru->last_used) lru = q;
     }
     if (!p && (p = empty ? empty : lru)) {
         handoff_close(p->c);
+        prefix_held_clear(&p->held);
         memset(p, 0, sizeof *p);
         snprintf(p->addr, sizeof p->addr, "%s", addr);
     }
@@ -276,14 +289,41 @@ static dn_peer *dn_peer_take(dnode *n, const char *addr) {
     return p;
 }
 
-static void dn_peer_give(dnode *n, dn_peer *p) {
+/* held: what the connection's session holds now (taken; empty when the
+ * connection was given up). */
+static void dn_peer_give(dnode *n, dn_peer *p, prefix_held *held) {
     pthread_mutex_lock(&n->pmu);
+    prefix_held_clear(&p->held);
+    p->held = p->c ? *held : (prefix_held){0};
+    if (!p->c) prefix_held_clear(held);
     p->in_use = 0;
     pthread_mutex_unlock(&n->pmu);
 }
 
 static void dn_peers_close(dnode *n) {
-    for (int i = 0; i < DN_MAX_PEERS; i++) { handoff_close(n->peers[i].c); n->peers[i].c = NULL; }
+    for (int i = 0; i < DN_MAX_PEERS; i++) {
+        handoff_close(n->peers[i].c);
+        n->peers[i].c = NULL;
+        prefix_held_clear(&n->peers[i].held);
+    }
+}
+
+/* GET /v1/stats "prefix": the slots' prefixes, the KV store's and each
+ * prefill-node connection's (prefix_report.h). */
+static json_t *dn_prefix_json(dnode *n) {
+    prefix_report *r = prefix_report_new(n->prefix_seed);
+    uint64_t *h = malloc(sizeof *h * PREFIX_REPORT_MAX);
+    if (r && h) prefix_report_add(r, "slots", h, sched_prefix_hashes(n->sc, n->prefix_seed, h, PREFIX_REPORT_MAX));
+    /* the KV store's tiers (memory first, then disk), keyed with the same seed */
+    if (r && h && n->store) prefix_report_add(r, "store", h, kvstore_list_hashes(n->store, h, PREFIX_REPORT_MAX));
+    pthread_mutex_lock(&n->pmu);
+    for (int i = 0; r && i < DN_MAX_PEERS; i++)
+        if (n->peers[i].c) prefix_report_add_peer(r, n->peers[i].addr, n->peers[i].held.h, n->peers[i].held.n);
+    pthread_mutex_unlock(&n->pmu);
+    json_t *o = prefix_report_json(r);
+    prefix_report_free(r);
+    free(h);
+    return o;
 }
 
 /* ==== Requests ==== */
@@ -697,8 +737,9 @@ static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char 
         return chain_pool_prefill(n->chains, j->addr, n->m, n->kv_dtype, &ho, &co, j->rid_num, s, prompt, j->n_prompt,
                                   j->v->start_pos, &j->hs, err, errlen);
     }
-    dn_peer *p = dn_peer_take(n, j->addr);
-    if (!p) { snprintf(err, errlen, "every prefill-node connection is in use"); return -1; }
+    prefix_held want = prefix_held_make(prompt, j->n_prompt - 1, n->prefix_seed);
+    dn_peer *p = dn_peer_take(n, j->addr, &want);
+    if (!p) { prefix_held_clear(&want); snprintf(err, errlen, "every prefill-node connection is in use"); return -1; }
     handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
                         .secret = n->o->secret, .secret_len = n->o->secret_len,
                         .node_id = n->o->node_id ? n->o->node_id : "decode" };
@@ -719,7 +760,7 @@ static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char 
         if (fresh || dn_now() - t0 > DN_STALE_RETRY_MS || n->stopping) break;
         log_warn(j->rid, "connection to prefill node %s failed at once (%s); reconnecting", j->addr, err);
     }
-    dn_peer_give(n, p);
+    dn_peer_give(n, p, &want);   /* on success its session holds positions [0, n - 1) */
     return rc;
 }
 
@@ -994,6 +1035,7 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "batch_steps", json_integer((json_int_t)ss.steps));
     json_object_set_new(o, "batched_tokens", json_integer((json_int_t)ss.batched_tokens));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
+    if (n->prefix_ok) json_object_set_new(o, "prefix", dn_prefix_json(n));
     return dn_send_json(c, 200, o);
 }
 
@@ -1645,6 +1687,12 @@ static int dn_init(dnode *n, model *m, const decode_node_opts *o, char *err, siz
     n->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 10000;
     n->kv_dtype = o->kv_dtype ? o->kv_dtype : GGML_TYPE_F16;
     n->wire_dtype = o->wire_dtype ? o->wire_dtype : n->kv_dtype;
+    uint8_t fp[32];
+    char fpe[256];
+    /* without a fingerprint the node reports no prefixes (the router then
+     * routes it by capacity alone); handoffs would fail on it anyway */
+    if (model_fingerprint(m, fp, fpe, sizeof fpe)) log_warn(NULL, "no prefix report: %s", fpe);
+    else { n->prefix_seed = prefix_hash_seed(fp); n->prefix_ok = 1; }
     n->role = o->local_only ? "local" : "decode";
     const char *path = o->model_path ? o->model_path : "model";
     const char *base = strrchr(path, '/');
@@ -1793,7 +1841,9 @@ void decode_node_usage(FILE *f) {
         "  --queue N                 requests that may wait (default 16; more get 503)\n"
         "  --min-split-tokens N      \"auto\" prefills remotely from this prompt length (default 32)\n"
         "  --kv-type T               cache type: f16 (default), bf16, q8_0\n"
-        "  --wire-dtype T            handoff dtype: the cache type (default) or q8_0\n"
+        "  --wire-dtype T            handoff dtype: the cache type (default) or q8_0; q8_0 with an\n"
+        "                            f16/bf16 cache is lossy: split prompts' greedy output can differ\n"
+        "                            from local prefill (less than half the bytes on the wire)\n"
         "  --act-dtype T             hidden states between a chain's slices: f32 (default), f16, bf16\n"
         "  --zstd                    ask for zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"

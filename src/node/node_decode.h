@@ -4,7 +4,9 @@
  * Endpoints (JSON via jansson, HTTP via libmicrohttpd):
  *   POST /v1/generate   generation request; streamed as NDJSON if "stream"
  *   GET  /health        {"status":"ok","model":...,"role":"decode"|"local"}
- *   GET  /v1/stats      counters and moving-average speeds (router cost model)
+ *   GET  /v1/stats      counters and moving-average speeds (router cost model), and
+ *                       "prefix": the block hashes of the prefixes it holds
+ *                       (prefix_report.h; cache-aware routing)
  *   GET  /metrics       Prometheus text (docs/router.md lists the families)
  *   POST /v1/cache/save a generation body names a prefix (a rubric): computed
  *                       (one token) unless the KV store has it, its blocks

@@ -22,6 +22,7 @@
 
 #include "engine/generate.h"
 #include "base/log.h"
+#include "base/prefix_hash.h"
 #include "engine/tokenizer.h"
 
 /* ==== Constants ==== */
@@ -732,4 +733,19 @@ void sched_get_stats(sched *s, sched_stats *st) {
     st->steps = s->steps;
     st->batched_tokens = s->batched_tokens;
     pthread_mutex_unlock(&s->mu);
+}
+
+/* ==== Prefix report ==== */
+
+int sched_prefix_hashes(sched *s, uint64_t seed, uint64_t *out, int max) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->o.n_slots && n < max; i++) {
+        const sched_slot *sl = &s->slots[i];
+        if (!sl->s) continue;
+        int k = prefix_hash_blocks(sl->tokens, sl->n, PREFIX_HASH_BLOCK, seed, out + n, max - n);
+        if (k > 0) n += k;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }

@@ -149,4 +149,9 @@ typedef struct {
 } sched_stats;
 void sched_get_stats(sched *s, sched_stats *st);
 
+/* The chained block hashes (base/prefix_hash.h) of every slot's cached
+ * tokens, slot after slot (duplicates across slots included), at most max;
+ * returns how many it wrote. For the node's prefix report (prefix_report.h). */
+int sched_prefix_hashes(sched *s, uint64_t seed, uint64_t *out, int max);
+
 #endif

@@ -9,6 +9,7 @@
  */
 #include "router/router.h"
 #include "router/router_internal.h"
+#include "router/router_cache.h"
 #include "router/router_batch.h"
 #include "router/router_endpoints.h"
 #include "router/router_nodes.h"
@@ -362,6 +363,7 @@ void router_stop(router *r) {
     pthread_mutex_unlock(&r->mu);
     if (r->health_started) pthread_join(r->health, NULL);
     httpd_stop(r->http);
+    for (int i = 0; i < r->n_nodes; i++) rc_node_free_locked(&r->nodes[i]);
     router_config_free(&r->cfg);
     node_auth_replay_free(r->reg_replay);
     metrics_free(r->m.reg);

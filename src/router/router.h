@@ -3,8 +3,9 @@
  * The router loads no model. It keeps a registry of nodes (from a config
  * file, the command line, or nodes that register themselves and send
  * heartbeats), checks their health, and for every request picks the healthy
- * decode node serving the requested model with the most free slots (then the
- * shortest queue; 429 when all are full), decides from a
+ * decode node serving the requested model with the least expected time to
+ * first token (router_cache.c: the wait for a slot, per slot, and the
+ * prefill the prefixes it holds leave; 429 when all are full), decides from a
  * cost model whether the prompt is prefilled on that decode node ("local")
  * or on a prefill node ("split"), and forwards the request to the decode
  * node's POST /v1/generate (libcurl), turning its NDJSON stream into
@@ -48,6 +49,7 @@ typedef struct {
     int idle_timeout_ms;         /* no line from the decode node for this long after its first token = node failure */
     int connect_timeout_ms;
     int max_attempts;            /* decode nodes tried per request */
+    int cache_aware;             /* route by the prefixes nodes hold (router_cache.c); 0: by capacity alone */
     int health_interval_ms;
     int down_after;              /* consecutive failed checks that mark a node down */
     int heartbeat_ttl_ms;        /* registered node with no heartbeat for this long is down */
@@ -85,6 +87,10 @@ typedef struct {
     int have_prefill;            /* a healthy prefill node serves the model */
     int policy;                  /* enum router_split */
     int min_split_tokens;
+    /* prompt positions already held (router_cache.c; 0 = none known): by the
+     * decode node (neither computed nor sent), and by the prefill node's
+     * session for that decode node (not computed, still sent) */
+    int cached_decode, cached_prefill;
 } router_cost_in;
 
 typedef struct {
@@ -95,6 +101,11 @@ typedef struct {
 } router_decision;
 
 void router_decide(const router_cost_in *in, router_decision *d);
+
+/* A health probe's timeout (ms) for a node whose probes took probe_ms on
+ * average (0: not measured): at least the interval and 1 s, RT_PROBE_SLACK
+ * times probe_ms when longer, at most 30 s (router_nodes.c). */
+int router_probe_timeout_ms(int interval_ms, double probe_ms);
 
 /* ==== Server ==== */
 typedef struct router router;

@@ -28,7 +28,13 @@ void router_config_default(router_config *c) {
     c->connect_timeout_ms = 2000;
     c->max_attempts = 3;
     c->health_interval_ms = 1000;
-    c->down_after = 2;                 /* one lost probe is noise; two is a node in trouble */
+    /* One or two lost probes are noise on a loaded host (issue 40: under
+     * heavy load every node was marked down for minutes); three in a row,
+     * each with a timeout grown with the node's usual round trip
+     * (router_probe_timeout_ms), is a node in trouble. A node whose
+     * requests find its port closed is marked down at once instead. */
+    c->down_after = 3;
+    c->cache_aware = 1;                /* route by held prefixes (router_cache.c) */
     c->heartbeat_ttl_ms = 5000;
     /* HTTP server (httpd.h): room for many slow or idle clients beside the
      * real work; one address gets a quarter of it; 30 s to send a request
@@ -117,7 +123,7 @@ static int rt_cfg_known(json_t *o, const char *const *keys, const char *where, c
 static const char *const rt_cfg_root_keys[] = {
     "listen", "api_key", "secret", "secret_file", "split", "min_split_tokens", "link_gbps", "health_interval_ms",
     "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes",
-    "registration_addresses", NULL};
+    "registration_addresses", "cache_aware", NULL};
 static const char *const rt_cfg_limit_keys[] = {
     "max_body_bytes", "max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens", "max_concurrent",
     "request_timeout_ms", "idle_timeout_ms", "max_connections", "max_connections_per_ip", "request_deadline_ms", NULL};
@@ -221,6 +227,9 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
         rt_cfg_limits(c, json_object_get(root, "limits"), err, errlen) ||
         rt_cfg_nodes(c, json_object_get(root, "nodes"), err, errlen))
         return -1;
+    json_t *ca = json_object_get(root, "cache_aware");
+    if (ca && !json_is_boolean(ca)) { rt_errf(err, errlen, "config: \"cache_aware\" must be true or false"); return -1; }
+    if (ca) c->cache_aware = json_is_true(ca);
     if (regaddr[0] && strcmp(regaddr, "any") && strcmp(regaddr, "private")) {
         rt_errf(err, errlen, "config: \"registration_addresses\" must be \"any\" or \"private\"");
         return -1;
@@ -257,6 +266,8 @@ void router_usage(FILE *f) {
         "  --prefill MODEL=HOST:PORT   a prefill node for MODEL (repeatable); or a layer-split chain,\n"
         "                              MODEL=HOST:PORT/0:A,HOST:PORT/A:B,... (docs/layer-split.md)\n"
         "  --split auto|always|never   prefill placement policy (default auto: cost model)\n"
+        "  --cache-aware on|off   route a prompt where its prefix is held (default on); off:\n"
+        "                         by capacity and the cost model alone\n"
         "  --secret-file FILE     shared secret (node registration); or env TANDEM_SECRET\n"
         "  --api-key-file FILE    require 'Authorization: Bearer <key>'; or env TANDEM_API_KEY\n"
         "  --port-file FILE       write the bound port there once listening\n"
@@ -325,6 +336,7 @@ static int rt_cli_config(router_config *c, const char *opt, const char *v) {
 /* the order of enum router_split */
 static const char *const rt_cli_splits[] = { "auto", "always", "never", NULL };
 static const char *const rt_cli_roles[] = { "router", NULL };
+static const char *const rt_cli_onoff[] = { "off", "on", NULL };
 
 /* Parses the options; 0, or -1 after printing what is wrong (cliopt.h:
  * each bad value is named with its valid range). */
@@ -340,6 +352,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
         else if (!strcmp(a, "--decode")) bad = rt_cli_node(c, a, "decode", v);
         else if (!strcmp(a, "--prefill")) bad = rt_cli_node(c, a, "prefill", v);
         else if (!strcmp(a, "--split")) { bad = cliopt_choice(RT_CMD, a, v, rt_cli_splits, &k); if (!bad) c->split = k; }
+        else if (!strcmp(a, "--cache-aware")) { bad = cliopt_choice(RT_CMD, a, v, rt_cli_onoff, &k); if (!bad) c->cache_aware = k; }
         else if (!strcmp(a, "--secret-file")) bad = cliopt_str(RT_CMD, a, v, &secret_file);
         else if (!strcmp(a, "--api-key-file")) bad = rt_cli_api_key(c, a, v);
         else if (!strcmp(a, "--port-file")) bad = cliopt_str(RT_CMD, a, v, port_file);

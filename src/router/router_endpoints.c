@@ -51,7 +51,18 @@ enum MHD_Result rt_model_one(router *r, struct MHD_Connection *c, const char *id
     return rt_send(c, 200, "application/json", body);
 }
 
+static json_t *rt_node_json_base(const rt_node *n);
+
 static json_t *rt_node_json(const rt_node *n) {
+    json_t *o = rt_node_json_base(n);
+    /* the pick's measured figures (router_cache.c, health checks) */
+    json_object_set_new(o, "hold_ms", json_real(n->hold_ms));
+    json_object_set_new(o, "probe_ms", json_real(n->probe_ms));
+    json_object_set_new(o, "slots", json_integer(n->slots));
+    return o;
+}
+
+static json_t *rt_node_json_base(const rt_node *n) {
     return json_pack("{s:s, s:s, s:s, s:b, s:b, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:I, s:s}",
                      "addr", n->cfg.addr, "role", n->cfg.role == ROUTER_NODE_DECODE ? "decode" : "prefill",
                      "model", n->cfg.model, "up", n->up, "registered", n->registered,

@@ -76,6 +76,9 @@ typedef struct {
     int n_ctx;                   /* the decode node's context (its /health "n_ctx"); 0 = not reported */
     unsigned long long requests, failures, checks_failed;
     char desc[400];
+    double hold_ms;              /* how long a request holds a slot here (moving average; 0 = not yet measured) */
+    double probe_ms;             /* health probe round trip (moving average): its timeout adapts to it */
+    struct rc_node *cache;       /* what it holds (router_cache.c), or NULL */
 } rt_node;
 
 /* ==== Metrics ==== */
@@ -184,6 +187,9 @@ typedef struct {
     int n_prompt;                /* prompt tokens the plan was made for */
     int count_exact;             /* counted by the decode node's tokenizer (else a byte estimate) */
     char count_note[200];        /* "tokenizer", "token ids" or "byte estimate: why" */
+    struct rc_prompt *rcp;       /* the prompt's ids and block hashes (router_cache.c), or NULL */
+    int counted;                 /* n_prompt counted before the pick (cache-aware routing) */
+    int planned;                 /* the pick made the plan too (q->dec, prefill_idx) */
     int tried[ROUTER_MAX_NODES];
     int attempts;
     int busy;                    /* attempts a node refused as full (503/429) */

@@ -8,6 +8,7 @@
 #include "router/router_chain.h"
 #include "router/router_internal.h"
 #include "router/router_nodes.h"
+#include "router/router_cache.h"
 
 /* ==== Cost model ==== */
 
@@ -17,10 +18,15 @@ void router_decide(const router_cost_in *in, router_decision *d) {
     const char *cnt = in->count_note && *in->count_note ? in->count_note : "tokenizer";
     double dtps = in->decode_prefill_tps > 0 ? in->decode_prefill_tps : 1;
     double ptps = in->prefill_prefill_tps > 0 ? in->prefill_prefill_tps : 1;
-    d->est_local_ms = n / dtps * 1e3;
-    double compute = n / ptps * 1e3;
+    /* held positions: the decode node computes and receives only past
+     * cached_decode; the prefill node computes past its own cached_prefill
+     * (it needs the rows before to attend to) and sends past cached_decode */
+    int cd = in->cached_decode > 0 ? (in->cached_decode < n ? in->cached_decode : n - 1) : 0;
+    int cp = in->cached_prefill > 0 ? (in->cached_prefill < n ? in->cached_prefill : n - 1) : 0;
+    d->est_local_ms = (n - cd) / dtps * 1e3;
+    double compute = (n - cp) / ptps * 1e3;
     double transfer = in->kv_bytes_per_token > 0 && in->link_bytes_per_s > 0
-                    ? n * in->kv_bytes_per_token / in->link_bytes_per_s * 1e3 : 0;
+                    ? (n - cd) * in->kv_bytes_per_token / in->link_bytes_per_s * 1e3 : 0;
     /* Frames go out while later layers compute: only the part of the
      * transfer that outlasts the compute is exposed, plus the measured fixed
      * cost; requests queued on the prefill node are served before ours. */
@@ -53,12 +59,14 @@ void router_decide(const router_cost_in *in, router_decision *d) {
     double bias = in->decode_queue > 0 ? 1.1 : 1.0;
     d->key = "cost";
     d->split = d->est_split_ms < d->est_local_ms * bias;
+    char held[64] = "";
+    if (cd || cp) snprintf(held, sizeof held, ", held %d on decode / %d on prefill", cd, cp);
     snprintf(d->reason, sizeof d->reason,
              "%s: est split %.1f ms (prefill node %.0f t/s %s, queue %d, exposed %.1f ms) %s local %.1f ms "
-             "(decode node %.0f t/s %s, queue %d); prompt %d tokens (%s)",
+             "(decode node %.0f t/s %s, queue %d); prompt %d tokens (%s)%s",
              d->split ? "split" : "local", d->est_split_ms, ptps, in->prefill_tps_assumed ? "assumed" : "measured",
              in->prefill_queue, exposed, d->split ? "<" : ">=", d->est_local_ms, dtps,
-             in->decode_tps_assumed ? "assumed" : "measured", in->decode_queue, n, cnt);
+             in->decode_tps_assumed ? "assumed" : "measured", in->decode_queue, n, cnt, held);
 }
 
 /* ==== Node selection ==== */
@@ -93,7 +101,7 @@ int rt_model_known(router *r, const char *model) {
 
 /* Is node a a better pick than node b? Not full first, then the most free
  * slots (or, with none free, the shortest queue), then fewer requests so far. */
-static int rt_better(const rt_node *a, const rt_node *b) {
+int rt_node_better(const rt_node *a, const rt_node *b) {
     int fa = rt_node_full(a, 0), fb = rt_node_full(b, 0);
     if (fa != fb) return fb;
     if (rt_node_free(a) != rt_node_free(b)) return rt_node_free(a) > rt_node_free(b);
@@ -109,7 +117,7 @@ int rt_pick_locked(router *r, int role, const char *model, const int *tried) {
     for (int i = 0; i < r->n_nodes; i++) {
         rt_node *n = &r->nodes[i];
         if (n->cfg.role != role || !n->up || strcmp(n->cfg.model, model) || (tried && tried[i])) continue;
-        if (best < 0 || rt_better(n, &r->nodes[best])) best = i;
+        if (best < 0 || rt_node_better(n, &r->nodes[best])) best = i;
     }
     return best;
 }
@@ -206,7 +214,7 @@ long rt_http_post(const char *addr, const char *path, const char *body, size_t l
 /* Tokens of req's prompt on the decode node at addr (POST /v1/tokenize
  * with the prompt as POST /v1/generate takes it: the chat template
  * applied); -1 with a short reason. */
-int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen) {
+int rt_count_tokens(router *r, const char *addr, const api_request *req, int32_t **ids, char *err, size_t errlen) {
     char *body = api_upstream_body(req, "local", NULL);
     if (!body) { rt_errf(err, errlen, "out of memory"); return -1; }
     strbuf b = {0};
@@ -222,6 +230,14 @@ int rt_count_tokens(router *r, const char *addr, const api_request *req, char *e
             rt_errf(err, errlen, "decode node's /v1/tokenize took over %d ms", r->cfg.tokenize_timeout_ms);
         else if (st <= 0) rt_errf(err, errlen, "decode node's /v1/tokenize did not answer");
         else rt_errf(err, errlen, "decode node's /v1/tokenize answered HTTP %ld", st);
+    }
+    if (n > 0 && ids && (*ids = malloc(sizeof **ids * (size_t)n))) {
+        for (int i = 0; i < n && *ids; i++) {
+            json_t *v = json_array_get(a, (size_t)i);
+            json_int_t x = json_is_integer(v) ? json_integer_value(v) : -1;
+            if (x < 0 || x > INT32_MAX) { free(*ids); *ids = NULL; }   /* not ids: counted, not hashed */
+            else (*ids)[i] = (int32_t)x;
+        }
     }
     json_decref(o);
     free(b.p);
@@ -244,6 +260,7 @@ typedef struct {
     double prefill_tps, decode_tps;
     char chat_format[16];
     char err[256];               /* why the probe failed */
+    rc_report *rep;              /* what a decode node holds (its /v1/stats "prefix"), or NULL */
 } rt_probe;
 
 static void rt_probe_decode(const char *addr, const node_auth_key *key, int timeout_ms, rt_probe *p) {
@@ -281,6 +298,7 @@ static void rt_probe_decode(const char *addr, const node_auth_key *key, int time
         p->queue_max = qmax >= 0 && qmax < 1e6 ? (int)qmax : -1;
         p->prefill_tps = rt_json_num(st, pk);
         p->decode_tps = rt_json_num(st, dk);
+        p->rep = rc_report_parse(json_object_get(st, "prefix"));
         json_decref(st);
     }
     free(s.p);
@@ -323,6 +341,7 @@ static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
  * the table skips it, rt_node_upsert_locked reuses it); the table shrinks
  * when it was the last. Caller holds mu. */
 void rt_node_forget_locked(router *r, int i) {
+    rc_node_free_locked(&r->nodes[i]);
     memset(&r->nodes[i], 0, sizeof r->nodes[i]);
     while (r->n_nodes > 0 && !r->nodes[r->n_nodes - 1].cfg.role) r->n_nodes--;
 }
@@ -337,17 +356,24 @@ void rt_health_round(router *r, int startup) {
     n = r->n_nodes;
     for (int i = 0; i < n; i++) cfgs[i] = r->nodes[i].cfg;
     pthread_mutex_unlock(&r->mu);
-    int timeout = r->cfg.health_interval_ms < 1000 ? 1000 : r->cfg.health_interval_ms;
+    double lat[ROUTER_MAX_NODES];
+    pthread_mutex_lock(&r->mu);
+    for (int i = 0; i < n; i++) lat[i] = r->nodes[i].probe_ms;
+    pthread_mutex_unlock(&r->mu);
     for (int i = 0; i < n && !r->stopping; i++) {
         rt_probe p;
         memset(&p, 0, sizeof p);
         if (!cfgs[i].role) continue;   /* a free entry (rt_node_forget_locked) */
+        int timeout = router_probe_timeout_ms(r->cfg.health_interval_ms, lat[i]);
+        double asked = rt_now_ms();
         if (cfgs[i].role == ROUTER_NODE_DECODE) rt_probe_decode(cfgs[i].addr, rt_node_key(r), timeout, &p);
         else rt_probe_prefill(cfgs[i].addr, timeout, &p);
+        double took = rt_now_ms() - asked;
         pthread_mutex_lock(&r->mu);
         rt_node *nd = &r->nodes[i];
         if (nd->cfg.role != cfgs[i].role || strcmp(nd->cfg.addr, cfgs[i].addr)) {   /* forgotten and reused meanwhile */
             pthread_mutex_unlock(&r->mu);
+            rc_report_free(p.rep);
             continue;
         }
         double now = rt_now_ms();
@@ -379,9 +405,14 @@ void rt_health_round(router *r, int startup) {
             }
             if (p.prefill_tps > 0) nd->prefill_tps = p.prefill_tps;
             if (p.decode_tps > 0) nd->decode_tps = p.decode_tps;
+            rt_ewma(&nd->probe_ms, took > 0.1 ? took : 0.1);
+            /* no report this time (/v1/stats slow or refused): the last one
+             * stands until it is stale (router_cache.h) */
+            if (cfgs[i].role == ROUTER_NODE_DECODE && p.rep) { rc_report_apply_locked(r, i, p.rep, asked); p.rep = NULL; }
         } else {
             nd->fails++;
             nd->checks_failed++;
+            nd->failures++;   /* tandem_node_failures_total counts failed checks too (its help says so) */
             if (startup)
                 log_warn(NULL, "%s node %s (model %s) unreachable at start-up: %s",
                          cfgs[i].role == ROUTER_NODE_DECODE ? "decode" : "prefill", cfgs[i].addr, cfgs[i].model,
@@ -394,7 +425,22 @@ void rt_health_round(router *r, int startup) {
             }
         }
         pthread_mutex_unlock(&r->mu);
+        rc_report_free(p.rep);
     }
+}
+
+/* A probe's timeout: the health interval (at least 1 s), or RT_PROBE_SLACK
+ * times the node's usual round trip when that is longer, so that a host
+ * under heavy load (every answer slow) does not see its nodes as dead; at
+ * most RT_PROBE_MAX_MS, so a hung node is still found. */
+#define RT_PROBE_SLACK 8.0
+#define RT_PROBE_MIN_MS 1000
+#define RT_PROBE_MAX_MS 30000
+
+int router_probe_timeout_ms(int interval_ms, double probe_ms) {
+    double t = interval_ms > RT_PROBE_MIN_MS ? interval_ms : RT_PROBE_MIN_MS;
+    if (probe_ms > 0 && isfinite(probe_ms) && probe_ms * RT_PROBE_SLACK > t) t = probe_ms * RT_PROBE_SLACK;
+    return t < RT_PROBE_MAX_MS ? (int)t : RT_PROBE_MAX_MS;
 }
 
 void *rt_health_main(void *arg) {

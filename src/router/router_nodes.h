@@ -8,6 +8,8 @@
 int rt_node_load(const rt_node *n);
 int rt_node_slots(const rt_node *n);
 int rt_node_full(const rt_node *n, int by_own);
+/* Is node a a better pick than node b by capacity alone (today's order)? */
+int rt_node_better(const rt_node *a, const rt_node *b);
 int rt_model_known(router *r, const char *model);
 int rt_pick_locked(router *r, int role, const char *model, const int *tried);
 /* Reply bounds per endpoint: a health or stats reply is tiny; a
@@ -23,7 +25,8 @@ int rt_pick_locked(router *r, int role, const char *model, const int *tried);
 const node_auth_key *rt_node_key(const router *r);
 long rt_http_post(const char *addr, const char *path, const char *body, size_t len, const node_auth_key *key,
                   size_t cap, int timeout_ms, strbuf *out);
-int rt_count_tokens(router *r, const char *addr, const api_request *req, char *err, size_t errlen);
+/* ids (NULL: not wanted): the prompt's token ids, malloc'd, on success. */
+int rt_count_tokens(router *r, const char *addr, const api_request *req, int32_t **ids, char *err, size_t errlen);
 void rt_health_round(router *r, int startup);
 /* Frees entry i of the node table (a registration past its heartbeat).
  * Caller holds mu. */

@@ -6,6 +6,7 @@
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
 #include "router/router_internal.h"
+#include "router/router_cache.h"
 #include "router/router_nodes.h"
 #include "router/router_stream.h"
 
@@ -92,6 +93,7 @@ void rt_release_node(rt_req *q, int failed, int mark_down) {
     pthread_mutex_lock(&r->mu);
     if (q->decode_idx >= 0) {
         rt_node *n = &r->nodes[q->decode_idx];
+        rc_note_end_locked(q, q->decode_idx, !failed && q->status == 200);
         if (n->inflight > 0) n->inflight--;
         if (failed) n->failures++;
         if (mark_down && n->up) { n->up = 0; log_warn(q->rid, "decode node %s marked down: %s", n->cfg.addr, q->error); }
@@ -101,8 +103,43 @@ void rt_release_node(rt_req *q, int failed, int mark_down) {
     q->decode_idx = q->prefill_idx = -1;
 }
 
-/* A split's cost beyond the prefill node's compute until measured: on a
- * LAN, the request's round trip and the decode node's last position. */
+/* How long the check that a failed node's port still accepts connections
+ * waits: a live process's kernel accepts at once, even under heavy load. */
+#define RT_DEAD_CONNECT_MS 300
+#define RT_DEAD_LOOKS 3
+#define RT_DEAD_GAP_MS 100
+
+/* The attempt's stream broke (reset, or closed before its final line):
+ * when the node's port no longer accepts connections its process is gone,
+ * and it is marked down now rather than at its next health checks (its
+ * other requests failed too). A stall or a node that still accepts is left
+ * to the health checks. No lock held. */
+void rt_check_dead(rt_req *q) {
+    router *r = q->r;
+    if (!q->have_up || !q->up.done || q->decode_idx < 0) return;
+    char err[160];
+    /* a process being killed closes its connections before its listening
+     * socket: look again for a moment before calling it alive */
+    for (int k = 0;; k++) {
+        int fd = wire_connect(q->decode_addr, RT_DEAD_CONNECT_MS, err, sizeof err);
+        if (fd < 0) break;
+        close(fd);
+        if (k == RT_DEAD_LOOKS) return;
+        struct timespec ts = { 0, RT_DEAD_GAP_MS * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&r->mu);
+    rt_node *n = &r->nodes[q->decode_idx];
+    int was = n->up && !strcmp(n->cfg.addr, q->decode_addr);
+    if (was) { n->up = 0; n->fails = r->cfg.down_after; }
+    pthread_mutex_unlock(&r->mu);
+    if (was) log_warn(q->rid, "decode node %s marked down: its stream broke (%s) and it refuses connections (%s)",
+                      q->decode_addr, q->error[0] ? q->error : "no reply", err);
+}
+
+/* A split's cost beyond the prefill node's compute until measured (as
+ * router_cache.c assumes): on a LAN, the request's round trip and the
+ * decode node's last position. */
 #define RT_SPLIT_OVERHEAD_MS 2.0
 
 /* Prompt length from its bytes, for when the decode node cannot count it:
@@ -112,19 +149,27 @@ static int rt_estimate_tokens(const rt_req *q, const rt_node *d) {
     return (int)(q->req.prompt_bytes / bpt) + 1;
 }
 
-/* The prompt's tokens as the decode node will evaluate them (its
- * tokenizer, its chat template); a byte estimate, with why in q->count_note,
+/* The prompt's tokens as the decode node at addr (table entry idx) will
+ * evaluate them (its tokenizer, its chat template), and with cache-aware
+ * routing their ids (q->rcp); a byte estimate, with why in q->count_note,
  * when it cannot answer within tokenize_timeout_ms. No lock held. */
-static void rt_count_prompt(rt_req *q) {
+static void rt_count_prompt(rt_req *q, const char *addr, int idx) {
     router *r = q->r;
     q->count_exact = 1;
     snprintf(q->count_note, sizeof q->count_note, "tokenizer");
-    if (q->req.tokens) { q->n_prompt = q->req.n_tokens; snprintf(q->count_note, sizeof q->count_note, "token ids"); return; }
+    if (q->req.tokens) {
+        q->n_prompt = q->req.n_tokens;
+        snprintf(q->count_note, sizeof q->count_note, "token ids");
+        int32_t *ids = r->cfg.cache_aware && q->n_prompt > 0 ? malloc(sizeof *ids * (size_t)q->n_prompt) : NULL;
+        if (ids) { memcpy(ids, q->req.tokens, sizeof *ids * (size_t)q->n_prompt); rc_prompt_set(q, ids, q->n_prompt); }
+        return;
+    }
     char err[160];
-    int n = rt_count_tokens(r, q->decode_addr, &q->req, err, sizeof err);
-    if (n > 0) { q->n_prompt = n; return; }
+    int32_t *ids = NULL;
+    int n = rt_count_tokens(r, addr, &q->req, r->cfg.cache_aware ? &ids : NULL, err, sizeof err);
+    if (n > 0) { q->n_prompt = n; rc_prompt_set(q, ids, n); return; }
     pthread_mutex_lock(&r->mu);
-    q->n_prompt = rt_estimate_tokens(q, &r->nodes[q->decode_idx]);
+    q->n_prompt = rt_estimate_tokens(q, &r->nodes[idx]);
     pthread_mutex_unlock(&r->mu);
     q->count_exact = 0;
     snprintf(q->count_note, sizeof q->count_note, "byte estimate: %s", err);
@@ -144,12 +189,45 @@ static int rt_pick_decode_locked(rt_req *q) {
     return rt_pick_locked(r, ROUTER_NODE_DECODE, q->req.model, q->tried);
 }
 
+/* The decode node by expected time to first token (router_cache.c): with
+ * n > 1 choices, one whose slots can run them all when there is one. The
+ * plan comes with it when the prompt was counted (cache-aware routing).
+ * Caller holds mu. */
+static int rt_pick_scored_locked(rt_req *q) {
+    router *r = q->r;
+    int with_plan = q->counted, d = -1;
+    if (q->req.n > 1) {
+        int skip[ROUTER_MAX_NODES];
+        for (int i = 0; i < r->n_nodes; i++) skip[i] = q->tried[i] || rt_node_slots(&r->nodes[i]) < q->req.n;
+        d = rc_choose_locked(q, skip, with_plan, &q->prefill_idx, &q->dec);
+    }
+    if (d < 0) d = rc_choose_locked(q, q->tried, with_plan, &q->prefill_idx, &q->dec);
+    q->planned = d >= 0 && with_plan;
+    return d;
+}
+
+/* With cache-aware routing, the prompt is counted (and its ids hashed)
+ * before the pick, on the node today's order would pick. No lock held. */
+static void rt_count_first(rt_req *q) {
+    router *r = q->r;
+    if (!r->cfg.cache_aware || q->counted) return;
+    pthread_mutex_lock(&r->mu);
+    int d = rt_pick_decode_locked(q);
+    char addr[128] = "";
+    if (d >= 0) snprintf(addr, sizeof addr, "%s", r->nodes[d].cfg.addr);
+    pthread_mutex_unlock(&r->mu);
+    if (d < 0) return;
+    rt_count_prompt(q, addr, d);
+    q->counted = 1;
+}
+
 /* Chooses a decode node; -1 when no node is left, -2 when the best one
  * left is full with this router's own requests. */
 static int rt_choose(rt_req *q) {
     router *r = q->r;
+    rt_count_first(q);
     pthread_mutex_lock(&r->mu);
-    int d = rt_pick_decode_locked(q);
+    int d = rt_pick_scored_locked(q);
     if (d < 0) { pthread_mutex_unlock(&r->mu); return -1; }
     if (rt_node_full(&r->nodes[d], 1)) { pthread_mutex_unlock(&r->mu); return -2; }
     rt_node *dn = &r->nodes[d];
@@ -158,55 +236,38 @@ static int rt_choose(rt_req *q) {
     dn->inflight++;
     dn->requests++;
     snprintf(q->decode_addr, sizeof q->decode_addr, "%s", dn->cfg.addr);
-    q->prefill_idx = -1;
+    if (!q->planned) q->prefill_idx = -1;
     q->prefill_addr[0] = 0;
     pthread_mutex_unlock(&r->mu);
     return 0;
 }
 
-/* Requests ahead of this one on a decode node: the others' requests as of
- * its last report (the report also counted ours then in flight, which may
- * have finished since) plus ours in flight now, less this one (rt_choose
- * counted it). Caller holds mu. */
-static int rt_decode_ahead(const rt_node *n) {
-    int others = n->queue_depth - n->inflight_at_report;
-    int ahead = (others > 0 ? others : 0) + n->inflight - 1;
-    return ahead > 0 ? ahead : 0;
-}
-
-/* The prefill plan for the chosen decode node: counts the prompt, then the
- * cost model (router_decide) against the best prefill node. */
+/* The prefill plan for the chosen decode node: the pick's own plan with
+ * cache-aware routing; else counts the prompt there, then the cost model
+ * (router_decide) against the best prefill node. Either way the route is
+ * noted in the cache index (router_cache.c). */
 static void rt_plan(rt_req *q) {
     router *r = q->r;
-    rt_count_prompt(q);
+    if (!q->planned && !q->counted) rt_count_prompt(q, q->decode_addr, q->decode_idx);
     pthread_mutex_lock(&r->mu);
-    int p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
-    rt_node *dn = &r->nodes[q->decode_idx], *pn = p >= 0 ? &r->nodes[p] : NULL;
-    router_cost_in in = {
-        .n_prompt = q->n_prompt,
-        .count_note = q->count_note,
-        .decode_prefill_tps = dn->prefill_tps > 0 ? dn->prefill_tps : r->cfg.default_prefill_tps,
-        .prefill_prefill_tps = pn && pn->prefill_tps > 0 ? pn->prefill_tps : r->cfg.default_prefill_tps,
-        .decode_tps_assumed = !(dn->prefill_tps > 0),
-        .prefill_tps_assumed = !(pn && pn->prefill_tps > 0),
-        .link_bytes_per_s = pn && pn->link_Bps > 0 ? pn->link_Bps : r->cfg.link_gbps * 1e9 / 8,
-        .kv_bytes_per_token = pn ? pn->kv_bytes_per_token : 0,
-        .handoff_overhead_ms = pn && pn->overhead_ms > 0 ? pn->overhead_ms : RT_SPLIT_OVERHEAD_MS,
-        .decode_queue = rt_decode_ahead(dn),
-        .prefill_queue = pn ? rt_node_load(pn) : 0,
-        .have_prefill = pn != NULL,
-        .policy = r->cfg.split,
-        .min_split_tokens = r->cfg.min_split_tokens,
-    };
-    router_decide(&in, &q->dec);
+    int p = q->prefill_idx;
+    if (!q->planned) {
+        p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
+        router_cost_in in;
+        rc_cost_in_locked(q, q->decode_idx, p, 1, &in);
+        router_decide(&in, &q->dec);
+    }
+    q->planned = 0;   /* a retry plans again */
+    rt_node *pn = q->dec.split && p >= 0 ? &r->nodes[p] : NULL;
     q->prefill_idx = -1;
     q->prefill_addr[0] = 0;
-    if (q->dec.split) {
+    if (pn) {
         q->prefill_idx = p;
         pn->inflight++;
         pn->requests++;
         snprintf(q->prefill_addr, sizeof q->prefill_addr, "%s", pn->cfg.addr);
     }
+    rc_note_route_locked(q, q->decode_idx, q->prefill_idx);
     metrics_add(r->m.decisions, (const char *[]){q->dec.split ? "split" : "local", q->dec.key ? q->dec.key : "unknown"}, 1);
     pthread_mutex_unlock(&r->mu);
     if (!r->cfg.quiet)
@@ -340,6 +401,7 @@ int rt_start(rt_req *q, api_error *e) {
         if (rc == 0) return 0;
         int busy = strstr(q->error, "busy") != NULL, idx = q->decode_idx;
         int conn_fail = q->have_up && q->up.done && q->up.result == CURLE_COULDNT_CONNECT;
+        if (rc > 0 && !busy && !conn_fail) rt_check_dead(q);
         rt_release_node(q, rc > 0 && !busy, conn_fail);
         if (rc < 0) {
             if (!strcmp(q->error, "client disconnected")) api_error_set(e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
@@ -398,6 +460,10 @@ void rt_learn(rt_req *q) {
         if (q->req.prompt_bytes > 0 && f->prompt_tokens > 0) rt_ewma(&d->bytes_per_token, (double)q->req.prompt_bytes / f->prompt_tokens);
         if (!remote && f->computed_local >= 16 && f->prefill_ms > 0) rt_ewma(&d->prefill_tps, f->computed_local / f->prefill_ms * 1e3);
         if (tpot > 0) rt_ewma(&d->decode_tps, 1.0 / tpot);
+        /* how long it held a slot: arrival to its last token, less its wait
+         * in the node's queue (the pick's capacity estimate, router_cache.c) */
+        double hold = q->t_last - q->t_start - (f->queue_ms > 0 ? f->queue_ms : 0);
+        if (q->t_last > 0 && hold > 0) rt_ewma(&d->hold_ms, hold);
     }
     if (q->prefill_idx >= 0 && remote) {
         rt_node *p = &r->nodes[q->prefill_idx];
@@ -425,13 +491,18 @@ void rt_learn(rt_req *q) {
         if (!(p->overhead_ms > 0)) p->overhead_ms = RT_SPLIT_OVERHEAD_MS;
         rt_ewma(&p->overhead_ms, (transfer > 0 ? transfer : 0) + (fixed > 0.1 ? fixed : 0.1));
     }
+    int marked = 0;
     if (q->prefill_idx >= 0 && f->fallback_reason[0]) {
         rt_node *p = &r->nodes[q->prefill_idx];
         p->failures++;
         p->fails = r->cfg.down_after;   /* suspect until the next good probe */
+        marked = p->up;
         p->up = 0;
     }
     pthread_mutex_unlock(&r->mu);
+    if (marked)
+        log_warn(q->rid, "prefill node %s marked down (its split fell back to the decode node; up again at its next "
+                 "good health check)", q->prefill_addr);
     if (f->fallback_reason[0])
         log_warn(q->rid, "prefill fell back to the decode node: %s", f->fallback_reason);
 }

@@ -12,6 +12,7 @@ rt_choice *rt_choice_of(rt_req *q, const api_upstream_line *u);
 void rt_choice_end(rt_req *q, rt_choice *c, api_upstream_line *u);
 void rt_choices_reset(rt_req *q);
 void rt_release_node(rt_req *q, int failed, int mark_down);
+void rt_check_dead(rt_req *q);
 int rt_start(rt_req *q, api_error *e);
 int rt_prefill_outcome(const api_upstream_line *f);
 void rt_learn(rt_req *q);

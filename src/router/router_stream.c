@@ -7,6 +7,7 @@
  * metrics live under one mutex (router.mu); no lock is held across I/O.
  */
 #include "router/router_internal.h"
+#include "router/router_cache.h"
 #include "router/router_request.h"
 
 /* ==== Upstream: one streamed POST /v1/generate through a curl multi handle ==== */
@@ -251,6 +252,7 @@ void rt_req_finish(rt_req *q) {
         rt_lp_clear(&q->ch[i]);
         free(q->ch[i].lps);
     }
+    rc_prompt_free(q);
     api_request_free(&q->req);
     free(q->out);
     if (q->counted_active) {
@@ -396,6 +398,7 @@ int rt_complete(rt_req *q, api_error *e) {
         rt_choices_reset(q);
         q->n_tokens = 0;
         q->t_first = 0;
+        rt_check_dead(q);
         rt_release_node(q, 1, 0);
         log_warn(q->rid, "%s; retrying", q->error);
         metrics_add(r->m.retries, NULL, 1);
@@ -501,6 +504,29 @@ static char *rt_stream_choice_end(rt_req *q, rt_choice *c, const api_resp_meta *
     return s;
 }
 
+/* Where the prompt was prefilled, as a final SSE comment (clients skip
+ * comments; docs/router.md): a stream's headers go out with its first token
+ * and can only name the plan, while the outcome (a split that fell back to
+ * the decode node, its reason) is known from the final line:
+ *   : tandem prefill=fallback plan=split decode=H:P prefill_node=H:P reason="..."
+ * NULL when out of memory. */
+static char *rt_prefill_comment(const rt_req *q) {
+    const api_upstream_line *f = &q->fin;
+    const char *pf = !q->have_fin || !f->prefill_mode[0] ? "-" : f->fallback_reason[0] ? "fallback"
+                   : rt_pf_names[rt_prefill_outcome(f)];
+    char why[300] = "";
+    /* one line: no CR/LF (they would end the comment), no quote */
+    snprintf(why, sizeof why, "%s", q->have_fin ? f->fallback_reason : "");
+    for (char *c = why; *c; c++)
+        if (*c == '\r' || *c == '\n' || *c == '"') *c = ' ';
+    char *s = malloc(800);
+    if (!s) return NULL;
+    snprintf(s, 800, ": tandem prefill=%s plan=%s decode=%s%s%s%s%s%s\n\n", pf, q->dec.split ? "split" : "local",
+             q->decode_addr, q->dec.split ? " prefill_node=" : "", q->dec.split ? q->prefill_addr : "",
+             why[0] ? " reason=\"" : "", why, why[0] ? "\"" : "");
+    return s;
+}
+
 /* Produces the next SSE bytes into q->out; 0, or -1 at the end of stream. */
 int rt_stream_produce(rt_req *q) {
     if (q->phase == 1) return -1;
@@ -528,6 +554,7 @@ int rt_stream_produce(rt_req *q) {
             m.cached_tokens = q->fin.start_pos;
             if (q->req.include_usage)
                 s = api_concat(s, api_render_usage_chunk(q->req.kind, &m, q->fin.prompt_tokens, q->fin.completion_tokens));
+            s = api_concat(s, rt_prefill_comment(q));
             s = api_concat(s, strdup("data: [DONE]\n\n"));
             rt_count_request(r, q->ep, 200);
         }
@@ -548,6 +575,7 @@ int rt_stream_produce(rt_req *q) {
     api_error_set(&e, 502, "server_error", "upstream_failed", NULL,
                   "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
     q->status = 502;
+    rt_check_dead(q);
     metrics_add(r->m.stream_errors, NULL, 1);
     if (!q->batch) rt_count_request(r, q->ep, 502);
     rt_log_done(q, "stream error");

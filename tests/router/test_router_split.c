@@ -351,26 +351,29 @@ static void test_processes(void) {
         test_short(rport);
         char *last = NULL;
         int n_split = rs_estimates(rport, 0, RS_LONG_N, RS_LONG_WORDS, "split", "cost", &last);
-        /* the last long prompt again: the decode node holds it */
+        /* the last long prompt again: the decode node holds it, and the
+         * router knows (its /v1/stats "prefix", router_cache.c): nothing is
+         * left to split, so the plan is local for its cost */
         rs_reply r;
         rs_post(rport, "/v1/chat/completions", last, &r);
         char plan[32], out[32];
         rs_header(&r, "X-Tandem-Prefill-Plan", plan, sizeof plan);
         rs_header(&r, "X-Tandem-Prefill-Outcome", out, sizeof out);
-        CHECK(r.status == 200 && !strcmp(plan, "split") && !strcmp(out, "cached"),
-              "a repeated prompt is prefix reuse, not a fallback: plan %s outcome %s", plan, out);
+        CHECK(r.status == 200 && !strcmp(plan, "local") && !strcmp(out, "cached"),
+              "a repeated prompt is prefix reuse, planned local, not a fallback: plan %s outcome %s", plan, out);
         rs_reply_free(&r);
         free(last);
         CHECK(metric_value(rport, "tandem_router_prefill_total{mode=\"cached\"} ") == 1 &&
               metric_value(rport, "tandem_router_prefill_total{mode=\"split\"} ") == n_split &&
               metric_value(rport, "tandem_router_prefill_fallbacks_total ") == 0, "metrics: %d split, 1 cached, no fallback", n_split);
-        CHECK(metric_value(rport, "tandem_router_decisions_total{decision=\"split\",reason=\"cost\"} ") == n_split + 1 &&
+        CHECK(metric_value(rport, "tandem_router_decisions_total{decision=\"split\",reason=\"cost\"} ") == n_split &&
+              metric_value(rport, "tandem_router_decisions_total{decision=\"local\",reason=\"cost\"} ") == 1 &&
               metric_value(rport, "tandem_router_decisions_total{decision=\"local\",reason=\"short_prompt\"} ") == 1,
-              "decision metrics count %d cost splits and 1 short prompt", n_split + 1);
+              "decision metrics count %d cost splits, 1 local for its cost (held) and 1 short prompt", n_split);
         char *m = NULL;
         http(rport, "GET", "/metrics", NULL, &m);
-        /* series exist once observed: exactly the two pairs these requests took */
-        CHECK(m && count_str(m, "tandem_router_decisions_total{") == 2 &&
+        /* series exist once observed: exactly the three pairs these requests took */
+        CHECK(m && count_str(m, "tandem_router_decisions_total{") == 3 &&
               !strstr(m, "decision=\"split\",reason=\"short_prompt\"") &&
               !strstr(m, "decision=\"split\",reason=\"no_prefill_node\""),
               "only the decision series that occurred are exported");

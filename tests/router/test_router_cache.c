@@ -1,0 +1,456 @@
+/* test_router_cache.c - routing by cache and capacity (issue 47) and the
+ * router's health checks (issue 40), on real processes: 2 prefill nodes,
+ * 2 decode nodes and a router on the fixture model.
+ *
+ *  - 8 prompts of one 512-token prefix and 8 different 24-token suffixes,
+ *    sent one after another (--split always): the positions computed,
+ *    summed over the four nodes, are at most prefix + 8 x suffix (+ the
+ *    decode nodes' last positions) + one extra prefix; each reply equals
+ *    the same prompt prefilled locally on a decode node (greedy);
+ *  - 16 different prompts sent at once, then the same 16 again: the second
+ *    burst reuses whole prompts (outcome "cached") for at least 14;
+ *  - a 1-slot decode node beside a 4-slot one gets at most 30% of a burst
+ *    of 16 requests (--client-share 100: the burst comes from one client,
+ *    whose default share of a node would send the rest elsewhere; short
+ *    prompts and 48 tokens each, so that a slot's worth is decoding, which
+ *    a node batches: per request a 4-slot node is not 4x slower);
+ *  - the small defects: failed health checks counted in
+ *    tandem_node_failures_total; "marked down" logged for a prefill node
+ *    whose split fell back; the fallback in the stream (final SSE comment)
+ *    and the next request not naming the dead node; a decode node that dies
+ *    mid-stream marked down at once; --help says that q8_0 on the wire
+ *    changes greedy output; the probe timeout grows with a node's round
+ *    trip, and a node stopped for 2 s (a loaded host) is not marked down.
+ */
+#include "t.h"
+#include "proc.h"
+
+#include <math.h>
+#include <pthread.h>
+
+#include "router/router.h"
+
+#define TC_DIR "build/test_router_cache.d"
+#define TC_PREFIX 512      /* tokens: 8 blocks of 64 */
+#define TC_SUFFIX 24
+#define TC_BURST 16
+#define TC_BURST_LEN 200   /* tokens of each burst prompt: 3 full blocks */
+
+static char tc_secret_path[] = TC_DIR "/secret";
+static const char tc_secret[] = "7f3c9a1e5b2d8f4a6c0e9b3d7a1f5c8e2b6d0a4f8c3e7b1d5a9f2c6e0b4d8a3f";
+static node_auth_key tc_key;
+
+/* ==== Processes and requests ==== */
+
+static int tc_start(pid_t *pid, char *const argv[], const char *name) {
+    return start_named(pid, argv, TC_DIR, name, 1, 60000);
+}
+
+/* An ordinary token id for position i of prompt tag (Qwen3's BPE range). */
+static int tc_tok(int tag, int i) { return 1000 + (int)(((unsigned)tag * 7919u + (unsigned)i * 104729u) % 60000u); }
+
+/* A completion request on token ids: prefix (tag 0) then suffix (tag). */
+static char *tc_body(int prefix_len, int tag, int suffix_len, int max_tokens, int stream) {
+    json_t *ids = json_array();
+    for (int i = 0; i < prefix_len; i++) json_array_append_new(ids, json_integer(tc_tok(0, i)));
+    for (int i = 0; i < suffix_len; i++) json_array_append_new(ids, json_integer(tc_tok(tag, i)));
+    json_t *o = json_pack("{s:s, s:o, s:i, s:f, s:b}", "model", "q", "prompt", ids, "max_tokens", max_tokens,
+                          "temperature", 0.0, "stream", stream);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+/* A reply's body (after the headers) as JSON, or NULL. */
+static json_t *tc_json(const char *raw) {
+    const char *b = raw ? strstr(raw, "\r\n\r\n") : NULL;
+    return b ? json_loads(b + 4, 0, NULL) : NULL;
+}
+
+static const char *tc_text(json_t *o) {
+    return jstr(json_array_get(json_object_get(o, "choices"), 0), "text", NULL);
+}
+
+/* Positions a decode node computed: prompts less reused and received ones. */
+static long long tc_decode_computed(int port) {
+    char *b = NULL;
+    const node_auth_key *k = sign_key;
+    sign_key = &tc_key;
+    int st = http(port, "GET", "/v1/stats", NULL, &b);
+    sign_key = k;
+    json_t *o = st == 200 && b ? json_loads(b, 0, NULL) : NULL;
+    long long n = o ? jint(o, "prompt_tokens", NULL) - jint(o, "reused_positions", NULL) - jint(o, "positions_received", NULL) : -1;
+    json_decref(o);
+    free(b);
+    return n;
+}
+
+/* Positions a prefill node computed (its /metrics, summed over series). */
+static long long tc_prefill_computed(int mport) {
+    char *m = NULL;
+    http(mport, "GET", "/metrics", NULL, &m);
+    long long n = m ? 0 : -1;
+    for (char *p = m; p && (p = strstr(p, "tandem_prefill_tokens_computed_total")); p++)
+        if (p == m || p[-1] == '\n') {
+            char *sp = strchr(p, ' ');
+            if (sp) n += (long long)atof(sp + 1);
+        }
+    free(m);
+    return n;
+}
+
+/* The text a decode node generates for the same request prefilled locally. */
+static char *tc_local_text(int dport, int prefix_len, int tag, int suffix_len, int max_tokens) {
+    int32_t ids[TC_PREFIX + TC_BURST_LEN];
+    int n = 0;
+    for (int i = 0; i < prefix_len; i++) ids[n++] = tc_tok(0, i);
+    for (int i = 0; i < suffix_len; i++) ids[n++] = tc_tok(tag, i);
+    json_t *r = gen_req(ids, n, max_tokens, 0, "local");
+    json_object_set_new(r, "ignore_eos", json_false());
+    char *body = json_dumps(r, JSON_COMPACT), *out = NULL;
+    json_decref(r);
+    const node_auth_key *k = sign_key;
+    sign_key = &tc_key;
+    int st = http(dport, "POST", "/v1/generate", body, &out);
+    sign_key = k;
+    free(body);
+    json_t *o = st == 200 && out ? json_loads(out, 0, NULL) : NULL;
+    char *t = strdup(o ? jstr(o, "text", NULL) : "(no reply)");
+    json_decref(o);
+    free(out);
+    return t;
+}
+
+/* ==== A burst of concurrent requests ==== */
+
+typedef struct {
+    int port, tag, len, max_tokens;
+    int status;
+    char node[64], outcome[32];
+} tc_job;
+
+static void *tc_job_main(void *arg) {
+    tc_job *j = arg;
+    char *body = tc_body(0, j->tag, j->len, j->max_tokens, 0), *raw = NULL;
+    j->status = http_raw(j->port, "POST", "/v1/completions", NULL, body, &raw);
+    http_header(raw ? raw : "", "X-Tandem-Decode-Node", j->node, sizeof j->node);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Outcome", j->outcome, sizeof j->outcome);
+    free(raw);
+    free(body);
+    return NULL;
+}
+
+static void tc_burst(tc_job *jobs, int n) {
+    pthread_t th[TC_BURST];
+    for (int i = 0; i < n; i++) pthread_create(&th[i], NULL, tc_job_main, &jobs[i]);
+    for (int i = 0; i < n; i++) pthread_join(th[i], NULL);
+}
+
+/* ==== 2 + 2 nodes ==== */
+
+typedef struct {
+    pid_t pf[2], dn[2], rt;
+    int pport[2], mport[2], dport[2], rport;
+} tc_cluster;
+
+static void tc_stop_all(pid_t *pids, int n) {
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) stop_proc(pids[i], 5000);
+}
+
+/* The 8-suffix experiment: the prefix is computed once where it is needed. */
+static void test_suffixes(tc_cluster *c) {
+    long long before = 0;
+    for (int i = 0; i < 2; i++) before += tc_decode_computed(c->dport[i]) + tc_prefill_computed(c->mport[i]);
+    char *texts[8] = {0};
+    int ok = 1;
+    for (int k = 0; k < 8; k++) {
+        char *body = tc_body(TC_PREFIX, 100 + k, TC_SUFFIX, 4, 0), *raw = NULL;
+        int st = http_raw(c->rport, "POST", "/v1/completions", NULL, body, &raw);
+        char dn[64], pn[64], plan[16];
+        http_header(raw ? raw : "", "X-Tandem-Decode-Node", dn, sizeof dn);
+        http_header(raw ? raw : "", "X-Tandem-Prefill-Node", pn, sizeof pn);
+        http_header(raw ? raw : "", "X-Tandem-Prefill-Plan", plan, sizeof plan);
+        json_t *o = tc_json(raw);
+        texts[k] = strdup(o ? tc_text(o) : "");
+        printf("test_router_cache: suffix %d: HTTP %d decode %s plan %s prefill %s\n", k, st, dn, plan, pn);
+        ok &= st == 200;
+        json_decref(o);
+        free(raw);
+        free(body);
+    }
+    CHECK(ok, "8 prompts of one prefix answered");
+    long long after = 0;
+    for (int i = 0; i < 2; i++) after += tc_decode_computed(c->dport[i]) + tc_prefill_computed(c->mport[i]);
+    long long computed = after - before, bound = TC_PREFIX + 8 * (TC_SUFFIX + 1) + TC_PREFIX;
+    printf("test_router_cache: 8 suffixes: %lld positions computed over the cluster (bound %lld; "
+           "once-per-cluster ideal %d)\n", computed, bound, TC_PREFIX + 8 * (TC_SUFFIX + 1));
+    CHECK(computed > 0 && computed <= bound, "8-suffix experiment: %lld positions computed <= prefix + 8 x suffix + "
+          "one extra prefix (%lld)", computed, bound);
+    /* greedy outputs unchanged: each equals the prompt prefilled locally */
+    int same = 0;
+    for (int k = 0; k < 8; k++) {
+        char *t = tc_local_text(c->dport[k % 2], TC_PREFIX, 100 + k, TC_SUFFIX, 4);
+        same += !strcmp(t, texts[k]);
+        if (strcmp(t, texts[k])) printf("test_router_cache: suffix %d: routed \"%s\" local \"%s\"\n", k, texts[k], t);
+        free(t);
+        free(texts[k]);
+    }
+    CHECK(same == 8, "greedy outputs equal local prefill: %d of 8", same);
+}
+
+/* The same 16 prompts twice: whole prompts reused the second time. */
+static void test_repeat_burst(tc_cluster *c) {
+    tc_job jobs[TC_BURST];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < TC_BURST; i++) jobs[i] = (tc_job){ .port = c->rport, .tag = 1000 + i, .len = TC_BURST_LEN, .max_tokens = 2 };
+        tc_burst(jobs, TC_BURST);
+        int ok = 0, cached = 0, on0 = 0;
+        char n0[64];
+        snprintf(n0, sizeof n0, "127.0.0.1:%d", c->dport[0]);
+        for (int i = 0; i < TC_BURST; i++) {
+            ok += jobs[i].status == 200;
+            cached += !strcmp(jobs[i].outcome, "cached");
+            on0 += !strcmp(jobs[i].node, n0);
+        }
+        printf("test_router_cache: burst %d: %d ok, %d whole prompts reused, %d on the first decode node\n", pass + 1, ok,
+               cached, on0);
+        CHECK(ok == TC_BURST, "burst %d: every request answered (%d)", pass + 1, ok);
+        if (pass == 1) CHECK(cached >= 14, "repeated burst reuses whole prompts for %d of 16 (>= 14)", cached);
+        sleep_ms(600);   /* a health report or two */
+    }
+}
+
+/* Every prefill node killed: the split falls back, the stream says so, the
+ * router logs each "marked down" and counts failed checks. */
+static void test_fallback(tc_cluster *c) {
+    for (int i = 0; i < 2; i++) { kill(c->pf[i], SIGKILL); wait_exit(c->pf[i], 5000); c->pf[i] = 0; }
+    char *body = tc_body(0, 5000, 150, 3, 1), *raw = NULL;
+    int st = http_raw(c->rport, "POST", "/v1/completions", NULL, body, &raw);
+    free(body);
+    char plan[16], pn[64];
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Plan", plan, sizeof plan);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Node", pn, sizeof pn);
+    const char *cm = raw ? strstr(raw, ": tandem prefill=") : NULL;
+    char line[400] = "";
+    if (cm) snprintf(line, sizeof line, "%.*s", (int)strcspn(cm, "\n"), cm);
+    printf("test_router_cache: stream after the prefill nodes died: plan %s via %s; %s\n", plan, pn, line);
+    CHECK(st == 200 && !strcmp(plan, "split") && strstr(line, "prefill=fallback") && strstr(line, "reason=\"") &&
+          strstr(raw, "data: [DONE]") && cm < strstr(raw, "data: [DONE]"),
+          "the stream ends with the fallback as an SSE comment before [DONE]: %s", line);
+    free(raw);
+    char want[160];
+    snprintf(want, sizeof want, "prefill node %s marked down (its split fell back", pn);
+    CHECK(wait_file_has(TC_DIR "/rt.log", want, 3000), "router logs: %s", want);
+    /* the next stream's headers do not name a dead prefill node */
+    sleep_ms(1500);   /* three failed checks of the other one */
+    body = tc_body(0, 5001, 150, 3, 1);
+    st = http_raw(c->rport, "POST", "/v1/completions", NULL, body, &raw);
+    free(body);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Plan", plan, sizeof plan);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Node", pn, sizeof pn);
+    CHECK(st == 200 && !strcmp(plan, "local") && !pn[0] && raw && strstr(raw, ": tandem prefill=local plan=local"),
+          "with both prefill nodes down the next stream is local and names none (plan %s, node '%s')", plan, pn);
+    free(raw);
+    for (int i = 0; i < 2; i++) {
+        char series[160];
+        snprintf(series, sizeof series, "tandem_node_failures_total{node=\"127.0.0.1:%d\",role=\"prefill\",model=\"q\"} ",
+                 c->pport[i]);
+        double f = metric_value(c->rport, series);
+        CHECK(f >= 3, "failed health checks counted in tandem_node_failures_total: %.0f for prefill node %d", f, i);
+    }
+}
+
+static void test_cluster(void) {
+    char b[512], model[600];
+    snprintf(b, sizeof b, "%s", bin());
+    snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
+    if (!t_need(model)) return;
+    tc_cluster c;
+    memset(&c, 0, sizeof c);
+    char pf_port[2][64], pf_mport[2][64], pf_name[2][8], mf_name[2][8];
+    for (int i = 0; i < 2; i++) {
+        snprintf(pf_name[i], sizeof pf_name[i], "pf%d", i);
+        snprintf(mf_name[i], sizeof mf_name[i], "pm%d", i);
+        snprintf(pf_port[i], sizeof pf_port[i], TC_DIR "/pf%d.port", i);
+        snprintf(pf_mport[i], sizeof pf_mport[i], TC_DIR "/pm%d.port", i);
+        char *a[] = {b, "serve", "--role", "prefill", "-m", model, "-t", "1", "--secret-file", tc_secret_path,
+                     "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", pf_mport[i], "--port-file", pf_port[i], NULL};
+        c.pport[i] = tc_start(&c.pf[i], a, pf_name[i]);
+        c.mport[i] = wait_port(pf_mport[i], c.pf[i], 10000);
+    }
+    char dn_port[2][64], dn_name[2][8], dd[2][64], pp[2][64];
+    for (int i = 0; i < 2; i++) {
+        snprintf(dn_name[i], sizeof dn_name[i], "dn%d", i);
+        snprintf(dn_port[i], sizeof dn_port[i], TC_DIR "/dn%d.port", i);
+        char *a[] = {b, "serve", "--role", "decode", "-m", model, "-t", "1", "-c", "1024", "--parallel", "8",
+                     "--secret-file", tc_secret_path, "--listen", "127.0.0.1:0", "--port-file", dn_port[i], NULL};
+        c.dport[i] = tc_start(&c.dn[i], a, dn_name[i]);
+        snprintf(dd[i], sizeof dd[i], "q=127.0.0.1:%d", c.dport[i]);
+        snprintf(pp[i], sizeof pp[i], "q=127.0.0.1:%d", c.pport[i]);
+    }
+    char *ra[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", tc_secret_path,
+                  "--decode", dd[0], "--decode", dd[1], "--prefill", pp[0], "--prefill", pp[1], "--split", "always",
+                  "--health-interval-ms", "200", "--port-file", TC_DIR "/rt.port", NULL};
+    int up = c.pport[0] > 0 && c.pport[1] > 0 && c.mport[0] > 0 && c.mport[1] > 0 && c.dport[0] > 0 && c.dport[1] > 0;
+    c.rport = up ? tc_start(&c.rt, ra, "rt") : -1;
+    if (c.rport > 0) {
+        test_suffixes(&c);
+        test_repeat_burst(&c);
+        test_fallback(&c);
+    }
+    pid_t all[] = {c.rt, c.dn[0], c.dn[1], c.pf[0], c.pf[1]};
+    tc_stop_all(all, 5);
+}
+
+/* ==== Capacity: a 1-slot node beside a 4-slot node ==== */
+
+/* A stream on the router; returns the connected socket once its headers and
+ * first event came (decode node into node), or -1. */
+static int tc_stream_open(int rport, char *node, size_t nlen) {
+    char *body = tc_body(0, 7000, 100, 400, 1);
+    int fd = http_connect(rport);
+    if (fd < 0 || http_send(fd, "POST", "/v1/completions", body)) { free(body); if (fd >= 0) close(fd); return -1; }
+    free(body);
+    char buf[8192];
+    size_t n = 0;
+    while (n < sizeof buf - 1 && !strstr(buf, "data: ")) {
+        ssize_t r = recv(fd, buf + n, sizeof buf - 1 - n, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+        buf[n] = 0;
+    }
+    buf[n] = 0;
+    http_header(buf, "X-Tandem-Decode-Node", node, nlen);
+    if (!strstr(buf, "data: ")) { close(fd); return -1; }
+    return fd;
+}
+
+static void test_capacity(void) {
+    char b[512], model[600];
+    snprintf(b, sizeof b, "%s", bin());
+    snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
+    if (!t_need(model)) return;
+    pid_t d1 = 0, d4 = 0, rt = 0;
+    char *a1[] = {b, "serve", "--role", "decode", "-m", model, "-t", "1", "-c", "1024", "--parallel", "1", "--secret-file",
+                  tc_secret_path, "--client-share", "100", "--listen", "127.0.0.1:0", "--port-file", TC_DIR "/d1.port", NULL};
+    char *a4[] = {b, "serve", "--role", "decode", "-m", model, "-t", "1", "-c", "1024", "--parallel", "4", "--secret-file",
+                  tc_secret_path, "--client-share", "100", "--listen", "127.0.0.1:0", "--port-file", TC_DIR "/d4.port", NULL};
+    int p1 = tc_start(&d1, a1, "d1"), p4 = tc_start(&d4, a4, "d4");
+    char s1[64], s4[64];
+    snprintf(s1, sizeof s1, "q=127.0.0.1:%d", p1);
+    snprintf(s4, sizeof s4, "q=127.0.0.1:%d", p4);
+    char *ra[] = {b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", tc_secret_path,
+                  "--decode", s1, "--decode", s4, "--health-interval-ms", "1000", "--port-file", TC_DIR "/rc.port", NULL};
+    int rport = p1 > 0 && p4 > 0 ? tc_start(&rt, ra, "rc") : -1;
+    if (rport > 0) {
+        tc_job jobs[TC_BURST];
+        for (int round = 0; round < 2; round++) {
+            for (int i = 0; i < TC_BURST; i++)
+                jobs[i] = (tc_job){ .port = rport, .tag = 3000 + 100 * round + i, .len = 16, .max_tokens = 48 };
+            tc_burst(jobs, TC_BURST);
+            int on1 = 0, ok = 0;
+            char n1[64];
+            snprintf(n1, sizeof n1, "127.0.0.1:%d", p1);
+            for (int i = 0; i < TC_BURST; i++) { on1 += !strcmp(jobs[i].node, n1); ok += jobs[i].status == 200; }
+            char *h = NULL;
+            http(rport, "GET", "/health", NULL, &h);
+            json_t *ho = h ? json_loads(h, 0, NULL) : NULL, *nodes = json_object_get(ho, "nodes");
+            double hold[2] = {0, 0};
+            for (size_t k = 0; k < json_array_size(nodes) && k < 2; k++)
+                hold[k] = json_number_value(json_object_get(json_array_get(nodes, k), "hold_ms"));
+            json_decref(ho);
+            free(h);
+            printf("test_router_cache: capacity burst %d: 1-slot node got %d of 16 (%d ok); slot hold times now "
+                   "%.0f ms (1 slot), %.0f ms (4 slots)\n", round + 1, on1, ok, hold[0], hold[1]);
+            CHECK(ok == TC_BURST && on1 <= TC_BURST * 30 / 100, "capacity burst %d: the 1-slot node got %d of 16 (<= 30%%)",
+                  round + 1, on1);
+        }
+        /* a loaded host: the 4-slot node stopped for 2 s is not marked down */
+        kill(d4, SIGSTOP);
+        sleep_ms(2000);
+        kill(d4, SIGCONT);
+        sleep_ms(300);
+        char *log = slurp(TC_DIR "/rc.log");
+        CHECK(!strstr(log, "marked down"), "a node stopped for 2 s is not marked down (three failed probes needed)");
+        free(log);
+        /* a decode node that dies mid-stream is marked down at once */
+        char node[64] = "";
+        int fd = tc_stream_open(rport, node, sizeof node);
+        pid_t victim = !strcmp(node + strlen("127.0.0.1:"), s1 + strlen("q=127.0.0.1:")) ? d1 : d4;
+        CHECK(fd >= 0 && node[0], "a stream started on %s", node);
+        if (fd >= 0) {
+            double t0 = now_ms();
+            kill(victim, SIGKILL);
+            wait_exit(victim, 5000);
+            if (victim == d1) d1 = 0; else d4 = 0;
+            size_t n;
+            char *rest = http_read_all(fd, &n);
+            close(fd);
+            char want[160];
+            snprintf(want, sizeof want, "decode node %s marked down: its stream broke", node);
+            int seen = wait_file_has(TC_DIR "/rc.log", want, 3000);
+            double ms = now_ms() - t0;
+            printf("test_router_cache: decode node killed mid-stream: marked down after %.0f ms\n", ms);
+            /* the health checks alone would take three failed probes a second apart */
+            CHECK(seen && ms < 1500, "a decode node dying mid-request is marked down at once (%.0f ms)", ms);
+            CHECK(rest && strstr(rest, "\"error\""), "the stream ends with an error event");
+            free(rest);
+        }
+    }
+    pid_t all[] = {rt, d1, d4};
+    tc_stop_all(all, 3);
+}
+
+/* ==== Without processes ==== */
+
+static void test_pure(void) {
+    CHECK(router_probe_timeout_ms(200, 0) == 1000 && router_probe_timeout_ms(2000, 0) == 2000,
+          "probe timeout: at least 1 s and the interval");
+    CHECK(router_probe_timeout_ms(1000, 500) == 4000, "probe timeout grows with the node's round trip: %d",
+          router_probe_timeout_ms(1000, 500));
+    CHECK(router_probe_timeout_ms(1000, 1e7) == 30000, "probe timeout capped at 30 s");
+    /* the cost model counts only what is not held */
+    router_cost_in in = { .n_prompt = 1000, .decode_prefill_tps = 1000, .prefill_prefill_tps = 1000,
+                          .link_bytes_per_s = 1e9, .kv_bytes_per_token = 1000, .handoff_overhead_ms = 2,
+                          .have_prefill = 1, .policy = ROUTER_SPLIT_AUTO, .min_split_tokens = 32 };
+    router_decision d;
+    router_decide(&in, &d);
+    double local0 = d.est_local_ms;
+    in.cached_decode = 960;
+    router_decide(&in, &d);
+    CHECK(fabs(d.est_local_ms - 40) < 1e-6 && fabs(local0 - 1000) < 1e-6 && !d.split,
+          "a held prefix leaves 40 positions to compute locally: %.1f ms, plan %s", d.est_local_ms, d.split ? "split" : "local");
+    in.cached_decode = 0;
+    in.cached_prefill = 900;
+    router_decide(&in, &d);
+    CHECK(d.split && fabs(d.est_split_ms - 100 - 2) < 1e-6,
+          "a prefix held by the prefill node: 100 positions computed there, split (%.1f ms)", d.est_split_ms);
+    /* --help: q8_0 on the wire with an f16 cache changes greedy output */
+    char b[512];
+    snprintf(b, sizeof b, "%s", bin());
+    char *ha[] = {b, "serve", "--role", "decode", "--help", NULL};
+    char *h = run_capture(ha);
+    CHECK(h && strstr(h, "--wire-dtype") && strstr(h, "lossy") && strstr(h, "greedy output"),
+          "decode --help says q8_0 on the wire changes greedy output");
+    free(h);
+    char *hr[] = {b, "serve", "--role", "router", "--help", NULL};
+    h = run_capture(hr);
+    CHECK(h && strstr(h, "--cache-aware"), "router --help lists --cache-aware");
+    free(h);
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    unsetenv("TANDEM_SECRET");
+    unsetenv("TANDEM_API_KEY");
+    unsetenv("TANDEM_LOG_LEVEL");
+    mkdir("build", 0755);
+    mkdir(TC_DIR, 0755);
+    write_text(tc_secret_path, tc_secret);
+    node_auth_derive(&tc_key, tc_secret, strlen(tc_secret), NODE_AUTH_LABEL_DECODE_API);
+    test_pure();
+    test_cluster();
+    test_capacity();
+    return t_done("test_router_cache");
+}
