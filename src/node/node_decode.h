@@ -85,6 +85,8 @@ typedef struct {
     int client_share;            /* percent of slots + queue one client may hold (default 50; 100 = no share) */
     int max_conns_per_ip;        /* per address other than the router's (default: httpd.h shares) */
     int request_deadline_ms;     /* a request's headers + body must arrive within this (default 10000) */
+    const char *chat_source;     /* /health "chat_template": "model", "option" (--chat-template) or
+                                  * "fallback" (ChatML for a model without one); NULL = "model" */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
 } decode_node_opts;
