@@ -782,15 +782,16 @@ static void dn_count_job(dn_job *j) {
     dn_metrics_job(j, cancelled ? "cancelled" : failed ? "error" : "ok", prefill_ms, gen_ms);
 }
 
-/* The request's one INFO line: tokens, where the prompt came from, times. */
+/* The request's one INFO line: tokens, where the prompt came from, times,
+ * the model (its /metrics label). */
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
     log_info(j->rid, "done finish=%s prompt=%d cached=%d computed_local=%d prefill=%s%s%s completion=%d "
-             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f model=%s%s%s%s%s",
              finish, j->n_prompt, v->start_pos, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
-             v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
+             v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive, j->n->mt.model,
              j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
 }
 

@@ -292,7 +292,8 @@ static void test_conformance(tx_env *x) {
     /* logs: the node's line carries the client's log id; refusals at WARN; done names the model */
     sleep_ms(300);
     char *nlog = slurp(TX_DIR "/na.log"), *rlog = slurp(TX_DIR "/r.log");
-    CHECK(nlog && strstr(nlog, "req=0badc0de"), "the node logs the client's X-Request-Id");
+    CHECK(nlog && strstr(nlog, "req=0badc0de done finish=") && strstr(nlog, " model=stories260K"),
+          "the node logs the client's X-Request-Id, its done line names the model");
     CHECK(rlog && strstr(rlog, " WARN router req=") && strstr(rlog, "refused status=400"), "a refusal at WARN");
     CHECK(rlog && strstr(rlog, "model=stories") && strstr(rlog, "client_request_id=trace-7f.a:b_c"),
           "done lines name the model and the client's id");

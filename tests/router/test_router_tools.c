@@ -360,7 +360,7 @@ static void test_py_clients(tt_env *e) {
     snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", e->prouter);
     snprintf(lim, sizeof lim, "http://127.0.0.1:%d/v1", e->plimited);
     char *args[] = {"tools", "--base", base, "--model", "qwen3", "--dead-model", "ghost", "--limited", lim, NULL};
-    py_clients_run("test_router_tools", args, 19);
+    py_clients_run("test_router_tools", args, 20);
     CHECK(stop_proc(e->limited, 5000) == 0, "the limited router stops cleanly");
     e->limited = 0;
 }
