@@ -118,6 +118,7 @@ static int api_get_max_tokens(json_t *root, const api_limits *lim, api_request *
                            "'%s' is too large: %lld. This server allows at most %d completion tokens.",
                            keys[i], (long long)x, lim->max_tokens_limit);
         r->max_tokens = (int)x;
+        r->max_tokens_given = 1;
     }
     return 0;
 }
@@ -746,6 +747,9 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
     /* a whole forced call in the prefix leaves nothing to generate */
     int max = r->prefix_complete ? 0 : r->max_tokens > 0 ? r->max_tokens : API_MAX_TOKENS_UNTIL_CONTEXT;
     json_object_set_new(o, "max_tokens", json_integer(max));
+    /* asked for by the client: the node refuses a prompt plus it beyond the
+     * context (context_length_exceeded) instead of stopping at the end */
+    if (r->max_tokens_given && !r->prefix_complete) json_object_set_new(o, "max_tokens_strict", json_true());
     json_object_set_new(o, "temperature", json_real(r->temperature));
     json_object_set_new(o, "top_p", json_real(r->top_p));
     /* OpenAI sampling has no top-k or min-p: switch them off on the node. */

@@ -71,6 +71,7 @@ typedef struct {
     api_msg *messages;
     int n_messages;
     int max_tokens;             /* 0 = until the end of the context */
+    int max_tokens_given;       /* the client set it: a prompt plus it beyond the context is a 400 */
     double temperature;         /* OpenAI default 1 */
     double top_p;               /* OpenAI default 1 */
     int has_seed;

@@ -596,10 +596,10 @@ static int dn_parse_request(dnode *n, const char *body, size_t len, dn_req *r, c
         dn_parse_stop(o, r, err, errlen) || dn_parse_choices(n, o, r, err, errlen) ||
         dn_parse_prefill(n, o, r, err, errlen) || dn_parse_prompt(n, o, r, err, errlen))
         goto out;
-    /* a completion asked to be longer than the context leaves is refused, as
-     * OpenAI and vLLM do (DN_MAX_TOKENS_LIMIT, the router's "until the end of
-     * the context", is not a length asked for) */
-    if (json_object_get(o, "max_tokens") && r->max_tokens < DN_MAX_TOKENS_LIMIT && r->n_prompt + r->max_tokens > n->n_ctx) {
+    /* "max_tokens_strict" (the router's, for a client's explicit max_tokens):
+     * a completion asked to be longer than the context leaves is refused, as
+     * OpenAI and vLLM do; otherwise the output stops at the context's end */
+    if (json_is_true(json_object_get(o, "max_tokens_strict")) && r->n_prompt + r->max_tokens > n->n_ctx) {
         snprintf(err, errlen, "the prompt has %d tokens and max_tokens is %d: together more than the context of %d "
                  "tokens (reduce the prompt or max_tokens)", r->n_prompt, r->max_tokens, n->n_ctx);
         goto out;
