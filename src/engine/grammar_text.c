@@ -739,16 +739,38 @@ static int lower_class(glow *L, const gnode *x, seq *out)
 {
     uint64_t ascii[4] = { 0 };
     alts a = { 0 };
+    /* what JSON must escape, as one alternative: '\\' then the letter of a
+     * short escape, or "u00" and two lowercase hex digits (put_cp_bytes's
+     * forms), so that a broad class costs one stack here, not 33 */
+    uint64_t letters[4] = { 0 }, hex0[4] = { 0 }, hex1[4] = { 0 };
+    int n_esc = 0;
+    for (int i = 0; i < x->n_rg && L->json; i++)
+        for (uint32_t cp = x->rg[2 * i]; cp <= x->rg[2 * i + 1] && cp < 0x60; cp++) {
+            if ((cp >= 0x20 && cp != '"' && cp != '\\') || cp == 0) continue;   /* \u0000: refused by JSON strings */
+            int l = cp == '"' ? '"' : cp == '\\' ? '\\' : cp == '\b' ? 'b' : cp == '\f' ? 'f' : cp == '\n' ? 'n'
+                  : cp == '\r' ? 'r' : cp == '\t' ? 't' : 0;
+            if (l) letters[l >> 6] |= 1ull << (l & 63);
+            else {
+                int h = "0123456789abcdef"[cp & 15];
+                if (cp < 0x10) hex0[h >> 6] |= 1ull << (h & 63);
+                else hex1[h >> 6] |= 1ull << (h & 63);
+            }
+            n_esc++;
+        }
+    if (n_esc) {
+        alts e = { 0 };
+        seq *t;
+        if ((letters[0] | letters[1]) && (t = alt_new(L->c, &e))) seq_add(L->c, t, E_SET, set_add(L->c, letters), 0, 0);
+        if ((hex0[0] | hex0[1]) && (t = alt_new(L->c, &e)) && !seq_str(L->c, t, "u000"))
+            seq_add(L->c, t, E_SET, set_add(L->c, hex0), 0, 0);
+        if ((hex1[0] | hex1[1]) && (t = alt_new(L->c, &e)) && !seq_str(L->c, t, "u001"))
+            seq_add(L->c, t, E_SET, set_add(L->c, hex1), 0, 0);
+        int64_t er = rule_make(L->c, &e);
+        seq *s = alt_new(L->c, &a);
+        if (s && !seq_str(L->c, s, "\\")) seq_ref(L->c, s, er);
+    }
     for (int i = 0; i < x->n_rg && !L->c->failed; i++) {
         uint32_t lo = x->rg[2 * i], hi = x->rg[2 * i + 1];
-        if (L->json) {   /* what JSON must escape: one alternative each */
-            for (uint32_t cp = lo; cp <= hi && cp < 0x60; cp++) {
-                if (cp >= 0x20 && cp != '"' && cp != '\\') continue;
-                if (cp == 0) continue;   /* \u0000 is refused by the JSON string rules */
-                seq *s = alt_new(L->c, &a);
-                if (s) put_cp_bytes(L, s, cp);
-            }
-        }
         if (lo <= 0xDFFF && hi >= 0xD800) {   /* surrogates are not characters */
             if (lo < 0xD800) utf8_ranges(L, &a, ascii, lo, 0xD7FF);
             if (hi > 0xDFFF) utf8_ranges(L, &a, ascii, 0xE000, hi);
