@@ -3,6 +3,8 @@
 #include "api/http_api.h"
 #include "engine/grammar.h"
 #include "api/tools.h"
+#include "api/extensions.h"
+#include "base/version.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -20,6 +22,7 @@ void api_limits_default(api_limits *l) {
     l->max_prompt_tokens = 65536;
     l->max_messages = 256;
     l->max_stop = 4;                  /* OpenAI's documented maximum */
+    l->lenient = 0;                   /* unknown fields are refused by name */
 }
 
 void api_error_set(api_error *e, int status, const char *type, const char *code,
@@ -115,6 +118,7 @@ static int api_get_max_tokens(json_t *root, const api_limits *lim, api_request *
                            "'%s' is too large: %lld. This server allows at most %d completion tokens.",
                            keys[i], (long long)x, lim->max_tokens_limit);
         r->max_tokens = (int)x;
+        r->max_tokens_given = 1;
     }
     return 0;
 }
@@ -554,6 +558,7 @@ static int api_get_sampling(json_t *root, api_request *r, api_error *e) {
         }
         json_object_set(o, "response_format", rf);
     }
+    if (api_ext_sampling(root, o, e)) { json_decref(o); return -1; }   /* grammar, guided_*, min_tokens, ... */
     if (json_object_size(o)) r->sampling = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (json_object_size(json_object_get(root, "logit_bias")) && !r->sampling) return api_bad(e, NULL, NULL, "out of memory");
@@ -591,6 +596,7 @@ static int api_parse_fields(json_t *root, enum api_kind kind, const api_limits *
     if (json_string_length(model) == 0 || json_string_length(model) > 256)
         return api_bad(e, "model", "invalid_value", "'model' must be a non-empty string of at most 256 bytes.");
     if (!(r->model = strdup(json_string_value(model)))) return api_bad(e, "model", NULL, "out of memory");
+    if (api_ext_check_fields(root, kind, lim->lenient, e)) return -1;
     if (kind == API_CHAT ? api_get_messages(root, lim, r, e) : api_get_prompt(root, lim, r, e)) return -1;
     if (api_check_unsupported(root, kind, e)) return -1;
     if (kind == API_CHAT && api_get_tools(root, lim, r, e)) return -1;
@@ -701,6 +707,16 @@ static char *api_dump(json_t *o) {
     return s;
 }
 
+/* "system_fingerprint": the server build that answered (OpenAI's field,
+ * which changes when the backend configuration does). */
+#define API_FINGERPRINT "fp_tandem_" TANDEM_VERSION
+
+/* o with "system_fingerprint" added (a response or chunk object), dumped. */
+static char *api_dump_fp(json_t *o) {
+    if (o) json_object_set_new(o, "system_fingerprint", json_string(API_FINGERPRINT));
+    return api_dump(o);
+}
+
 static json_t *api_upstream_prompt(const api_request *r, json_t *o) {
     if (r->kind == API_CHAT) {
         json_object_set_new(o, "chat", json_true());
@@ -731,6 +747,9 @@ char *api_upstream_body(const api_request *r, const char *prefill_mode, const ch
     /* a whole forced call in the prefix leaves nothing to generate */
     int max = r->prefix_complete ? 0 : r->max_tokens > 0 ? r->max_tokens : API_MAX_TOKENS_UNTIL_CONTEXT;
     json_object_set_new(o, "max_tokens", json_integer(max));
+    /* asked for by the client: the node refuses a prompt plus it beyond the
+     * context (context_length_exceeded) instead of stopping at the end */
+    if (r->max_tokens_given && !r->prefix_complete) json_object_set_new(o, "max_tokens_strict", json_true());
     json_object_set_new(o, "temperature", json_real(r->temperature));
     json_object_set_new(o, "top_p", json_real(r->top_p));
     /* OpenAI sampling has no top-k or min-p: switch them off on the node. */
@@ -940,7 +959,7 @@ char *api_render_response(enum api_kind kind, const api_resp_meta *m, const char
         choice = json_pack("{s:o, s:i, s:o, s:o}", "text", api_text(text), "index", m->index, "logprobs", api_lp(m),
                            "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
-    return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
+    return api_dump_fp(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id,
                               "object", kind == API_CHAT ? "chat.completion" : "text_completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
                               "usage", api_usage(prompt_tokens, completion_tokens, m->cached_tokens)));
@@ -978,7 +997,7 @@ static char *api_sse_text(char *j) {
     return s;
 }
 
-static char *api_sse(json_t *o) { return api_sse_text(api_dump(o)); }
+static char *api_sse(json_t *o) { return api_sse_text(api_dump_fp(o)); }
 
 char *api_render_chunk(enum api_kind kind, const api_resp_meta *m, const char *text,
                        const char *finish_reason, int first) {
@@ -1114,7 +1133,7 @@ char *api_render_tool_response(const api_resp_meta *m, const struct tool_evs *ev
     json_t *choice = json_pack("{s:i, s:o, s:n, s:o}", "index", m->index, "message", msg, "logprobs",
                                "finish_reason", api_str_or_null(finish_reason));
     if (!choice) return NULL;
-    return api_dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",
+    return api_dump_fp(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", m->id, "object", "chat.completion",
                               "created", (json_int_t)m->created, "model", m->model, "choices", choice,
                               "usage", api_usage(prompt_tokens, completion_tokens, m->cached_tokens)));
 }

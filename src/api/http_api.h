@@ -20,7 +20,7 @@ typedef struct {
     int status;                 /* 400, 401, 404, 405, 413, 429, 500, 502, 503, 504 */
     const char *type;           /* "invalid_request_error", "server_error", ... (static) */
     const char *code;           /* static string or NULL (rendered as null) */
-    char param[64];             /* offending field, "" = null */
+    char param[192];            /* offending field, "" = null (a schema keyword: field#pointer/keyword) */
     char message[320];
 } api_error;
 
@@ -32,6 +32,7 @@ typedef struct {
     int max_prompt_tokens;      /* a token-id prompt's length */
     int max_messages;
     int max_stop;               /* OpenAI allows up to 4 stop sequences */
+    int lenient;                /* 1: unknown request fields are ignored (--lenient-params), else refused */
 } api_limits;
 
 /* Largest "n" (choices per request) the router accepts: each choice is a
@@ -70,6 +71,7 @@ typedef struct {
     api_msg *messages;
     int n_messages;
     int max_tokens;             /* 0 = until the end of the context */
+    int max_tokens_given;       /* the client set it: a prompt plus it beyond the context is a 400 */
     double temperature;         /* OpenAI default 1 */
     double top_p;               /* OpenAI default 1 */
     int has_seed;

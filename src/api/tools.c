@@ -58,7 +58,7 @@ int tools_style_detect(const gguf_file *f, chat_style *st, char *err, size_t err
     st->fmt = chat_detect(f, err, errlen);
     if (st->fmt == CHAT_NONE) return -1;
     gguf_str tpl;
-    if (gguf_get_str(f, "tokenizer.chat_template", &tpl) != 0) return -1;
+    if (chat_template_get(f, &tpl) != 0) return -1;
     if (st->fmt == CHAT_CHATML) {
         /* Qwen2.5's templates name a default system prompt; Qwen3's parse
          * reasoning out of assistant turns. */

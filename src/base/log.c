@@ -192,7 +192,7 @@ static pthread_mutex_t log_refused_mu = PTHREAD_MUTEX_INITIALIZER;
 static log_limit log_refused_limit = { .window_ms = 1000.0, .burst = LOG_REFUSED_PER_S };
 
 void log_refused(const char *req, int status, const char *msg) {
-    if (!log_enabled(LOGL_INFO)) return;
+    if (!log_enabled(LOGL_WARN)) return;
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     unsigned long dropped;
@@ -200,6 +200,7 @@ void log_refused(const char *req, int status, const char *msg) {
     int pass = log_limit_take(&log_refused_limit, ts.tv_sec * 1e3 + ts.tv_nsec / 1e6, &dropped);
     pthread_mutex_unlock(&log_refused_mu);
     if (!pass) return;
-    if (dropped) log_info(req, "refused status=%d error=%s (%lu refusal lines left out before this one)", status, msg, dropped);
-    else log_info(req, "refused status=%d error=%s", status, msg);
+    /* a 4xx or 5xx is worth an operator's look: warn level */
+    if (dropped) log_warn(req, "refused status=%d error=%s (%lu refusal lines left out before this one)", status, msg, dropped);
+    else log_warn(req, "refused status=%d error=%s", status, msg);
 }

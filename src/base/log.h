@@ -81,7 +81,7 @@ typedef struct {
  * the previous one that went out (to say so); 0 when it must not. */
 int log_limit_take(log_limit *l, double now_ms, unsigned long *dropped);
 
-/* "refused status=N error=MSG" at INFO for a request turned away before it
+/* "refused status=N error=MSG" at WARN for a request turned away before it
  * was served, at most LOG_REFUSED_PER_S (50) lines a second (log.c): a
  * flood of bad requests cannot grow the log without bound. */
 void log_refused(const char *req, int status, const char *msg);

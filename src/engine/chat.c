@@ -14,6 +14,7 @@
 #include "base/strbuf.h"
 #include "engine/tokenizer.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,12 +28,79 @@ static int chat_contains(gguf_str s, const char *needle)
     return s.len >= n && memmem(s.ptr, s.len, needle, n) != NULL;
 }
 
+/* ==== Overrides (--chat-template) ==== */
+
+/* Open model files with an overriding template: a node serves one model,
+ * tests open a few. */
+#define CHAT_MAX_OVERRIDES 8
+
+/* The built-in templates by name: the markers chat_detect and
+ * tools_style_detect recognise (the rendering is fixed code). */
+static const struct { const char *name, *text; } chat_builtin[] = {
+    { "chatml", "<|im_start|>{{ role }}\n{{ content }}<|im_end|>\n" },
+    { "llama3", "<|start_header_id|>{{ role }}<|end_header_id|>\n\n{{ content }}<|eot_id|>" },
+    { "llama3.1", "<|start_header_id|>{{ role }}<|end_header_id|>\n\nEnvironment: ipython\n{{ content }}<|eot_id|>" },
+};
+
+static pthread_mutex_t chat_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct { const gguf_file *f; char *text; } chat_over[CHAT_MAX_OVERRIDES];
+
+int chat_template_get(const gguf_file *f, gguf_str *out)
+{
+    int found = 0;
+    pthread_mutex_lock(&chat_mu);
+    for (int i = 0; i < CHAT_MAX_OVERRIDES && f; i++)
+        if (chat_over[i].f == f) {
+            out->ptr = chat_over[i].text;
+            out->len = strlen(chat_over[i].text);
+            found = 1;
+        }
+    pthread_mutex_unlock(&chat_mu);
+    if (found) return 0;
+    return f && gguf_get_str(f, "tokenizer.chat_template", out) == 0 ? 0 : -1;
+}
+
+int chat_set_template(const gguf_file *f, const char *spec, char *err, size_t errlen)
+{
+    const char *text = spec;
+    for (size_t i = 0; i < sizeof chat_builtin / sizeof chat_builtin[0]; i++)
+        if (!strcmp(spec, chat_builtin[i].name)) text = chat_builtin[i].text;
+    gguf_str s = { text, strlen(text) };
+    if (!chat_contains(s, "<|im_start|>") && !chat_contains(s, "<|start_header_id|>")) {
+        snprintf(err, errlen, "chat template: not a built-in name (chatml, llama3, llama3.1) nor a ChatML or Llama 3 "
+                 "template (tandem renders those two families)");
+        return -1;
+    }
+    char *copy = strdup(text);
+    if (!copy) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    int slot = -1;
+    pthread_mutex_lock(&chat_mu);
+    for (int i = 0; i < CHAT_MAX_OVERRIDES && slot < 0; i++)
+        if (chat_over[i].f == f || !chat_over[i].f) slot = i;
+    if (slot >= 0) {
+        free(chat_over[slot].text);
+        chat_over[slot].f = f;
+        chat_over[slot].text = copy;
+    }
+    pthread_mutex_unlock(&chat_mu);
+    if (slot < 0) {
+        free(copy);
+        snprintf(err, errlen, "chat template: more than %d overridden models", CHAT_MAX_OVERRIDES);
+        return -1;
+    }
+    return 0;
+}
+
 enum chat_format chat_detect(const gguf_file *f, char *err, size_t errlen)
 {
     gguf_str tpl;
-    if (!f || gguf_get_str(f, "tokenizer.chat_template", &tpl) != 0) {
+    if (!f || chat_template_get(f, &tpl) != 0) {
         if (err && errlen)
-            snprintf(err, errlen, "chat: the model has no tokenizer.chat_template");
+            snprintf(err, errlen, "chat: the model has no tokenizer.chat_template (a node takes --chat-template "
+                     "chatml|llama3|FILE)");
         return CHAT_NONE;
     }
     if (chat_contains(tpl, "<|im_start|>"))

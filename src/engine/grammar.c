@@ -46,39 +46,7 @@
 
 /* ==== Building ==== */
 
-typedef struct {
-    gelem *e;
-    uint32_t n, cap;
-} seq;
-
-typedef struct {
-    seq *a;
-    uint32_t n, cap;
-} alts;
-
-typedef struct {
-    char *ptr;
-    uint32_t rule;
-} refmemo;
-
-typedef struct {
-    grammar *g;
-    char *err;
-    size_t errlen;
-    int failed;
-    const json_t *root;
-    char path[1024];
-    size_t plen;
-    refmemo *refs;
-    uint32_t n_refs, cap_refs;
-    int depth;
-    int32_t single[256];   /* set index of each one-byte set, -1 if none yet */
-    int32_t s_digit;
-    /* shared rules, -1 until built */
-    int64_t r_ws, r_string, r_number, r_int, r_value, r_obj, r_frac_any;
-} gctx;
-
-static int gfail(gctx *c, const char *fmt, ...)
+int gfail(gctx *c, const char *fmt, ...)
 {
     if (!c->failed) {
         va_list ap;
@@ -90,7 +58,24 @@ static int gfail(gctx *c, const char *fmt, ...)
     return -1;
 }
 
-static int64_t set_add(gctx *c, const uint64_t bits[4])
+/* A refusal of one keyword: gfail, remembering the keyword and where it
+ * stands (grammar_compile_schema_at reports them). */
+static int gfail_kw(gctx *c, const char *kw, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int gfail_kw(gctx *c, const char *kw, const char *fmt, ...)
+{
+    if (!c->failed) {
+        snprintf(c->bad_kw, sizeof c->bad_kw, "%s", kw);
+        snprintf(c->bad_at, sizeof c->bad_at, "%s", c->path);
+        va_list ap;
+        va_start(ap, fmt);
+        if (c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
+        va_end(ap);
+    }
+    c->failed = 1;
+    return -1;
+}
+
+int64_t set_add(gctx *c, const uint64_t bits[4])
 {
     grammar *g = c->g;
     for (uint32_t i = 0; i < g->n_set; i++)
@@ -101,7 +86,7 @@ static int64_t set_add(gctx *c, const uint64_t bits[4])
     return g->n_set++;
 }
 
-static int64_t set_range(gctx *c, int lo, int hi)
+int64_t set_range(gctx *c, int lo, int hi)
 {
     if (lo == hi && c->single[lo] >= 0) return c->single[lo];
     uint64_t b[4] = { 0 };
@@ -111,14 +96,14 @@ static int64_t set_range(gctx *c, int lo, int hi)
     return s;
 }
 
-static int64_t set_chars(gctx *c, const char *chars)
+int64_t set_chars(gctx *c, const char *chars)
 {
     uint64_t b[4] = { 0 };
     for (const unsigned char *p = (const unsigned char *)chars; *p; p++) b[*p >> 6] |= 1ull << (*p & 63);
     return set_add(c, b);
 }
 
-static int seq_add(gctx *c, seq *s, int type, int64_t arg, int min, int max)
+int seq_add(gctx *c, seq *s, int type, int64_t arg, int min, int max)
 {
     if (arg < 0) return -1;   /* a failed sub-build: the error is already set */
     if (grow((void **)&s->e, &s->cap, s->n + 1, sizeof *s->e)) return gfail(c, "out of memory");
@@ -126,19 +111,19 @@ static int seq_add(gctx *c, seq *s, int type, int64_t arg, int min, int max)
     return 0;
 }
 
-static int seq_lit(gctx *c, seq *s, const char *bytes, size_t n)
+int seq_lit(gctx *c, seq *s, const char *bytes, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         if (seq_add(c, s, E_SET, set_range(c, (unsigned char)bytes[i], (unsigned char)bytes[i]), 0, 0)) return -1;
     return 0;
 }
 
-static int seq_str(gctx *c, seq *s, const char *z) { return seq_lit(c, s, z, strlen(z)); }
-static int seq_ref(gctx *c, seq *s, int64_t rule) { return seq_add(c, s, E_REF, rule, 0, 0); }
-static int seq_rep(gctx *c, seq *s, int64_t set, int min, int max) { return seq_add(c, s, E_REP, set, min, max); }
+int seq_str(gctx *c, seq *s, const char *z) { return seq_lit(c, s, z, strlen(z)); }
+int seq_ref(gctx *c, seq *s, int64_t rule) { return seq_add(c, s, E_REF, rule, 0, 0); }
+int seq_rep(gctx *c, seq *s, int64_t set, int min, int max) { return seq_add(c, s, E_REP, set, min, max); }
 
 /* A new empty alternative in a; the pointer is valid until the next call. */
-static seq *alt_new(gctx *c, alts *a)
+seq *alt_new(gctx *c, alts *a)
 {
     if (grow((void **)&a->a, &a->cap, a->n + 1, sizeof *a->a)) {
         gfail(c, "out of memory");
@@ -148,14 +133,14 @@ static seq *alt_new(gctx *c, alts *a)
     return &a->a[a->n++];
 }
 
-static void alts_free(alts *a)
+void alts_free(alts *a)
 {
     for (uint32_t i = 0; i < a->n; i++) free(a->a[i].e);
     free(a->a);
     *a = (alts){ 0 };
 }
 
-static int64_t rule_new(gctx *c)
+int64_t rule_new(gctx *c)
 {
     grammar *g = c->g;
     if (grow((void **)&g->rule, &g->cap_rule, g->n_rule + 1, sizeof *g->rule)) return gfail(c, "out of memory");
@@ -164,7 +149,7 @@ static int64_t rule_new(gctx *c)
 }
 
 /* Give rule r the alternatives in a (consumed). */
-static int rule_def(gctx *c, int64_t r, alts *a)
+int rule_def(gctx *c, int64_t r, alts *a)
 {
     grammar *g = c->g;
     uint32_t need = g->n_el;
@@ -193,7 +178,7 @@ fail:
     return -1;
 }
 
-static int64_t rule_make(gctx *c, alts *a)
+int64_t rule_make(gctx *c, alts *a)
 {
     int64_t r = c->failed ? -1 : rule_new(c);
     if (rule_def(c, r, a)) return -1;
@@ -201,7 +186,7 @@ static int64_t rule_make(gctx *c, alts *a)
 }
 
 /* A rule with one alternative, the sequence s (consumed). */
-static int64_t rule_seq(gctx *c, seq *s)
+int64_t rule_seq(gctx *c, seq *s)
 {
     alts a = { 0 };
     seq *t = alt_new(c, &a);
@@ -215,7 +200,7 @@ static int64_t rule_seq(gctx *c, seq *s)
 
 /* ==== Shared rules: whitespace, strings, numbers, any value ==== */
 
-static int64_t rule_ws(gctx *c)
+int64_t rule_ws(gctx *c)
 {
     if (c->r_ws >= 0) return c->r_ws;
     alts a = { 0 };
@@ -227,7 +212,7 @@ static int64_t rule_ws(gctx *c)
     return c->r_ws = rule_make(c, &a);
 }
 
-static int64_t rule_string(gctx *c)
+int64_t rule_string(gctx *c)
 {
     if (c->r_string >= 0) return c->r_string;
     seq s = { 0 };
@@ -287,7 +272,7 @@ static int64_t rule_integer(gctx *c)
     return c->r_int = rule_seq(c, &n);
 }
 
-static int64_t rule_literal(gctx *c, const char *z)
+int64_t rule_literal(gctx *c, const char *z)
 {
     seq s = { 0 };
     seq_str(c, &s, z);
@@ -320,8 +305,6 @@ static int64_t rule_map(gctx *c, int64_t val)
     return rule_seq(c, &o);
 }
 
-static int64_t rule_value(gctx *c);
-
 /* "[" ws ( value ws ( "," ws value ws )* )? "]" for any values. */
 static int64_t rule_list_any(gctx *c, int64_t val)
 {
@@ -344,7 +327,7 @@ static int64_t rule_list_any(gctx *c, int64_t val)
 }
 
 /* Any JSON value (recursive through objects and arrays). */
-static int64_t rule_value(gctx *c)
+int64_t rule_value(gctx *c)
 {
     if (c->r_value >= 0) return c->r_value;
     int64_t v = c->failed ? -1 : rule_new(c);
@@ -635,7 +618,7 @@ static int64_t rule_dec_range(gctx *c, double lo, int lo_ex, double hi, int hi_e
 static const char *const sch_known[] = {
     "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems",
     "minLength", "maxLength", "enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "anyOf", "allOf", "$ref", "$defs", "definitions",
+    "anyOf", "allOf", "$ref", "$defs", "definitions", "pattern", "format",
     /* annotations: no effect on validity */
     "title", "description", "default", "examples", "$schema", "$id", "$comment",
     "deprecated", "readOnly", "writeOnly", NULL
@@ -760,7 +743,7 @@ static int sch_only_inert(gctx *c, const json_t *s, const char *kw)
     const json_t *v;
     json_object_foreach((json_t *)s, k, v) {
         if (strcmp(k, kw) && !in_list(sch_inert, k))
-            return gfail(c, "unsupported keyword '%s' beside '%s' at %s", k, kw, c->path);
+            return gfail_kw(c, k, "unsupported keyword '%s' beside '%s' at %s", k, kw, c->path);
     }
     return 0;
 }
@@ -829,7 +812,7 @@ static int64_t sch_array(gctx *c, const json_t *s)
     if (get_count(c, s, "minItems", &mn) || get_count(c, s, "maxItems", &mx)) return -1;
     if (mx >= 0 && mn > mx) return gfail(c, "minItems > maxItems at %s", c->path);
     if (items && !json_is_object(items) && !json_is_boolean(items))
-        return gfail(c, "unsupported keyword 'items' (tuple form) at %s", c->path);
+        return gfail_kw(c, "items", "unsupported keyword 'items' (tuple form) at %s", c->path);
     if (json_is_false(items) && mn > 0) return gfail(c, "'items' false with minItems at %s", c->path);
     if (json_is_false(items)) mx = 0;
     int64_t val = items && !json_is_boolean(items) ? sch_sub(c, items, "items", NULL) : rule_value(c);
@@ -1038,32 +1021,94 @@ static int64_t sch_number(gctx *c, const gbounds *b)
 /* Longest bounded string: one E_REP counts to 254. */
 #define G_MAX_STRLEN 254
 
+/* "format": each as a regular expression over the string's text (what
+ * Pydantic and zod emit by default). RFC 3339 dates and times (month days
+ * up to 31, seconds up to 59, fractions to 9 digits), RFC 4122 UUIDs in
+ * either case, a conservative e-mail address (dot-separated atoms, a domain
+ * with a 2-12 letter top level), a URI with a scheme and RFC 3986
+ * characters, dotted-quad IPv4. */
+#define G_RX_DATE "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
+#define G_RX_TIME "([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#define G_RX_OCTET "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+static const struct { const char *name, *rx; } g_formats[] = {
+    { "date", G_RX_DATE },
+    { "time", G_RX_TIME },
+    { "date-time", G_RX_DATE "T" G_RX_TIME },
+    { "uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}" },
+    { "email", "[A-Za-z0-9_%+-]{1,32}(\\.[A-Za-z0-9_%+-]{1,32}){0,3}@([A-Za-z0-9]([A-Za-z0-9-]{0,30}[A-Za-z0-9])?\\.){1,3}[A-Za-z]{2,12}" },
+    { "uri", "[A-Za-z][A-Za-z0-9+.-]{0,15}:[A-Za-z0-9._~%!$&'()*+,;=:@/?#-]{1,200}" },
+    { "ipv4", G_RX_OCTET "(\\." G_RX_OCTET "){3}" },
+};
+
+/* '"' + the pattern or format's text + '"'. */
+static int64_t sch_string_rx(gctx *c, const json_t *s)
+{
+    const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+    const char *kw = pat ? "pattern" : "format", *rx = NULL;
+    if (json_object_get(s, "minLength") || json_object_get(s, "maxLength"))
+        return gfail_kw(c, json_object_get(s, "minLength") ? "minLength" : "maxLength",
+                        "unsupported keyword '%s' beside '%s' at %s",
+                        json_object_get(s, "minLength") ? "minLength" : "maxLength", kw, c->path);
+    int search = 0;
+    if (pat) {
+        if (!json_is_string(pat)) return gfail(c, "'pattern' at %s must be a string", c->path);
+        rx = json_string_value(pat);
+        search = 1;
+    } else {
+        if (!json_is_string(fmt)) return gfail(c, "'format' at %s must be a string", c->path);
+        for (size_t i = 0; i < sizeof g_formats / sizeof g_formats[0] && !rx; i++)
+            if (!strcmp(json_string_value(fmt), g_formats[i].name)) rx = g_formats[i].rx;
+        if (!rx)
+            return gfail_kw(c, "format", "unsupported keyword 'format' (\"%.40s\") at %s: supported formats are "
+                            "date, time, date-time, uuid, email, uri, ipv4", json_string_value(fmt), c->path);
+    }
+    size_t old = path_push(c, kw, NULL);
+    int64_t body = grammar_regex_rule(c, rx, pat ? json_string_length(pat) : strlen(rx), 1, search);
+    path_pop(c, old);
+    if (c->failed && !c->bad_kw[0]) {   /* the expression is refused: name its keyword */
+        snprintf(c->bad_kw, sizeof c->bad_kw, "%s", kw);
+        snprintf(c->bad_at, sizeof c->bad_at, "%s", c->path);
+    }
+    seq q = { 0 };
+    if (!seq_str(c, &q, "\"") && !seq_ref(c, &q, body)) seq_str(c, &q, "\"");
+    return rule_seq(c, &q);
+}
+
 /* A string with maxLength (and minLength): '"' then min..max characters
  * from printable ASCII without '"' and '\\' (one byte each, so the byte
  * count is the character count), then '"'. Bounded strings give up escapes
  * and non-ASCII text; in exchange the output always ends: a model that never
- * writes a quote by itself is made to close the string at maxLength. */
+ * writes a quote by itself is made to close the string at maxLength.
+ * minLength alone: that many such characters, then any string body. */
 static int64_t sch_string(gctx *c, const json_t *s)
 {
     int64_t mn = 0, mx = -1;
-    if (!json_object_get(s, "maxLength")) {
-        if (json_object_get(s, "minLength"))
-            return gfail(c, "'minLength' at %s needs 'maxLength' (at most %d)", c->path, G_MAX_STRLEN);
-        return rule_string(c);
-    }
-    if (get_count(c, s, "minLength", &mn) || get_count(c, s, "maxLength", &mx)) return -1;
-    if (mx > G_MAX_STRLEN) return gfail(c, "'maxLength' at %s above %d is not supported", c->path, G_MAX_STRLEN);
-    if (mn > mx) return gfail(c, "'minLength' at %s exceeds 'maxLength'", c->path);
+    if (json_object_get(s, "pattern") || json_object_get(s, "format")) return sch_string_rx(c, s);
     uint64_t b[4] = { 0 };
     for (int x = 0x20; x <= 0x7e; x++)
         if (x != '"' && x != '\\') b[x >> 6] |= 1ull << (x & 63);
     seq q = { 0 };
+    if (!json_object_get(s, "maxLength")) {
+        if (!json_object_get(s, "minLength")) return rule_string(c);
+        if (get_count(c, s, "minLength", &mn)) return -1;
+        if (mn > G_MAX_STRLEN) return gfail_kw(c, "minLength", "'minLength' at %s above %d is not supported", c->path, G_MAX_STRLEN);
+        if (!seq_str(c, &q, "\"") && (mn == 0 || !seq_rep(c, &q, set_add(c, b), (int)mn, (int)mn)))
+            seq_add(c, &q, E_STR, 0, 0, 0);
+        return rule_seq(c, &q);
+    }
+    if (get_count(c, s, "minLength", &mn) || get_count(c, s, "maxLength", &mx)) return -1;
+    if (mx > G_MAX_STRLEN) return gfail_kw(c, "maxLength", "'maxLength' at %s above %d is not supported", c->path, G_MAX_STRLEN);
+    if (mn > mx) return gfail(c, "'minLength' at %s exceeds 'maxLength'", c->path);
     if (!seq_str(c, &q, "\"") && !seq_rep(c, &q, set_add(c, b), (int)mn, (int)mx)) seq_str(c, &q, "\"");
     return rule_seq(c, &q);
 }
 
 static int64_t sch_type(gctx *c, const json_t *s, const char *type)
 {
+    if (strcmp(type, "string")) {
+        const char *kw = json_object_get(s, "pattern") ? "pattern" : json_object_get(s, "format") ? "format" : NULL;
+        if (kw) return gfail_kw(c, kw, "unsupported keyword '%s' on type '%s' at %s", kw, type, c->path);
+    }
     if (!strcmp(type, "object")) return sch_object(c, s);
     if (!strcmp(type, "array")) return sch_array(c, s);
     if (!strcmp(type, "string")) return sch_string(c, s);
@@ -1106,7 +1151,9 @@ static int64_t sch_types(gctx *c, const json_t *s)
             names[n++] = "object";
         if (json_object_get(s, "items") || json_object_get(s, "minItems") || json_object_get(s, "maxItems"))
             names[n++] = "array";
-        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength")) names[n++] = "string";
+        if (json_object_get(s, "minLength") || json_object_get(s, "maxLength") || json_object_get(s, "pattern") ||
+            json_object_get(s, "format"))
+            names[n++] = "string";
         if (json_object_get(s, "minimum") || json_object_get(s, "maximum") ||
             json_object_get(s, "exclusiveMinimum") || json_object_get(s, "exclusiveMaximum"))
             names[n++] = "number";
@@ -1132,7 +1179,7 @@ static int64_t sch_compile(gctx *c, const json_t *s)
     const char *k;
     const json_t *v;
     json_object_foreach((json_t *)s, k, v) {
-        if (!in_list(sch_known, k)) return gfail(c, "unsupported keyword '%s' at %s", k, c->path);
+        if (!in_list(sch_known, k)) return gfail_kw(c, k, "unsupported keyword '%s' at %s", k, c->path);
     }
     c->depth++;
     int64_t r;
@@ -1143,7 +1190,7 @@ static int64_t sch_compile(gctx *c, const json_t *s)
         else r = sch_only_inert(c, s, "$ref") ? -1 : sch_ref(c, json_string_value(ref));
     } else if (all) {
         if (!json_is_array(all) || json_array_size(all) != 1)
-            r = gfail(c, "unsupported keyword 'allOf' at %s (only a single schema)", c->path);
+            r = gfail_kw(c, "allOf", "unsupported keyword 'allOf' at %s (only a single schema)", c->path);
         else r = sch_only_inert(c, s, "allOf") ? -1 : sch_sub(c, json_array_get(all, 0), "allOf", "0");
     } else if (any) {
         if (!json_is_array(any) || !json_array_size(any)) {
@@ -1246,7 +1293,7 @@ out:
 
 /* ==== Compile entry points ==== */
 
-static void ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen)
+void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen)
 {
     memset(c, 0, sizeof *c);
     c->g = g;
@@ -1260,7 +1307,7 @@ static void ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t 
     c->r_ws = c->r_string = c->r_number = c->r_int = c->r_value = c->r_obj = c->r_frac_any = -1;
 }
 
-static int compile_finish(gctx *c, int64_t root, grammar **out)
+int grammar_compile_finish(gctx *c, int64_t root, grammar **out)
 {
     grammar *g = c->g;
     for (uint32_t i = 0; i < c->n_refs; i++) free(c->refs[i].ptr);
@@ -1297,9 +1344,29 @@ int grammar_compile_schema(grammar **out, const json_t *schema, char *err, size_
         return -1;
     }
     gctx c;
-    ctx_init(&c, g, schema, err, errlen);
+    grammar_ctx_init(&c, g, schema, err, errlen);
     int64_t root = sch_compile(&c, schema);
-    return compile_finish(&c, root, out);
+    return grammar_compile_finish(&c, root, out);
+}
+
+int grammar_compile_schema_at(grammar **out, const json_t *schema, char *err, size_t errlen, char *kw,
+                              size_t kwlen, char *at, size_t atlen)
+{
+    *out = NULL;
+    grammar_lexer_init();
+    if (kwlen) kw[0] = 0;
+    if (atlen) at[0] = 0;
+    grammar *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    gctx c;
+    grammar_ctx_init(&c, g, schema, err, errlen);
+    int64_t root = sch_compile(&c, schema);
+    if (kwlen) snprintf(kw, kwlen, "%s", c.bad_kw);
+    if (atlen) snprintf(at, atlen, "%s", c.bad_at);
+    return grammar_compile_finish(&c, root, out);
 }
 
 int grammar_compile_json_object(grammar **out, char *err, size_t errlen)
@@ -1312,9 +1379,9 @@ int grammar_compile_json_object(grammar **out, char *err, size_t errlen)
         return -1;
     }
     gctx c;
-    ctx_init(&c, g, NULL, err, errlen);
+    grammar_ctx_init(&c, g, NULL, err, errlen);
     rule_value(&c);
-    return compile_finish(&c, c.failed ? -1 : c.r_obj, out);
+    return grammar_compile_finish(&c, c.failed ? -1 : c.r_obj, out);
 }
 
 void grammar_free(grammar *g)

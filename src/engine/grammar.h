@@ -31,6 +31,22 @@ typedef struct grammar_vocab grammar_vocab;
  * keyword and its JSON pointer ("unsupported keyword 'pattern' at
  * #/properties/id"), fit for a 400. */
 int grammar_compile_schema(grammar **out, const json_t *schema, char *err, size_t errlen);
+/* The same, also giving a refused keyword ("format", "" for other errors)
+ * and the JSON pointer of the schema holding it ("#/properties/id"), so a
+ * 400 can name them in its param and code. */
+int grammar_compile_schema_at(grammar **out, const json_t *schema, char *err, size_t errlen, char *kw,
+                              size_t kwlen, char *at, size_t atlen);
+/* Grammars written as text (grammar_text.c): the whole output matches.
+ *   regex: an ECMA-262 regular expression (classes, groups, alternation,
+ *          * + ? {n,m}; no back-references, lookaround or \b), vLLM's guided_regex
+ *   gbnf:  llama.cpp's GBNF (rules "name ::= ...", a "root" rule, literals,
+ *          classes, groups, * + ? {m,n}, comments), llama.cpp's grammar and
+ *          vLLM's guided_grammar
+ *   choice: exactly one of n non-empty strings (vLLM's guided_choice)
+ * -1 with a message giving what is wrong and its byte offset. */
+int grammar_compile_regex(grammar **out, const char *pattern, size_t len, char *err, size_t errlen);
+int grammar_compile_gbnf(grammar **out, const char *text, size_t len, char *err, size_t errlen);
+int grammar_compile_choice(grammar **out, const char *const *choices, int n, char *err, size_t errlen);
 /* response_format json_object: any JSON object. */
 int grammar_compile_json_object(grammar **out, char *err, size_t errlen);
 void grammar_free(grammar *g);

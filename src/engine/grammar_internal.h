@@ -6,6 +6,7 @@
 #ifndef TANDEM_GRAMMAR_INTERNAL_H
 #define TANDEM_GRAMMAR_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -80,6 +81,76 @@ static inline int grow(void **p, uint32_t *cap, uint32_t need, size_t elsize)
     *cap = nc;
     return 0;
 }
+
+/* ==== Building (grammar.c; grammar_text.c compiles regular expressions
+ * and GBNF with the same builder) ==== */
+
+typedef struct {
+    gelem *e;
+    uint32_t n, cap;
+} seq;
+
+typedef struct {
+    seq *a;
+    uint32_t n, cap;
+} alts;
+
+typedef struct {
+    char *ptr;
+    uint32_t rule;
+} refmemo;
+
+typedef struct {
+    grammar *g;
+    char *err;
+    size_t errlen;
+    int failed;
+    const json_t *root;
+    char path[1024];
+    size_t plen;
+    refmemo *refs;
+    uint32_t n_refs, cap_refs;
+    int depth;
+    int32_t single[256];   /* set index of each one-byte set, -1 if none yet */
+    int32_t s_digit;
+    /* shared rules, -1 until built */
+    int64_t r_ws, r_string, r_number, r_int, r_value, r_obj, r_frac_any;
+    char bad_kw[48];       /* a refused keyword, "" for other errors */
+    char bad_at[1024];     /* the JSON pointer of the schema holding it */
+} gctx;
+
+int gfail(gctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int64_t set_add(gctx *c, const uint64_t bits[4]);
+int64_t set_range(gctx *c, int lo, int hi);
+int64_t set_chars(gctx *c, const char *chars);
+int seq_add(gctx *c, seq *s, int type, int64_t arg, int min, int max);
+int seq_lit(gctx *c, seq *s, const char *bytes, size_t n);
+int seq_str(gctx *c, seq *s, const char *z);
+int seq_ref(gctx *c, seq *s, int64_t rule);
+int seq_rep(gctx *c, seq *s, int64_t set, int min, int max);
+/* A new empty alternative in a; the pointer is valid until the next call. */
+seq *alt_new(gctx *c, alts *a);
+void alts_free(alts *a);
+int64_t rule_new(gctx *c);
+/* Give rule r the alternatives in a (consumed). */
+int rule_def(gctx *c, int64_t r, alts *a);
+int64_t rule_make(gctx *c, alts *a);
+/* A rule with one alternative, the sequence s (consumed). */
+int64_t rule_seq(gctx *c, seq *s);
+int64_t rule_ws(gctx *c);
+int64_t rule_string(gctx *c);
+int64_t rule_value(gctx *c);
+int64_t rule_literal(gctx *c, const char *z);
+
+/* A compile context over g (root: the schema $ref resolves in, or NULL). */
+void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen);
+/* Checks left recursion, adds the start rule; *out = g, or frees g and -1. */
+int grammar_compile_finish(gctx *c, int64_t root, grammar **out);
+/* grammar_text.c: a regular expression (ECMA-262 subset) as a rule. json:
+ * the text is the body of a JSON string (what JSON escapes is written
+ * escaped); search: match anywhere (JSON Schema "pattern": a branch without
+ * '^' / '$' may have anything before / after it), else the whole text. */
+int64_t grammar_regex_rule(gctx *c, const char *pattern, size_t len, int json, int search);
 
 /* Builds the string lexer's table once (grammar_match.c); the compile entry
  * points call it so that every grammar's states can run. */

@@ -82,6 +82,15 @@ typedef struct { const char *role; const char *content; } chat_msg;
 /* Recognise tokenizer.chat_template. Returns CHAT_NONE with a message if the
  * template is missing or not one we support. */
 enum chat_format chat_detect(const gguf_file *f, char *err, size_t errlen);
+/* The template chat uses for f's model: an override set by
+ * chat_set_template (a node's --chat-template, or its fallback), else the
+ * file's tokenizer.chat_template. 0, or -1 when there is neither. */
+int chat_template_get(const gguf_file *f, gguf_str *out);
+/* Overrides f's template (f must outlive its use; one per open file, at
+ * most 8 files). spec: a built-in name ("chatml", "llama3", "llama3.1":
+ * Llama 3 with tool calls) or template text that chat_detect recognises.
+ * 0, or -1 with a message. */
+int chat_set_template(const gguf_file *f, const char *spec, char *err, size_t errlen);
 /* Render messages with the generation prompt appended. Returns a malloc'd
  * NUL-terminated string, or NULL on error. */
 char *chat_render(enum chat_format fmt, const chat_msg *msgs, int n, int add_generation_prompt);

@@ -54,6 +54,7 @@
 #include "net/prefill_rate.h"
 #include "engine/tokenizer.h"
 #include "base/unicode.h"
+#include "api/extensions.h"
 #include "api/tools.h"
 
 /* ==== Constants ==== */
@@ -339,6 +340,9 @@ typedef struct {
     int n_stop;
     char node[256];
     grammar *grammar;            /* response_format: constrained decoding, or NULL */
+    int min_tokens;              /* extensions.c: api_gen_limits */
+    int32_t stop_ids[SCHED_MAX_STOP_IDS];
+    int n_stop_ids;
     int n_choices;               /* "n": sequences sampled from the one prompt */
 } dn_req;
 
@@ -590,36 +594,12 @@ static int dn_parse_logit_bias(dnode *n, json_t *o, dn_req *r, char *err, size_t
     return 0;
 }
 
-/* "response_format" (OpenAI's shape): {"type": "text"}, {"type":
- * "json_object"} or {"type": "json_schema", "json_schema": {"schema": {...},
- * "name", "strict"}}: compiled to a grammar that masks every token that
- * cannot continue a valid output (grammar.h). Unsupported schema keywords
- * are refused by name. */
-static int dn_parse_response_format(json_t *o, dn_req *r, char *err, size_t errlen) {
-    json_t *rf = json_object_get(o, "response_format");
-    if (!rf || json_is_null(rf)) return 0;
-    const char *type = json_string_value(json_object_get(rf, "type"));
-    if (!json_is_object(rf) || !type) {
-        snprintf(err, errlen, "'response_format' must be an object with a 'type'");
-        return -1;
-    }
-    if (!strcmp(type, "text")) return 0;
-    if (!strcmp(type, "json_object")) return grammar_compile_json_object(&r->grammar, err, errlen);
-    if (strcmp(type, "json_schema")) {
-        snprintf(err, errlen, "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
-        return -1;
-    }
-    json_t *js = json_object_get(rf, "json_schema"), *schema = json_object_get(js, "schema");
-    if (!json_is_object(schema)) {
-        snprintf(err, errlen, "'response_format.json_schema.schema' must be a JSON schema object");
-        return -1;
-    }
-    char gerr[400];
-    if (grammar_compile_schema(&r->grammar, schema, gerr, sizeof gerr)) {
-        snprintf(err, errlen, "response_format.json_schema: %s", gerr);
-        return -1;
-    }
-    return 0;
+/* The constraint ("response_format", "grammar", "regex" or "choice"),
+ * compiled to a grammar that masks every token that cannot continue a valid
+ * output (extensions.c, grammar.h), and "min_tokens" / "stop_token_ids". */
+static int dn_parse_response_format(dnode *n, json_t *o, dn_req *r, char *err, size_t errlen) {
+    if (api_constraint_compile(o, &r->grammar, err, errlen)) return -1;
+    return api_gen_limits(o, n->n_vocab, &r->min_tokens, r->stop_ids, &r->n_stop_ids, err, errlen);
 }
 
 /* "n" (1..DN_MAX_CHOICES, at most the node's slots so that every choice can
@@ -657,10 +637,18 @@ static int dn_parse_request(dnode *n, const char *body, size_t len, dn_req *r, c
     int rc = -1;
     if (!json_is_object(o)) { snprintf(err, errlen, "the request body must be a JSON object"); goto out; }
     if (dn_parse_sampling(o, r, err, errlen) || dn_parse_penalties(o, r, err, errlen) ||
-        dn_parse_logit_bias(n, o, r, err, errlen) || dn_parse_response_format(o, r, err, errlen) ||
+        dn_parse_logit_bias(n, o, r, err, errlen) || dn_parse_response_format(n, o, r, err, errlen) ||
         dn_parse_stop(o, r, err, errlen) || dn_parse_choices(n, o, r, err, errlen) ||
         dn_parse_prefill(n, o, r, err, errlen) || dn_parse_prompt(n, o, r, err, errlen))
         goto out;
+    /* "max_tokens_strict" (the router's, for a client's explicit max_tokens):
+     * a completion asked to be longer than the context leaves is refused, as
+     * OpenAI and vLLM do; otherwise the output stops at the context's end */
+    if (json_is_true(json_object_get(o, "max_tokens_strict")) && r->n_prompt + r->max_tokens > n->n_ctx) {
+        snprintf(err, errlen, "the prompt has %d tokens and max_tokens is %d: together more than the context of %d "
+                 "tokens (reduce the prompt or max_tokens)", r->n_prompt, r->max_tokens, n->n_ctx);
+        goto out;
+    }
     rc = 0;
 out:
     json_decref(o);
@@ -854,16 +842,17 @@ static const char *dn_cache_tier(const sched_view *v) {
     return v->store_disk_tokens ? "disk" : v->store_ram_tokens ? "ram" : v->start_pos ? "slot" : "none";
 }
 
-/* The request's one INFO line: tokens, where the prompt came from, times. */
+/* The request's one INFO line: tokens, where the prompt came from, times,
+ * the model (its /metrics label). */
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
     log_info(j->rid, "done finish=%s prompt=%d cached=%d tier=%s store_ram=%d store_disk=%d store_ms=%.1f "
-             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f model=%s%s%s%s%s",
              finish, j->n_prompt, v->start_pos, dn_cache_tier(v), v->store_ram_tokens, v->store_disk_tokens,
              v->store_ms, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
-             v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
+             v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive, j->n->mt.model,
              j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
 }
 
@@ -994,6 +983,7 @@ static enum MHD_Result dn_handle_health(dnode *n, struct MHD_Connection *c) {
     char cerr[128];
     json_object_set_new(o, "chat_format", json_string(tools_style_detect(model_get_gguf(n->m), &cs, cerr, sizeof cerr)
                                                       ? "none" : tools_style_name(&cs)));
+    json_object_set_new(o, "chat_template", json_string(n->o->chat_source ? n->o->chat_source : "model"));
     json_t *a = json_array();
     for (int i = 0; i < n->o->n_prefill_nodes; i++) json_array_append_new(a, json_string(n->o->prefill_nodes[i]));
     json_object_set_new(o, "prefill_nodes", a);
@@ -1222,9 +1212,10 @@ static unsigned dn_sibling_submit(dnode *n, dn_job *j, const char *body, size_t 
     c->index = i;
     r.sp.seed = (seed0 + (uint64_t)i) & (uint64_t)INT64_MAX;
     sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
-                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .logprobs = r.logprobs,
+                     .ignore_eos = r.ignore_eos, .min_tokens = r.min_tokens, .n_stop_ids = r.n_stop_ids, .sp = r.sp, .n_stop = r.n_stop, .logprobs = r.logprobs,
                      .grammar = r.grammar, .gvocab = gv, .sibling = 1 };
     for (int k = 0; k < r.n_stop; k++) sr.stop[k] = r.stop[k];
+    memcpy(sr.stop_ids, r.stop_ids, sizeof sr.stop_ids);
     sampler_bias *bias = r.bias;
     memset(&r, 0, sizeof r);
     int a = sched_submit(n->sc, &sr, &c->sj);
@@ -1264,9 +1255,10 @@ static unsigned dn_job_submit(dnode *n, const char *body, size_t len, double t_a
         return 500;
     }
     sched_req sr = { .prompt = r.prompt, .n_prompt = r.n_prompt, .max_tokens = r.max_tokens,
-                     .ignore_eos = r.ignore_eos, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL,
+                     .ignore_eos = r.ignore_eos, .min_tokens = r.min_tokens, .n_stop_ids = r.n_stop_ids, .sp = r.sp, .n_stop = r.n_stop, .want_remote = addr != NULL,
                      .logprobs = r.logprobs, .grammar = r.grammar, .gvocab = gv, .client = client };
     for (int i = 0; i < r.n_stop; i++) sr.stop[i] = r.stop[i];
+    memcpy(sr.stop_ids, r.stop_ids, sizeof sr.stop_ids);
     sampler_bias *bias = r.bias;      /* copied by the job's sampler */
     int r_choices = r.n_choices;
     uint64_t seed0 = r.sp.seed;
@@ -1849,6 +1841,8 @@ void decode_node_usage(FILE *f) {
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
         "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
+        "  --chat-template NAME|FILE chat format: chatml, llama3, llama3.1, or a ChatML / Llama 3 template\n"
+        "                            file (default: the model's; a model without one chats in ChatML)\n"
         "  --model-name NAME         the model name to register and to label /metrics with\n"
         "                            (default: the file name without .gguf)\n"
         "  --advertise HOST[:PORT]   the address the router should use (default: the listen address)\n"
@@ -1898,9 +1892,42 @@ static int dn_cli_act(const char *opt, const char *v, uint32_t *out) {
 typedef struct {
     decode_node_opts o;
     const char *model, *kv, *wire, *secret_file;
-    const char *router, *model_name, *advertise;
+    const char *router, *model_name, *advertise, *chat_template;
     int threads, batch;
 } dn_cli;
+
+/* A template file is text of a few KiB (Qwen3's is 4 KiB): a bigger file is
+ * the wrong one, refused unread. */
+#define DN_MAX_TEMPLATE_FILE (256 * 1024)
+
+/* --chat-template: a built-in name or a file's template for the model; a
+ * model with none and no option chats in ChatML (llama-server's fallback),
+ * said once at start-up. 0, or -1 with a message. */
+static int dn_cli_chat_template(dn_cli *c, model *m, char *err, size_t errlen) {
+    const gguf_file *f = model_get_gguf(m);
+    gguf_str t;
+    if (!c->chat_template) {
+        if (chat_template_get(f, &t) == 0) return 0;
+        c->o.chat_source = "fallback";
+        log_warn(NULL, "the model has no tokenizer.chat_template: chat requests are rendered as ChatML "
+                 "(--chat-template chatml|llama3|FILE chooses)");
+        return chat_set_template(f, "chatml", err, errlen);
+    }
+    c->o.chat_source = "option";
+    const char *s = c->chat_template;
+    if (!strcmp(s, "chatml") || !strcmp(s, "llama3") || !strcmp(s, "llama3.1")) return chat_set_template(f, s, err, errlen);
+    size_t n = 0;
+    char ferr[300];
+    char *text = cliopt_read_text(s, DN_MAX_TEMPLATE_FILE, &n, ferr, sizeof ferr);
+    if (!text) {
+        snprintf(err, errlen, "--chat-template: %s", ferr);
+        return -1;
+    }
+    int rc = strlen(text) == n ? chat_set_template(f, text, err, errlen) : -1;
+    if (strlen(text) != n) snprintf(err, errlen, "--chat-template: %s holds a NUL byte", s);
+    free(text);
+    return rc;
+}
 
 /* One more --prefill-node HOST:PORT. */
 static int dn_cli_prefill_node(dn_cli *c, const char *opt, const char *v) {
@@ -1941,6 +1968,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
         else if (!strcmp(a, "--router")) bad = cliopt_str(DN_CMD, a, v, &c->router);
         else if (!strcmp(a, "--model-name")) bad = cliopt_str(DN_CMD, a, v, &c->model_name);
+        else if (!strcmp(a, "--chat-template")) bad = cliopt_str(DN_CMD, a, v, &c->chat_template);
         else if (!strcmp(a, "--advertise")) bad = cliopt_str(DN_CMD, a, v, &c->advertise);
         else if (!strcmp(a, "--max-conns")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns);
         else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
@@ -2003,6 +2031,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     c.o.port_out = &port;
     node_register *reg = NULL;
     if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
+    else if (dn_cli_chat_template(&c, m, err, sizeof err)) log_error(NULL, "%s", err);
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
     else if (decode_node_run(m, &c.o, err, sizeof err)) log_error(NULL, "%s", err);
     else rc = 0;

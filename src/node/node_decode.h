@@ -34,7 +34,13 @@
  * the prompt, computed once: choice i > 0 copies choice 0's KV rows and
  * samples with seed + i; every line then carries its choice's "index" and
  * each choice ends with its own "done" line), "prefill": "auto" |
- * "remote" | "local", "prefill_node": "host:port", "stream". Answer: NDJSON
+ * "remote" | "local", "prefill_node": "host:port", "stream"; at most one
+ * constraint: "response_format" (text, json_object, json_schema), "grammar"
+ * (GBNF), "regex", "choice" (strings); "min_tokens" (end tokens and stop ids
+ * masked until then), "stop_token_ids" (up to 64 ids ending the output),
+ * "max_tokens_strict" (true: a prompt plus max_tokens beyond the context is
+ * a 400 instead of stopping at its end; the router sets it for a client's
+ * explicit max_tokens) (api/extensions.h). Answer: NDJSON
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
  * "prefill": {"mode", "node", "fallback_reason", "start_pos",
  * "positions_received", "computed_remote", "computed_local", "kv_bytes",
@@ -101,6 +107,8 @@ typedef struct {
     uint64_t kv_cache_ram;       /* KV store (kvstore.h): memory tier bytes (0: none) */
     const char *kv_cache_dir;    /* its disk tier (NULL: none) */
     uint64_t kv_cache_disk;      /* the disk tier's budget (0: 4 GiB) */
+    const char *chat_source;     /* /health "chat_template": "model", "option" (--chat-template) or
+                                  * "fallback" (ChatML for a model without one); NULL = "model" */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
 } decode_node_opts;

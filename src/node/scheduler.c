@@ -419,6 +419,15 @@ static void sched_logprob_fill(const float *logits, int n_vocab, int32_t id, int
     for (int t = 0; t < out->n_top; t++) out->top_logprob[t] -= lse;
 }
 
+/* min_tokens: the end-of-generation tokens and the stop ids cannot be
+ * sampled yet (a vocabulary scan: only during the first min_tokens steps). */
+static void sched_mask_end(sched *s, sched_job *j) {
+    if (!j->r.ignore_eos)
+        for (int32_t id = 0; id < s->n_vocab; id++)
+            if (tokenizer_is_eog(s->tok, id)) j->logits[id] = -INFINITY;
+    for (int i = 0; i < j->r.n_stop_ids; i++) j->logits[j->r.stop_ids[i]] = -INFINITY;
+}
+
 /* One sample from the job's fresh logits; mirrors generate_run's order:
  * length check, sample, end-of-generation, text and stop strings. */
 static sched_sample sched_job_sample(sched *s, sched_job *j) {
@@ -432,6 +441,7 @@ static sched_sample sched_job_sample(sched *s, sched_job *j) {
             return r;
         }
     }
+    if (j->v.n_gen < j->r.min_tokens) sched_mask_end(s, j);
     r.id = sampler_sample(j->smp, j->logits);
     if (j->gs && grammar_accept_token(j->gs, j->r.gvocab, r.id) && !tokenizer_is_eog(s->tok, r.id)) {
         r.finish = "stop";   /* cannot happen: the mask allowed it */
@@ -439,6 +449,8 @@ static sched_sample sched_job_sample(sched *s, sched_job *j) {
         return r;
     }
     if ((!j->r.ignore_eos || j->gs) && tokenizer_is_eog(s->tok, r.id)) { r.finish = "stop"; r.id = -1; return r; }
+    for (int i = 0; i < j->r.n_stop_ids; i++)
+        if (r.id == j->r.stop_ids[i]) { r.finish = "stop"; r.id = -1; return r; }
     sampler_accept(j->smp, r.id, 1);
     if (j->lp) sched_logprob_fill(j->logits, s->n_vocab, r.id, j->r.logprobs - 1, &j->lp[j->v.n_gen]);
     r.stop_hit = sched_job_text(s, j, r.id, &r.keep);

@@ -33,6 +33,7 @@
 #include "node/kvstore.h"
 
 #define SCHED_MAX_STOP 8
+#define SCHED_MAX_STOP_IDS 64   /* = API_MAX_STOP_IDS */
 
 typedef struct sched sched;
 
@@ -55,6 +56,9 @@ typedef struct {
     int32_t *prompt;         /* owned by the job once submitted */
     int n_prompt;
     int max_tokens, ignore_eos;
+    int min_tokens;          /* end-of-generation and stop_ids masked before this many tokens */
+    int32_t stop_ids[SCHED_MAX_STOP_IDS];   /* tokens that end the output (not emitted) */
+    int n_stop_ids;
     sampler_params sp;
     char *stop[SCHED_MAX_STOP];   /* owned by the job */
     int n_stop;

@@ -131,16 +131,26 @@ void rt_count_request(router *r, int ep, int status) {
 
 /* ==== HTTP plumbing ==== */
 
-enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body) {
+/* A response of body (taken) with its Content-Type, and Retry-After on a
+ * 429 or 503 (the client may come back: full, or no node up yet). */
+static struct MHD_Response *rt_response(int *status, const char *ctype, char *body) {
     if (!body) {
-        status = 500;
+        *status = 500;
         body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
-        if (!body) return MHD_NO;
+        if (!body) return NULL;
     }
     struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-    if (!resp) { free(body); return MHD_NO; }
+    if (!resp) { free(body); return NULL; }
     MHD_add_response_header(resp, "Content-Type", ctype);
-    if (status == 429) MHD_add_response_header(resp, "Retry-After", RT_RETRY_AFTER);
+    if (*status == 429 || *status == 503) MHD_add_response_header(resp, "Retry-After", RT_RETRY_AFTER);
+    return resp;
+}
+
+struct MHD_Response *rt_response_json(int status, char *body) { return rt_response(&status, "application/json", body); }
+
+enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body) {
+    struct MHD_Response *resp = rt_response(&status, ctype, body);
+    if (!resp) return MHD_NO;
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, resp);
     MHD_destroy_response(resp);
     return rc;

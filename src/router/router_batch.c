@@ -183,7 +183,7 @@ static enum MHD_Result rt_run_batch_blocking(rt_batch *b, struct MHD_Connection 
     } else {
         p->status = 200;
         rt_count_request(p->r, p->ep, 200);
-        mr = rt_reply_json(c, NULL, p->rid, rt_batch_reply(b));
+        mr = rt_reply_json(c, NULL, RT_ECHO_ID(p), rt_batch_reply(b));
     }
     rt_batch_free(b);
     rt_req_finish(p);
@@ -354,7 +354,7 @@ static enum MHD_Result rt_run_batch_stream(rt_batch *b, struct MHD_Connection *c
         return mr;
     }
     rt_sse_headers(resp);
-    MHD_add_response_header(resp, "X-Request-Id", p->rid);
+    MHD_add_response_header(resp, "X-Request-Id", RT_ECHO_ID(p));
     enum MHD_Result mr = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     return mr;
@@ -373,13 +373,39 @@ static enum MHD_Result rt_run_batch(rt_req *p, struct MHD_Connection *c, const r
     return p->req.stream ? rt_run_batch_stream(b, c) : rt_run_batch_blocking(b, c);
 }
 
-/* A generation request refused before it was routed: its one log line
- * (with an id of its own), then the error. */
-static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
-    char rid[LOG_ID_CHARS + 1];
+/* The client's X-Request-Id: a log id (8 hex digits) becomes the request's
+ * id in every node's log line; another short token is kept to be echoed
+ * and named on the router's line. */
+static void rt_client_request_id(struct MHD_Connection *c, char *rid, char *client) {
+    const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Request-Id");
+    uint32_t id;
+    client[0] = 0;
+    if (v && log_id_parse(v, &id) == 0) { log_id_format(id, rid); return; }
     log_id_format(log_id_new(), rid);
+    size_t n = v ? strlen(v) : 0;
+    if (n == 0 || n > RT_CLIENT_ID_MAX) return;
+    for (size_t i = 0; i < n; i++) {
+        char ch = v[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+              ch == ':' || ch == '-'))
+            return;
+    }
+    memcpy(client, v, n + 1);
+}
+
+/* A generation request refused before it was routed: its one log line
+ * (with the client's id or one of its own), then the error, the id echoed. */
+static enum MHD_Result rt_refuse(router *r, struct MHD_Connection *c, int ep, const api_error *e) {
+    char rid[LOG_ID_CHARS + 1], client[RT_CLIENT_ID_MAX + 1];
+    rt_client_request_id(c, rid, client);
     if (!r->cfg.quiet) log_refused(rid, e->status, e->message);
-    return rt_send_error(r, c, ep, e);
+    rt_count_request(r, ep, e->status);
+    struct MHD_Response *resp = rt_response_json(e->status, api_error_json(e));
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "X-Request-Id", client[0] ? client : rid);
+    enum MHD_Result mr = MHD_queue_response(c, (unsigned)e->status, resp);
+    MHD_destroy_response(resp);
+    return mr;
 }
 
 enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
@@ -439,7 +465,7 @@ enum MHD_Result rt_generate(router *r, struct MHD_Connection *c, rt_conn *cc) {
     wire_random(rnd, sizeof rnd);
     snprintf(q->id, sizeof q->id, "%s-%llu%02x%02x%02x%02x%02x%02x", kind == API_CHAT ? "chatcmpl" : "cmpl", seq,
              rnd[0], rnd[1], rnd[2], rnd[3], rnd[4], rnd[5]);
-    log_id_format(log_id_new(), q->rid);
+    rt_client_request_id(c, q->rid, q->client_rid);
     if (cc->responses) return rt_responses_run(q, c, cc);
     if (q->req.n_prompts > 1) return rt_run_batch(q, c, cc);
     return q->req.stream ? rt_run_stream(q, c) : rt_run_blocking(q, c);

@@ -123,7 +123,7 @@ static int rt_cfg_known(json_t *o, const char *const *keys, const char *where, c
 static const char *const rt_cfg_root_keys[] = {
     "listen", "api_key", "secret", "secret_file", "split", "min_split_tokens", "link_gbps", "health_interval_ms",
     "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes",
-    "registration_addresses", "cache_aware", NULL};
+    "registration_addresses", "cache_aware", "lenient_params", NULL};
 static const char *const rt_cfg_limit_keys[] = {
     "max_body_bytes", "max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens", "max_concurrent",
     "request_timeout_ms", "idle_timeout_ms", "max_connections", "max_connections_per_ip", "request_deadline_ms", NULL};
@@ -235,6 +235,12 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
         return -1;
     }
     c->reg_private_only = !strcmp(regaddr, "private");
+    json_t *lp = json_object_get(root, "lenient_params");
+    if (lp && !json_is_boolean(lp)) {
+        rt_errf(err, errlen, "config: \"lenient_params\" must be true or false");
+        return -1;
+    }
+    if (lp) c->lim.lenient = json_is_true(lp);
     if (split[0] && rt_cfg_split(split, &c->split)) {
         rt_errf(err, errlen, "config: \"split\" must be \"auto\", \"always\" or \"never\"");
         return -1;
@@ -274,6 +280,7 @@ void router_usage(FILE *f) {
         "  --max-concurrent N     generation requests in flight (default 64)\n"
         "  --health-interval-ms N (default 1000)\n"
         "  --quiet                no per-request log lines\n"
+        "  --lenient-params       ignore request fields this server does not know (default: a 400 naming them)\n"
         "  --log-level LEVEL      error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
@@ -346,6 +353,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0, k;
         if (!strcmp(a, "--quiet")) { c->quiet = 1; continue; }
+        if (!strcmp(a, "--lenient-params")) { c->lim.lenient = 1; continue; }
         if (!strcmp(a, "--role")) bad = cliopt_choice(RT_CMD, a, v, rt_cli_roles, &k);
         else if (!strcmp(a, "--config")) bad = rt_cli_config(c, a, v);
         else if (!strcmp(a, "--listen")) bad = cliopt_str(RT_CMD, a, v, &listen);

@@ -57,6 +57,12 @@
 
 /* ==== Registry ==== */
 
+/* A client's X-Request-Id: up to 64 characters [A-Za-z0-9._:-] (a UUID,
+ * a trace id); longer or other ones are not echoed. */
+#define RT_CLIENT_ID_MAX 64
+/* The X-Request-Id a reply carries: the client's, else the router's. */
+#define RT_ECHO_ID(q) ((q)->client_rid[0] ? (q)->client_rid : (q)->rid)
+
 typedef struct {
     router_node_cfg cfg;
     int registered;              /* came in through POST /v1/nodes/register */
@@ -177,6 +183,8 @@ typedef struct {
     int index_base;
     char id[48];
     char rid[LOG_ID_CHARS + 1];  /* request id in the logs of every node (log.h) */
+    char client_rid[RT_CLIENT_ID_MAX + 1];   /* the client's X-Request-Id when it is not a log id
+                                              * (echoed, and on the router's line), else "" */
     char client[64];             /* the client's address, sent as X-Tandem-Client for the node's share */
     long long created;
     int client_fd;
@@ -265,6 +273,8 @@ void rt_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((form
 void rt_ewma(double *avg, double x);
 void rt_count_request(router *r, int ep, int status);
 enum MHD_Result rt_send(struct MHD_Connection *c, int status, const char *ctype, char *body);
+/* A JSON response (body taken) with Retry-After on 429/503; NULL on out of memory. */
+struct MHD_Response *rt_response_json(int status, char *body);
 enum MHD_Result rt_send_error(router *r, struct MHD_Connection *c, int ep, const api_error *e);
 int rt_client_fd(struct MHD_Connection *c);
 /* The client's address as text ("" when not an IP connection). */

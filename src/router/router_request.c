@@ -524,10 +524,12 @@ void rt_log_done(rt_req *q, const char *outcome) {
     int completion = f->completion_tokens > q->n_tokens ? f->completion_tokens : q->n_tokens;
     char part[32] = "";   /* one prompt of several: which */
     if (q->batch) snprintf(part, sizeof part, " prompt_index=%d", rt_kid_index(q));
-    log_info(q->rid, "%s status=%d id=%s%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
+    /* a 4xx or 5xx at warn level; the model and the client's own id named */
+    log_line(q->status >= 400 ? LOGL_WARN : LOGL_INFO, q->rid, "%s status=%d id=%s%s model=%s%s%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
            "prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
            "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
-           outcome, q->status, q->id, part, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
+           outcome, q->status, q->id, part, q->req.model ? q->req.model : "-", q->client_rid[0] ? " client_request_id=" : "",
+           q->client_rid, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
            q->dec.key ? q->dec.key : "-", q->dec.split ? q->dec.est_split_ms : q->dec.est_local_ms, q->n_prompt,
            q->count_exact ? "exact" : "estimate",
            pf, f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, completion, ttft, tpot,

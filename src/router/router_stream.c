@@ -276,7 +276,7 @@ void rt_meta(const rt_req *q, api_resp_meta *m) {
  * that prefill node. A non-stream reply also says where the prompt was
  * actually prefilled (a split can fall back to local). */
 static void rt_node_headers(struct MHD_Response *resp, const rt_req *q) {
-    MHD_add_response_header(resp, "X-Request-Id", q->rid);
+    MHD_add_response_header(resp, "X-Request-Id", RT_ECHO_ID(q));
     char v[32];
     MHD_add_response_header(resp, "X-Tandem-Decode-Node", q->decode_addr);
     MHD_add_response_header(resp, "X-Tandem-Prefill-Plan", q->dec.split ? "split" : "local");

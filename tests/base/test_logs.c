@@ -288,8 +288,8 @@ static void test_cluster(void) {
     snprintf(k, sizeof k, "prefill node %s (model m) reachable at start-up", paddr);
     CHECK(tl_count(rl, " INFO router req=- ", k) == 1, "the prefill node is logged reachable at start-up");
 
-    CHECK(tl_count(rl, " INFO router req=", " refused status=404 error=The model 'nope' does not exist") == 1,
-          "a request refused before routing has its line");
+    CHECK(tl_count(rl, " WARN router req=", " refused status=404 error=The model 'nope' does not exist") == 1,
+          "a request refused before routing has its line (a 4xx: WARN)");
     for (int i = 0; i < 2 && rid[i][0]; i++) {
         tl_key(k, sizeof k, "INFO", "router", rid[i]);
         CHECK(tl_count(rl, k, NULL) == 1 && tl_count(rl, k, " done status=200 ") == 1,
@@ -342,7 +342,7 @@ static void test_local(void) {
     CHECK(tl_count(log, " INFO local req=0badc0de done finish=length ", NULL) == 1, "the given id is used");
     CHECK(!strstr(log, "not-an-id") && tl_count(log, " INFO local req=", " done finish=") == 2,
           "a malformed id is replaced by the node's own");
-    CHECK(tl_count(log, " INFO local req=", " refused status=400 ") == 1, "a refused request has its line too");
+    CHECK(tl_count(log, " WARN local req=", " refused status=400 ") == 1, "a refused request has its line too (WARN)");
     CHECK(tl_count(log, " WARN local req=- no shared secret", NULL) == 1, "the open node warns");
     free(log);
 

@@ -13,7 +13,9 @@ MODE router   (test_router)  chat and completions, streamed and not, the
               golden texts, the include_usage chunk, max_completion_tokens,
               logprobs, stop strings, penalties, logit_bias, /v1/models, error
               statuses and bodies as the client's exception classes, the API
-              key.
+              key; guided_choice and an unknown field through extra_body, a
+              refused schema keyword in param/code, context_length_exceeded,
+              X-Request-Id echoed, system_fingerprint in replies and chunks.
 MODE n        (test_router_n)  n = 2, completions not streamed (through the
               split path: the router splits every stories prompt) and chat
               streamed with the usage chunk.
@@ -273,6 +275,39 @@ def mode_router(a):
         check("right_api_key", ok.usage.completion_tokens == 2, f"{ok}")
     run("errors", errors)
 
+    def extensions():
+        # vLLM's and llama-server's fields through the client's extra_body
+        outs = set()
+        for seed in (1, 2, 3):
+            r = c.completions.create(model="stories", prompt="Once upon a time", max_tokens=10, temperature=1, seed=seed,
+                                     extra_body={"guided_choice": ["yes", "no", "maybe"]})
+            outs.add(r.choices[0].text)
+        check("ext_guided_choice", outs <= {"yes", "no", "maybe"} and outs, f"{outs}")
+        expect_status("ext_unknown_field_refused",
+                      lambda: c.completions.create(model="stories", prompt="x", max_tokens=2, extra_body={"frobnicate": 1}),
+                      openai.BadRequestError, 400, code="unknown_parameter", param="frobnicate")
+        expect_status("ext_schema_keyword_named",
+                      lambda: c.chat.completions.create(model="qwen3-mini", messages=[{"role": "user", "content": "x"}],
+                                                        max_tokens=4, response_format={"type": "json_schema", "json_schema": {
+                                                            "name": "h", "schema": {"type": "string", "format": "hostname"}}}),
+                      openai.BadRequestError, 400, code="unsupported_schema_keyword",
+                      param="response_format.json_schema.schema#/format")
+        # a prompt plus max_tokens beyond the context: 400 context_length_exceeded (stories: 512 positions)
+        ok = c.completions.create(model="stories", prompt="a " * 400, max_tokens=64, temperature=0)
+        expect_status("context_length_exceeded",
+                      lambda: c.completions.create(model="stories", prompt="a " * 480, max_tokens=64),
+                      openai.BadRequestError, 400, code="context_length_exceeded")
+        raw = c.with_options(default_headers={"X-Request-Id": "client-trace-1"}).completions.with_raw_response.create(
+            model="stories", prompt="Once upon a time", max_tokens=2, temperature=0)
+        r = raw.parse()
+        check("x_request_id_echoed_fingerprint", raw.headers.get("x-request-id") == "client-trace-1" and
+              (r.system_fingerprint or "").startswith("fp_tandem_") and ok.usage.completion_tokens > 0,
+              f"{raw.headers.get('x-request-id')} {r.system_fingerprint}")
+        fps = [ch.system_fingerprint for ch in c.chat.completions.create(
+            model="qwen3-mini", messages=[{"role": "user", "content": "Hello"}], max_tokens=3, stream=True)]
+        check("stream_chunks_fingerprint", fps and all((f or "").startswith("fp_tandem_") for f in fps), f"{fps}")
+    run("extensions", extensions)
+
 
 # ==== n: test_router_n ====
 
@@ -461,6 +496,8 @@ def mode_tools(a):
                               model=a.dead_model, messages=q1, max_tokens=2),
                           openai.InternalServerError, 503, code="no_healthy_node")
         check("no_node_503_one_attempt", e is not None and seen == [503], f"attempts {seen}")
+        check("no_node_503_retry_after", e is not None and e.response.headers.get("retry-after") == "1",
+              f"{e.response.headers if e is not None else None}")
         seen.clear()
         t0 = time.monotonic()
         expect_status("no_node_503_retried",

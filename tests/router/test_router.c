@@ -525,7 +525,7 @@ static void test_py_clients(tr_env *e) {
     snprintf(keyed, sizeof keyed, "http://127.0.0.1:%d/v1", e->pr3);
     char *args[] = {"router", "--base", base, "--keyed", keyed, "--key", "sk-test-key", "--chat-want", e->chat_want,
                     "--completion-want", e->completion_want, NULL};
-    py_clients_run("test_router", args, 27);
+    py_clients_run("test_router", args, 33);
 }
 
 /* Decode node killed: requests that pick it are retried on the other. */

@@ -528,14 +528,14 @@ static void test_tool_args_parse(void) {
     api_request_free(&r);
     b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\",\"tools\":"
         "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":"
-        "{\"id\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}}]}";
+        "{\"id\":{\"type\":\"string\",\"format\":\"hostname\"}}}}}]}";
     CHECK(api_parse_request(API_CHAT, b, strlen(b), &lim, &r, &e) == 0 && r.tool_args_format &&
           strstr(r.tool_args_format, "\"json_object\""), "an unsupported keyword, not strict: any JSON object");
     api_request_free(&r);
     char strict[600];
     snprintf(strict, sizeof strict, "%.*s\"strict\":true,%s", (int)(strstr(b, "\"parameters\"") - b), b, strstr(b, "\"parameters\""));
     CHECK(api_parse_request(API_CHAT, strict, strlen(strict), &lim, &r, &e) == -1 && e.status == 400 &&
-          !strcmp(e.param, "tools") && strstr(e.message, "pattern"), "strict with an unsupported keyword: 400 (%s)", e.message);
+          !strcmp(e.param, "tools") && strstr(e.message, "format"), "strict with an unsupported keyword: 400 (%s)", e.message);
     b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," RN_WEATHER "}";
     CHECK(api_parse_request(API_CHAT, b, strlen(b), &lim, &r, &e) == 0 && !r.tool_args_format, "auto: no format");
     api_request_free(&r);

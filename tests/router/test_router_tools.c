@@ -360,7 +360,7 @@ static void test_py_clients(tt_env *e) {
     snprintf(base, sizeof base, "http://127.0.0.1:%d/v1", e->prouter);
     snprintf(lim, sizeof lim, "http://127.0.0.1:%d/v1", e->plimited);
     char *args[] = {"tools", "--base", base, "--model", "qwen3", "--dead-model", "ghost", "--limited", lim, NULL};
-    py_clients_run("test_router_tools", args, 19);
+    py_clients_run("test_router_tools", args, 20);
     CHECK(stop_proc(e->limited, 5000) == 0, "the limited router stops cleanly");
     e->limited = 0;
 }
@@ -403,9 +403,11 @@ static void test_structured(tt_env *e) {
     /* a schema keyword the grammar cannot enforce is refused by name */
     const char *body = "{\"model\":\"qwen3\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
                        "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\","
-                       "\"schema\":{\"type\":\"string\",\"pattern\":\"^a\"}}}}";
+                       "\"schema\":{\"type\":\"string\",\"format\":\"hostname\"}}}}";
     json_t *r = tt_req(e->prouter, "POST", "/v1/chat/completions", body, &st);
-    CHECK(st == 400 && strstr(jstr(r, "error", "message"), "pattern"), "unsupported schema keyword -> %d %s", st,
+    CHECK(st == 400 && strstr(jstr(r, "error", "message"), "format") &&
+          !strcmp(jstr(r, "error", "param"), "response_format.json_schema.schema#/format") &&
+          !strcmp(jstr(r, "error", "code"), "unsupported_schema_keyword"), "unsupported schema keyword -> %d %s", st,
           jstr(r, "error", "message"));
     json_decref(r);
 }
