@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "engine/model.h"
 #include "node/node_decode.h"
+#include "node/node_drain.h"
 #include "net/node_register.h"
 #include "router/router.h"
 #include "engine/quant.h"
@@ -38,6 +39,7 @@ typedef struct {
     const char *metrics_listen, *metrics_port_file;  /* prefill role: GET /metrics */
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
+    int drain_timeout_ms;                                 /* node_drain.h */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     uint32_t kv_dtype;
     char *secret;
@@ -78,6 +80,8 @@ static void serve_usage(FILE *f) {
         "  --handshake-ms N     handshake deadline (default 2000)\n"
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
         "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
+        "  --drain-timeout MS   on SIGTERM/SIGINT: deregister, stop accepting, let handoffs in flight\n"
+        "                       finish this long (default 20000), then cut them\n"
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
         "  --metrics-port-file FILE    write the bound metrics port there\n");
     cliopt_usage_backend(f, 20);
@@ -107,6 +111,7 @@ static int serve_role_parse(const char *s, enum serve_role *r) {
 static int serve_parse(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_threads = 2; o->n_batch = 0; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
+    o->drain_timeout_ms = NODE_DRAIN_DEFAULT_MS;
     for (int i = 0; i < argc; i += 2) {   /* every option here takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -136,6 +141,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--handshake-ms")) bad = serve_int(a, v, 1, 600000, &o->handshake_ms);
         else if (!strcmp(a, "--idle-ms")) bad = serve_int(a, v, 1, 86400000, &o->idle_ms);
         else if (!strcmp(a, "--request-ms")) bad = serve_int(a, v, 1, 86400000, &o->request_ms);
+        else if (!strcmp(a, "--drain-timeout")) bad = serve_int(a, v, 0, 3600000, &o->drain_timeout_ms);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
     }
@@ -172,6 +178,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .request_ms = o->request_ms, .port_out = &port,
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
         .model_name = o->model_name, .model_path = o->model,
+        .drain_timeout_ms = o->drain_timeout_ms, .reg = reg,
     };
     int rc = 0;
     if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }

@@ -109,6 +109,8 @@ typedef struct {
     int debug_frame_delay_ms;
     int debug_corrupt_frame;
     int debug_tamper_frame;
+    int drain_timeout_ms;           /* on stop: handoffs in flight may finish this long (node_drain.h) */
+    struct node_register *reg;      /* the registration to take back when draining (NULL: none) */
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

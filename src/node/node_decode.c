@@ -35,6 +35,7 @@
 #include "engine/grammar.h"
 #include "node/handoff.h"
 #include "engine/kvcache.h"
+#include "node/node_drain.h"
 #include "node/scheduler.h"
 #include "base/strbuf.h"
 #include "net/httpd.h"
@@ -1656,7 +1657,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     if (def.max_body_bytes <= 0) def.max_body_bytes = 8 << 20;   /* a 4096-token id list is ~40 KB; text prompts similar */
     dnode n;
     memset(&n, 0, sizeof n);
-    int rc = -1, port = 0, family = AF_INET;
+    int rc = -1, port = 0, family = AF_INET, left = 0;
     if (dn_init(&n, m, &def, err, errlen)) { dn_cleanup(&n); return -1; }
     dn_calibrate(&n);
     if (dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
@@ -1683,11 +1684,13 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         struct timespec ts = { 0, 50 * 1000000L };
         nanosleep(&ts, NULL);
     }
-    log_info(NULL, "shutting down");
+    log_info(NULL, "shutting down: draining (up to %d ms)", o->drain_timeout_ms);
+    left = node_drain_http(d, o->reg, o->drain_timeout_ms);
     rc = 0;
 stop:
     n.stopping = 1;
     sched_stop(n.sc);     /* ends running jobs: their streams finish with an error line */
+    if (left > 0) httpd_wait_idle(d, NODE_DRAIN_GRACE_MS);   /* ... which gets written before the sockets close */
     httpd_stop(d);        /* joins every connection thread; closes the listening socket */
     dn_cleanup(&n);
     return rc;
@@ -1727,6 +1730,8 @@ void decode_node_usage(FILE *f) {
         "  --max-conns-per-ip N      HTTP connections per client address other than the router's\n"
         "                            (default a 16th of what the router's reserve leaves, at least 4)\n"
         "  --request-deadline-ms N   a request must arrive whole within N ms (default 10000)\n"
+        "  --drain-timeout MS        on SIGTERM/SIGINT: deregister, stop accepting, let requests in flight\n"
+        "                            finish this long (default 20000), then end them with an error\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
@@ -1767,6 +1772,13 @@ static int dn_cli_prefill_node(dn_cli *c, const char *opt, const char *v) {
     return 0;
 }
 
+/* Every --prefill-node names a port of 1-65535 (one past it used to wrap). */
+static int dn_cli_check_nodes(const dn_cli *c, char *err, size_t errlen) {
+    for (int i = 0; i < c->o.n_prefill_nodes; i++)
+        if (cliopt_check_hostport("--prefill-node", c->o.prefill_nodes[i], 0, err, errlen)) return -1;
+    return 0;
+}
+
 /* Parses the options; 0, or -1 after printing what is wrong (cliopt.h:
  * each bad value is named with its valid range). */
 static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
@@ -1798,11 +1810,18 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--max-conns-per-ip")) bad = dn_cli_int(a, v, 1, 100000, &c->o.max_conns_per_ip);
         else if (!strcmp(a, "--client-share")) bad = dn_cli_int(a, v, 1, 100, &c->o.client_share);
         else if (!strcmp(a, "--request-deadline-ms")) bad = dn_cli_int(a, v, 100, 3600000, &c->o.request_deadline_ms);
+        else if (!strcmp(a, "--drain-timeout")) bad = dn_cli_int(a, v, 0, 3600000, &c->o.drain_timeout_ms);
         else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
         i++;
     }
     if (!c->model) { fprintf(stderr, DN_CMD ": give -m MODEL.gguf\n"); dn_usage(); return -1; }
+    char perr[600];
+    if ((c->o.listen && cliopt_check_hostport("--listen", c->o.listen, 1, perr, sizeof perr)) ||
+        dn_cli_check_nodes(c, perr, sizeof perr)) {
+        fprintf(stderr, DN_CMD ": %s\n", perr);
+        return -1;
+    }
     if (c->o.local_only && c->o.n_prefill_nodes) {
         fprintf(stderr, DN_CMD ": --role local uses no prefill node\n");
         return -1;
@@ -1824,6 +1843,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     dn_cli c;
     memset(&c, 0, sizeof c);
     c.o.local_only = local_only;
+    c.o.drain_timeout_ms = NODE_DRAIN_DEFAULT_MS;
     c.threads = 2;
     if (dn_cli_parse(argc, argv, &c)) return 2;
     char err[512];
@@ -1853,7 +1873,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     node_register *reg = NULL;
     if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
-    else if (decode_node_run(m, &c.o, err, sizeof err)) log_error(NULL, "%s", err);
+    else if ((c.o.reg = reg, decode_node_run(m, &c.o, err, sizeof err))) log_error(NULL, "%s", err);
     else rc = 0;
     node_register_stop(reg);
     model_free(m);
