@@ -255,7 +255,8 @@ static void test_local_server(ctx *c, const char *dir) {
     snprintf(pf, sizeof pf, "%s/local.port", dir);
     snprintf(log, sizeof log, "%s/local.log", dir);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
-                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1", NULL };
+                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1",
+                     "--drain-timeout", "500", NULL };   /* SIGTERM below: the 100000-token stream is cut after 0.5 s */
     pid_t pid;
     int port = start_named(&pid, argv, dir, "local", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(pid, 1000); return; }

@@ -507,7 +507,7 @@ static void test_in_process(const char *model_path, const char *golden, const ch
     if (node_start(&n, model_path, secret, extra)) { CHECK(0, "node for in-process checks"); model_free(m); return; }
     char hp[64];
     snprintf(hp, sizeof hp, "127.0.0.1:%d", n.port);
-    const char *sec = "handoff-test-secret";
+    const char *sec = "handoff-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f";
     handoff_opts ho = { .timeout_ms = 10000 * g_slow, .secret = sec, .secret_len = strlen(sec), .node_id = "test" };
     session *loc = NULL, *rem = NULL;
     session_new(&loc, m, 2048, GGML_TYPE_F16, err, sizeof err);
