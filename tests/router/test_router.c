@@ -303,7 +303,8 @@ static int tr_setup(tr_env *e) {
     FILE *f = fopen(TR_DIR "/secret", "w");
     fputs("router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
     fclose(f);
-    node_auth_derive(&tr_node_key, "router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f", 50, NODE_AUTH_LABEL_DECODE_API);
+    node_auth_derive(&tr_node_key, "router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f",
+                     strlen("router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"), NODE_AUTH_LABEL_DECODE_API);
     char pp[32], dp[32];
     char *pf[] = {b, "serve", "--role", "prefill", "-m", e->stories, "-t", "1", "--secret-file", TR_DIR "/secret",
                   "--port-file", TR_DIR "/pf.port", "--debug-frame-delay-ms", "30", NULL};
