@@ -331,6 +331,33 @@ static void to_drain_case(int which, int drain_ms, int max_tokens, int want, con
     else stop_proc(rp, 30000);
 }
 
+/* A registered prefill node that gets SIGTERM deregisters at once and
+ * exits 0 (nothing in flight: no wait). */
+static void test_prefill_leaves(void) {
+    const char *b = bin();
+    pid_t rp, pp;
+    char *rargv[] = {(char *)b, "serve", "--role", "router", "--listen", "127.0.0.1:0", "--secret-file", TO_DIR "/good",
+                     "--port-file", TO_DIR "/rpf.port", NULL};
+    int rport = to_start(&rp, rargv, "rpf");
+    if (rport <= 0) return;
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", rport);
+    char *pargv[] = {(char *)b, "serve", "--role", "prefill", "-m", (char *)g_stories, "-t", "1", "--listen", "127.0.0.1:0",
+                     "--secret-file", TO_DIR "/good", "--router", url, "--drain-timeout", "5000",
+                     "--port-file", TO_DIR "/ppf.port", NULL};
+    int pport = to_start(&pp, pargv, "ppf");
+    CHECK(pport > 0 && wait_file_has(TO_DIR "/rpf.log", "registered", 30000), "the prefill node registered");
+    double t0 = now_ms();
+    int rc = stop_proc(pp, 15000);
+    CHECK(rc == 0, "the prefill node exits 0 on SIGTERM (%d) after %.0f ms", rc, now_ms() - t0);
+    CHECK(wait_file_has(TO_DIR "/rpf.log", "prefill node 127.0.0.1:", 100) &&
+          wait_file_has(TO_DIR "/rpf.log", "deregistered: it is shutting down", 2000), "the router saw it leave");
+    char *log = slurp(TO_DIR "/ppf.log");
+    CHECK(log && strstr(log, "shutting down: draining") && strstr(log, "deregistered from router"), "its log says so");
+    free(log);
+    CHECK(stop_proc(rp, 30000) == 0, "router exits 0");
+}
+
 static void test_drain(void) {
     if (!t_need(g_qwen)) return;
     /* ~600 tokens/s on one thread here: 400 tokens finish well inside
@@ -349,6 +376,7 @@ int main(void) {
     test_refusals();
     test_secret_mismatch();
     test_open_and_auth();
+    test_prefill_leaves();
     test_drain();
     return t_done("test_router_ops");
 }
