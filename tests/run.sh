@@ -10,6 +10,16 @@
 # executable), and a run with no binary at all.
 # Exit status is non-zero if anything failed.
 set -u
+# The user's own TANDEM_* settings (TANDEM_SECRET, TANDEM_API_KEY,
+# TANDEM_LOG_LEVEL for their servers) must not reach the tests: only the
+# harness's variables pass (the same list as tests/t.h's t_env_harness).
+for v in $(compgen -e | grep '^TANDEM_'); do
+    case "$v" in
+    TANDEM_BIN|TANDEM_MODELS|TANDEM_REQUIRE|TANDEM_ASAN|TANDEM_FIXTURES|TANDEM_FIXTURES_PARTIAL|TANDEM_REAL_MODELS|\
+    TANDEM_BACKEND|TANDEM_PREFILL_BACKEND|TANDEM_GOLDEN|TANDEM_GOLDEN_DUMP|TANDEM_HANDOFF_ALL|TANDEM_KERNELS|TANDEM_CUDA_*) ;;
+    *) unset "$v" ;;
+    esac
+done
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(build/test_*)
 pass=0; fail=0; skip=0; crashed=0; ran=0

@@ -24,7 +24,7 @@ CTX=${CTX:-8192}
 BIN=build/tandem
 WORK=build/grade-bench
 mkdir -p "$WORK"
-export TANDEM_SECRET=${TANDEM_SECRET:-grade-bench-secret}
+export TANDEM_SECRET=${TANDEM_SECRET:-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')}
 # Long prompts queue behind each other on 2 cores: the first token of a
 # request can come minutes after it was sent, longer than the router's
 # default 30 s idle limit (docs/router.md), so the limits are raised.

@@ -12,7 +12,7 @@ make -j2 build/tandem >/dev/null
 DIR=$(mktemp -d /tmp/tandem-load.XXXXXX); PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done; for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done; rm -rf "$DIR"; }
 trap cleanup EXIT INT TERM
-echo load-secret >"$DIR/secret"
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DIR/secret"
 wait_port() { for _ in $(seq 1 600); do [ -s "$1" ] && { cat "$1"; return 0; }; sleep 0.1; done; return 1; }
 build/tandem serve --role prefill -m "$MODEL" -t 1 --secret-file "$DIR/secret" --port-file "$DIR/p.port" >"$DIR/p.log" 2>&1 & PIDS+=($!)
 PP=$(wait_port "$DIR/p.port")

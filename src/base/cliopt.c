@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 
 /* ==== Values ==== */
 
@@ -168,8 +170,63 @@ int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, siz
         free(s);
         return -1;
     }
+    char why[300];
+    if (cliopt_check_secret(s, n, why, sizeof why)) {
+        snprintf(err, errlen, "the shared secret %s%s: %s", file ? "in " : "in TANDEM_SECRET", file ? file : "", why);
+        OPENSSL_cleanse(s, n);
+        free(s);
+        return -1;
+    }
     *out = s;
     *len = n;
+    return 0;
+}
+
+/* ==== Checks ==== */
+
+int cliopt_check_secret(const char *s, size_t n, char *err, size_t errlen) {
+    static const char hex[] = "0123456789abcdefABCDEF";
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/-_=";
+    size_t count[256] = {0}, distinct = 0, most = 0, pad = 0;
+    int is_hex = 1, is_b64 = 1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!c || !strchr(hex, c)) is_hex = 0;
+        if (!c || !strchr(b64, c)) is_b64 = 0;
+        if (c == '=') pad++;
+        if (!count[c]++) distinct++;
+        if (count[c] > most) most = count[c];
+    }
+    /* bits per character of the smallest alphabet that holds them all */
+    size_t bytes = is_hex ? n / 2 : is_b64 ? (n - pad) * 3 / 4 : n;
+    const char *how = "make one with: openssl rand -hex 32 > secret.txt";
+    if (bytes < CLIOPT_SECRET_MIN_BYTES) {
+        snprintf(err, errlen, "it holds %zu bytes (%zu %s characters); at least %d are needed; %s", bytes, n,
+                 is_hex ? "hex" : is_b64 ? "base64" : "other", CLIOPT_SECRET_MIN_BYTES, how);
+        return -1;
+    }
+    if (distinct < CLIOPT_SECRET_MIN_DISTINCT || most * 4 > n) {
+        snprintf(err, errlen, "it repeats itself (%zu distinct characters, one of them %zu times in %zu); %s", distinct,
+                 most, n, how);
+        return -1;
+    }
+    return 0;
+}
+
+int cliopt_check_hostport(const char *what, const char *addr, int allow_zero, char *err, size_t errlen) {
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    if (!colon || !colon[1]) {
+        snprintf(err, errlen, "%s: '%s' is not HOST:PORT", what, addr ? addr : "");
+        return -1;
+    }
+    const char *p = colon + 1;
+    size_t pl = strlen(p);
+    /* digits only, and few enough that the value cannot overflow */
+    long v = pl <= 9 && strspn(p, "0123456789") == pl ? strtol(p, NULL, 10) : -1;
+    if (v < (allow_zero ? 0 : 1) || v > 65535) {
+        snprintf(err, errlen, "%s: port %.32s of '%.200s' is not within %d-65535", what, p, addr, allow_zero ? 0 : 1);
+        return -1;
+    }
     return 0;
 }
 

@@ -61,6 +61,26 @@ char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, siz
  * refused. 0 with *out malloc'd (the caller frees it), or -1 with a message. */
 int cliopt_load_secret(const char *file, char **out, size_t *len, char *err, size_t errlen);
 
+/* The rule every shared secret meets (cliopt_load_secret applies it; the
+ * router's config "secret" too): at least CLIOPT_SECRET_MIN_BYTES bytes once
+ * decoded, judged by the smallest alphabet holding all of its characters:
+ * hex digits only count 4 bits a character (`openssl rand -hex 32`: 64
+ * characters, 32 bytes), the base64/base64url alphabet 6 bits
+ * (`openssl rand -base64 32`: 44 characters), anything else 8 bits; and at
+ * least CLIOPT_SECRET_MIN_DISTINCT distinct characters, none of them more
+ * than a quarter of the whole (no "aaaa...", no "abababab..."). 0, or -1
+ * with a message saying how to make one (docs/wire-protocol.md 5.4). */
+#define CLIOPT_SECRET_MIN_BYTES 32
+#define CLIOPT_SECRET_MIN_DISTINCT 8
+int cliopt_check_secret(const char *s, size_t n, char *err, size_t errlen);
+
+/* HOST:PORT (HOST may be [IPv6] or empty for loopback) whose PORT is a
+ * decimal number within 1..65535, or 0 too when allow_zero (a listen
+ * address: any free port). Ports outside the range used to wrap modulo
+ * 65536 in getaddrinfo. 0, or -1 with "WHAT: port P of 'ADDR' is not
+ * within 1-65535" (what names the option). */
+int cliopt_check_hostport(const char *what, const char *addr, int allow_zero, char *err, size_t errlen);
+
 /* ==== Signals ==== */
 
 /* Makes SIGINT and SIGTERM set the flag returned (no SA_RESTART: blocking

@@ -23,6 +23,7 @@
 #include "base/log.h"
 #include "engine/model.h"
 #include "node/node_decode.h"
+#include "node/node_drain.h"
 #include "net/node_register.h"
 #include "router/router.h"
 #include "engine/quant.h"
@@ -40,6 +41,7 @@ typedef struct {
     uint64_t kv_cache_ram, kv_cache_disk;
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
+    int drain_timeout_ms;                                 /* node_drain.h */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
     int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
@@ -82,6 +84,8 @@ static void serve_usage(FILE *f) {
         "  --handshake-ms N     handshake deadline (default 2000)\n"
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
         "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
+        "  --drain-timeout MS   on SIGTERM/SIGINT: deregister, stop accepting, let handoffs in flight\n"
+        "                       finish this long (default 20000), then cut them\n"
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
         "  --metrics-port-file FILE    write the bound metrics port there\n"
         "  --kv-cache-ram BYTES, --kv-cache-dir DIR, --kv-cache-disk BYTES  a KV prefix store as on\n"
@@ -128,6 +132,7 @@ static int serve_layers(const char *opt, const char *v, serve_opts *o) {
 static int serve_parse(int argc, char **argv, serve_opts *o) {
     memset(o, 0, sizeof *o);
     o->n_threads = 2; o->n_batch = 0; o->kv_type = "f16"; o->timeout_ms = 10000; o->listen = "127.0.0.1:0";
+    o->drain_timeout_ms = NODE_DRAIN_DEFAULT_MS;
     for (int i = 0; i < argc; i += 2) {   /* every option here takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -162,6 +167,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(SERVE, a, v, &o->kv_cache_dir);
         else if (!strcmp(a, "--layers")) bad = serve_layers(a, v, o);
         else if (!strcmp(a, "--debug-act-stall")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_act_stall);
+        else if (!strcmp(a, "--drain-timeout")) bad = serve_int(a, v, 0, 3600000, &o->drain_timeout_ms);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
     }
@@ -199,6 +205,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
         .model_name = o->model_name, .model_path = o->model, .debug_act_stall = o->debug_act_stall,
         .kv_cache_ram = o->kv_cache_ram, .kv_cache_dir = o->kv_cache_dir, .kv_cache_disk = o->kv_cache_disk,
+        .drain_timeout_ms = o->drain_timeout_ms, .reg = reg,
     };
     int rc = 0;
     if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }

@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "base/cliopt.h"
+#include "grade/grade_check.h"
 
 /* ==== Options ==== */
 
@@ -311,6 +312,9 @@ typedef struct {
     char error[512];             /* why it cannot be graded */
     json_t *record;              /* what DIR/STEM.json holds at the end */
     int skipped;
+    json_t *prev;                /* a failed earlier record of it: its finished half is kept */
+    int n_text, n_blank, n_binary;   /* files listed, those with nothing but white space, binary ones */
+    char flag[16];               /* "empty" or "binary": not graded, flagged (no request is spent) */
 } grade_sub;
 
 typedef struct { char **v; int n, cap; } grade_paths;
@@ -378,11 +382,14 @@ static int grade_list_file(grade_sub *s, const char *full, const char *rel, strb
     }
     EVP_DigestUpdate(h, rel, strlen(rel) + 1);
     EVP_DigestUpdate(h, raw, n);
-    if (memchr(raw, 0, n)) {
+    if (!grade_is_text(raw, n)) {   /* a NUL or many control bytes: an executable, an image, an archive */
         json_array_append_new(s->files, json_pack("{s:s, s:I, s:s}", "path", rel, "bytes", (json_int_t)n, "skipped", "binary"));
+        s->n_binary++;
         free(raw);
         return 0;
     }
+    s->n_text++;
+    s->n_blank += grade_is_blank(raw, n);
     char *text = grade_utf8_clean(raw, n);
     free(raw);
     if (!text) { snprintf(s->error, sizeof s->error, "out of memory"); return -1; }
@@ -444,8 +451,14 @@ static void grade_sub_load(grade_sub *s, size_t max_bytes) {
     }
     grade_sha256_hex(h, s->sha);
     EVP_MD_CTX_free(h);
-    if (!rc && b.len == 0) snprintf(s->error, sizeof s->error, "no text file to grade in %s", s->path);
-    else if (!rc && b.len > max_bytes)
+    if (!rc && s->n_text == s->n_blank) {   /* nothing to grade: flagged, not sent to the models */
+        snprintf(s->flag, sizeof s->flag, "%s", s->n_binary && !s->n_text ? "binary" : "empty");
+        if (s->n_binary && !s->n_text)
+            snprintf(s->error, sizeof s->error, "flagged: %s holds only binary files (%d), no text to grade", s->path, s->n_binary);
+        else
+            snprintf(s->error, sizeof s->error, "flagged: %s is empty (%d text file%s with nothing but white space%s)", s->path,
+                     s->n_text, s->n_text == 1 ? "" : "s", s->n_binary ? ", and binary files" : "");
+    } else if (!rc && b.len > max_bytes)
         snprintf(s->error, sizeof s->error, "the listing is %zu bytes (the limit is %zu, --max-bytes)", b.len, max_bytes);
     if (!rc && b.oom) snprintf(s->error, sizeof s->error, "out of memory");
     if (!rc && !s->error[0]) s->listing = strbuf_take(&b, NULL);
@@ -720,7 +733,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int next, running, finished, to_do;
-    int graded, failed, skipped, invalid;
+    int graded, failed, skipped, invalid, flagged;
     double t0;
     grade_series latency, ttft[2], tpot[2], ptok[2], ctok[2];
     int plan_split, plan_local;
@@ -778,7 +791,7 @@ static json_t *grade_call_nodes(const grade_call *c) {
 }
 
 /* Scores, total and the analysis (or the analysis error) into rec. */
-static void grade_fill_analysis(const grade_class *g, json_t *rec, const grade_call *c) {
+static void grade_fill_analysis(const grade_class *g, json_t *rec, const grade_call *c, json_t *files) {
     char err[512];
     json_t *a = grade_analysis_parse(&g->rubric, g->schema, c->text.p ? c->text.p : "", err, sizeof err);
     json_object_set_new(rec, "analysis_valid", json_boolean(a != NULL));
@@ -803,6 +816,10 @@ static void grade_fill_analysis(const grade_class *g, json_t *rec, const grade_c
                                                        json_object_get(x, "justification")));
     }
     json_t *mt = json_object_get(a, "total");
+    /* a problem must point at a line the submission has */
+    int unlocated = 0;
+    json_object_set_new(rec, "problem_checks", grade_check_problems(a, files, &unlocated));
+    json_object_set_new(rec, "problems_unlocated", json_integer(unlocated));
     json_object_set_new(rec, "scores", scores);
     /* the total is the sum of the item scores; the model's own sum is kept when it differs */
     json_object_set_new(rec, "total", json_integer(sum));
@@ -851,29 +868,39 @@ static void grade_one(grade_class *g, grade_sub *s) {
     double t0 = grade_now_ms();
     json_t *rec = grade_record_base(g, s);
     grade_call c[2] = { { .o = g->o, .model = g->o->model_a }, { .o = g->o, .model = g->o->model_b } };
-    int ok = 0;
+    int ok = 0, need[2] = {1, 1};
+    if (s->prev) {   /* a half an earlier run finished is kept: only the other is asked for */
+        int have_a, have_b;
+        grade_prev_halves(s->prev, g->o->regrade_invalid, &have_a, &have_b);
+        need[GRADE_A] = !have_a;
+        need[GRADE_B] = !have_b;
+    }
     if (!s->error[0]) {
-        c[0].body = grade_request_body(g, GRADE_A, s);
-        c[1].body = grade_request_body(g, GRADE_B, s);
-        if (!c[0].body || !c[1].body) snprintf(s->error, sizeof s->error, "out of memory");
+        if (need[GRADE_A]) c[0].body = grade_request_body(g, GRADE_A, s);
+        if (need[GRADE_B]) c[1].body = grade_request_body(g, GRADE_B, s);
+        if ((need[GRADE_A] && !c[0].body) || (need[GRADE_B] && !c[1].body)) snprintf(s->error, sizeof s->error, "out of memory");
     }
     if (!s->error[0]) {
         pthread_t th;
-        int threaded = pthread_create(&th, NULL, grade_call_thread, &c[GRADE_B]) == 0;
-        grade_call_run(&c[GRADE_A]);
+        int threaded = need[GRADE_B] && need[GRADE_A] && pthread_create(&th, NULL, grade_call_thread, &c[GRADE_B]) == 0;
+        if (need[GRADE_A]) grade_call_run(&c[GRADE_A]);
         if (threaded) pthread_join(th, NULL);
-        else grade_call_run(&c[GRADE_B]);
-        ok = !c[0].failed && !c[1].failed;
-        if (!ok) snprintf(s->error, sizeof s->error, "%s%.240s%s%s%.240s", c[0].failed ? "analysis: " : "", c[0].failed ? c[0].error : "",
-                          c[0].failed && c[1].failed ? "; " : "", c[1].failed ? "feedback: " : "", c[1].failed ? c[1].error : "");
-        if (!c[0].failed) grade_fill_analysis(g, rec, &c[0]);
-        json_object_set_new(rec, "feedback", !c[1].failed && c[1].text.p ? json_string(c[1].text.p) : json_null());
+        else if (need[GRADE_B]) grade_call_run(&c[GRADE_B]);
+        int fa = need[GRADE_A] && c[0].failed, fb = need[GRADE_B] && c[1].failed;
+        ok = !fa && !fb;
+        if (!ok) snprintf(s->error, sizeof s->error, "%s%.240s%s%s%.240s", fa ? "analysis: " : "", fa ? c[0].error : "",
+                          fa && fb ? "; " : "", fb ? "feedback: " : "", fb ? c[1].error : "");
+        if (need[GRADE_A] && !fa) grade_fill_analysis(g, rec, &c[0], s->files);
+        json_object_set_new(rec, "feedback", need[GRADE_B] && !fb && c[1].text.p ? json_string(c[1].text.p) : json_null());
         json_object_set_new(rec, "timings", json_pack("{s:f, s:o, s:o}", "latency_ms", grade_now_ms() - t0,
                                                       "analysis", grade_call_timing(&c[0], g->t0),
                                                       "feedback", grade_call_timing(&c[1], g->t0)));
         json_object_set_new(rec, "nodes", json_pack("{s:o, s:o}", "analysis", grade_call_nodes(&c[0]), "feedback", grade_call_nodes(&c[1])));
+        for (int w = 0; w < 2; w++)
+            if (!need[w]) grade_reuse_half(rec, s->prev, w);
     }
-    json_object_set_new(rec, "status", json_string(ok ? "graded" : "failed"));
+    json_object_set_new(rec, "status", json_string(ok ? "graded" : s->flag[0] ? "flagged" : "failed"));
+    if (s->flag[0]) json_object_set_new(rec, "flag", json_string(s->flag));
     if (!ok) json_object_set_new(rec, "error", grade_json_text(s->error));
     if (grade_record_write(g, s, rec) && ok) {
         ok = 0;
@@ -885,10 +912,12 @@ static void grade_one(grade_class *g, grade_sub *s) {
         g->graded++;
         g->invalid += !json_is_true(json_object_get(rec, "analysis_valid"));
         grade_series_add(&g->latency, grade_now_ms() - t0);
+    } else if (s->flag[0]) {
+        g->flagged++;
     } else {
         g->failed++;
     }
-    for (int w = 0; w < 2; w++) if (c[w].attempts) grade_count(g, &c[w], w);
+    for (int w = 0; w < 2; w++) if (need[w] && c[w].attempts) grade_count(g, &c[w], w);
     s->record = rec;
     pthread_mutex_unlock(&g->mu);
     for (int w = 0; w < 2; w++) grade_call_free(&c[w]);
@@ -930,6 +959,9 @@ static int grade_already_done(grade_class *g, grade_sub *s) {
     int same = st && !strcmp(st, "graded") && rs && !strcmp(rs, g->rubric_sha) && ss && !strcmp(ss, s->sha) &&
                ma && !strcmp(ma, o->model_a) && mb && !strcmp(mb, o->model_b);
     if (same && o->regrade_invalid && !json_is_true(json_object_get(r, "analysis_valid"))) same = 0;
+    int same_but_failed = st && !strcmp(st, "failed") && rs && !strcmp(rs, g->rubric_sha) && ss && !strcmp(ss, s->sha) &&
+                          ma && !strcmp(ma, o->model_a) && mb && !strcmp(mb, o->model_b);
+    if (same_but_failed) { s->prev = r; return 0; }   /* its finished half is kept (grade_one) */
     if (!same) { json_decref(r); return 0; }
     s->record = r;
     s->skipped = 1;
@@ -1021,7 +1053,8 @@ static void grade_summary(grade_class *g, double wall_s, grade_router_counts bef
     const grade_opts *o = g->o;
     char a[32], b[32], c[32], d[32], e[32], f[32];
     printf("tandem grade: %d submissions: %d graded (%d with an analysis that does not follow the schema), %d failed, "
-           "%d skipped (already graded)\n", g->n, g->graded, g->invalid, g->failed, g->skipped);
+           "%d flagged (empty or binary, not graded), %d skipped (already graded)\n", g->n, g->graded, g->invalid, g->failed,
+           g->flagged, g->skipped);
     printf("wall time %.1f s, %s submissions/hour (graded ones, --parallel %d)\n", wall_s,
            grade_fmt(a, sizeof a, wall_s > 0 && g->finished ? g->graded / wall_s * 3600 : NAN, 1, ""), o->parallel);
     printf("latency per submission: p50 %s, p90 %s, max %s\n", grade_fmt(a, sizeof a, grade_pct(&g->latency, 0.5) / 1e3, 2, " s"),
@@ -1210,6 +1243,7 @@ static void grade_class_free(grade_class *g) {
         free(g->subs[i].listing);
         json_decref(g->subs[i].files);
         json_decref(g->subs[i].record);
+        json_decref(g->subs[i].prev);
     }
     free(g->subs);
     grade_rubric_free(&g->rubric);
@@ -1297,6 +1331,17 @@ int cli_grade(int argc, char **argv) {
     g.n = o.n_subs;
     if (grade_setup_subs(&g)) goto out;
     g.to_do = g.n - g.skipped;
+    char perr[1024];
+    int to_send = 0;   /* submissions that will send requests: none (all failed to load, flagged), no router needed */
+    for (int i = 0; i < g.n; i++) to_send += !g.subs[i].skipped && !g.subs[i].error[0];
+    if (to_send > 0 && grade_preflight(o.router, o.api_key, o.model_a, o.model_b, o.no_schema ? NULL : g.schema_text,
+                                       o.timeout_s, o.retries < 3 ? o.retries + 1 : 3, o.backoff_s > 0 ? o.backoff_s : 0.5,
+                                       perr, sizeof perr)) {
+        /* before any submission: nothing is spent on a class that cannot be graded */
+        fprintf(stderr, "tandem grade: stopped before the first submission: %s\n", perr);
+        rc = 1;
+        goto out;
+    }
     grade_router_counts before = grade_router_metrics(&o);
     if (!o.quiet)
         fprintf(stderr, "grade: %d submissions (%d already graded), rubric of %d items (%d points), %d in flight\n",

@@ -11,6 +11,7 @@
  *   grade_rubric.c  rubric parsing, the derived JSON schema, the schema validator,
  *                   prompt templates (pure functions: unit-tested and fuzzed)
  *   grade_report.c  the class report (Markdown, HTML with an inline SVG chart)
+ *   grade_check.c   the preflight, text and blank files, problems' locations, kept halves
  */
 #ifndef TANDEM_GRADE_H
 #define TANDEM_GRADE_H

@@ -165,7 +165,10 @@ static void rp_md_row(strbuf *b, const grade_rubric *r, json_t *rec) {
     if (rp_has_total(rec)) strbuf_printf(b, " | **%lld**", (long long)json_integer_value(json_object_get(rec, "total")));
     else strbuf_puts(b, " | -");
     strbuf_puts(b, " | ");
-    if (!rp_graded(rec)) { strbuf_puts(b, "failed: "); rp_md_cell(b, rp_get_str(rec, "error"), 160); }
+    if (!rp_graded(rec)) {   /* a flagged record's error says "flagged: ..." itself */
+        if (strcmp(rp_get_str(rec, "status"), "flagged")) strbuf_puts(b, "failed: ");
+        rp_md_cell(b, rp_get_str(rec, "error"), 160);
+    }
     else {
         if (json_is_string(json_object_get(rec, "feedback"))) strbuf_printf(b, "[feedback](feedback/%s.md)", stem);
         if (!json_is_true(json_object_get(rec, "analysis_valid"))) {
@@ -246,7 +249,10 @@ static void rp_html_row(strbuf *b, const grade_rubric *r, json_t *rec) {
     }
     if (total) strbuf_printf(b, "<td class=\"n\"><b>%lld</b></td><td>", (long long)json_integer_value(json_object_get(rec, "total")));
     else strbuf_puts(b, "<td class=\"n muted\">-</td><td>");
-    if (!graded) { strbuf_puts(b, "failed: "); rp_html(b, rp_get_str(rec, "error")); }
+    if (!graded) {
+        if (strcmp(rp_get_str(rec, "status"), "flagged")) strbuf_puts(b, "failed: ");
+        rp_html(b, rp_get_str(rec, "error"));
+    }
     else if (!total) strbuf_puts(b, "analysis did not follow the schema");
     else strbuf_puts(b, "graded");
     strbuf_puts(b, "</td></tr>\n");

@@ -51,6 +51,7 @@ typedef struct hd_conn {
     int calls;                   /* access-handler calls for the current request */
     int receiving;               /* the current request is not complete yet */
     int killed;
+    int active;                  /* a request is in progress (counted in httpd.active) */
     double deadline_ms;          /* monotonic */
 } hd_conn;
 
@@ -66,6 +67,8 @@ struct httpd {
     pthread_cond_t cv;
     hd_conn *conns;
     int stopping;
+    int active;                  /* requests in progress: handler called, response not yet finished */
+    int quiesced_fd;             /* the listening socket once httpd_quiesce took it back from MHD; -1 */
     pthread_t reaper;
     int reaper_started;
     unsigned long long expired, evicted, refused;
@@ -289,6 +292,7 @@ static enum MHD_Result hd_access(void *cls, struct MHD_Connection *c, const char
     if (k) {
         pthread_mutex_lock(&h->mu);
         if (k->calls++ > 0 && *upload_size == 0) k->receiving = 0;
+        if (!k->active) { k->active = 1; h->active++; }
         pthread_mutex_unlock(&h->mu);
     }
     return h->handler(h->handler_cls, c, url, method, version, upload, upload_size, con_cls);
@@ -300,12 +304,16 @@ static void hd_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     hd_conn *k = hd_conn_of(c);
     if (!k) return;
     pthread_mutex_lock(&h->mu);   /* a kept-alive connection: the next request has its own deadline */
+    if (k->active) { k->active = 0; h->active--; }
     k->calls = 0;
     k->receiving = 1;
     k->request_ms = hd_now();
     k->deadline_ms = k->request_ms + h->lim.request_deadline_ms;
     pthread_mutex_unlock(&h->mu);
 }
+
+/* How often httpd_wait_idle looks at the count of requests in progress. */
+#define HD_IDLE_POLL_MS 20
 
 /* ==== Deadline reaper ==== */
 
@@ -376,6 +384,7 @@ int httpd_start(httpd **out, const httpd_limits *lim, int listen_fd, MHD_AccessH
     if (h->lim.reserved_conns >= h->lim.max_conns) h->lim.reserved_conns = h->lim.max_conns - 1;
     if (h->lim.request_deadline_ms <= 0) h->lim.request_deadline_ms = 1 << 30;
     h->fd = listen_fd;
+    h->quiesced_fd = -1;
     h->port = hd_local_port(listen_fd);
     h->handler = handler;
     h->handler_cls = handler_cls;
@@ -392,7 +401,7 @@ int httpd_start(httpd **out, const httpd_limits *lim, int listen_fd, MHD_AccessH
     int v6 = !getsockname(listen_fd, (struct sockaddr *)&ss, &sl) && ss.ss_family == AF_INET6;
     /* poll, not select: descriptors beyond FD_SETSIZE must work */
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
-                     MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+                     MHD_USE_ERROR_LOG | MHD_USE_ITC | (v6 ? MHD_USE_IPv6 : 0);   /* ITC: httpd_quiesce */
     h->d = MHD_start_daemon(flags, 0, hd_admit, h, hd_access, h,
                             MHD_OPTION_EXTERNAL_LOGGER, hd_logger, h,
                             MHD_OPTION_LISTEN_SOCKET, listen_fd,
@@ -440,6 +449,38 @@ unsigned long long httpd_refused(httpd *h) {
     return n;
 }
 
+/* ==== Drain ==== */
+
+void httpd_quiesce(httpd *h) {
+    if (!h || !h->d || h->quiesced_fd >= 0) return;
+    MHD_socket s = MHD_quiesce_daemon(h->d);
+    if (s == MHD_INVALID_SOCKET) return;
+    h->quiesced_fd = s;
+    /* On Linux this takes the socket out of the listening state: a new
+     * client is refused at once (ECONNREFUSED) instead of waiting in the
+     * backlog for an accept that never comes. The descriptor itself stays
+     * open until MHD_stop_daemon has joined its threads (MHD's rule). */
+    shutdown(s, SHUT_RDWR);
+}
+
+int httpd_active(httpd *h) {
+    if (!h) return 0;
+    pthread_mutex_lock(&h->mu);
+    int n = h->active;
+    pthread_mutex_unlock(&h->mu);
+    return n;
+}
+
+int httpd_wait_idle(httpd *h, int timeout_ms) {
+    double end = hd_now() + (timeout_ms > 0 ? timeout_ms : 0);
+    int n;
+    while ((n = httpd_active(h)) > 0 && hd_now() < end) {
+        struct timespec ts = { 0, HD_IDLE_POLL_MS * 1000000L };
+        nanosleep(&ts, NULL);
+    }
+    return n;
+}
+
 void httpd_stop(httpd *h) {
     if (!h) return;
     if (h->reaper_started) {
@@ -450,6 +491,7 @@ void httpd_stop(httpd *h) {
         pthread_join(h->reaper, NULL);
     }
     if (h->d) MHD_stop_daemon(h->d);   /* joins the connection threads, closes listen_fd */
+    if (h->quiesced_fd >= 0) close(h->quiesced_fd);   /* quiesced: MHD left it to us */
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
     free(h->tally);

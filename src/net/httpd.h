@@ -99,6 +99,17 @@ int httpd_same_addr(const httpd_addr *x, const httpd_addr *y);
 /* The same /24 (IPv4) or /64 (IPv6): what one attacker easily owns. */
 int httpd_same_block(const httpd_addr *x, const httpd_addr *y);
 
+/* ==== Drain ====
+ * A graceful end: httpd_quiesce stops accepting (the listening socket
+ * stops listening, so a new client is refused at once; open connections
+ * go on), httpd_active counts requests in progress (handler called,
+ * response not yet finished; an idle kept-alive connection is not one),
+ * httpd_wait_idle waits up to timeout_ms for that count to reach 0 and
+ * returns what is left. httpd_stop then closes whatever remains. */
+void httpd_quiesce(httpd *h);
+int httpd_active(httpd *h);
+int httpd_wait_idle(httpd *h, int timeout_ms);
+
 /* Stops the server: joins every connection thread, closes the socket. */
 void httpd_stop(httpd *h);
 

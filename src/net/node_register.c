@@ -27,6 +27,7 @@ struct node_register {
     int stopping;
     pthread_t th;
     int th_started;
+    int registered_port;         /* the port of the last accepted registration; 0 = none yet */
 };
 
 typedef struct { char s[NR_MAX_REPLY + 1]; size_t len; } nr_buf;
@@ -105,10 +106,11 @@ static size_t nr_sink(char *p, size_t sz, size_t nm, void *ud) {
 }
 
 /* POSTs one registration; HTTP status (-1 transport failure), reply in *b. */
-static long nr_post(node_register *r, int port, nr_buf *b, char *cerr) {
+static long nr_post(node_register *r, int port, int leaving, nr_buf *b, char *cerr) {
     char addr[300];
     snprintf(addr, sizeof addr, "%s:%d", r->host, port);
     json_t *o = json_pack("{s:s, s:s, s:s}", "role", r->role, "model", r->model, "addr", addr);
+    if (o && leaving) json_object_set_new(o, "leaving", json_true());
     char *body = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     node_auth_sig sig;
@@ -167,7 +169,10 @@ static void *nr_main(void *arg) {
     do {
         nr_buf b = { .len = 0 };
         char cerr[CURL_ERROR_SIZE] = "";
-        long code = nr_post(r, port, &b, cerr);
+        long code = nr_post(r, port, 0, &b, cerr);
+        pthread_mutex_lock(&r->mu);
+        r->registered_port = code == 200 ? port : r->registered_port;
+        pthread_mutex_unlock(&r->mu);
         if (code == 200 && state != 1)
             log_info(NULL, "registered with router %s as %s:%d (model %s), heartbeat every %d ms", r->url, r->host, port,
                      r->model, r->interval_ms);
@@ -215,13 +220,32 @@ int node_register_start(node_register **out, const node_register_opts *o, char *
     return 0;
 }
 
-void node_register_stop(node_register *r) {
-    if (!r) return;
+/* Ends the heartbeat thread (idempotent). */
+static void nr_join(node_register *r) {
     pthread_mutex_lock(&r->mu);
     r->stopping = 1;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (r->th_started) pthread_join(r->th, NULL);
+    r->th_started = 0;
+}
+
+int node_register_leave(node_register *r) {
+    if (!r) return 0;
+    nr_join(r);
+    if (!r->registered_port) return 0;   /* never registered: nothing to take back */
+    nr_buf b = { .len = 0 };
+    char cerr[CURL_ERROR_SIZE] = "";
+    long code = nr_post(r, r->registered_port, 1, &b, cerr);
+    if (code == 200) log_info(NULL, "deregistered from router %s", r->url);
+    else log_warn(NULL, "deregistering from router %s failed: %s%ld %s (it drops us at the heartbeat timeout)", r->url,
+                  code < 0 ? "" : "HTTP ", code, code < 0 ? cerr : b.s);
+    return code == 200 ? 0 : -1;
+}
+
+void node_register_stop(node_register *r) {
+    if (!r) return;
+    nr_join(r);
     node_auth_wipe(&r->key);
     pthread_cond_destroy(&r->cv);
     pthread_mutex_destroy(&r->mu);

@@ -33,6 +33,12 @@ typedef struct node_register node_register;
 
 /* Checks the options and starts the thread; 0, or -1 with a message. */
 int node_register_start(node_register **out, const node_register_opts *o, char *err, size_t errlen);
+/* A node that is shutting down: stops the heartbeats and POSTs one last
+ * signed registration with "leaving": true, so that the router sends it no
+ * new request while it finishes those in flight (the router removes it
+ * once they are done). 0, or -1 when the router did not take it (it then
+ * drops the node at its heartbeat timeout). Call node_register_stop after. */
+int node_register_leave(node_register *r);
 /* Stops the thread (no further POSTs) and frees everything. */
 void node_register_stop(node_register *r);
 /* The model name a node registers when none is given: the file's base

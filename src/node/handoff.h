@@ -133,6 +133,8 @@ typedef struct {
     const char *kv_cache_dir;
     uint64_t kv_cache_disk;
     int debug_act_stall;        /* a slice: send nothing more after the Nth ACT frame of a request */
+    int drain_timeout_ms;           /* on stop: handoffs in flight may finish this long (node_drain.h) */
+    struct node_register *reg;      /* the registration to take back when draining (NULL: none) */
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

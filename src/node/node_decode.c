@@ -39,6 +39,7 @@
 #include "engine/kvcache.h"
 #include "node/kvstore.h"
 #include "node/prefix_report.h"
+#include "node/node_drain.h"
 #include "node/scheduler.h"
 #include "base/prefix_hash.h"
 #include "base/strbuf.h"
@@ -1776,7 +1777,7 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
     if (def.max_body_bytes <= 0) def.max_body_bytes = 8 << 20;   /* a 4096-token id list is ~40 KB; text prompts similar */
     dnode n;
     memset(&n, 0, sizeof n);
-    int rc = -1, port = 0, family = AF_INET;
+    int rc = -1, port = 0, family = AF_INET, left = 0;
     if (dn_init(&n, m, &def, err, errlen)) { dn_cleanup(&n); return -1; }
     dn_calibrate(&n);
     if (dn_start(&n, err, errlen)) { dn_cleanup(&n); return -1; }
@@ -1803,11 +1804,13 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         struct timespec ts = { 0, 50 * 1000000L };
         nanosleep(&ts, NULL);
     }
-    log_info(NULL, "shutting down");
+    log_info(NULL, "shutting down: draining (up to %d ms)", o->drain_timeout_ms);
+    left = node_drain_http(d, o->reg, o->drain_timeout_ms);
     rc = 0;
 stop:
     n.stopping = 1;
     sched_stop(n.sc);     /* ends running jobs: their streams finish with an error line */
+    if (left > 0) httpd_wait_idle(d, NODE_DRAIN_GRACE_MS);   /* ... which gets written before the sockets close */
     httpd_stop(d);        /* joins every connection thread; closes the listening socket */
     dn_cleanup(&n);
     return rc;
@@ -1858,6 +1861,8 @@ void decode_node_usage(FILE *f) {
         "  --kv-cache-dir DIR        and on disk under DIR (0700, ours, not writable by others), so\n"
         "                            a prefix outlives a restart; DIR may be shared by nodes\n"
         "  --kv-cache-disk BYTES     the disk tier's budget (default 4 GiB); least recently used out first\n"
+        "  --drain-timeout MS        on SIGTERM/SIGINT: deregister, stop accepting, let requests in flight\n"
+        "                            finish this long (default 20000), then end them with an error\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
 }
 
@@ -1941,6 +1946,13 @@ static int dn_cli_prefill_node(dn_cli *c, const char *opt, const char *v) {
     return 0;
 }
 
+/* Every --prefill-node names a port of 1-65535 (one past it used to wrap). */
+static int dn_cli_check_nodes(const dn_cli *c, char *err, size_t errlen) {
+    for (int i = 0; i < c->o.n_prefill_nodes; i++)
+        if (cliopt_check_hostport("--prefill-node", c->o.prefill_nodes[i], 0, err, errlen)) return -1;
+    return 0;
+}
+
 /* Parses the options; 0, or -1 after printing what is wrong (cliopt.h:
  * each bad value is named with its valid range). */
 static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
@@ -1977,11 +1989,18 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--kv-cache-ram")) bad = cliopt_u64(DN_CMD, a, v, 0, UINT64_C(1) << 50, &c->o.kv_cache_ram);
         else if (!strcmp(a, "--kv-cache-disk")) bad = cliopt_u64(DN_CMD, a, v, 1, UINT64_C(1) << 60, &c->o.kv_cache_disk);
         else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(DN_CMD, a, v, &c->o.kv_cache_dir);
+        else if (!strcmp(a, "--drain-timeout")) bad = dn_cli_int(a, v, 0, 3600000, &c->o.drain_timeout_ms);
         else { fprintf(stderr, DN_CMD ": unknown option %s (see tandem serve --role decode --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
         i++;
     }
     if (!c->model) { fprintf(stderr, DN_CMD ": give -m MODEL.gguf\n"); dn_usage(); return -1; }
+    char perr[600];
+    if ((c->o.listen && cliopt_check_hostport("--listen", c->o.listen, 1, perr, sizeof perr)) ||
+        dn_cli_check_nodes(c, perr, sizeof perr)) {
+        fprintf(stderr, DN_CMD ": %s\n", perr);
+        return -1;
+    }
     if (c->o.local_only && c->o.n_prefill_nodes) {
         fprintf(stderr, DN_CMD ": --role local uses no prefill node\n");
         return -1;
@@ -2003,6 +2022,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     dn_cli c;
     memset(&c, 0, sizeof c);
     c.o.local_only = local_only;
+    c.o.drain_timeout_ms = NODE_DRAIN_DEFAULT_MS;
     c.threads = 2;
     if (dn_cli_parse(argc, argv, &c)) return 2;
     char err[512];
@@ -2033,7 +2053,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
     else if (dn_cli_chat_template(&c, m, err, sizeof err)) log_error(NULL, "%s", err);
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
-    else if (decode_node_run(m, &c.o, err, sizeof err)) log_error(NULL, "%s", err);
+    else if ((c.o.reg = reg, decode_node_run(m, &c.o, err, sizeof err))) log_error(NULL, "%s", err);
     else rc = 0;
     node_register_stop(reg);
     model_free(m);

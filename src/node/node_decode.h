@@ -111,6 +111,8 @@ typedef struct {
                                   * "fallback" (ChatML for a model without one); NULL = "model" */
     volatile int *port_out;      /* if set, receives the bound port once listening */
     volatile int *stop;          /* set non-zero (e.g. from a signal handler) to shut down */
+    int drain_timeout_ms;        /* then: requests in flight may finish this long (node_drain.h; 0 = cut at once) */
+    struct node_register *reg;   /* the registration to take back when draining (NULL: none) */
 } decode_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

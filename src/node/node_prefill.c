@@ -34,6 +34,7 @@
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "net/httpd.h"
+#include "node/node_drain.h"
 #include "base/log.h"
 #include "base/metrics.h"
 #include "net/node_register.h"
@@ -117,6 +118,9 @@ typedef struct {
 } pn_trust;
 
 struct pnode {
+    atomic_int in_req;            /* requests being served (pn_request) */
+    volatile int draining;        /* stopping: no new request, idle connections close */
+    volatile int cut;             /* the drain timeout passed: requests in flight stop */
     model *m;
     const prefill_node_opts *o;
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
@@ -201,7 +205,8 @@ typedef struct {
  * tandem's decode node puts the router's request id. */
 static void pn_rid(uint64_t req, char *out) { log_id_format((uint32_t)req, out); }
 
-static int pn_stopped(const pnode *n) { return n->o->stop && *n->o->stop; }
+/* The hard stop: the drain is over (prefill_node_run). */
+static int pn_stopped(const pnode *n) { return n->cut; }
 
 static void pn_sleep_ms(int ms) {
     struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000L };
@@ -953,7 +958,7 @@ static int pn_slice_start(pn_conn *pc, pn_req *r, int *have, char *err, size_t e
 
 /* Handles one REQUEST: admit, run, report. Returns 0 to keep the
  * connection, -1 to drop it. */
-static int pn_request(pn_conn *pc, uint64_t req) {
+static int pn_request_serve(pn_conn *pc, uint64_t req) {
     pnode *node = pc->node;
     wire_request q;
     uint32_t send_flags;
@@ -989,12 +994,26 @@ static int pn_request(pn_conn *pc, uint64_t req) {
     return keep ? 0 : -1;
 }
 
+/* One request, counted in in_req for the drain; a request that arrives
+ * while draining is refused (its decode node prefills locally). */
+static int pn_request(pn_conn *pc, uint64_t req) {
+    pnode *node = pc->node;
+    if (node->draining) {
+        pn_send_error(&pc->conn, req, WERR_BUSY, "prefill node shutting down");
+        return -1;
+    }
+    atomic_fetch_add(&node->in_req, 1);
+    int rc = pn_request_serve(pc, req);
+    atomic_fetch_sub(&node->in_req, 1);
+    return rc;
+}
+
 /* ==== Connections ==== */
 
 /* Waits until a frame starts arriving. 0 = readable, -1 = stop or idle
  * (nothing but PINGs since `since` for idle_ms counts as idle). */
 static int pn_wait_frame(pn_conn *pc, double since) {
-    while (!pn_stopped(pc->node)) {
+    while (!pn_stopped(pc->node) && !pc->node->draining) {
         /* checked before every frame: a peer sending PINGs faster than the
          * poll tick must still reach the limit */
         if (gen_now_ms() - since >= pc->node->o->idle_ms) {
@@ -1369,11 +1388,19 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     }
     if (o->port_out) *o->port_out = port;
     log_info(NULL, "node %s listening on port %d: %s", node.hello.node_id, port, node.hello.model_desc);
-    while (!pn_stopped(&node)) {
+    while (!(o->stop && *o->stop)) {
         pn_reap(&node, 0);
         pn_accept_one(&node, lfd);
     }
+    /* The drain (node_drain.h): deregister, stop accepting, let the
+     * handoffs in flight finish, then cut what is left. */
+    log_info(NULL, "shutting down: draining (up to %d ms)", oo.drain_timeout_ms);
+    node_register_leave(o->reg);
     close(lfd);
+    node.draining = 1;
+    int left = node_drain_wait_count(&node.in_req, oo.drain_timeout_ms);
+    if (left > 0) log_warn(NULL, "drain timeout (%d ms): cutting %d request(s) in flight", oo.drain_timeout_ms, left);
+    node.cut = 1;
     /* Wake connection threads blocked in a handshake or a read so shutdown
      * does not wait out their I/O deadlines. */
     pthread_mutex_lock(&node.mu);

@@ -189,14 +189,23 @@ static int rt_route(const char *method, const char *url, int *ep, int *post) {
     return 0;   /* GET endpoints */
 }
 
-static int rt_authorized(router *r, struct MHD_Connection *c, const char *url) {
-    /* the chat page itself is public: it asks for the key (router_web.c) */
-    if (!r->cfg.api_key[0] || !strcmp(url, "/") || !strncmp(url, "/health", 7) || !strcmp(url, "/metrics") ||
-        !strcmp(url, "/v1/nodes/register"))
-        return 1;
+/* 1 when no API key is set or c's request carries it. */
+int rt_key_ok(router *r, struct MHD_Connection *c) {
+    if (!r->cfg.api_key[0]) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     size_t kl = strlen(r->cfg.api_key);
     return h && !strncmp(h, "Bearer ", 7) && strlen(h + 7) == kl && !CRYPTO_memcmp(h + 7, r->cfg.api_key, kl);
+}
+
+/* /health is open (a liveness answer; rt_health shows the node list only
+ * to a caller with the key), /metrics too unless metrics_auth, and a
+ * registration is signed with the shared secret instead. */
+static int rt_authorized(router *r, struct MHD_Connection *c, const char *url) {
+    /* the chat page itself is public: it asks for the key (router_web.c) */
+    if (!strcmp(url, "/") || !strncmp(url, "/health", 7) || (!strcmp(url, "/metrics") && !r->cfg.metrics_auth) ||
+        !strcmp(url, "/v1/nodes/register"))
+        return 1;
+    return rt_key_ok(r, c);
 }
 
 /* First call for a connection's request: checks that need no body. */
@@ -208,6 +217,10 @@ static enum MHD_Result rt_first_call(router *r, struct MHD_Connection *c, const 
     if (!rt_authorized(r, c, url)) {
         api_error_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
                       "Incorrect or missing API key: send 'Authorization: Bearer <key>'.");
+        return rt_send_error(r, c, ep, &e);
+    }
+    if (r->draining && is_post_ep && ep != RT_EP_OTHER) {   /* a kept-alive client's next request while draining */
+        api_error_set(&e, 503, "server_error", "shutting_down", NULL, "The router is shutting down; retry on another.");
         return rt_send_error(r, c, ep, &e);
     }
     int known_get = !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
@@ -357,6 +370,7 @@ int router_start(router **out, const router_config *cfg, char *err, size_t errle
     }
     r->port = httpd_port(r->http);
     rt_health_round(r, 1);   /* know who is up before the first request */
+    if (rt_ops_check_secret(r, err, errlen)) { router_stop(r); return -1; }   /* a mismatch is found now, not as 502s */
     if (pthread_create(&r->health, NULL, rt_health_main, r)) { rt_errf(err, errlen, "cannot start the health thread"); router_stop(r); return -1; }
     r->health_started = 1;
     *out = r;

@@ -58,6 +58,8 @@ typedef struct {
     int max_conns_per_ip;        /* HTTP connections per client address; 0 = a 16th of max_conns */
     int reg_private_only;        /* registration_addresses "private": loopback and private networks only */
     int request_deadline_ms;     /* a request's headers + body must arrive within this */
+    int metrics_auth;            /* /metrics needs the API key too (config "metrics_auth", --metrics-auth) */
+    int drain_timeout_ms;        /* SIGTERM/SIGINT: how long requests in flight may finish (router_ops.c) */
     router_node_cfg nodes[ROUTER_MAX_NODES];
     int n_nodes;
 } router_config;
@@ -114,6 +116,11 @@ typedef struct router router;
  * The router copies what it needs from cfg (secret included). */
 int router_start(router **out, const router_config *cfg, char *err, size_t errlen);
 int router_port(const router *r);
+/* Graceful end (router_ops.c): stops accepting, lets the requests in flight
+ * finish for up to cfg.drain_timeout_ms, then ends every stream still
+ * running with an error event and [DONE] (a reply not begun gets 503).
+ * Call router_stop after it. */
+void router_drain(router *r);
 void router_stop(router *r);
 
 /* `tandem serve --role router [options]` (argv as given to serve). */

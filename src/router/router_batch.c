@@ -260,7 +260,7 @@ static int rt_batch_stream_end(rt_batch *b) {
         api_error_set(&e, 502, "server_error", "upstream_failed", NULL, "Prompt %d stopped before it finished: %s", bad,
                       b->kid[bad]->error[0] ? b->kid[bad]->error : "no reason given");
         p->status = 502;
-        s = api_render_error_event(&e);
+        s = api_concat(api_render_error_event(&e), strdup("data: [DONE]\n\n"));
     } else {
         api_resp_meta m;
         rt_meta(p, &m);
@@ -291,7 +291,8 @@ static int rt_batch_produce(rt_batch *b) {
     p->phase = x ? 0 : 1;
     if (!x) return rt_batch_stream_end(b);
     char *s = x->s;
-    if (x->failed) {   /* the error event is the stream's last word */
+    if (x->failed) {   /* the error event is the stream's last word, then [DONE] */
+        s = api_concat(s, strdup("data: [DONE]\n\n"));
         rt_batch_stop(b);
         p->phase = 1;
         p->status = 502;

@@ -45,6 +45,10 @@ void router_config_default(router_config *c) {
      * leave the router serving 0 of 40 legitimate requests. */
     c->max_conns_per_ip = 0;
     c->request_deadline_ms = 30000;
+    /* Long enough for a typical answer in flight to finish (a few hundred
+     * tokens at tens of tokens a second), short enough for an orchestrator's
+     * grace period (Kubernetes: 30 s before SIGKILL). */
+    c->drain_timeout_ms = 20000;
 }
 
 void router_config_free(router_config *c) {
@@ -68,11 +72,32 @@ int router_config_add_node(router_config *c, const char *role, const char *model
     if (r == ROUTER_NODE_PREFILL && rt_chain_is_spec(addr)) {   /* HOST:PORT/A:B,... (router_chain.h) */
         char addrs[RT_CHAIN_MAX][128];
         int lo[RT_CHAIN_MAX], hi[RT_CHAIN_MAX];
-        if (rt_chain_parse(addr, addrs, lo, hi, err, errlen) < 0) return -1;
+        int n = rt_chain_parse(addr, addrs, lo, hi, err, errlen);
+        if (n < 0) return -1;
+        char why[200];
+        for (int i = 0; i < n; i++)
+            if (router_check_addr(addrs[i], 0, why, sizeof why)) {   /* each member's port too */
+                rt_errf(err, errlen, "chain member %.128s: %s", addrs[i], why);
+                return -1;
+            }
     } else if (rt_chain_is_spec(addr)) {
         rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\" (only a prefill entry may be a chain)", addr);
         return -1;
+    } else {
+        char why[200];
+        if (router_check_addr(addr, 0, why, sizeof why)) {   /* a port past 65535 used to wrap */
+            rt_errf(err, errlen, "node %.128s: %s", addr, why);
+            return -1;
+        }
     }
+    /* one node serves one model: listed twice, the later name used to
+     * replace the earlier one silently */
+    for (int i = 0; i < c->n_nodes; i++)
+        if (c->nodes[i].role == r && !strcmp(c->nodes[i].addr, addr)) {
+            rt_errf(err, errlen, "%s node %s is listed twice (as model \"%s\" and \"%s\"); a node serves one model",
+                    role, addr, c->nodes[i].model, model);
+            return -1;
+        }
     if (c->n_nodes >= ROUTER_MAX_NODES) { rt_errf(err, errlen, "too many nodes (at most %d)", ROUTER_MAX_NODES); return -1; }
     router_node_cfg *n = &c->nodes[c->n_nodes++];
     n->role = r;
@@ -89,6 +114,14 @@ static int rt_cfg_int(json_t *o, const char *key, int lo, int hi, int *out, char
         return -1;
     }
     *out = (int)json_integer_value(v);
+    return 0;
+}
+
+static int rt_cfg_bool(json_t *o, const char *key, int *out, char *err, size_t errlen) {
+    json_t *v = json_object_get(o, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) { rt_errf(err, errlen, "config: \"%s\" must be true or false", key); return -1; }
+    *out = json_is_true(v);
     return 0;
 }
 
@@ -123,7 +156,7 @@ static int rt_cfg_known(json_t *o, const char *const *keys, const char *where, c
 static const char *const rt_cfg_root_keys[] = {
     "listen", "api_key", "secret", "secret_file", "split", "min_split_tokens", "link_gbps", "health_interval_ms",
     "down_after", "heartbeat_ttl_ms", "max_attempts", "tokenize_timeout_ms", "limits", "nodes",
-    "registration_addresses", "cache_aware", "lenient_params", NULL};
+    "registration_addresses", "cache_aware", "lenient_params", "metrics_auth", "drain_timeout_ms", NULL};
 static const char *const rt_cfg_limit_keys[] = {
     "max_body_bytes", "max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens", "max_concurrent",
     "request_timeout_ms", "idle_timeout_ms", "max_connections", "max_connections_per_ip", "request_deadline_ms", NULL};
@@ -165,6 +198,11 @@ static int rt_cfg_secret(router_config *c, json_t *root, char *err, size_t errle
     char *val = NULL;
     size_t n = 0;
     if (json_is_string(s)) {
+        char why[300];
+        if (cliopt_check_secret(json_string_value(s), json_string_length(s), why, sizeof why)) {
+            rt_errf(err, errlen, "config: \"secret\": %s", why);
+            return -1;
+        }
         if (!(val = strdup(json_string_value(s)))) { rt_errf(err, errlen, "out of memory"); return -1; }
         n = strlen(val);
     } else if (json_is_string(f)) {
@@ -223,6 +261,8 @@ static int rt_cfg_apply(router_config *c, json_t *root, char *err, size_t errlen
         rt_cfg_int(root, "heartbeat_ttl_ms", 100, 3600000, &c->heartbeat_ttl_ms, err, errlen) ||
         rt_cfg_int(root, "max_attempts", 1, 16, &c->max_attempts, err, errlen) ||
         rt_cfg_int(root, "tokenize_timeout_ms", 10, 60000, &c->tokenize_timeout_ms, err, errlen) ||
+        rt_cfg_int(root, "drain_timeout_ms", 0, 3600000, &c->drain_timeout_ms, err, errlen) ||
+        rt_cfg_bool(root, "metrics_auth", &c->metrics_auth, err, errlen) ||
         rt_cfg_secret(c, root, err, errlen) ||
         rt_cfg_limits(c, json_object_get(root, "limits"), err, errlen) ||
         rt_cfg_nodes(c, json_object_get(root, "nodes"), err, errlen))
@@ -279,6 +319,9 @@ void router_usage(FILE *f) {
         "  --port-file FILE       write the bound port there once listening\n"
         "  --max-concurrent N     generation requests in flight (default 64)\n"
         "  --health-interval-ms N (default 1000)\n"
+        "  --drain-timeout MS     on SIGTERM/SIGINT, let requests in flight finish this long (default 20000;\n"
+        "                         then streams end with an error event and [DONE])\n"
+        "  --metrics-auth         /metrics needs the API key too (/health's node list always does)\n"
         "  --quiet                no per-request log lines\n"
         "  --lenient-params       ignore request fields this server does not know (default: a 400 naming them)\n"
         "  --log-level LEVEL      error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
@@ -354,6 +397,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
         int bad = 0, k;
         if (!strcmp(a, "--quiet")) { c->quiet = 1; continue; }
         if (!strcmp(a, "--lenient-params")) { c->lim.lenient = 1; continue; }
+        if (!strcmp(a, "--metrics-auth")) { c->metrics_auth = 1; continue; }
         if (!strcmp(a, "--role")) bad = cliopt_choice(RT_CMD, a, v, rt_cli_roles, &k);
         else if (!strcmp(a, "--config")) bad = rt_cli_config(c, a, v);
         else if (!strcmp(a, "--listen")) bad = cliopt_str(RT_CMD, a, v, &listen);
@@ -367,12 +411,17 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
         /* the same ranges as the config file's keys */
         else if (!strcmp(a, "--max-concurrent")) bad = cliopt_int(RT_CMD, a, v, 1, 100000, &c->max_concurrent);
         else if (!strcmp(a, "--health-interval-ms")) bad = cliopt_int(RT_CMD, a, v, 50, 600000, &c->health_interval_ms);
+        else if (!strcmp(a, "--drain-timeout")) bad = cliopt_int(RT_CMD, a, v, 0, 3600000, &c->drain_timeout_ms);
         else { fprintf(stderr, RT_CMD ": unknown router option %s\n", a); rt_usage(); return -1; }
         if (bad) return -1;   /* cliopt or the helper said what is wrong */
         i++;
     }
     if (listen) snprintf(c->listen, sizeof c->listen, "%s", listen);
-    char err[256];
+    char err[600];
+    if (cliopt_check_hostport("--listen", c->listen, 1, err, sizeof err)) {
+        fprintf(stderr, RT_CMD ": %s\n", err);
+        return -1;
+    }
     if (secret_file || (!c->secret && getenv("TANDEM_SECRET"))) {
         router_config_free(c);
         if (cliopt_load_secret(secret_file, &c->secret, &c->secret_len, err, sizeof err)) {
@@ -411,8 +460,10 @@ int router_cli(int argc, char **argv) {
         FILE *f = fopen(port_file, "w");
         if (f) { fprintf(f, "%d\n", router_port(r)); fclose(f); }
     }
+    rt_ops_warn_open(&c);
     while (!*stop) usleep(100 * 1000);
-    log_info(NULL, "shutting down");
+    log_info(NULL, "shutting down: draining (up to %d ms)", c.drain_timeout_ms);
+    router_drain(r);
     router_stop(r);
     router_config_free(&c);
     return 0;

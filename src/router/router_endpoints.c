@@ -72,23 +72,29 @@ static json_t *rt_node_json_base(const rt_node *n) {
                      "requests", (json_int_t)n->requests, "failures", (json_int_t)n->failures, "desc", n->desc);
 }
 
+/* Open to all as a liveness answer; the node list (addresses, files,
+ * rates) only to a caller with the API key when one is set. */
 enum MHD_Result rt_health(router *r, struct MHD_Connection *c) {
+    int full = rt_key_ok(r, c);
     json_t *arr = json_array();
     int decode_up = 0;
     pthread_mutex_lock(&r->mu);
     for (int i = 0; i < r->n_nodes; i++) {
         if (!r->nodes[i].cfg.role) continue;   /* a free entry */
-        json_array_append_new(arr, rt_node_json(&r->nodes[i]));
+        if (full) json_array_append_new(arr, rt_node_json(&r->nodes[i]));
         decode_up += r->nodes[i].cfg.role == ROUTER_NODE_DECODE && r->nodes[i].up;
     }
     int active = r->active;
     pthread_mutex_unlock(&r->mu);
-    json_t *o = json_pack("{s:s, s:s, s:i, s:o}", "status", decode_up ? "ok" : "unavailable", "role", "router",
-                          "active_requests", active, "nodes", arr);
+    const char *st = r->draining ? "draining" : decode_up ? "ok" : "unavailable";
+    json_t *o = full ? json_pack("{s:s, s:s, s:i, s:o}", "status", st, "role", "router", "active_requests", active, "nodes", arr)
+                     : json_pack("{s:s, s:s}", "status", st, "role", "router");
+    if (!full) json_decref(arr);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
-    rt_count_request(r, RT_EP_OTHER, decode_up ? 200 : 503);
-    return rt_send(c, decode_up ? 200 : 503, "application/json", s);
+    int code = decode_up && !r->draining ? 200 : 503;   /* draining: a balancer should look elsewhere */
+    rt_count_request(r, RT_EP_OTHER, code);
+    return rt_send(c, code, "application/json", s);
 }
 
 
@@ -326,8 +332,10 @@ int router_check_addr(const char *a, int private_only, char *err, size_t errlen)
 }
 
 /* {"role", "model", "addr"} into *nc; 0, or -1 with a message. */
-static int rt_reg_parse(const char *body, size_t len, int private_only, router_node_cfg *nc, char *err, size_t errlen) {
+static int rt_reg_parse(const char *body, size_t len, int private_only, router_node_cfg *nc, int *leaving, char *err,
+                        size_t errlen) {
     json_t *o = json_loadb(body ? body : "", len, JSON_REJECT_DUPLICATES, NULL);
+    *leaving = json_is_true(json_object_get(o, "leaving"));
     json_t *role = json_object_get(o, "role"), *model = json_object_get(o, "model"), *addr = json_object_get(o, "addr");
     const char *rs = json_string_value(role), *a = json_string_value(addr);
     int rc = -1;
@@ -363,7 +371,8 @@ enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
     router_node_cfg nc;
-    if (rt_reg_parse(cc->body, cc->len, r->cfg.reg_private_only, &nc, err, sizeof err)) {
+    int leaving = 0;
+    if (rt_reg_parse(cc->body, cc->len, r->cfg.reg_private_only, &nc, &leaving, err, sizeof err)) {
         api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "Bad registration: %s.", err);
         return rt_send_error(r, c, RT_EP_OTHER, &e);
     }
@@ -373,6 +382,12 @@ enum MHD_Result rt_register(router *r, struct MHD_Connection *c, rt_conn *cc) {
     for (int k = 0; k < r->n_nodes; k++)
         if (r->nodes[k].cfg.role == nc.role && !strcmp(r->nodes[k].cfg.addr, nc.addr)) i = k;
     is_static = i >= 0 && !r->nodes[i].registered;
+    if (leaving && !is_static) {   /* a draining node: no new request; removed once its requests are done */
+        if (i >= 0) rt_ops_node_leaves_locked(r, i);
+        pthread_mutex_unlock(&r->mu);
+        rt_count_request(r, RT_EP_OTHER, 200);
+        return rt_send(c, 200, "application/json", strdup("{\"status\":\"ok\"}"));
+    }
     int was_new = i < 0;
     if (!is_static) i = rt_node_upsert_locked(r, &nc, 1);
     pthread_mutex_unlock(&r->mu);

@@ -127,6 +127,8 @@ struct router {
     int active;                  /* generation requests in flight */
     unsigned long long seq;
     volatile int stopping;
+    volatile int draining;       /* router_drain: no new generation request */
+    atomic_int cut;              /* router_drain's deadline passed: streams end with an error event */
     pthread_t health;
     int health_started;
     rt_metrics m;
@@ -148,10 +150,11 @@ typedef struct {
     CURLcode result;
     char errbuf[CURL_ERROR_SIZE];
     atomic_int *cancel;          /* set: the reader gives up as if the client had gone (NULL: never) */
+    atomic_int *cut;             /* set: the router's drain deadline passed (router.cut; NULL: never) */
 } rt_up;
 
 /* What rt_up_line returns. */
-enum { RT_LINE = 1, RT_EOF = 0, RT_FAIL = -1, RT_TIMEOUT = -2, RT_GONE = -3 };
+enum { RT_LINE = 1, RT_EOF = 0, RT_FAIL = -1, RT_TIMEOUT = -2, RT_GONE = -3, RT_CUT = -4 };
 
 /* ==== A generation request ==== */
 
@@ -206,6 +209,7 @@ typedef struct {
     /* progress */
     double t_start, t_first, t_last;
     int n_tokens;                /* choice 0's tokens (TTFT, TPOT) */
+    int cut;                     /* ended by the router's drain deadline (router_ops.c) */
     api_upstream_line pending;   /* first line read while choosing a node */
     int have_pending;
     api_upstream_line fin;       /* choice 0's final line (the prefill figures); once every
@@ -279,5 +283,18 @@ enum MHD_Result rt_send_error(router *r, struct MHD_Connection *c, int ep, const
 int rt_client_fd(struct MHD_Connection *c);
 /* The client's address as text ("" when not an IP connection). */
 void rt_client_addr(struct MHD_Connection *c, char *out, size_t n);
+int rt_key_ok(router *r, struct MHD_Connection *c);
+long rt_http_get(const char *addr, const char *path, const node_auth_key *key, int timeout_ms, strbuf *out,
+                 char *err, size_t errlen);
+/* router_ops.c: the start-up check that every reachable configured decode
+ * node accepts the router's signature (0, or -1 with a message naming the
+ * nodes), the warning for an open router on every interface, and the
+ * error a drain's cut ends a stream or a reply with. */
+int rt_ops_check_secret(router *r, char *err, size_t errlen);
+void rt_ops_warn_open(const router_config *c);
+void rt_ops_cut_error(api_error *e, int n_tokens);
+/* A registered node said it is leaving (draining): down at once, removed
+ * by the health round once its requests here are done. Caller holds mu. */
+void rt_ops_node_leaves_locked(router *r, int i);
 
 #endif

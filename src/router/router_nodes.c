@@ -156,7 +156,7 @@ static struct curl_slist *rt_sign(struct curl_slist *hd, const node_auth_key *ke
 }
 
 /* err (NULL: not wanted): libcurl's reason when no reply came. */
-static long rt_http_get(const char *addr, const char *path, const node_auth_key *key, int timeout_ms, strbuf *out,
+long rt_http_get(const char *addr, const char *path, const node_auth_key *key, int timeout_ms, strbuf *out,
                         char *err, size_t errlen) {
     char url[256], cerr[CURL_ERROR_SIZE] = "";
     snprintf(url, sizeof url, "http://%s%s", addr, path);

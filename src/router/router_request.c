@@ -334,11 +334,14 @@ static int rt_attempt(rt_req *q, api_error *e) {
     }
     q->have_up = 1;
     q->up.cancel = q->batch ? &q->batch->cancel : NULL;   /* the batch gives up: a sibling failed, the client left */
+    q->up.cut = &r->cut;
+    if (atomic_load(&r->cut)) { q->cut = 1; rt_ops_cut_error(e, 0); return -1; }
     char *line;
     size_t len;
     int rc = rt_wait_first(q, &line, &len);
     long status = rt_up_status(&q->up);
     if (rc == RT_GONE) { snprintf(q->error, sizeof q->error, "client disconnected"); return -1; }
+    if (rc == RT_CUT) { q->cut = 1; rt_ops_cut_error(e, 0); snprintf(q->error, sizeof q->error, "%s", e->message); return -1; }
     /* 401: the node does not accept our signature (no or another secret):
      * the node's fault towards the client, not the request's */
     if (status >= 400 && status < 500 && status != 429 && status != 408 && status != 401) {
@@ -547,6 +550,11 @@ int rt_next(rt_req *q, api_upstream_line *u) {
     double deadline = rt_now_ms() + r->cfg.idle_timeout_ms, hard = q->t_start + r->cfg.request_timeout_ms;
     int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
     if (rc == RT_GONE) return -1;
+    if (rc == RT_CUT) {
+        q->cut = 1;
+        snprintf(q->error, sizeof q->error, "the router is shutting down (its drain timeout passed)");
+        return 0;
+    }
     if (rc == RT_LINE && api_parse_upstream_line(line, len, u) == 0) {
         if (u->error[0] && !u->is_token) {
             snprintf(q->error, sizeof q->error, "decode node %s: %s", q->decode_addr, u->error);

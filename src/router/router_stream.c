@@ -137,6 +137,7 @@ int rt_up_line(rt_up *u, double deadline_ms, int client_fd, char **line, size_t 
         double now = rt_now_ms();
         if (now >= deadline_ms) return RT_TIMEOUT;
         if (rt_client_gone(client_fd) || (u->cancel && atomic_load(u->cancel))) return RT_GONE;
+        if (u->cut && atomic_load(u->cut)) return RT_CUT;
         int wait = (int)(deadline_ms - now);
         rt_up_pump(u, wait < 100 ? wait : 100);
     }
@@ -393,6 +394,7 @@ int rt_complete(rt_req *q, api_error *e) {
             api_error_set(e, 499, "invalid_request_error", NULL, NULL, "client disconnected");
             return -1;
         }
+        if (q->cut) { rt_ops_cut_error(e, 0); return -1; }   /* the drain's deadline: no retry */
         /* failed mid-way: drop what we have and retry */
         if (q->have_fin) { api_upstream_line_free(&q->fin); q->have_fin = 0; memset(&q->fin, 0, sizeof q->fin); }
         rt_choices_reset(q);
@@ -570,16 +572,21 @@ int rt_stream_produce(rt_req *q) {
         snprintf(q->error, sizeof q->error, "client disconnected");
         return -1;
     }
-    /* After tokens went out, a failure can only be reported in the stream. */
+    /* After tokens went out, a failure can only be reported in the stream:
+     * an error event, then [DONE], so that no client takes a cut answer
+     * for a whole one (a batch's stream ends in router_batch.c). */
     api_error e;
-    api_error_set(&e, 502, "server_error", "upstream_failed", NULL,
-                  "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
-    q->status = 502;
+    if (q->cut) rt_ops_cut_error(&e, q->n_tokens);
+    else api_error_set(&e, 502, "server_error", "upstream_failed", NULL,
+                       "The decode node failed after %d tokens were streamed: %s", q->n_tokens, q->error);
+    q->status = e.status;
     rt_check_dead(q);
     metrics_add(r->m.stream_errors, NULL, 1);
-    if (!q->batch) rt_count_request(r, q->ep, 502);
-    rt_log_done(q, "stream error");
-    return rt_out_set(q, api_render_error_event(&e)) ? -1 : 0;
+    if (!q->batch) rt_count_request(r, q->ep, e.status);
+    rt_log_done(q, q->cut ? "cut by shutdown" : "stream error");
+    char *s = api_render_error_event(&e);
+    if (!q->batch) s = api_concat(s, strdup("data: [DONE]\n\n"));
+    return rt_out_set(q, s) ? -1 : 0;
 }
 
 /* Up to max bytes of q's pending stream output into buf. */

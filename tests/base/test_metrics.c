@@ -409,7 +409,7 @@ static int tm_setup(tm_env *e) {
     snprintf(b, sizeof b, "%s", bin());
     FILE *f = fopen(TM_DIR "/secret", "w");
     if (!f) return -1;
-    fputs("metrics-test-secret\n", f);
+    fputs("metrics-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
     fclose(f);
     unlink(TM_DIR "/pfm.port");
     char *pf[] = {b, "serve", "--role", "prefill", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file",

@@ -368,8 +368,8 @@ static void test_cliopt(void) {
     CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == -1 && !sec && strstr(err, "longer than 4096 bytes"),
           "a 4097-byte secret file refused: '%s'", err);
     f = fopen(path, "wb");
-    if (f) { fputs("s3cret \t\r\n\n", f); fclose(f); }
-    CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == 0 && len == 6 && !strcmp(sec, "s3cret"),
+    if (f) { fputs("0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0 \t\r\n\n", f); fclose(f); }
+    CHECK(cliopt_load_secret(path, &sec, &len, err, sizeof err) == 0 && len == 64 && !strcmp(sec, "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"),
           "a secret file's line: len %zu", len);
     free(sec);
     sec = NULL;

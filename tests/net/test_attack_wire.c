@@ -23,7 +23,7 @@
 #include "net/wire.h"
 
 #define TW_DIR "build/test_attack_wire.d"
-#define TW_SECRET "attack-wire-secret-0123456789abcdef"
+#define TW_SECRET "attack-wire-secret-0123456789abcdef-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"
 #define TW_FLOODERS 1
 #define TW_HELD 300              /* connections a flooder holds (the node drops them anyway) */
 #define TW_TRIES 12              /* legitimate handshakes from each source */

@@ -38,7 +38,7 @@
 static char g_tmp[256], g_secret[300], g_model[512];
 static const char *g_bin;
 static int g_slow = 1;           /* deadline multiplier (ASan) */
-static const char *g_sec = "attack-test-secret-0123456789abcdef";
+static const char *g_sec = "attack-test-secret-0123456789abcdef-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f";
 
 /* ==== Processes ==== */
 

@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 
 #define TN_DIR "build/test_attack_node.d"
-#define TN_SECRET "attack-node-secret-7e21"
+#define TN_SECRET "attack-node-secret-7e21-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"
 /* What --parallel 4 --queue 16 give (node_decode.c dn_http_limits): 272
  * connections, 52 kept for the router, 220 for strangers, 13 an address,
  * 55 a /24. */

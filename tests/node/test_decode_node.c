@@ -255,7 +255,8 @@ static void test_local_server(ctx *c, const char *dir) {
     snprintf(pf, sizeof pf, "%s/local.port", dir);
     snprintf(log, sizeof log, "%s/local.log", dir);
     char *argv[] = { (char *)bin(), "serve", "--role", "local", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
-                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1", NULL };
+                     "--port-file", pf, "-t", "1", "-c", "2048", "--queue", "1", "--parallel", "1",
+                     "--drain-timeout", "500", NULL };   /* SIGTERM below: the 100000-token stream is cut after 0.5 s */
     pid_t pid;
     int port = start_named(&pid, argv, dir, "local", 0, asan() ? 60000 : 20000);
     if (port <= 0) { stop_proc(pid, 1000); return; }
@@ -284,7 +285,7 @@ static void test_split(ctx *c, const char *dir) {
     snprintf(dpf, sizeof dpf, "%s/decode.port", dir);
     snprintf(dlog, sizeof dlog, "%s/decode.log", dir);
     snprintf(sec, sizeof sec, "%s/secret", dir);
-    write_text(sec, "test-secret-0123456789\n");
+    write_text(sec, "test-secret-0123456789-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n");
     char *pargv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)c->model, "--listen", "127.0.0.1:0",
                       "--port-file", ppf, "--secret-file", sec, "-t", "1", "-c", "2048", NULL };
     pid_t ppid;
@@ -304,7 +305,7 @@ static void test_split(ctx *c, const char *dir) {
     CHECK(st0 == 401, "anonymous request to a node with a secret: %d", st0);
     json_decref(a);
     static node_auth_key key;
-    node_auth_derive(&key, "test-secret-0123456789", 22, NODE_AUTH_LABEL_DECODE_API);
+    node_auth_derive(&key, "test-secret-0123456789-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f", 55, NODE_AUTH_LABEL_DECODE_API);
     sign_key = &key;
 
     /* split generations equal tandem run, the decode node computing one position */

@@ -507,7 +507,7 @@ static void test_in_process(const char *model_path, const char *golden, const ch
     if (node_start(&n, model_path, secret, extra)) { CHECK(0, "node for in-process checks"); model_free(m); return; }
     char hp[64];
     snprintf(hp, sizeof hp, "127.0.0.1:%d", n.port);
-    const char *sec = "handoff-test-secret";
+    const char *sec = "handoff-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f";
     handoff_opts ho = { .timeout_ms = 10000 * g_slow, .secret = sec, .secret_len = strlen(sec), .node_id = "test" };
     session *loc = NULL, *rem = NULL;
     session_new(&loc, m, 2048, GGML_TYPE_F16, err, sizeof err);
@@ -623,8 +623,8 @@ int main(void) {
     char secret[300], bad[300];
     snprintf(secret, sizeof secret, "%s/secret", g_tmp);
     snprintf(bad, sizeof bad, "%s/bad-secret", g_tmp);
-    write_text(secret, "handoff-test-secret\n");
-    write_text(bad, "not-the-secret\n");
+    write_text(secret, "handoff-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n");
+    write_text(bad, "not-the-secret-9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e\n");
     const char *fx = t_fixtures(), *md = t_models();
     char m[16][512], g[16][512];
     const char *names[] = { "stories260K", "stories260K-F16", "qwen3-mini-Q8_0", "qwen3moe-mini-Q4_K_M",

@@ -186,11 +186,11 @@ static void test_config(void) {
     char err[256];
     CHECK(router_config_load(&c, TR_DIR "/bad.json", err, sizeof err) == -1 && strstr(err, "oracle"), "bad role: %s", err);
     f = fopen(TR_DIR "/good.json", "w");
-    fputs("{\"listen\":\"127.0.0.1:0\",\"secret\":\"k\",\"split\":\"never\",\"limits\":{\"max_tokens\":9},"
+    fputs("{\"listen\":\"127.0.0.1:0\",\"secret\":\"0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0\",\"split\":\"never\",\"limits\":{\"max_tokens\":9},"
           "\"nodes\":[{\"role\":\"decode\",\"model\":\"m\",\"addr\":\"127.0.0.1:1\"}]}", f);
     fclose(f);
     CHECK(router_config_load(&c, TR_DIR "/good.json", err, sizeof err) == 0 && c.n_nodes == 1 && c.split == ROUTER_SPLIT_NEVER &&
-          c.lim.max_tokens_limit == 9 && c.secret_len == 1, "good config: %s", err);
+          c.lim.max_tokens_limit == 9 && c.secret_len == 64, "good config: %s", err);
     router_config_free(&c);
 }
 
@@ -301,9 +301,10 @@ static int tr_setup(tr_env *e) {
     char b[512];
     snprintf(b, sizeof b, "%s", bin());
     FILE *f = fopen(TR_DIR "/secret", "w");
-    fputs("router-test-secret\n", f);
+    fputs("router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
     fclose(f);
-    node_auth_derive(&tr_node_key, "router-test-secret", 18, NODE_AUTH_LABEL_DECODE_API);
+    node_auth_derive(&tr_node_key, "router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f",
+                     strlen("router-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"), NODE_AUTH_LABEL_DECODE_API);
     char pp[32], dp[32];
     char *pf[] = {b, "serve", "--role", "prefill", "-m", e->stories, "-t", "1", "--secret-file", TR_DIR "/secret",
                   "--port-file", TR_DIR "/pf.port", "--debug-frame-delay-ms", "30", NULL};

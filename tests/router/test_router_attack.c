@@ -25,7 +25,7 @@
 #include "base/strbuf.h"
 
 #define TA_DIR "build/test_router_attack.d"
-#define TA_SECRET "router-attack-secret-41c9"
+#define TA_SECRET "router-attack-secret-41c9-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"
 /* The node's context: 2048 tokens, so /tokenize may carry 2048 x 24 bytes
  * + 64 KiB = 114,688 (router_endpoints.c RT_TOK_BODY_PER_TOKEN). */
 #define TA_NCTX "2048"
@@ -341,7 +341,7 @@ static void test_reg_expiry(int rport) {
 /* A registration_addresses value other than "any" or "private": the
  * router refuses to start (exit 2) with the key's name. */
 static void test_bad_policy(void) {
-    write_text(TA_DIR "/bad.json", "{\"listen\":\"127.0.0.1:0\",\"secret\":\"k\",\"registration_addresses\":\"public\"}\n");
+    write_text(TA_DIR "/bad.json", "{\"listen\":\"127.0.0.1:0\",\"secret\":\"0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0\",\"registration_addresses\":\"public\"}\n");
     char *a[] = { (char *)bin(), "serve", "--role", "router", "--config", TA_DIR "/bad.json", NULL };
     pid_t pid = spawn_log(a, TA_DIR "/bad.log", 1);
     int st = -1, code = -1;

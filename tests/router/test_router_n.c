@@ -133,8 +133,8 @@ static int rn_setup(rn_env *e) {
     snprintf(b, sizeof b, "%s", bin());
     FILE *f = fopen(RN_DIR "/secret", "w");
     if (!f) return -1;
-    fputs("router-n-test-secret\n", f);
-    node_auth_derive(&rn_key, "router-n-test-secret", strlen("router-n-test-secret"), NODE_AUTH_LABEL_DECODE_API);
+    fputs("router-n-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
+    node_auth_derive(&rn_key, "router-n-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f", strlen("router-n-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"), NODE_AUTH_LABEL_DECODE_API);
     fclose(f);
     char *pf[] = {b, "serve", "--role", "prefill", "-m", e->stories, "-t", "1", "--secret-file", RN_DIR "/secret",
                   "--listen", "127.0.0.1:0", "--port-file", RN_DIR "/pf.port", NULL};

@@ -69,8 +69,8 @@ static int rp_setup(rp_env *e) {
     snprintf(b, sizeof b, "%s", bin());
     FILE *f = fopen(RP_DIR "/secret", "w");
     if (!f) return -1;
-    fputs("router-prompts-test-secret\n", f);
-    node_auth_derive(&rp_key, "router-prompts-test-secret", strlen("router-prompts-test-secret"), NODE_AUTH_LABEL_DECODE_API);
+    fputs("router-prompts-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
+    node_auth_derive(&rp_key, "router-prompts-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f", strlen("router-prompts-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"), NODE_AUTH_LABEL_DECODE_API);
     fclose(f);
     char *pf[] = {b, "serve", "--role", "prefill", "-m", "assets/stories260K.gguf", "-t", "1", "--secret-file",
                   RP_DIR "/secret", "--listen", "127.0.0.1:0", "--port-file", RP_DIR "/pf.port", NULL};

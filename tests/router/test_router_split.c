@@ -327,7 +327,7 @@ static void test_processes(void) {
     snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
     if (!t_need(model)) return;
     FILE *f = fopen(secret, "w");
-    fputs("router-split-test-secret\n", f);
+    fputs("router-split-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f\n", f);
     fclose(f);
     pid_t pf = 0, dn = 0, rt = 0;
     char *pfa[] = {b, "serve", "--role", "prefill", "-m", model, "-t", "2", "--secret-file", secret,

@@ -43,7 +43,7 @@
 #include "net/node_auth.h"
 
 #define TS_DIR "build/test_security_http.d"
-#define TS_SECRET "security-test-secret"
+#define TS_SECRET "security-test-secret-5f0c2a9e7b1d4c3a8e6f9b2d1c0a7e5f"
 
 /* ==== Helpers ==== */
 
