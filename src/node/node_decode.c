@@ -41,6 +41,8 @@
 #include "base/log.h"
 #include "base/logsafe.h"
 #include "base/metrics.h"
+#include "node/draft.h"
+#include "node/spec_report.h"
 #include "net/node_auth.h"
 #include "net/node_register.h"
 #include "base/platform.h"
@@ -121,6 +123,7 @@ typedef struct {
     metrics_family *requests, *prompt_tokens, *completion_tokens, *reused_tokens, *prefills, *fallbacks, *kv_received;
     metrics_family *queue, *ttft, *e2e, *prefill, *tpot;
     metrics_family *slots, *slots_busy, *queued, *queue_cap, *kv_tokens, *kv_capacity, *kv_usage, *steps, *batched;
+    spec_metrics spec;           /* speculative decoding (spec_report.h) */
 } dn_metrics;
 
 typedef struct {
@@ -133,6 +136,7 @@ typedef struct {
     char desc[512];
     volatile int stopping;
     sched *sc;                   /* continuous batching: slots, queue, the model's thread */
+    draft_src *draft;            /* speculative drafts (draft.h), or NULL */
     /* prefill-node connections (pmu) */
     pthread_mutex_t pmu;
     dn_peer peers[DN_MAX_PEERS];
@@ -226,7 +230,8 @@ static int dn_metrics_init(dn_metrics *m, const decode_node_opts *o, char *err, 
     if (o->model_name && *o->model_name) snprintf(m->model, sizeof m->model, "%s", o->model_name);
     else node_register_default_model(o->model_path ? o->model_path : "model", m->model, sizeof m->model);
     if (!(m->reg = metrics_new())) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (dn_metrics_counters(m, err, errlen) || dn_metrics_histograms(m, err, errlen) || dn_metrics_gauges(m, err, errlen))
+    if (dn_metrics_counters(m, err, errlen) || dn_metrics_histograms(m, err, errlen) || dn_metrics_gauges(m, err, errlen) ||
+        spec_metrics_init(&m->spec, m->reg, err, errlen))
         return -1;
     const char *const lm[] = {m->model};
     metrics_family *one[] = {m->prompt_tokens, m->reused_tokens, m->completion_tokens, m->fallbacks, m->kv_received,
@@ -798,12 +803,14 @@ static void dn_count_job(dn_job *j) {
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
+    char spec[96];
+    spec_log_fields(spec, sizeof spec, draft_kind(j->n->draft), v);
     log_info(j->rid, "done finish=%s prompt=%d cached=%d computed_local=%d prefill=%s%s%s completion=%d "
-             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s",
+             "queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f%s%s%s%s%s",
              finish, j->n_prompt, v->start_pos, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
              v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive,
-             j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
+             j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "", spec);
 }
 
 /* Counts the outcome, hands the job back to the scheduler (cancelling it
@@ -860,6 +867,7 @@ static void dn_result_fields(dn_job *j, json_t *o) {
     json_object_set_new(u, "completion_tokens", json_integer(v->n_gen));
     json_object_set_new(o, "usage", u);
     json_object_set_new(o, "prefill", dn_prefill_json(j));
+    spec_result_json(o, draft_kind(j->n->draft), v);
     if (v->n_gen > 1) {
         double ms = dn_now() - v->t_first;
         json_object_set_new(o, "decode_tps", json_real(ms > 0 ? (v->n_gen - 1) * 1e3 / ms : 0.0));
@@ -969,6 +977,7 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "batch_steps", json_integer((json_int_t)ss.steps));
     json_object_set_new(o, "batched_tokens", json_integer((json_int_t)ss.batched_tokens));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
+    spec_stats_json(o, draft_kind(n->draft), &ss);
     return dn_send_json(c, 200, o);
 }
 
@@ -988,6 +997,7 @@ static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
     metrics_set(m->kv_usage, lm, ss.capacity_tokens ? (double)ss.cached_tokens / (double)ss.capacity_tokens : 0.0);
     metrics_set(m->steps, lm, (double)ss.steps);
     metrics_set(m->batched, lm, (double)ss.batched_tokens);
+    spec_metrics_set(&m->spec, m->model, draft_kind(n->draft), &ss);
     size_t len = 0;
     char *text = metrics_render(m->reg, &len);
     return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
@@ -1617,15 +1627,20 @@ static void dn_calibrate(dnode *n) {
 
 /* Starts the scheduler (the node's generation slots). */
 static int dn_start(dnode *n, char *err, size_t errlen) {
+    draft_opts dro = { .lookup = n->o->lookup, .dm = n->o->draft_model, .draft_max = n->o->draft_max,
+                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype };
+    if (draft_create(&n->draft, n->m, &dro, err, errlen)) return -1;
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
                       .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,
-                      .min_reuse = DN_MIN_REUSE };
+                      .min_reuse = DN_MIN_REUSE, .draft = n->draft };
     return sched_create(&n->sc, n->m, &so, err, errlen);
 }
 
 static void dn_cleanup(dnode *n) {
     sched_destroy(n->sc);
     n->sc = NULL;
+    draft_free(n->draft);
+    n->draft = NULL;
     dn_peers_close(n);
     pthread_mutex_destroy(&n->pmu);
     pthread_mutex_destroy(&n->smu);
@@ -1669,10 +1684,11 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         dn_cleanup(&n);
         return -1;
     }
-    log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-             "HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
+    log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s), "
+             "drafts: %s; HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
              "%d ms to send a request",
              o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
+             draft_kind(n.draft),
              lim.max_conns, lim.reserved_conns, lim.max_conns_per_ip, lim.max_conns_per_block, lim.request_deadline_ms);
     if (!n.auth)
         log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
@@ -1715,6 +1731,10 @@ void decode_node_usage(FILE *f) {
         "  --wire-dtype T            handoff dtype: the cache type (default) or q8_0\n"
         "  --zstd                    ask for zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
+        "  --lookup N                speculative decoding with prompt lookup: up to N drafts per step\n"
+        "                            copied from the prompt and text so far (1-16; default off)\n"
+        "  --draft-model FILE        speculative decoding with a draft model (same tokenizer)\n"
+        "  --draft-max N             drafts per step from the draft model (1-16, default 8)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
         "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
         "  --model-name NAME         the model name to register and to label /metrics with\n"
@@ -1750,7 +1770,7 @@ static int dn_cli_choice(const char *opt, const char *v, const char *const *name
 
 typedef struct {
     decode_node_opts o;
-    const char *model, *kv, *wire, *secret_file;
+    const char *model, *kv, *wire, *secret_file, *draft_model;
     const char *router, *model_name, *advertise;
     int threads, batch;
 } dn_cli;
@@ -1791,6 +1811,9 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--queue")) bad = dn_cli_int(a, v, 1, 4096, &c->o.queue_max);
         else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.min_split_tokens);
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
+        else if (!strcmp(a, "--lookup")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.lookup);
+        else if (!strcmp(a, "--draft-model")) bad = cliopt_str(DN_CMD, a, v, &c->draft_model);
+        else if (!strcmp(a, "--draft-max")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.draft_max);
         else if (!strcmp(a, "--router")) bad = cliopt_str(DN_CMD, a, v, &c->router);
         else if (!strcmp(a, "--model-name")) bad = cliopt_str(DN_CMD, a, v, &c->model_name);
         else if (!strcmp(a, "--advertise")) bad = cliopt_str(DN_CMD, a, v, &c->advertise);
@@ -1818,6 +1841,14 @@ static int dn_cli_register(dn_cli *c, node_register **reg, char *err, size_t err
                               .advertise = c->advertise, .listen = c->o.listen ? c->o.listen : "127.0.0.1:8080",
                               .port = c->o.port_out, .secret = c->o.secret, .secret_len = c->o.secret_len };
     return node_register_start(reg, &ro, err, errlen);
+}
+
+/* The model and, with --draft-model, the draft model (c->o.draft_model). */
+static int dn_cli_load(dn_cli *c, const model_opts *mo, model **m, model **dm, char *err, size_t errlen) {
+    if (model_load(m, c->model, mo, err, errlen)) return -1;
+    if (c->draft_model && model_load(dm, c->draft_model, mo, err, errlen)) return -1;
+    c->o.draft_model = *dm;
+    return 0;
 }
 
 int decode_node_cli(int argc, char **argv, int local_only) {
@@ -1851,11 +1882,13 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     static volatile int port;
     c.o.port_out = &port;
     node_register *reg = NULL;
-    if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
+    model *dm = NULL;
+    if (dn_cli_load(&c, &mo, &m, &dm, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
     else if (decode_node_run(m, &c.o, err, sizeof err)) log_error(NULL, "%s", err);
     else rc = 0;
     node_register_stop(reg);
+    model_free(dm);
     model_free(m);
     if (secret) { memset(secret, 0, c.o.secret_len); free(secret); }
     return rc;

@@ -78,6 +78,9 @@ typedef struct {
     int n_sessions;              /* --parallel: slots decoded together, one KV cache each
                                   * (default: what half the free memory holds, at most 8) */
     int prefill_budget;          /* prompt tokens per step while other slots decode (default 256) */
+    int lookup;                  /* --lookup N: speculative drafts from prompt lookup (draft.h), 0: off */
+    model *draft_model;          /* --draft-model: loaded by the caller, freed after decode_node_run */
+    int draft_max;               /* --draft-max: drafts per step from the draft model (default 8) */
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */

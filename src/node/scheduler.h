@@ -30,6 +30,8 @@
 #include "engine/model.h"
 #include "engine/grammar.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
+#include "node/draft.h"
 
 #define SCHED_MAX_STOP 8
 
@@ -44,6 +46,8 @@ typedef struct {
     uint32_t kv_dtype;
     int prefill_budget;      /* prompt tokens per step while other sequences decode */
     int min_reuse;           /* shared tokens worth taking another idle slot's cache for */
+    draft_src *draft;        /* speculative drafts (draft.h; the caller frees it after
+                              * sched_destroy), or NULL: one token per sequence per step */
 } sched_opts;
 
 /* The request: filled by the owner before sched_submit, read-only after. */
@@ -105,6 +109,7 @@ typedef struct {
     int start_pos;           /* positions reused from a cache */
     int reused_from_other;   /* start_pos came from another slot's cache (copied) */
     int computed_local;      /* prompt positions evaluated here */
+    int drafted, accepted;   /* (lock) speculative drafts verified and kept */
     double t_submit, t_admit, t_first, t_prompt_done;   /* ms (gen_now_ms) */
 } sched_view;
 
@@ -139,6 +144,10 @@ typedef struct {
     uint64_t steps, batched_tokens;   /* model passes and tokens they carried */
     uint64_t cached_tokens;           /* positions held in the slots' KV caches */
     uint64_t capacity_tokens;         /* what they can hold: slots x n_ctx */
+    /* speculative decoding (all 0 without a draft source) */
+    uint64_t spec_steps;              /* a sequence's decode step (with or without drafts) */
+    uint64_t spec_tokens;             /* tokens those steps produced */
+    uint64_t spec_drafted, spec_accepted;
 } sched_stats;
 void sched_get_stats(sched *s, sched_stats *st);
 
