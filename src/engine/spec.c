@@ -45,6 +45,7 @@ void spec_adapt_init(spec_adapt *a) {
 int spec_adapt_k(spec_adapt *a, int k_max, double cost) {
     if (k_max <= 0) return 0;
     if (k_max > SPEC_MAX_DRAFT) k_max = SPEC_MAX_DRAFT;
+    if (cost <= 0) return k_max;
     double alpha = a->acc / (a->acc + a->rej);
     if (alpha > 0.999) alpha = 0.999;
     double best = 1.0, pw = alpha;   /* k = 0: one token for a step's cost */

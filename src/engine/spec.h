@@ -47,7 +47,7 @@
 
 /* Prompt lookup n-gram lengths, longest first. */
 #define SPEC_NGRAM_MAX 4
-#define SPEC_NGRAM_MIN 2
+#define SPEC_NGRAM_MIN 1
 
 /* Up to k drafts for hist[0, n): the continuation of the most recent
  * earlier occurrence of the longest n-gram that ends hist. Returns how many
@@ -61,7 +61,8 @@ typedef struct {
 } spec_adapt;
 
 void spec_adapt_init(spec_adapt *a);
-/* Drafts to ask for this step: 0..k_max. cost: c above (> 0). */
+/* Drafts to ask for this step: 0..k_max. cost: c above (> 0; 0 asks for
+ * k_max every step). */
 int spec_adapt_k(spec_adapt *a, int k_max, double cost);
 /* After a step that verified `drafted` drafts, of which `accepted` were
  * kept (a prefix), and produced `tokens` tokens. */

@@ -78,11 +78,11 @@ int draft_create(draft_src **out, model *target, const draft_opts *o, char *err,
     d->n_slots = o->n_slots;
     d->n_ctx = o->n_ctx;
     d->n_vocab = model_get_hparams(target)->n_vocab;
-    d->cost = DRAFT_ROW_COST;
+    d->cost = o->fixed ? 0.0 : DRAFT_ROW_COST;
     snprintf(d->kind, sizeof d->kind, "%s", d->lookup && d->dm ? "lookup+model" : d->dm ? "model" : "lookup");
     if (d->dm) {
         uint64_t tb = model_weight_bytes_per_token(target), db = model_weight_bytes_per_token(d->dm);
-        d->cost += (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
+        if (!o->fixed) d->cost += (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
         d->slots = calloc((size_t)d->n_slots, sizeof *d->slots);
         d->logits = malloc(sizeof(float) * (size_t)d->n_slots * (size_t)d->n_vocab);
         d->items = calloc((size_t)d->n_slots, sizeof *d->items);

@@ -34,6 +34,8 @@ typedef struct {
     int draft_max;           /* drafts per step from the draft model (default 8) */
     int n_slots, n_ctx;      /* the scheduler's slots and their context */
     uint32_t kv_dtype;       /* the draft sessions' cache type */
+    int fixed;               /* 1: every step asks for the most drafts (draft_cost 0, no
+                              * adaptation): tests and benchmarks of the mechanism */
 } draft_opts;
 
 /* NULL *out (and 0) when neither source is on. -1 with a message when the

@@ -827,3 +827,7 @@ void sched_get_stats(sched *s, sched_stats *st) {
     st->spec_accepted = s->spec_accepted;
     pthread_mutex_unlock(&s->mu);
 }
+
+session *sched_slot_session(sched *s, int i) {
+    return i >= 0 && i < s->o.n_slots ? s->slots[i].s : NULL;
+}

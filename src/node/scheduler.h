@@ -151,4 +151,8 @@ typedef struct {
 } sched_stats;
 void sched_get_stats(sched *s, sched_stats *st);
 
+/* Slot i's session, or NULL (tests: what a cache holds once its job is
+ * done; read it only while no job runs). */
+session *sched_slot_session(sched *s, int i);
+
 #endif
