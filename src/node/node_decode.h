@@ -31,7 +31,8 @@
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
  * "prefill": {"mode", "node", "fallback_reason", "start_pos",
  * "positions_received", "computed_remote", "computed_local", "kv_bytes",
- * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "error"}; or, not streamed,
+ * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "speculative": {"source",
+ * "drafted", "accepted"} (with --lookup / --draft-model), "error"}; or, not streamed,
  * one object with "tokens", "text" and the same fields. A stop string ends
  * generation and is never part of the text: a streamed line's "text" is what
  * became final with its token (text that could still be the start of a stop
