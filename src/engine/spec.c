@@ -32,9 +32,13 @@ int spec_lookup(const int32_t *hist, int n, int k, int32_t *out) {
  * alpha = 0.5, which pays for a few drafts at the costs seen (c ~ 0.05-0.2). */
 #define SPEC_PRIOR_ACC 1.0
 #define SPEC_PRIOR_REJ 1.0
-/* With k at 0, one draft every this many steps: at most 1/8 of a row's cost
- * (c / 8 of a step) spent on finding out that drafts pay again. */
+/* With k at 0, one draft every SPEC_PROBE_EVERY steps where a draft costs
+ * SPEC_PROBE_COST of a step or less, proportionally less often where it
+ * costs more (a draft model's pass, its catch-up on the text since the last
+ * probe): about 1% of the steps' time spent on finding out that drafts pay
+ * again. */
 #define SPEC_PROBE_EVERY 8
+#define SPEC_PROBE_COST 0.08
 
 void spec_adapt_init(spec_adapt *a) {
     memset(a, 0, sizeof *a);
@@ -56,7 +60,8 @@ int spec_adapt_k(spec_adapt *a, int k_max, double cost) {
         if (gain > best * 1.0001) { best = gain; best_k = k; }
     }
     if (best_k == 0) {
-        if (++a->idle >= SPEC_PROBE_EVERY) { a->idle = 0; return 1; }
+        double every = SPEC_PROBE_EVERY * (cost > SPEC_PROBE_COST ? cost / SPEC_PROBE_COST : 1.0);
+        if (++a->idle >= every) { a->idle = 0; return 1; }
         return 0;
     }
     a->idle = 0;
@@ -72,4 +77,38 @@ void spec_adapt_update(spec_adapt *a, int drafted, int accepted, int tokens) {
     a->acc = a->acc * SPEC_DECAY + accepted;
     /* the first rejected draft ends the step: the ones after it were not tried */
     a->rej = a->rej * SPEC_DECAY + (accepted < drafted ? 1 : 0);
+}
+
+/* ==== What a verified row costs ==== */
+
+/* Weight kept per pass: about the last 64 passes decide. */
+#define SPEC_COST_DECAY 0.984
+/* Rows must vary this much (variance, in rows^2) before a slope is fitted. */
+#define SPEC_COST_MIN_VAR 0.5
+/* Bounds of c: a row is never free (timer noise), nor dearer than two steps. */
+#define SPEC_COST_MIN 0.005
+#define SPEC_COST_MAX 2.0
+
+void spec_cost_init(spec_cost *c) { memset(c, 0, sizeof *c); }
+
+void spec_cost_add(spec_cost *c, int rows, double ms) {
+    if (rows <= 0 || !(ms > 0) || !isfinite(ms)) return;
+    double r = rows;
+    c->w = c->w * SPEC_COST_DECAY + 1;
+    c->r = c->r * SPEC_COST_DECAY + r;
+    c->t = c->t * SPEC_COST_DECAY + ms;
+    c->rr = c->rr * SPEC_COST_DECAY + r * r;
+    c->rt = c->rt * SPEC_COST_DECAY + r * ms;
+}
+
+double spec_cost_row(const spec_cost *c, int n_seq, double prior) {
+    if (c->w < 8) return prior;
+    double mr = c->r / c->w, mt = c->t / c->w;
+    double var = c->rr / c->w - mr * mr;
+    if (var < SPEC_COST_MIN_VAR) return prior;
+    double b = (c->rt / c->w - mr * mt) / var, a = mt - b * mr;
+    if (!(b > 0)) return SPEC_COST_MIN;
+    if (a < 0) a = 0;
+    double k = b / (a / (n_seq > 0 ? n_seq : 1) + b);
+    return k < SPEC_COST_MIN ? SPEC_COST_MIN : k > SPEC_COST_MAX ? SPEC_COST_MAX : k;
 }

@@ -34,8 +34,8 @@
  * (1 - alpha^(k+1)) / (1 - alpha) over the step's relative cost 1 + c k
  * (c: one more verified row plus one draft's cost, as a fraction of a plain
  * step). When no k > 0 pays, the sequence decodes plainly and tries one
- * draft every SPEC_PROBE_EVERY steps, so a text that turns repetitive later
- * is noticed.
+ * draft every 8 steps (less often as c grows: spec.c), so a text that turns
+ * repetitive later is noticed.
  */
 #ifndef TANDEM_SPEC_H
 #define TANDEM_SPEC_H
@@ -67,5 +67,20 @@ int spec_adapt_k(spec_adapt *a, int k_max, double cost);
 /* After a step that verified `drafted` drafts, of which `accepted` were
  * kept (a prefix), and produced `tokens` tokens. */
 void spec_adapt_update(spec_adapt *a, int drafted, int accepted, int tokens);
+
+/* ==== What a verified row costs ====
+ * The scheduler's passes timed against the rows they carried, fitted to
+ * t = a + b rows (exponentially weighted least squares, about the last 64
+ * passes). One more row costs b; a decoding sequence's share of a pass is
+ * a / n_seq + b, so c = b / (a / n_seq + b): drafts are cheap beside one
+ * stream on a memory-bound machine and dearer when many streams already
+ * fill the pass. Until the rows have varied enough to fit, the prior. */
+typedef struct {
+    double w, r, t, rr, rt;  /* weighted sums: 1, rows, ms, rows^2, rows * ms */
+} spec_cost;
+
+void spec_cost_init(spec_cost *c);
+void spec_cost_add(spec_cost *c, int rows, double ms);
+double spec_cost_row(const spec_cost *c, int n_seq, double prior);
 
 #endif

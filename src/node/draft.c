@@ -15,11 +15,11 @@
  * target 70% of the time, 8 drafts give 3.2 of the 3.33 tokens per step an
  * unbounded run would (spec_adapt cuts it where acceptance is lower). */
 #define DRAFT_DEFAULT_MAX 8
-/* A verified row beside a decode step's, as a fraction of the step: the
- * weights are read once for all rows, so a row adds its share of compute
- * (measured on the 2-core development machine, Qwen3-0.6B shape Q8_0:
- * docs/bench.md, "Speculative decoding"). */
-#define DRAFT_ROW_COST 0.06
+/* A verified row beside a decode step's, as a fraction of the step, until
+ * the scheduler's timed passes give it (spec_cost): the weights are read
+ * once for all rows, so a row adds its share of compute; a guess on the
+ * expensive side, so that drafts must show acceptance before they grow. */
+#define DRAFT_ROW_COST 0.15
 /* A draft model's step beyond its share of weight bytes: its own pass's
  * fixed costs (norms, attention, threads waking) relative to the target's. */
 #define DRAFT_MODEL_OVERHEAD 0.02
@@ -34,7 +34,8 @@ typedef struct {
 struct draft_src {
     int lookup, draft_max, n_slots, n_ctx, n_vocab;
     model *dm;
-    double cost;
+    double model_cost;       /* a draft model's step, as a fraction of the target's */
+    int fixed;
     draft_slot *slots;
     float *logits;           /* [n_slots][n_vocab] */
     model_batch_item *items;
@@ -78,11 +79,11 @@ int draft_create(draft_src **out, model *target, const draft_opts *o, char *err,
     d->n_slots = o->n_slots;
     d->n_ctx = o->n_ctx;
     d->n_vocab = model_get_hparams(target)->n_vocab;
-    d->cost = o->fixed ? 0.0 : DRAFT_ROW_COST;
+    d->fixed = o->fixed;
     snprintf(d->kind, sizeof d->kind, "%s", d->lookup && d->dm ? "lookup+model" : d->dm ? "model" : "lookup");
     if (d->dm) {
         uint64_t tb = model_weight_bytes_per_token(target), db = model_weight_bytes_per_token(d->dm);
-        if (!o->fixed) d->cost += (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
+        d->model_cost = (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
         d->slots = calloc((size_t)d->n_slots, sizeof *d->slots);
         d->logits = malloc(sizeof(float) * (size_t)d->n_slots * (size_t)d->n_vocab);
         d->items = calloc((size_t)d->n_slots, sizeof *d->items);
@@ -121,7 +122,11 @@ int draft_k_max(const draft_src *d) {
     if (!d) return 0;
     return d->dm && d->draft_max > d->lookup ? d->draft_max : d->lookup;
 }
-double draft_cost(const draft_src *d) { return d ? d->cost : 1.0; }
+double draft_cost(const draft_src *d, double row_cost) {
+    if (!d) return 1.0;
+    return d->fixed ? 0.0 : row_cost + d->model_cost;
+}
+double draft_row_prior(void) { return DRAFT_ROW_COST; }
 
 /* ==== The draft model ==== */
 

@@ -47,9 +47,11 @@ void draft_free(draft_src *d);
 const char *draft_kind(const draft_src *d);
 /* The most drafts a step may carry. */
 int draft_k_max(const draft_src *d);
-/* One more verified row plus one draft, as a fraction of a plain decode
- * step (spec_adapt_k's cost). */
-double draft_cost(const draft_src *d);
+/* One more verified row plus one draft, as a fraction of a sequence's
+ * decode step (spec_adapt_k's cost), given a verified row's (row_cost,
+ * spec_cost_row; draft_row_prior() before the passes tell). 0 with fixed. */
+double draft_cost(const draft_src *d, double row_cost);
+double draft_row_prior(void);
 
 /* One slot's question: its history (tokens in the target's cache, then the
  * token to be evaluated next) and how many drafts it wants; n_out receives

@@ -1628,7 +1628,7 @@ static void dn_calibrate(dnode *n) {
 /* Starts the scheduler (the node's generation slots). */
 static int dn_start(dnode *n, char *err, size_t errlen) {
     draft_opts dro = { .lookup = n->o->lookup, .dm = n->o->draft_model, .draft_max = n->o->draft_max,
-                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype };
+                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype, .fixed = n->o->draft_fixed };
     if (draft_create(&n->draft, n->m, &dro, err, errlen)) return -1;
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
                       .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,
@@ -1735,6 +1735,8 @@ void decode_node_usage(FILE *f) {
         "                            copied from the prompt and text so far (1-16; default off)\n"
         "  --draft-model FILE        speculative decoding with a draft model (same tokenizer)\n"
         "  --draft-max N             drafts per step from the draft model (1-16, default 8)\n"
+        "  --draft-fixed             always the most drafts, whatever their acceptance (benchmarks,\n"
+        "                            tests; default: each sequence's draft length adapts to it)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
         "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
         "  --model-name NAME         the model name to register and to label /metrics with\n"
@@ -1794,6 +1796,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *role;
         int bad = 0;
         if (!strcmp(a, "--zstd")) { c->o.zstd = 1; continue; }
+        if (!strcmp(a, "--draft-fixed")) { c->o.draft_fixed = 1; continue; }
         if (!strcmp(a, "--role")) bad = dn_cli_choice(a, v, dn_cli_roles, &role);
         else if (!strcmp(a, "-m")) bad = cliopt_str(DN_CMD, a, v, &c->model);
         else if (!strcmp(a, "--listen")) bad = cliopt_str(DN_CMD, a, v, &c->o.listen);

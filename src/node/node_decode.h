@@ -82,6 +82,7 @@ typedef struct {
     int lookup;                  /* --lookup N: speculative drafts from prompt lookup (draft.h), 0: off */
     model *draft_model;          /* --draft-model: loaded by the caller, freed after decode_node_run */
     int draft_max;               /* --draft-max: drafts per step from the draft model (default 8) */
+    int draft_fixed;             /* --draft-fixed: always the most drafts (no adaptation) */
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */

@@ -101,6 +101,7 @@ struct sched {
     int spec_rows;           /* rows of logits a decode step may want: 1 + drafts */
     draft_ask *asks;         /* [n_slots] */
     int *ask_item;           /* [n_slots] */
+    spec_cost cost;          /* passes timed against their rows (scheduler thread) */
     uint64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;   /* (mu) */
 };
 
@@ -500,7 +501,9 @@ static int sched_build_batch(sched *s) {
  * gets some becomes next_tok + drafts, with logits for every row. */
 static void sched_spec_draft(sched *s, int ni) {
     if (!s->o.draft) return;
-    int na = 0;
+    int na = 0, n_dec = 0;
+    for (int k = 0; k < ni; k++) n_dec += s->item_job[k]->v.state == SJ_DECODE;
+    double cost = draft_cost(s->o.draft, spec_cost_row(&s->cost, n_dec, draft_row_prior()));
     for (int k = 0; k < ni; k++) {
         sched_job *j = s->item_job[k];
         j->n_draft = 0;
@@ -510,7 +513,7 @@ static void sched_spec_draft(sched *s, int ni) {
         int room = s->o.n_ctx - sl->n - 1, left = j->r.max_tokens - j->v.n_gen - 1;
         int kmax = s->spec_rows - 1 < room ? s->spec_rows - 1 : room;
         if (left < kmax) kmax = left;
-        int want = spec_adapt_k(&j->sa, kmax, draft_cost(s->o.draft));
+        int want = spec_adapt_k(&j->sa, kmax, cost);
         if (want <= 0) continue;
         sl->tokens[sl->n] = j->next_tok;   /* sl->n < n_ctx: sched_build_batch checked */
         s->asks[na] = (draft_ask){ .slot = (int)(sl - s->slots), .hist = sl->tokens, .n = sl->n + 1, .k = want,
@@ -636,10 +639,19 @@ static void *sched_main(void *arg) {
         if (!ni) { sched_wait_work(s); continue; }
         pthread_mutex_unlock(&s->mu);
         sched_spec_draft(s, ni);
-        int tokens = 0;
-        for (int k = 0; k < ni; k++) tokens += s->items[k].n;
+        int tokens = 0, prompt = 0;
+        for (int k = 0; k < ni; k++) {
+            tokens += s->items[k].n;
+            prompt |= s->item_job[k]->v.state != SJ_DECODE;
+        }
+        double t0 = gen_now_ms();
         if (model_eval_batch(s->m, s->items, ni, err, sizeof err)) sched_fail_batch(s, ni, err);
-        else sched_after_eval(s, ni);
+        else {
+            /* decode passes only: a prompt chunk's rows cost what a long
+             * pass's do, not what a few more rows beside decode rows do */
+            if (!prompt) spec_cost_add(&s->cost, tokens, gen_now_ms() - t0);
+            sched_after_eval(s, ni);
+        }
         pthread_mutex_lock(&s->mu);
         s->steps++;
         s->batched_tokens += (uint64_t)tokens;
@@ -668,6 +680,7 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
     if (s->o.n_slots < 1) s->o.n_slots = 1;
     if (s->o.prefill_budget < 1) s->o.prefill_budget = 256;
     s->spec_rows = 1 + draft_k_max(s->o.draft);
+    spec_cost_init(&s->cost);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_out, NULL);

@@ -57,6 +57,17 @@ static void test_lookup_units(void) {
     for (int i = 0; i < 40; i++) spec_adapt_update(&a, 8, 8, 9);
     CHECK(spec_adapt_k(&a, 8, 0.06) == 8, "adapt: kept drafts bring k back to its maximum");
     CHECK(spec_adapt_k(&a, 8, 0.0) == 8, "adapt: cost 0 asks for the maximum");
+
+    spec_cost c;
+    spec_cost_init(&c);
+    CHECK(spec_cost_row(&c, 1, 0.3) == 0.3, "cost: the prior before any pass");
+    for (int i = 0; i < 20; i++) spec_cost_add(&c, 4, 14.0);
+    CHECK(spec_cost_row(&c, 1, 0.3) == 0.3, "cost: the prior while the rows do not vary");
+    for (int i = 0; i < 200; i++) spec_cost_add(&c, 1 + i % 9, 10.0 + (1 + i % 9));
+    double c1 = spec_cost_row(&c, 1, 0.3), c8 = spec_cost_row(&c, 8, 0.3);
+    CHECK(fabs(c1 - 1.0 / 11.0) < 1e-3 && fabs(c8 - 1.0 / (10.0 / 8 + 1)) < 1e-3,
+          "cost: t = 10 + rows gives c %.4f alone (want %.4f), %.4f beside 7 others (want %.4f)", c1, 1.0 / 11, c8,
+          1.0 / 2.25);
 }
 
 /* ==== In process: the scheduler ==== */
@@ -509,7 +520,7 @@ static void test_processes(const char *dir) {
         char *look[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
                          "--lookup", "8", NULL };
         char *drf[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
-                        "--draft-model", dp, "--draft-max", "6", NULL };
+                        "--draft-model", dp, "--draft-max", "6", "--draft-fixed", NULL };
         pid_t p0 = start_node(dir, "plain", base, &pp), p1 = start_node(dir, "lookup", look, &lp),
               p2 = start_node(dir, "draft", drf, &mport);
         CHECK(pp > 0 && lp > 0 && mport > 0, "%s: nodes did not start", gm[i].golden);
