@@ -87,7 +87,9 @@ void spec_adapt_update(spec_adapt *a, int drafted, int accepted, int tokens) {
 #define SPEC_COST_MIN_VAR 0.5
 /* Bounds of c: a row is never free (timer noise), nor dearer than two steps. */
 #define SPEC_COST_MIN 0.005
-#define SPEC_COST_MAX 2.0
+#define SPEC_COST_MAX 1.0
+/* The least share of a mean decode pass its fixed part (a) is taken to be. */
+#define SPEC_COST_MIN_FIXED 0.25
 
 void spec_cost_init(spec_cost *c) { memset(c, 0, sizeof *c); }
 
@@ -108,7 +110,10 @@ double spec_cost_row(const spec_cost *c, int n_seq, double prior) {
     if (var < SPEC_COST_MIN_VAR) return prior;
     double b = (c->rt / c->w - mr * mt) / var, a = mt - b * mr;
     if (!(b > 0)) return SPEC_COST_MIN;
-    if (a < 0) a = 0;
+    /* reading the weights is most of a decode pass: a fit that puts its
+     * fixed part under a quarter of the mean pass is noise (a loaded
+     * machine's preempted passes), measured: a = 0, c = 1, no drafts */
+    if (a < SPEC_COST_MIN_FIXED * mt) a = SPEC_COST_MIN_FIXED * mt;
     double k = b / (a / (n_seq > 0 ? n_seq : 1) + b);
     return k < SPEC_COST_MIN ? SPEC_COST_MIN : k > SPEC_COST_MAX ? SPEC_COST_MAX : k;
 }

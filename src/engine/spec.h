@@ -74,7 +74,8 @@ void spec_adapt_update(spec_adapt *a, int drafted, int accepted, int tokens);
  * passes). One more row costs b; a decoding sequence's share of a pass is
  * a / n_seq + b, so c = b / (a / n_seq + b): drafts are cheap beside one
  * stream on a memory-bound machine and dearer when many streams already
- * fill the pass. Until the rows have varied enough to fit, the prior. */
+ * fill the pass. Until the rows have varied enough to fit, the prior; a
+ * fixed part under a quarter of the mean pass is taken as that quarter. */
 typedef struct {
     double w, r, t, rr, rt;  /* weighted sums: 1, rows, ms, rows^2, rows * ms */
 } spec_cost;
