@@ -845,6 +845,10 @@ int api_parse_upstream_line(const char *line, size_t len, api_upstream_line *u) 
         u->prompt_tokens = api_int(json_object_get(us, "prompt_tokens"));
         u->completion_tokens = api_int(json_object_get(us, "completion_tokens"));
         api_read_prefill(json_object_get(o, "prefill"), u);
+        json_t *sp = json_object_get(o, "speculative");
+        api_copy_str(json_object_get(sp, "source"), u->spec_source, sizeof u->spec_source);
+        u->spec_drafted = api_int(json_object_get(sp, "drafted"));
+        u->spec_accepted = api_int(json_object_get(sp, "accepted"));
         if (!u->fallback_reason[0])
             api_copy_str(json_object_get(o, "fallback_reason"), u->fallback_reason, sizeof u->fallback_reason);
     }

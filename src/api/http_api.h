@@ -161,6 +161,9 @@ typedef struct {
     double handoff_ms;          /* request sent -> last KV frame in the cache (split only) */
     double queue_ms;            /* waited in the decode node's queue: "queue_ms", or -1 */
     char fallback_reason[256];
+    /* speculative decoding ("speculative": {"source","drafted","accepted"}), or "" / 0 */
+    char spec_source[16];
+    int spec_drafted, spec_accepted;
     char error[320];            /* "error" member (string or object with message) */
 } api_upstream_line;
 

@@ -32,6 +32,7 @@
 
 typedef struct {
     const char *url, *model, *api_key;
+    char *prompt_text;            /* -f: every request's prompt, or NULL (random words) */
     json_t *response_format;      /* sent with every request, or NULL */
     int levels[BS_MAX_LEVELS], n_levels;
     int requests, words, max_tokens;
@@ -49,11 +50,32 @@ static void bs_usage(FILE *f) {
         "  -c LIST            concurrent streams per level (default 1,2,4,8,16)\n"
         "  -r N               requests per stream per level, 1..1000 (default 3)\n"
         "  -w N               words per prompt, 1..100000 (default 32)\n"
+        "  -f FILE            every request's prompt is this file's text instead (up to 1 MiB; e.g. a\n"
+        "                     grading prompt whose answer quotes it: speculative decoding by prompt lookup)\n"
         "  -n N               max_tokens, 1..1000000 (default 64)\n"
         "  --temp T           temperature, 0..2 (default 0: greedy)\n"
         "  --api-key KEY      sent as a Bearer token\n"
         "  --response-format json_object|SCHEMA.json   constrained output (TPOT with a schema)\n"
         "  -o md|json         output format (default md)\n");
+}
+
+/* -f FILE: the whole file (at most 1 MiB) as a NUL-terminated string. */
+static int bs_read_prompt(const char *path, char **out) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (!f) { fprintf(stderr, BS ": -f: cannot open '%s'\n", path ? path : ""); return -1; }
+    enum { CAP = 1 << 20 };
+    char *p = malloc(CAP + 1);
+    size_t n = p ? fread(p, 1, CAP + 1, f) : 0;
+    fclose(f);
+    if (!p || n == 0 || n > CAP) {
+        fprintf(stderr, BS ": -f: '%s' is empty or over 1 MiB\n", path);
+        free(p);
+        return -1;
+    }
+    p[n] = 0;
+    free(*out);
+    *out = p;
+    return 0;
 }
 
 static int bs_parse(int argc, char **argv, bs_opts *o) {
@@ -81,6 +103,7 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
         }
         else if (!strcmp(a, "-r")) bad = cliopt_int(BS, a, v, 1, 1000, &o->requests);
         else if (!strcmp(a, "-w")) bad = cliopt_int(BS, a, v, 1, 100000, &o->words);
+        else if (!strcmp(a, "-f")) bad = bs_read_prompt(v, &o->prompt_text);
         else if (!strcmp(a, "-n")) bad = cliopt_int(BS, a, v, 1, 1000000, &o->max_tokens);
         else if (!strcmp(a, "--temp")) { bad = cliopt_float(BS, a, v, 0, 2, &temp); o->temperature = temp; }
         else if (!strcmp(a, "-o")) bad = cliopt_choice(BS, a, v, fmts, &o->json);
@@ -180,7 +203,7 @@ static char *bs_prompt(int words, unsigned seed) {
 /* 0 and the token count, or -1. */
 static int bs_request(const bs_opts *o, unsigned seed, bs_stream *s) {
     memset(s, 0, sizeof *s);
-    char *prompt = bs_prompt(o->words, seed);
+    char *prompt = o->prompt_text ? strdup(o->prompt_text) : bs_prompt(o->words, seed);
     json_t *req = json_object();
     json_object_set_new(req, "model", json_string(o->model));
     json_object_set_new(req, "prompt", json_string(prompt ? prompt : "hello"));
@@ -305,8 +328,12 @@ int cli_bench_serve(int argc, char **argv) {
     if (p) return p > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     if (!o.json) {
-        printf("%s, model %s, %d-word prompts, max_tokens %d, temperature %g, %d requests per stream\n\n", o.url, o.model,
-               o.words, o.max_tokens, o.temperature, o.requests);
+        if (o.prompt_text)
+            printf("%s, model %s, a %zu-byte prompt file, max_tokens %d, temperature %g, %d requests per stream\n\n",
+                   o.url, o.model, strlen(o.prompt_text), o.max_tokens, o.temperature, o.requests);
+        else
+            printf("%s, model %s, %d-word prompts, max_tokens %d, temperature %g, %d requests per stream\n\n", o.url,
+                   o.model, o.words, o.max_tokens, o.temperature, o.requests);
         printf("| streams | requests ok | failed | tokens | aggregate t/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms |\n");
         printf("|---|---|---|---|---|---|---|---|---|\n");
     } else {
@@ -328,5 +355,6 @@ int cli_bench_serve(int argc, char **argv) {
     }
     if (o.json) printf("]\n");
     curl_global_cleanup();
+    free(o.prompt_text);
     return rc;
 }

@@ -89,8 +89,9 @@ typedef struct {
     be_batch bt;
     model_batch_item *items;
     int *item_of;            /* [n_seq] */
-    int *want_logits;        /* [n_seq] */
-    int n_out;               /* sequences wanting logits */
+    int *want_logits;        /* [n_seq] rows wanting logits: the sequence's last ones in the pass */
+    int *out_row;            /* [n_seq] the first of them is this row of the item's logits */
+    int n_out;               /* rows wanting logits */
     const float *x_in;       /* slice: hidden states entering layer_lo (else the embedding of ids) */
     float *x_out;            /* slice: receives the hidden states leaving layer_hi - 1 */
 } fwd_pass;
@@ -194,9 +195,10 @@ static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t er
     return 0;
 }
 
-/* Logits of the last row of every sequence that wants them: those rows are
- * normed into h (one row each, in sequence order), multiplied by the output
- * matrix together, and read back to each item's buffer. */
+/* Logits of the rows that want them (each sequence's last row, or its last
+ * few when verifying drafts): those rows are normed into h (in sequence
+ * order), multiplied by the output matrix together, and read back to each
+ * item's buffer. */
 static int forward_logits(model *m, const fwd_pass *p, char *err, size_t errlen) {
     const model_hparams *hp = &m->hp;
     backend *be = m->be;
@@ -208,16 +210,19 @@ static int forward_logits(model *m, const fwd_pass *p, char *err, size_t errlen)
     for (int s = 0; s < p->bt.n_seq; s++) {
         if (!p->want_logits[s]) continue;
         const be_seq *sq = &p->bt.seq[s];
-        const float *last = b->x + (size_t)(sq->t0 + sq->n - 1) * E;
-        op->rms_norm(be, last, &m->output_norm, b->h + (size_t)r * E, 1, hp->n_embd, hp->rms_eps);
-        r++;
+        const int w = p->want_logits[s];
+        const float *first = b->x + (size_t)(sq->t0 + sq->n - w) * E;
+        op->rms_norm(be, first, &m->output_norm, b->h + (size_t)r * E, w, hp->n_embd, hp->rms_eps);
+        r += w;
     }
     op->mul_mat(be, &m->output, 0, b->h, p->n_out, b->logits);
     r = 0;
     for (int s = 0; s < p->bt.n_seq; s++) {
         if (!p->want_logits[s]) continue;
-        op->read(be, b->logits + (size_t)r * V, p->items[p->item_of[s]].logits, V);
-        r++;
+        const int w = p->want_logits[s];
+        float *dst = p->items[p->item_of[s]].logits + (size_t)p->out_row[s] * V;
+        op->read(be, b->logits + (size_t)r * V, dst, (size_t)w * V);
+        r += w;
     }
     return 0;
 }
@@ -266,6 +271,10 @@ static int forward_check_items(model *m, const model_batch_item *items, int n_it
                 return -1;
             }
         }
+        if (it->n_logits < 0 || it->n_logits > it->n) {
+            snprintf(err, errlen, "%d rows of logits asked of an item of %d tokens", it->n_logits, it->n);
+            return -1;
+        }
         if (kv_check_range(it->s->kv, 0, kv_used(it->s->kv), it->n, err, errlen)) return -1;
     }
     return 0;
@@ -289,7 +298,11 @@ static void forward_fill_pass(model *m, model_batch_item *items, int n_items, co
         sq->pos0 = kv_used(sq->kv);
         for (int t = 0; t < k; t++) { b->pos[rows + t] = sq->pos0 + t; ids[rows + t] = items[i].ids[done[i] + t]; }
         p->item_of[ns] = i;
-        p->want_logits[ns] = items[i].logits && done[i] + k == items[i].n;
+        /* the item's last nl tokens want logits: those of them in this pass */
+        int nl = !items[i].logits ? 0 : items[i].n_logits > 0 ? items[i].n_logits : 1;
+        int from = items[i].n - nl > done[i] ? items[i].n - nl : done[i];
+        p->want_logits[ns] = nl && done[i] + k > from ? done[i] + k - from : 0;
+        p->out_row[ns] = from - (items[i].n - nl);
         p->n_out += p->want_logits[ns];
         rows += k;
         ns++;
@@ -305,11 +318,11 @@ static int forward_run_items(model *m, model_batch_item *items, int n_items, cha
     if (forward_alloc(m, err, errlen)) return -1;
     int cap = m->b.cap;
     int *done = calloc((size_t)n_items, sizeof(int));
-    int *item_of = malloc(sizeof(int) * (size_t)cap * 2);
+    int *item_of = malloc(sizeof(int) * (size_t)cap * 3);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)cap);
     int rc = 0;
     if (!done || !item_of || !ids) { snprintf(err, errlen, "out of memory"); rc = -1; goto out; }
-    fwd_pass p = { .item_of = item_of, .want_logits = item_of + cap };
+    fwd_pass p = { .item_of = item_of, .want_logits = item_of + cap, .out_row = item_of + 2 * (size_t)cap };
     for (;;) {
         forward_fill_pass(m, items, n_items, done, &p, ids);
         if (p.bt.n_tok == 0) break;

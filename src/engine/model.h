@@ -112,7 +112,11 @@ typedef struct {
     session *s;
     const int32_t *ids;
     int n;
-    float *logits;           /* if non-NULL: n_vocab floats for the item's last token */
+    float *logits;           /* if non-NULL: n_vocab floats for each of the item's last
+                              * n_logits tokens, in token order */
+    int n_logits;            /* rows of logits wanted (0: 1); at most n. Speculative
+                              * verification wants every row: the last accepted
+                              * token's and each draft's */
     layer_hook hook;         /* optional: after each layer of each pass that holds
                               * tokens of this item (the handoff streams from it);
                               * non-zero aborts the whole evaluation */

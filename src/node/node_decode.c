@@ -47,6 +47,8 @@
 #include "base/log.h"
 #include "base/logsafe.h"
 #include "base/metrics.h"
+#include "node/draft.h"
+#include "node/spec_report.h"
 #include "net/node_auth.h"
 #include "net/node_register.h"
 #include "base/platform.h"
@@ -130,6 +132,7 @@ typedef struct {
     metrics_family *queue, *ttft, *e2e, *prefill, *tpot;
     metrics_family *slots, *slots_busy, *queued, *queue_cap, *kv_tokens, *kv_capacity, *kv_usage, *steps, *batched;
     kvstore_metrics store;       /* with --kv-cache-ram / --kv-cache-dir */
+    spec_metrics spec;           /* speculative decoding (spec_report.h) */
 } dn_metrics;
 
 typedef struct {
@@ -145,6 +148,7 @@ typedef struct {
     volatile int stopping;
     sched *sc;                   /* continuous batching: slots, queue, the model's thread */
     kvstore *store;              /* KV prefix store (memory, disk), or NULL */
+    draft_src *draft;            /* speculative drafts (draft.h), or NULL */
     /* prefill-node connections (pmu) */
     pthread_mutex_t pmu;
     dn_peer peers[DN_MAX_PEERS];
@@ -239,7 +243,8 @@ static int dn_metrics_init(dn_metrics *m, const decode_node_opts *o, char *err, 
     if (o->model_name && *o->model_name) snprintf(m->model, sizeof m->model, "%s", o->model_name);
     else node_register_default_model(o->model_path ? o->model_path : "model", m->model, sizeof m->model);
     if (!(m->reg = metrics_new())) { snprintf(err, errlen, "out of memory"); return -1; }
-    if (dn_metrics_counters(m, err, errlen) || dn_metrics_histograms(m, err, errlen) || dn_metrics_gauges(m, err, errlen))
+    if (dn_metrics_counters(m, err, errlen) || dn_metrics_histograms(m, err, errlen) || dn_metrics_gauges(m, err, errlen) ||
+        spec_metrics_init(&m->spec, m->reg, err, errlen))
         return -1;
     const char *const lm[] = {m->model};
     metrics_family *one[] = {m->prompt_tokens, m->reused_tokens, m->completion_tokens, m->fallbacks, m->kv_received,
@@ -848,13 +853,15 @@ static const char *dn_cache_tier(const sched_view *v) {
 static void dn_log_job(dn_job *j) {
     const sched_view *v = j->v;
     const char *finish = v->state != SJ_DONE ? "cancelled" : v->finish ? v->finish : "stop";
+    char spec[96];
+    spec_log_fields(spec, sizeof spec, draft_kind(j->n->draft), v);
     log_info(j->rid, "done finish=%s prompt=%d cached=%d tier=%s store_ram=%d store_disk=%d store_ms=%.1f "
-             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f model=%s%s%s%s%s",
+             "computed_local=%d prefill=%s%s%s completion=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f model=%s%s%s%s%s%s",
              finish, j->n_prompt, v->start_pos, dn_cache_tier(v), v->store_ram_tokens, v->store_disk_tokens,
              v->store_ms, v->computed_local, j->remote ? "remote" : "local", j->remote ? "@" : "",
              j->remote ? j->node : "", v->n_gen, v->t_admit > 0 ? v->t_admit - j->t_arrive : 0.0,
              v->n_gen > 0 ? v->t_first - j->t_arrive : 0.0, dn_now() - j->t_arrive, j->n->mt.model,
-             j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "");
+             j->fallback[0] ? " fallback=" : "", j->fallback, v->error ? " error=" : "", v->error ? v->error : "", spec);
 }
 
 /* Counts the outcome, hands the job back to the scheduler (cancelling it
@@ -916,6 +923,7 @@ static void dn_result_fields(dn_job *j, json_t *o) {
     json_object_set_new(u, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", v->start_pos));
     json_object_set_new(o, "usage", u);
     json_object_set_new(o, "prefill", dn_prefill_json(j));
+    spec_result_json(o, draft_kind(j->n->draft), v);
     if (v->n_gen > 1) {
         double ms = dn_now() - v->t_first;
         json_object_set_new(o, "decode_tps", json_real(ms > 0 ? (v->n_gen - 1) * 1e3 / ms : 0.0));
@@ -1027,6 +1035,7 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "batched_tokens", json_integer((json_int_t)ss.batched_tokens));
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
     if (n->prefix_ok) json_object_set_new(o, "prefix", dn_prefix_json(n));
+    spec_stats_json(o, draft_kind(n->draft), &ss);
     return dn_send_json(c, 200, o);
 }
 
@@ -1047,6 +1056,7 @@ static enum MHD_Result dn_handle_metrics(dnode *n, struct MHD_Connection *c) {
     metrics_set(m->steps, lm, (double)ss.steps);
     metrics_set(m->batched, lm, (double)ss.batched_tokens);
     kvstore_metrics_update(n->store, &m->store, m->model);
+    spec_metrics_set(&m->spec, m->model, draft_kind(n->draft), &ss);
     size_t len = 0;
     char *text = metrics_render(m->reg, &len);
     return dn_send_body(c, 200, text, len, METRICS_CONTENT_TYPE);
@@ -1734,9 +1744,12 @@ static int dn_start(dnode *n, char *err, size_t errlen) {
         log_info(NULL, "kv store: %llu bytes of memory%s%s", (unsigned long long)o->kv_cache_ram,
                  o->kv_cache_dir ? ", directory " : "", o->kv_cache_dir ? o->kv_cache_dir : "");
     }
+    draft_opts dro = { .lookup = n->o->lookup, .dm = n->o->draft_model, .draft_max = n->o->draft_max,
+                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype, .fixed = n->o->draft_fixed };
+    if (draft_create(&n->draft, n->m, &dro, err, errlen)) return -1;
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
                       .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,
-                      .min_reuse = DN_MIN_REUSE, .store = n->store };
+                      .min_reuse = DN_MIN_REUSE, .store = n->store, .draft = n->draft };
     return sched_create(&n->sc, n->m, &so, err, errlen);
 }
 
@@ -1745,6 +1758,8 @@ static void dn_cleanup(dnode *n) {
     n->sc = NULL;
     kvstore_close(n->store);     /* after the scheduler: its last jobs put their blocks */
     n->store = NULL;
+    draft_free(n->draft);
+    n->draft = NULL;
     dn_peers_close(n);
     chain_pool_free(n->chains);
     n->chains = NULL;
@@ -1790,10 +1805,11 @@ int decode_node_run(model *m, const decode_node_opts *o, char *err, size_t errle
         dn_cleanup(&n);
         return -1;
     }
-    log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s); "
-             "HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
+    log_info(NULL, "listening on %s (port %d), role %s, model %s, n_ctx %d, %d parallel slots, %d prefill node(s), "
+             "drafts: %s; HTTP: %u connections (%u reserved for the router), %u per other address, %u per /24 or /64, "
              "%d ms to send a request",
              o->listen ? o->listen : "127.0.0.1:8080", port, n.role, n.desc, n.n_ctx, n.n_slots, o->n_prefill_nodes,
+             draft_kind(n.draft),
              lim.max_conns, lim.reserved_conns, lim.max_conns_per_ip, lim.max_conns_per_block, lim.request_deadline_ms);
     if (!n.auth)
         log_warn(NULL, "no shared secret: POST /v1/generate is open to anyone who can connect "
@@ -1842,6 +1858,12 @@ void decode_node_usage(FILE *f) {
         "  --act-dtype T             hidden states between a chain's slices: f32 (default), f16, bf16\n"
         "  --zstd                    ask for zstd-compressed frames\n"
         "  --timeout-ms N            handoff stall timeout (default 10000)\n"
+        "  --lookup N                speculative decoding with prompt lookup: up to N drafts per step\n"
+        "                            copied from the prompt and text so far (1-16; default off)\n"
+        "  --draft-model FILE        speculative decoding with a draft model (same tokenizer)\n"
+        "  --draft-max N             drafts per step from the draft model (1-16, default 8)\n"
+        "  --draft-fixed             always the most drafts, whatever their acceptance (benchmarks,\n"
+        "                            tests; default: each sequence's draft length adapts to it)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
         "  --router URL              register with (and heartbeat to) the router at URL (http://HOST:PORT)\n"
         "  --chat-template NAME|FILE chat format: chatml, llama3, llama3.1, or a ChatML / Llama 3 template\n"
@@ -1896,7 +1918,7 @@ static int dn_cli_act(const char *opt, const char *v, uint32_t *out) {
 
 typedef struct {
     decode_node_opts o;
-    const char *model, *kv, *wire, *secret_file;
+    const char *model, *kv, *wire, *secret_file, *draft_model;
     const char *router, *model_name, *advertise, *chat_template;
     int threads, batch;
 } dn_cli;
@@ -1960,6 +1982,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL, *role;
         int bad = 0;
         if (!strcmp(a, "--zstd")) { c->o.zstd = 1; continue; }
+        if (!strcmp(a, "--draft-fixed")) { c->o.draft_fixed = 1; continue; }
         if (!strcmp(a, "--role")) bad = dn_cli_choice(a, v, dn_cli_roles, &role);
         else if (!strcmp(a, "-m")) bad = cliopt_str(DN_CMD, a, v, &c->model);
         else if (!strcmp(a, "--listen")) bad = cliopt_str(DN_CMD, a, v, &c->o.listen);
@@ -1978,6 +2001,9 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--queue")) bad = dn_cli_int(a, v, 1, 4096, &c->o.queue_max);
         else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.min_split_tokens);
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
+        else if (!strcmp(a, "--lookup")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.lookup);
+        else if (!strcmp(a, "--draft-model")) bad = cliopt_str(DN_CMD, a, v, &c->draft_model);
+        else if (!strcmp(a, "--draft-max")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.draft_max);
         else if (!strcmp(a, "--router")) bad = cliopt_str(DN_CMD, a, v, &c->router);
         else if (!strcmp(a, "--model-name")) bad = cliopt_str(DN_CMD, a, v, &c->model_name);
         else if (!strcmp(a, "--chat-template")) bad = cliopt_str(DN_CMD, a, v, &c->chat_template);
@@ -2018,6 +2044,14 @@ static int dn_cli_register(dn_cli *c, node_register **reg, char *err, size_t err
     return node_register_start(reg, &ro, err, errlen);
 }
 
+/* The model and, with --draft-model, the draft model (c->o.draft_model). */
+static int dn_cli_load(dn_cli *c, const model_opts *mo, model **m, model **dm, char *err, size_t errlen) {
+    if (model_load(m, c->model, mo, err, errlen)) return -1;
+    if (c->draft_model && model_load(dm, c->draft_model, mo, err, errlen)) return -1;
+    c->o.draft_model = *dm;
+    return 0;
+}
+
 int decode_node_cli(int argc, char **argv, int local_only) {
     dn_cli c;
     memset(&c, 0, sizeof c);
@@ -2050,12 +2084,14 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     static volatile int port;
     c.o.port_out = &port;
     node_register *reg = NULL;
-    if (model_load(&m, c.model, &mo, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
+    model *dm = NULL;
+    if (dn_cli_load(&c, &mo, &m, &dm, err, sizeof err)) log_error(NULL, "%s", err);   /* err names the file */
     else if (dn_cli_chat_template(&c, m, err, sizeof err)) log_error(NULL, "%s", err);
     else if (c.router && dn_cli_register(&c, &reg, err, sizeof err)) log_error(NULL, "%s", err);
     else if ((c.o.reg = reg, decode_node_run(m, &c.o, err, sizeof err))) log_error(NULL, "%s", err);
     else rc = 0;
     node_register_stop(reg);
+    model_free(dm);
     model_free(m);
     if (secret) { memset(secret, 0, c.o.secret_len); free(secret); }
     return rc;

@@ -44,7 +44,8 @@
  * lines {"token","text"} then {"done":true, "finish_reason", "usage",
  * "prefill": {"mode", "node", "fallback_reason", "start_pos",
  * "positions_received", "computed_remote", "computed_local", "kv_bytes",
- * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "error"}; or, not streamed,
+ * "wire_bytes", "prefill_ms", "ttft_ms", ...}, "speculative": {"source",
+ * "drafted", "accepted"} (with --lookup / --draft-model), "error"}; or, not streamed,
  * one object with "tokens", "text" and the same fields. A stop string ends
  * generation and is never part of the text: a streamed line's "text" is what
  * became final with its token (text that could still be the start of a stop
@@ -97,6 +98,10 @@ typedef struct {
     int n_sessions;              /* --parallel: slots decoded together, one KV cache each
                                   * (default: what half the free memory holds, at most 8) */
     int prefill_budget;          /* prompt tokens per step while other slots decode (default 256) */
+    int lookup;                  /* --lookup N: speculative drafts from prompt lookup (draft.h), 0: off */
+    model *draft_model;          /* --draft-model: loaded by the caller, freed after decode_node_run */
+    int draft_max;               /* --draft-max: drafts per step from the draft model (default 8) */
+    int draft_fixed;             /* --draft-fixed: always the most drafts (no adaptation) */
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */

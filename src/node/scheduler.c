@@ -40,6 +40,7 @@ typedef struct {
     const char *finish;
     int stop_hit;
     size_t keep;
+    int decode;              /* the job was decoding (not reading its prompt) */
 } sched_sample;
 
 typedef struct {
@@ -70,7 +71,12 @@ struct sched_job {
     int cap;                 /* tokens that can be generated */
     int fed;                 /* prompt tokens in the cache (state SJ_PROMPT) */
     int32_t next_tok;        /* SJ_DECODE: the token to evaluate next */
-    float *logits;           /* [n_vocab] while in a batch */
+    float *logits;           /* [spec_rows][n_vocab] while in a batch */
+    /* speculative decoding (spec.h): this step's rows (next_tok, then the
+     * drafts) and the draft length's controller */
+    int n_draft;
+    int32_t spec_ids[1 + SPEC_MAX_DRAFT];
+    spec_adapt sa;
 };
 
 struct sched {
@@ -92,7 +98,12 @@ struct sched {
     model_batch_item *items;
     sched_job **item_job;
     sched_sample *samples;
-    float *logits;           /* [n_slots][n_vocab] */
+    float *logits;           /* [n_slots][spec_rows][n_vocab] */
+    int spec_rows;           /* rows of logits a decode step may want: 1 + drafts */
+    draft_ask *asks;         /* [n_slots] */
+    int *ask_item;           /* [n_slots] */
+    spec_cost cost;          /* passes timed against their rows (scheduler thread) */
+    uint64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;   /* (mu) */
 };
 
 /* ==== Jobs ==== */
@@ -146,6 +157,7 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
     j->v.text = j->text;
     j->v.t_submit = gen_now_ms();
     tok_stream_init_prompt(&j->ts, s->tok, j->r.prompt, j->r.n_prompt);
+    spec_adapt_init(&j->sa);
     return j;
 }
 
@@ -259,7 +271,7 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     sl->job = j;
     sl->last_used = ++s->tick;
     j->slot = sl;
-    j->logits = s->logits + (size_t)(sl - s->slots) * (size_t)s->n_vocab;
+    j->logits = s->logits + (size_t)(sl - s->slots) * (size_t)s->spec_rows * (size_t)s->n_vocab;
     j->fed = keep;
     j->v.start_pos = keep;
     j->v.t_admit = gen_now_ms();
@@ -511,13 +523,95 @@ static int sched_build_batch(sched *s) {
     return ni;
 }
 
+/* ==== Speculative steps ==== */
+
+/* Drafts for this step's decoding items (scheduler thread, without the
+ * lock): each item of a job whose controller wants k > 0 drafts and that
+ * gets some becomes next_tok + drafts, with logits for every row. */
+static void sched_spec_draft(sched *s, int ni) {
+    if (!s->o.draft) return;
+    int na = 0, n_dec = 0;
+    for (int k = 0; k < ni; k++) n_dec += s->item_job[k]->v.state == SJ_DECODE;
+    double cost = draft_cost(s->o.draft, spec_cost_row(&s->cost, n_dec, draft_row_prior()));
+    for (int k = 0; k < ni; k++) {
+        sched_job *j = s->item_job[k];
+        j->n_draft = 0;
+        if (j->v.state != SJ_DECODE) continue;
+        sched_slot *sl = j->slot;
+        /* the step's tokens must fit the context and max_tokens */
+        int room = s->o.n_ctx - sl->n - 1, left = j->r.max_tokens - j->v.n_gen - 1;
+        int kmax = s->spec_rows - 1 < room ? s->spec_rows - 1 : room;
+        if (left < kmax) kmax = left;
+        int want = spec_adapt_k(&j->sa, kmax, cost);
+        if (want <= 0) continue;
+        sl->tokens[sl->n] = j->next_tok;   /* sl->n < n_ctx: sched_build_batch checked */
+        s->asks[na] = (draft_ask){ .slot = (int)(sl - s->slots), .hist = sl->tokens, .n = sl->n + 1, .k = want,
+                                   .out = j->spec_ids + 1 };
+        s->ask_item[na++] = k;
+    }
+    if (!na) return;
+    draft_propose(s->o.draft, s->asks, na);
+    for (int a = 0; a < na; a++) {
+        int k = s->ask_item[a];
+        sched_job *j = s->item_job[k];
+        if (s->asks[a].n_out <= 0) continue;
+        j->n_draft = s->asks[a].n_out;
+        j->spec_ids[0] = j->next_tok;
+        s->items[k].ids = j->spec_ids;
+        s->items[k].n = s->items[k].n_logits = 1 + j->n_draft;
+    }
+}
+
+/* Verification of item k (next_tok + drafts, evaluated): row i is sampled
+ * as plain decoding would sample it, and published; while the token equals
+ * draft i + 1, that draft's row is valid and row i + 1 follows. The cache
+ * keeps the rows up to the last accepted draft. The lock is taken per
+ * token (sampling runs without it); the last token's publication may end
+ * and free the job, so the slot's bookkeeping comes before it. */
+static void sched_spec_accept(sched *s, int k) {
+    const model_batch_item *it = &s->items[k];
+    sched_job *j = s->item_job[k];
+    sched_slot *sl = j->slot;
+    const int nd = it->n - 1, pos0 = sl->n;   /* the cache held pos0 positions before the step */
+    float *base = j->logits;
+    int produced = 0;
+    for (int i = 0;; i++) {
+        j->logits = base + (size_t)i * (size_t)s->n_vocab;
+        sched_sample r = sched_job_sample(s, j);
+        int last = r.finish || r.id < 0 || i == nd || r.id != it->ids[i + 1];
+        produced += r.id >= 0;
+        pthread_mutex_lock(&s->mu);
+        if (last) {
+            j->logits = base;
+            session_reset(sl->s, pos0 + i + 1);      /* rejected drafts' rows leave the cache */
+            memcpy(sl->tokens + sl->n, it->ids, sizeof(int32_t) * (size_t)(i + 1));
+            sl->n += i + 1;
+            j->v.drafted += nd;
+            j->v.accepted += i;
+            spec_adapt_update(&j->sa, nd, i, produced);
+            s->spec_steps++;
+            s->spec_tokens += (uint64_t)produced;
+            s->spec_drafted += (uint64_t)nd;
+            s->spec_accepted += (uint64_t)i;
+        }
+        sched_job_publish(s, j, &r);
+        pthread_cond_broadcast(&s->cv_out);
+        pthread_mutex_unlock(&s->mu);
+        if (last) return;
+    }
+}
+
 /* After a successful evaluation: samples (without the lock), then token
- * lists, prompt progress and output (with it). */
+ * lists, prompt progress and output (with it); verification steps last. */
 static void sched_after_eval(sched *s, int ni) {
-    for (int k = 0; k < ni; k++)
-        if (s->items[k].logits) s->samples[k] = sched_job_sample(s, s->item_job[k]);
+    for (int k = 0; k < ni; k++) {
+        if (!s->items[k].logits || s->items[k].n_logits > 1) continue;
+        s->samples[k] = sched_job_sample(s, s->item_job[k]);
+        s->samples[k].decode = s->item_job[k]->v.state == SJ_DECODE;
+    }
     pthread_mutex_lock(&s->mu);
     for (int k = 0; k < ni; k++) {
+        if (s->items[k].n_logits > 1) continue;
         sched_job *j = s->item_job[k];
         sched_slot *sl = j->slot;
         const model_batch_item *it = &s->items[k];
@@ -528,10 +622,19 @@ static void sched_after_eval(sched *s, int ni) {
             j->v.computed_local += it->n;
             if (j->fed == j->r.n_prompt) j->v.t_prompt_done = gen_now_ms();
         }
-        if (it->logits) sched_job_publish(s, j, &s->samples[k]);
+        if (!it->logits) continue;
+        if (s->samples[k].decode) {
+            int got = s->samples[k].id >= 0;
+            spec_adapt_update(&j->sa, 0, 0, got);
+            s->spec_steps++;
+            s->spec_tokens += (uint64_t)got;
+        }
+        sched_job_publish(s, j, &s->samples[k]);
     }
     pthread_cond_broadcast(&s->cv_out);
     pthread_mutex_unlock(&s->mu);
+    for (int k = 0; k < ni; k++)
+        if (s->items[k].n_logits > 1) sched_spec_accept(s, k);
 }
 
 static void sched_fail_batch(sched *s, int ni, const char *err) {
@@ -564,10 +667,20 @@ static void *sched_main(void *arg) {
         int ni = sched_build_batch(s);
         if (!ni) { sched_wait_work(s); continue; }
         pthread_mutex_unlock(&s->mu);
-        int tokens = 0;
-        for (int k = 0; k < ni; k++) tokens += s->items[k].n;
+        sched_spec_draft(s, ni);
+        int tokens = 0, prompt = 0;
+        for (int k = 0; k < ni; k++) {
+            tokens += s->items[k].n;
+            prompt |= s->item_job[k]->v.state != SJ_DECODE;
+        }
+        double t0 = gen_now_ms();
         if (model_eval_batch(s->m, s->items, ni, err, sizeof err)) sched_fail_batch(s, ni, err);
-        else sched_after_eval(s, ni);
+        else {
+            /* decode passes only: a prompt chunk's rows cost what a long
+             * pass's do, not what a few more rows beside decode rows do */
+            if (!prompt) spec_cost_add(&s->cost, tokens, gen_now_ms() - t0);
+            sched_after_eval(s, ni);
+        }
         pthread_mutex_lock(&s->mu);
         s->steps++;
         s->batched_tokens += (uint64_t)tokens;
@@ -595,6 +708,8 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
     s->piece_cap = (size_t)tokenizer_max_token_bytes(s->tok) + 16;
     if (s->o.n_slots < 1) s->o.n_slots = 1;
     if (s->o.prefill_budget < 1) s->o.prefill_budget = 256;
+    s->spec_rows = 1 + draft_k_max(s->o.draft);
+    spec_cost_init(&s->cost);
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_out, NULL);
@@ -602,8 +717,10 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
     s->items = calloc((size_t)s->o.n_slots, sizeof *s->items);
     s->item_job = calloc((size_t)s->o.n_slots, sizeof *s->item_job);
     s->samples = calloc((size_t)s->o.n_slots, sizeof *s->samples);
-    s->logits = malloc(sizeof(float) * (size_t)s->n_vocab * (size_t)s->o.n_slots);
-    if (!s->slots || !s->items || !s->item_job || !s->samples || !s->logits) {
+    s->logits = malloc(sizeof(float) * (size_t)s->n_vocab * (size_t)s->o.n_slots * (size_t)s->spec_rows);
+    s->asks = calloc((size_t)s->o.n_slots, sizeof *s->asks);
+    s->ask_item = calloc((size_t)s->o.n_slots, sizeof *s->ask_item);
+    if (!s->slots || !s->items || !s->item_job || !s->samples || !s->logits || !s->asks || !s->ask_item) {
         snprintf(err, errlen, "out of memory");
         sched_destroy(s);
         return -1;
@@ -651,6 +768,8 @@ void sched_destroy(sched *s) {
     free(s->item_job);
     free(s->samples);
     free(s->logits);
+    free(s->asks);
+    free(s->ask_item);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_out);
@@ -744,6 +863,10 @@ void sched_get_stats(sched *s, sched_stats *st) {
     st->sessions_used = s->sessions_used;
     st->steps = s->steps;
     st->batched_tokens = s->batched_tokens;
+    st->spec_steps = s->spec_steps;
+    st->spec_tokens = s->spec_tokens;
+    st->spec_drafted = s->spec_drafted;
+    st->spec_accepted = s->spec_accepted;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -760,4 +883,8 @@ int sched_prefix_hashes(sched *s, uint64_t seed, uint64_t *out, int max) {
     }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+session *sched_slot_session(sched *s, int i) {
+    return i >= 0 && i < s->o.n_slots ? s->slots[i].s : NULL;
 }

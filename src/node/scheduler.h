@@ -31,6 +31,8 @@
 #include "engine/grammar.h"
 #include "engine/sampler.h"
 #include "node/kvstore.h"
+#include "engine/spec.h"
+#include "node/draft.h"
 
 #define SCHED_MAX_STOP 8
 #define SCHED_MAX_STOP_IDS 64   /* = API_MAX_STOP_IDS */
@@ -49,6 +51,8 @@ typedef struct {
     kvstore *store;          /* KV prefix store (kvstore.h), or NULL: an admitted job
                               * continues its slot's prefix with stored blocks, and a
                               * finished job's blocks are put there */
+    draft_src *draft;        /* speculative drafts (draft.h; the caller frees it after
+                              * sched_destroy), or NULL: one token per sequence per step */
 } sched_opts;
 
 /* The request: filled by the owner before sched_submit, read-only after. */
@@ -116,6 +120,7 @@ typedef struct {
     int store_ram_tokens;    /* of start_pos: positions loaded from the store's memory */
     int store_disk_tokens;   /* ... and from its disk */
     double store_ms;         /* time spent looking up and loading stored blocks */
+    int drafted, accepted;   /* (lock) speculative drafts verified and kept */
     double t_submit, t_admit, t_first, t_prompt_done;   /* ms (gen_now_ms) */
 } sched_view;
 
@@ -150,6 +155,10 @@ typedef struct {
     uint64_t steps, batched_tokens;   /* model passes and tokens they carried */
     uint64_t cached_tokens;           /* positions held in the slots' KV caches */
     uint64_t capacity_tokens;         /* what they can hold: slots x n_ctx */
+    /* speculative decoding (all 0 without a draft source) */
+    uint64_t spec_steps;              /* a sequence's decode step (with or without drafts) */
+    uint64_t spec_tokens;             /* tokens those steps produced */
+    uint64_t spec_drafted, spec_accepted;
 } sched_stats;
 void sched_get_stats(sched *s, sched_stats *st);
 
@@ -157,5 +166,8 @@ void sched_get_stats(sched *s, sched_stats *st);
  * tokens, slot after slot (duplicates across slots included), at most max;
  * returns how many it wrote. For the node's prefix report (prefix_report.h). */
 int sched_prefix_hashes(sched *s, uint64_t seed, uint64_t *out, int max);
+/* Slot i's session, or NULL (tests: what a cache holds once its job is
+ * done; read it only while no job runs). */
+session *sched_slot_session(sched *s, int i);
 
 #endif

@@ -527,17 +527,20 @@ void rt_log_done(rt_req *q, const char *outcome) {
     int completion = f->completion_tokens > q->n_tokens ? f->completion_tokens : q->n_tokens;
     char part[32] = "";   /* one prompt of several: which */
     if (q->batch) snprintf(part, sizeof part, " prompt_index=%d", rt_kid_index(q));
+    char spec[80] = "";   /* speculative decoding on the decode node */
+    if (f->spec_source[0]) snprintf(spec, sizeof spec, " spec=%s drafted=%d accepted=%d", f->spec_source, f->spec_drafted,
+                                    f->spec_accepted);
     /* a 4xx or 5xx at warn level; the model and the client's own id named */
     log_line(q->status >= 400 ? LOGL_WARN : LOGL_INFO, q->rid, "%s status=%d id=%s%s model=%s%s%s attempts=%d decode=%s plan=%s reason=%s est_ms=%.1f counted=%d(%s) prefill=%s%s%s "
            "prompt=%d completion=%d ttft_ms=%.1f tpot_ms=%.2f "
-           "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s",
+           "start_pos=%d computed_remote=%d computed_local=%d kv_bytes=%.0f wire_bytes=%.0f prefill_ms=%.1f transfer_ms=%.1f%s%s%s%s%s",
            outcome, q->status, q->id, part, q->req.model ? q->req.model : "-", q->client_rid[0] ? " client_request_id=" : "",
            q->client_rid, q->attempts, q->decode_addr, q->dec.split ? "split" : "local",
            q->dec.key ? q->dec.key : "-", q->dec.split ? q->dec.est_split_ms : q->dec.est_local_ms, q->n_prompt,
            q->count_exact ? "exact" : "estimate",
            pf, f->prefill_node[0] ? "@" : "", f->prefill_node, f->prompt_tokens, completion, ttft, tpot,
            f->start_pos, f->computed_remote, f->computed_local, f->kv_bytes, f->wire_bytes, f->prefill_ms, transfer,
-           f->fallback_reason[0] ? " fallback=" : "", f->fallback_reason, q->error[0] ? " error=" : "", q->error);
+           f->fallback_reason[0] ? " fallback=" : "", f->fallback_reason, q->error[0] ? " error=" : "", q->error, spec);
 }
 
 /* Reads the next line of the current attempt. 1 token/done line in *u;

@@ -1,0 +1,72 @@
+/* draft.h - where a decode node's speculative drafts come from.
+ *
+ * Two sources, chosen per node (both may be on: lookup first, the model for
+ * the sequences lookup found nothing for):
+ *   - prompt lookup (--lookup N): up to N drafts copied from the history
+ *     (prompt + generated text) after the longest recurring n-gram
+ *     (engine/spec.h, spec_lookup); no second model;
+ *   - a draft model (--draft-model FILE, --draft-max N): a smaller model
+ *     with the same vocabulary (every token's bytes and type compared at
+ *     start-up), one session (KV cache) per slot of the scheduler. Asked for
+ *     drafts of several slots, it brings each slot's session up to that
+ *     slot's history (rows it already holds are kept: the longest common
+ *     prefix with what it evaluated last, so a rejected draft's row is
+ *     dropped and a new request starting with the same text reuses it),
+ *     then decodes greedily, all slots in one batched pass per draft.
+ * Drafts are always proposed deterministically (greedy), so q is a point
+ * mass (spec.h says why that keeps the target's distribution exactly).
+ *
+ * Threading: used by the scheduler thread only.
+ */
+#ifndef TANDEM_DRAFT_H
+#define TANDEM_DRAFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/model.h"
+
+typedef struct draft_src draft_src;
+
+typedef struct {
+    int lookup;              /* drafts per step from prompt lookup, 0: off */
+    model *dm;               /* the draft model (the caller keeps and frees it), or NULL */
+    int draft_max;           /* drafts per step from the draft model (default 8) */
+    int n_slots, n_ctx;      /* the scheduler's slots and their context */
+    uint32_t kv_dtype;       /* the draft sessions' cache type */
+    int fixed;               /* 1: every step asks for the most drafts (draft_cost 0, no
+                              * adaptation): tests and benchmarks of the mechanism */
+} draft_opts;
+
+/* NULL *out (and 0) when neither source is on. -1 with a message when the
+ * draft model does not share the target's vocabulary or memory is short. */
+int draft_create(draft_src **out, model *target, const draft_opts *o, char *err, size_t errlen);
+void draft_free(draft_src *d);
+
+/* "lookup", "model", "lookup+model". */
+const char *draft_kind(const draft_src *d);
+/* The most drafts a step may carry. */
+int draft_k_max(const draft_src *d);
+/* One more verified row plus one draft, as a fraction of a sequence's
+ * decode step (spec_adapt_k's cost), given a verified row's (row_cost,
+ * spec_cost_row; draft_row_prior() before the passes tell). 0 with fixed. */
+double draft_cost(const draft_src *d, double row_cost);
+double draft_row_prior(void);
+
+/* One slot's question: its history (tokens in the target's cache, then the
+ * token to be evaluated next) and how many drafts it wants; n_out receives
+ * how many were written to out (0..k). */
+typedef struct {
+    int slot;
+    const int32_t *hist;
+    int n;
+    int k;
+    int32_t *out;
+    int n_out;
+} draft_ask;
+
+/* Fills every ask; a source that fails leaves 0 drafts (decoding goes on
+ * without them) and logs why. */
+void draft_propose(draft_src *d, draft_ask *asks, int n_asks);
+
+#endif

@@ -1,0 +1,608 @@
+/* test_spec.c - speculative decoding (issue 42).
+ *
+ * In process, on the scheduler with real fixture models:
+ *   - prompt lookup finds the longest recurring n-gram's continuation; the
+ *     adaptive draft length falls to 0 when drafts are rejected and rises
+ *     when they are kept;
+ *   - greedy: the same tokens with and without drafts (prompt lookup, the
+ *     F16 copy of stories260K as draft model, a deliberately poor random
+ *     draft model), and the slot's cache afterwards holds exactly the
+ *     positions plain decoding leaves (prompt + generated - 1), bit for bit
+ *     the same rows: no rejected draft's row is kept;
+ *   - sampling (temperature, top-k/p, min-p, penalties, logit bias): with
+ *     the same seed, the same tokens with the poor draft and with lookup as
+ *     without drafts; and a chi-square two-sample test on the distribution
+ *     of one position over many seeds (plain on one set of seeds, drafts on
+ *     another) does not reject equality;
+ *   - a job cancelled while it drafts: the next job on that slot is exact.
+ * With real processes (tandem serve), every golden model: the same tokens
+ * with and without each draft source, each prompt alone and 8 at once;
+ * through a prefill node (split) with prompt lookup.
+ */
+#include "proc.h"
+
+#include <math.h>
+#include <pthread.h>
+
+#include "engine/model.h"
+#include "engine/spec.h"
+#include "node/draft.h"
+#include "node/scheduler.h"
+
+#define MAX_GEN 160
+
+/* ==== Units ==== */
+
+static void test_lookup_units(void) {
+    int32_t h[] = { 1, 2, 3, 4, 5, 9, 9, 1, 2, 3 }, out[16];
+    int n = spec_lookup(h, 10, 4, out);
+    CHECK(n == 4 && out[0] == 4 && out[1] == 5 && out[2] == 9 && out[3] == 9, "lookup: 3-gram continuation (%d)", n);
+    int32_t h2[] = { 7, 8, 1, 2, 9, 1, 2, 5, 6, 3, 1, 2 };
+    n = spec_lookup(h2, 12, 2, out);
+    CHECK(n == 2 && out[0] == 5 && out[1] == 6, "lookup: the most recent occurrence (%d: %d %d)", n, out[0], out[1]);
+    int32_t h3[] = { 1, 2, 3, 4, 5, 6 };
+    CHECK(spec_lookup(h3, 6, 4, out) == 0, "lookup: nothing recurs");
+    int32_t h4[] = { 4, 4, 4, 4 };
+    n = spec_lookup(h4, 4, 8, out);
+    CHECK(n >= 1 && n <= 2 && out[0] == 4, "lookup: continuation bounded by the history (%d)", n);
+
+    spec_adapt a;
+    spec_adapt_init(&a);
+    int k0 = spec_adapt_k(&a, 8, 0.06);
+    CHECK(k0 >= 1, "adapt: an unknown sequence drafts (k %d)", k0);
+    for (int i = 0; i < 30; i++) spec_adapt_update(&a, 4, 0, 1);
+    int zero = 0;
+    for (int i = 0; i < 16; i++) zero += spec_adapt_k(&a, 8, 0.06) == 0;
+    CHECK(zero >= 14, "adapt: rejected drafts turn drafting off (%d of 16 steps without)", zero);
+    for (int i = 0; i < 40; i++) spec_adapt_update(&a, 8, 8, 9);
+    CHECK(spec_adapt_k(&a, 8, 0.06) == 8, "adapt: kept drafts bring k back to its maximum");
+    CHECK(spec_adapt_k(&a, 8, 0.0) == 8, "adapt: cost 0 asks for the maximum");
+
+    spec_cost c;
+    spec_cost_init(&c);
+    CHECK(spec_cost_row(&c, 1, 0.3) == 0.3, "cost: the prior before any pass");
+    for (int i = 0; i < 20; i++) spec_cost_add(&c, 4, 14.0);
+    CHECK(spec_cost_row(&c, 1, 0.3) == 0.3, "cost: the prior while the rows do not vary");
+    for (int i = 0; i < 200; i++) spec_cost_add(&c, 1 + i % 9, 10.0 + (1 + i % 9));
+    double c1 = spec_cost_row(&c, 1, 0.3), c8 = spec_cost_row(&c, 8, 0.3);
+    CHECK(fabs(c1 - 1.0 / 11.0) < 1e-3 && fabs(c8 - 1.0 / (10.0 / 8 + 1)) < 1e-3,
+          "cost: t = 10 + rows gives c %.4f alone (want %.4f), %.4f beside 7 others (want %.4f)", c1, 1.0 / 11, c8,
+          1.0 / 2.25);
+}
+
+/* ==== In process: the scheduler ==== */
+
+typedef struct {
+    int32_t tok[MAX_GEN];
+    int n, drafted, accepted;
+} gen_out;
+
+static int sched_gen(sched *sc, const int32_t *prompt, int np, int max_tokens, const sampler_params *sp, gen_out *o) {
+    sched_req r;
+    memset(&r, 0, sizeof r);
+    r.prompt = malloc(sizeof(int32_t) * (size_t)np);
+    memcpy(r.prompt, prompt, sizeof(int32_t) * (size_t)np);
+    r.n_prompt = np;
+    r.max_tokens = max_tokens;
+    r.ignore_eos = 1;
+    r.sp = *sp;
+    sched_job *j;
+    if (sched_submit(sc, &r, &j)) return -1;
+    const sched_view *v = NULL;
+    int have = 0;
+    for (;;) {
+        v = sched_wait(sc, j, have, 10000);
+        have = v->n_gen;
+        if (v->state == SJ_DONE) break;
+    }
+    o->n = v->n_gen < MAX_GEN ? v->n_gen : MAX_GEN;
+    memcpy(o->tok, v->gen, sizeof(int32_t) * (size_t)o->n);
+    o->drafted = v->drafted;
+    o->accepted = v->accepted;
+    int ok = !strcmp(v->finish ? v->finish : "", "length");
+    sched_release(sc, j);
+    return ok ? 0 : -1;
+}
+
+/* 1 when the two sessions hold the same positions with the same bytes. */
+static int same_cache(session *a, session *b) {
+    kvcache *ka = session_kv(a), *kb = session_kv(b);
+    int n = kv_used(ka);
+    if (n != kv_used(kb)) return 0;
+    size_t bytes = kv_row_bytes(ka) * (size_t)n;
+    uint8_t *x = malloc(2 * bytes + 2), *y = malloc(2 * bytes + 2);
+    char err[128];
+    int same = x && y;
+    for (int l = 0; same && l < kv_n_layer(ka); l++) {
+        kv_read_span(ka, l, 0, n, x, x + bytes, err, sizeof err);
+        kv_read_span(kb, l, 0, n, y, y + bytes, err, sizeof err);
+        same = !memcmp(x, y, 2 * bytes);
+    }
+    free(x);
+    free(y);
+    return same;
+}
+
+static sched *new_sched(model *m, draft_src *d, int slots) {
+    sched_opts so = { .n_slots = slots, .queue_max = 16, .n_ctx = 512, .kv_dtype = kv_dtype_parse("f16"),
+                      .prefill_budget = 256, .min_reuse = 1 << 20, .draft = d };
+    sched *sc = NULL;
+    char err[256];
+    if (sched_create(&sc, m, &so, err, sizeof err)) fprintf(stderr, "sched_create: %s\n", err);
+    return sc;
+}
+
+static draft_src *new_draft(model *m, int lookup, model *dm, int fixed, int slots) {
+    draft_opts o = { .lookup = lookup, .dm = dm, .draft_max = 6, .n_slots = slots, .n_ctx = 512,
+                     .kv_dtype = kv_dtype_parse("f16"), .fixed = fixed };
+    draft_src *d = NULL;
+    char err[256];
+    if (draft_create(&d, m, &o, err, sizeof err)) fprintf(stderr, "draft_create: %s\n", err);
+    return d;
+}
+
+static int encode(model *m, const char *text, int32_t *ids, int cap) {
+    int64_t n = tokenizer_encode(model_get_tokenizer(m), text, strlen(text), 1, 0, ids, cap);
+    return n > cap ? cap : (int)n;
+}
+
+static const char *const STORY =
+    "Once upon a time, there was a little girl named Lily. She liked to play with her ball. "
+    "One day, Lily went to the park with her mom. Once upon a time, there was a little girl named Lily.";
+
+/* Greedy identity and the cache's rows, one draft source at a time. */
+static void test_greedy_cache(model *m, const char *name, draft_src *d, const int32_t *ids, int np) {
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
+    CHECK(plain && spec, "%s: schedulers", name);
+    if (!plain || !spec) { sched_destroy(plain); sched_destroy(spec); return; }
+    sampler_params sp = sampler_defaults();
+    gen_out a, b;
+    int ra = sched_gen(plain, ids, np, 150, &sp, &a), rb = sched_gen(spec, ids, np, 150, &sp, &b);
+    CHECK(ra == 0 && rb == 0 && a.n == 150 && b.n == 150, "%s: generations (%d %d, %d %d tokens)", name, ra, rb, a.n, b.n);
+    CHECK(!memcmp(a.tok, b.tok, sizeof(int32_t) * 150), "%s: greedy tokens differ with drafts", name);
+    CHECK(b.drafted > 0, "%s: nothing was drafted", name);
+    session *sa = sched_slot_session(plain, 0), *sb = sched_slot_session(spec, 0);
+    int ua = kv_used(session_kv(sa)), ub = kv_used(session_kv(sb));
+    CHECK(ua == np + 149 && ub == np + 149, "%s: cache holds %d / %d positions (want %d)", name, ua, ub, np + 149);
+    CHECK(same_cache(sa, sb), "%s: cache rows differ from plain decoding's", name);
+    printf("%s: 150 greedy tokens equal; %d drafted, %d accepted; cache %d positions, rows equal\n", name, b.drafted,
+           b.accepted, ub);
+    sched_destroy(plain);
+    sched_destroy(spec);
+}
+
+/* Same seed, same tokens, under every sampling control. */
+static void test_sampling_identity(model *m, const char *name, draft_src *d, const int32_t *ids, int np) {
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
+    if (!plain || !spec) { CHECK(0, "%s: schedulers", name); sched_destroy(plain); sched_destroy(spec); return; }
+    sampler_bias bias[] = { { 13, 2.0f }, { 300, -INFINITY } };
+    int same = 0, runs = 0, drafted = 0, accepted = 0;
+    for (int cfg = 0; cfg < 4; cfg++) {
+        for (int seed = 1; seed <= 5; seed++) {
+            sampler_params sp = sampler_defaults();
+            sp.temp = cfg == 3 ? 0.3f : 0.9f;
+            sp.seed = (uint64_t)(seed * 7919 + cfg);
+            if (cfg == 1) { sp.top_k = 40; sp.top_p = 0.9f; sp.min_p = 0.02f; }
+            if (cfg == 2) { sp.presence_penalty = 0.5f; sp.frequency_penalty = 0.3f; sp.repeat_penalty = 1.2f; }
+            if (cfg == 3) { sp.bias = bias; sp.n_bias = 2; }
+            gen_out a, b;
+            int ok = !sched_gen(plain, ids, np, 60, &sp, &a) && !sched_gen(spec, ids, np, 60, &sp, &b);
+            runs++;
+            same += ok && a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n);
+            drafted += b.drafted;
+            accepted += b.accepted;
+        }
+    }
+    CHECK(same == runs, "%s: %d of %d seeded samplings equal with drafts", name, same, runs);
+    CHECK(drafted > 0, "%s: sampling drafted nothing", name);
+    printf("%s: %d/%d seeded samplings equal; %d drafted, %d accepted\n", name, same, runs, drafted, accepted);
+    sched_destroy(plain);
+    sched_destroy(spec);
+}
+
+/* Upper 0.1% point of chi-square with df degrees (Wilson-Hilferty). */
+static double chi2_crit(int df) {
+    double z = 3.090, a = 2.0 / (9.0 * df), c = 1 - a + z * sqrt(a);
+    return df * c * c * c;
+}
+
+/* The distribution of token 3 over N seeds: plain (seeds 1..N) vs drafts on
+ * every step (seeds N+1..2N): prompt lookup where the history has a
+ * recurring n-gram, else the poor draft model. */
+static void test_chi_square(model *m, model *poor, const int32_t *ids, int np) {
+    enum { N = 600, POS = 3 };
+    draft_src *d = new_draft(m, 4, poor, 1, 1);
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
+    int V = model_get_hparams(m)->n_vocab;
+    int *ca = calloc((size_t)V, sizeof(int)), *cb = calloc((size_t)V, sizeof(int));
+    int ok = plain && spec && ca && cb, drafted = 0, accepted = 0;
+    for (int i = 0; ok && i < N; i++) {
+        sampler_params sp = sampler_defaults();
+        sp.temp = 1.0f;
+        gen_out a, b;
+        sp.seed = (uint64_t)(1 + i);
+        ok = !sched_gen(plain, ids, np, POS + 1, &sp, &a);
+        sp.seed = (uint64_t)(N + 1 + i);
+        ok = ok && !sched_gen(spec, ids, np, POS + 1, &sp, &b);
+        if (!ok) break;
+        ca[a.tok[POS]]++;
+        cb[b.tok[POS]]++;
+        drafted += b.drafted;
+        accepted += b.accepted;
+    }
+    CHECK(ok, "chi-square: generations failed");
+    /* categories with at least 10 in both together; the rest pooled */
+    double stat = 0;
+    int cats = 0, ra = 0, rb = 0;
+    for (int t = 0; ok && t < V; t++) {
+        int s = ca[t] + cb[t];
+        if (s == 0) continue;
+        if (s < 10) { ra += ca[t]; rb += cb[t]; continue; }
+        stat += (double)(ca[t] - cb[t]) * (ca[t] - cb[t]) / s;
+        cats++;
+    }
+    if (ra + rb > 0) { stat += (double)(ra - rb) * (ra - rb) / (ra + rb); cats++; }
+    int df = cats - 1;
+    CHECK(ok && df >= 3, "chi-square: %d categories (too few to test)", cats);
+    CHECK(df < 1 || stat < chi2_crit(df), "chi-square: %.1f over %d df (0.1%% point %.1f): distributions differ", stat, df,
+          df >= 1 ? chi2_crit(df) : 0.0);
+    CHECK(drafted > 0 && accepted > 0 && accepted < drafted, "chi-square: drafts not exercised (%d of %d kept)",
+          accepted, drafted);
+    printf("chi-square (token %d, %d seeds each, lookup + poor draft: %d of %d drafts kept): %.1f over %d df, 0.1%% point %.1f\n",
+           POS, N, accepted, drafted, stat, df, df >= 1 ? chi2_crit(df) : 0.0);
+    free(ca);
+    free(cb);
+    sched_destroy(plain);
+    sched_destroy(spec);
+    draft_free(d);
+}
+
+/* A job released while its steps draft: the next job on the slot is exact. */
+static void test_cancel(model *m, model *dm, const int32_t *ids, int np) {
+    draft_src *d = new_draft(m, 4, dm, 1, 1);
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
+    if (!plain || !spec || !d) { CHECK(0, "cancel: set-up"); goto out; }
+    sampler_params sp = sampler_defaults();
+    int exact = 0;
+    for (int round = 0; round < 5; round++) {
+        sched_req r;
+        memset(&r, 0, sizeof r);
+        r.prompt = malloc(sizeof(int32_t) * (size_t)np);
+        memcpy(r.prompt, ids, sizeof(int32_t) * (size_t)np);
+        r.prompt[np - 1] = (int32_t)(20 + round);
+        r.n_prompt = np;
+        r.max_tokens = 120;
+        r.ignore_eos = 1;
+        r.sp = sp;
+        sched_job *j;
+        if (sched_submit(spec, &r, &j)) continue;
+        sched_wait(spec, j, 3 + round, 10000);
+        sched_release(spec, j);   /* cancelled mid-stream: its drafts may be in flight */
+        gen_out a, b;
+        int32_t other[64];
+        int no = np < 60 ? np : 60;
+        for (int i = 0; i < no; i++) other[i] = ids[(i * 7 + round) % np];
+        if (!sched_gen(plain, other, no, 40, &sp, &a) && !sched_gen(spec, other, no, 40, &sp, &b))
+            exact += a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n);
+    }
+    CHECK(exact == 5, "cancel: %d of 5 jobs after a cancelled one exact", exact);
+out:
+    sched_destroy(plain);
+    sched_destroy(spec);
+    draft_free(d);
+}
+
+static void test_in_process(const char *dir) {
+    char path[1024], fpath[1024], poor[1024];
+    t_fixture_path(path, sizeof path, "models/stories260K.gguf");
+    t_fixture_path(fpath, sizeof fpath, "models/stories260K-F16.gguf");
+    if (!t_need(path) || !t_need(fpath)) return;
+    snprintf(poor, sizeof poor, "%s/poor.gguf", dir);
+    char *gen[] = { (char *)bin(), "gen-model", "--arch", "llama", "--vocab-from", path, "--n-embd", "32", "--n-layer", "1",
+                    "--n-head", "2", "--n-head-kv", "1", "--n-ff", "64", "--type", "f32", "--seed", "5", "-o", poor, "-q",
+                    NULL };
+    char *o = run_capture(gen);
+    CHECK(o != NULL, "gen-model of the poor draft failed");
+    free(o);
+    model_opts mo = { .n_threads = 1 };
+    model *m = NULL, *f16 = NULL, *pm = NULL;
+    char err[512];
+    if (model_load(&m, path, &mo, err, sizeof err) || model_load(&f16, fpath, &mo, err, sizeof err) ||
+        model_load(&pm, poor, &mo, err, sizeof err)) {
+        CHECK(0, "model load: %s", err);
+        goto out;
+    }
+    int32_t ids[256];
+    int np = encode(m, STORY, ids, 256);
+    draft_src *dl = new_draft(m, 8, NULL, 0, 1), *dm = new_draft(m, 0, f16, 0, 1), *dp = new_draft(m, 0, pm, 1, 1);
+    draft_src *dlf = new_draft(m, 8, NULL, 1, 1);
+    CHECK(dl && dm && dp && dlf, "draft sources");
+    if (dl && dm && dp && dlf) {
+        test_greedy_cache(m, "lookup", dl, ids, np);
+        test_greedy_cache(m, "lookup (every step)", dlf, ids, np);
+        test_greedy_cache(m, "draft F16", dm, ids, np);
+        test_greedy_cache(m, "poor draft (every step)", dp, ids, np);
+        test_sampling_identity(m, "sampling, poor draft", dp, ids, np);
+        test_sampling_identity(m, "sampling, lookup", dlf, ids, np);
+        test_chi_square(m, pm, ids, np);
+        test_cancel(m, pm, ids, np);
+    }
+    draft_free(dl);
+    draft_free(dm);
+    draft_free(dp);
+    draft_free(dlf);
+    /* a draft model with another vocabulary is refused by name */
+    char qpath[1024];
+    t_fixture_path(qpath, sizeof qpath, "models/qwen2-mini-Q4_0.gguf");
+    model *q = NULL;
+    if (t_need(qpath) && !model_load(&q, qpath, &mo, err, sizeof err)) {
+        draft_opts dox = { .dm = q, .n_slots = 1, .n_ctx = 64, .kv_dtype = kv_dtype_parse("f16") };
+        draft_src *x = NULL;
+        int rc = draft_create(&x, m, &dox, err, sizeof err);
+        CHECK(rc == -1 && !x && strstr(err, "draft model"), "another vocabulary accepted as draft: %d %s", rc, err);
+        model_free(q);
+    }
+out:
+    model_free(m);
+    model_free(f16);
+    model_free(pm);
+}
+
+/* ==== Real processes ==== */
+
+#define N_REQ 8
+#define N_PROMPT 9
+
+typedef struct {
+    int port;
+    const int32_t *prompt;
+    int n_prompt, max_tokens, stream;
+    int status, n_tok;
+    int32_t tok[MAX_GEN];
+} req;
+
+static void req_run(req *r) {
+    json_t *o = NULL;
+    r->n_tok = 0;
+    json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL);
+    if (r->stream) {
+        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
+        json_decref(q);
+        r->status = http(r->port, "POST", "/v1/generate", s, &body);
+        free(s);
+        if (body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
+        free(body);
+    } else {
+        o = post_json(r->port, q, &r->status);
+        json_t *a = json_object_get(o, "tokens");
+        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
+            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
+    }
+    json_decref(o);
+}
+
+static void *req_thread(void *arg) { req_run(arg); return NULL; }
+
+static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
+    char pf[512];
+    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
+    char *argv[40];
+    int k = 0;
+    argv[k++] = (char *)bin();
+    argv[k++] = "serve";
+    for (int i = 0; extra[i]; i++) argv[k++] = extra[i];
+    argv[k++] = "--port-file";
+    argv[k++] = pf;
+    argv[k] = NULL;
+    pid_t pid;
+    *port = start_named(&pid, argv, dir, name, 1, asan() ? 120000 : 30000);
+    return pid;
+}
+
+typedef struct {
+    int32_t ids[N_PROMPT][512];
+    int n[N_PROMPT];
+    int count;
+} prompt_set;
+
+/* The golden file's prompts, and a long one: all of them twice over. */
+static int load_prompts(const char *golden, prompt_set *ps) {
+    char *text = read_text(golden);
+    if (!text) return -1;
+    ps->count = 0;
+    int line = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && ps->count < N_PROMPT - 1; l = strtok_r(NULL, "\n", &save)) {
+        if (line++ == 0) continue;
+        json_t *o = json_loads(l, 0, NULL);
+        json_t *a = json_object_get(o, "prompt_ids");
+        int n = 0;
+        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && n < 200; i++)
+            ps->ids[ps->count][n++] = (int32_t)json_integer_value(json_array_get(a, i));
+        if (n > 0) ps->n[ps->count++] = n;
+        json_decref(o);
+    }
+    free(text);
+    int L = ps->count, n = 0;
+    for (int rep = 0; rep < 2; rep++)
+        for (int p = 0; p < L; p++)
+            for (int i = 0; i < ps->n[p] && n < 400; i++) ps->ids[L][n++] = ps->ids[p][i];
+    ps->n[L] = n;
+    ps->count = L + 1;
+    return 0;
+}
+
+/* Each prompt alone on the plain node (the references). */
+static void run_refs(int plain_port, const prompt_set *ps, int max_tokens, req *ref) {
+    for (int p = 0; p < ps->count; p++) {
+        ref[p] = (req){ .port = plain_port, .prompt = ps->ids[p], .n_prompt = ps->n[p], .max_tokens = max_tokens };
+        req_run(&ref[p]);
+        CHECK(ref[p].status == 200 && ref[p].n_tok == max_tokens, "plain prompt %d: status %d, %d tokens", p, ref[p].status,
+              ref[p].n_tok);
+    }
+}
+
+/* Each prompt on the speculative node alone and 8 at once: the
+ * references' tokens. want_drafts: the node must have verified drafts. */
+static void check_node(const char *what, int spec_port, const prompt_set *ps, const req *ref, int want_drafts) {
+    req alone[N_PROMPT], batch[N_REQ];
+    int eq_alone = 0, eq_batch = 0, max_tokens = ref[0].max_tokens;
+    for (int p = 0; p < ps->count; p++) {
+        alone[p] = ref[p];
+        alone[p].port = spec_port;
+        alone[p].stream = p % 2;
+        req_run(&alone[p]);
+        eq_alone += alone[p].status == 200 && alone[p].n_tok == max_tokens &&
+                    !memcmp(ref[p].tok, alone[p].tok, sizeof(int32_t) * (size_t)max_tokens);
+    }
+    pthread_t th[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        int p = (ps->count - 1 + i) % ps->count;   /* the long prompt first */
+        batch[i] = alone[p];
+        batch[i].stream = i % 2;
+        pthread_create(&th[i], NULL, req_thread, &batch[i]);
+    }
+    for (int i = 0; i < N_REQ; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < N_REQ; i++) {
+        int p = (ps->count - 1 + i) % ps->count;
+        eq_batch += batch[i].status == 200 && batch[i].n_tok == max_tokens &&
+                    !memcmp(ref[p].tok, batch[i].tok, sizeof(int32_t) * (size_t)max_tokens);
+    }
+    char *body = NULL;
+    int st = http(spec_port, "GET", "/v1/stats", NULL, &body);
+    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    long long drafted = o ? jint(o, "spec_drafted", NULL) : -1, accepted = o ? jint(o, "spec_accepted", NULL) : -1;
+    json_decref(o);
+    free(body);
+    CHECK(eq_alone == ps->count, "%s: %d of %d prompts alone equal plain decoding", what, eq_alone, ps->count);
+    CHECK(eq_batch == N_REQ, "%s: %d of %d in a batch of 8 equal plain decoding", what, eq_batch, N_REQ);
+    CHECK(!want_drafts || drafted > 0, "%s: no drafts verified (%lld)", what, drafted);
+    printf("%s: %d/%d alone, %d/%d in a batch of 8 equal; %lld drafted, %lld accepted\n", what, eq_alone, ps->count,
+           eq_batch, N_REQ, drafted, accepted);
+}
+
+typedef struct { const char *golden, *model, *draft; int generated, lookup_drafts; } golden_model;
+
+static void path_of(char *buf, size_t cap, const char *file, int generated) {
+    if (generated) snprintf(buf, cap, "%s/%s", t_models(), file);
+    else {
+        char rel[256];
+        snprintf(rel, sizeof rel, "models/%s", file);
+        t_fixture_path(buf, cap, rel);
+    }
+}
+
+static void test_processes(const char *dir) {
+    /* every golden model, with the lower-bit (or F16) copy of its own
+     * weights as the draft model */
+    static const golden_model gm[] = {
+        { "stories260K", "stories260K.gguf", "stories260K-F16.gguf", 0, 1 },
+        { "stories260K-F16", "stories260K-F16.gguf", "stories260K.gguf", 0, 1 },
+        { "qwen3-mini-F16", "qwen3-mini-F16.gguf", "qwen3-mini-Q4_K_M.gguf", 1, 1 },
+        { "qwen3-mini-Q8_0", "qwen3-mini-Q8_0.gguf", "qwen3-mini-Q4_K_M.gguf", 0, 1 },
+        { "qwen3-mini-Q4_K_M", "qwen3-mini-Q4_K_M.gguf", "qwen3-mini-Q8_0.gguf", 0, 0 },
+        { "qwen3moe-mini-F16", "qwen3moe-mini-F16.gguf", "qwen3moe-mini-Q4_K_M.gguf", 1, 0 },
+        { "qwen3moe-mini-Q4_K_M", "qwen3moe-mini-Q4_K_M.gguf", "qwen3-mini-Q8_0.gguf", 0, 0 },
+        { "qwen2-mini-F16", "qwen2-mini-F16.gguf", "qwen2-mini-Q4_0.gguf", 1, 0 },
+        { "qwen2-mini-Q4_0", "qwen2-mini-Q4_0.gguf", "qwen3-mini-Q4_K_M.gguf", 0, 0 },
+    };
+    for (size_t i = 0; i < sizeof gm / sizeof gm[0]; i++) {
+        char mp[1024], dp[1024], gp[1024], rel[256];
+        path_of(mp, sizeof mp, gm[i].model, gm[i].generated);
+        path_of(dp, sizeof dp, gm[i].draft, !strcmp(gm[i].draft, "qwen3-mini-F16.gguf"));
+        snprintf(rel, sizeof rel, "golden/visible/%s.jsonl", gm[i].golden);
+        t_fixture_path(gp, sizeof gp, rel);
+        if (!t_need(mp) || !t_need(dp) || !t_need(gp)) continue;
+        static prompt_set ps;
+        if (load_prompts(gp, &ps)) { CHECK(0, "%s: prompts", gp); continue; }
+        int pp, lp, mport;
+        char *base[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
+                         NULL };
+        char *look[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
+                         "--lookup", "8", NULL };
+        char *drf[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
+                        "--draft-model", dp, "--draft-max", "6", "--draft-fixed", NULL };
+        pid_t p0 = start_node(dir, "plain", base, &pp), p1 = start_node(dir, "lookup", look, &lp),
+              p2 = start_node(dir, "draft", drf, &mport);
+        CHECK(pp > 0 && lp > 0 && mport > 0, "%s: nodes did not start", gm[i].golden);
+        char what[160];
+        int max_tokens = strstr(gm[i].model, "qwen") ? 16 : 64;
+        static req ref[N_PROMPT];
+        if (pp > 0) run_refs(pp, &ps, max_tokens, ref);
+        /* random-weight models' text seldom repeats a token, so prompt
+         * lookup has nothing to propose there (identity still holds) */
+        if (pp > 0 && lp > 0) {
+            snprintf(what, sizeof what, "%s, lookup", gm[i].golden);
+            check_node(what, lp, &ps, ref, gm[i].lookup_drafts);
+        }
+        if (pp > 0 && mport > 0) {
+            snprintf(what, sizeof what, "%s, draft %s", gm[i].golden, gm[i].draft);
+            check_node(what, mport, &ps, ref, 1);
+        }
+        CHECK(stop_proc(p0, 20000) == 0 && stop_proc(p1, 20000) == 0 && stop_proc(p2, 20000) == 0,
+              "%s: node exit status", gm[i].golden);
+        if (asan()) break;   /* sanitizer run: the same paths on one model */
+    }
+}
+
+/* A decode node beside a prefill node, with prompt lookup: the same tokens
+ * as a plain local node. */
+#define SPEC_SECRET "spec-test-secret"
+
+static void test_split(const char *dir) {
+    char mp[1024], gp[1024];
+    path_of(mp, sizeof mp, "qwen3-mini-F16.gguf", 1);
+    t_fixture_path(gp, sizeof gp, "golden/visible/qwen3-mini-F16.jsonl");
+    if (!t_need(mp) || !t_need(gp)) return;
+    static prompt_set ps;
+    if (load_prompts(gp, &ps)) { CHECK(0, "split: prompts"); return; }
+    static node_auth_key key;
+    node_auth_derive(&key, SPEC_SECRET, strlen(SPEC_SECRET), NODE_AUTH_LABEL_DECODE_API);
+    char sf[512];
+    snprintf(sf, sizeof sf, "%s/secret", dir);
+    write_text(sf, SPEC_SECRET "\n");
+    int pport, dport, lport;
+    char *pextra[] = { "--role", "prefill", "-m", mp, "-t", "1", "--listen", "127.0.0.1:0", "--secret-file", sf, NULL };
+    pid_t pp = start_node(dir, "split-prefill", pextra, &pport);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
+    char *dextra[] = { "--role", "decode", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--prefill-node", addr,
+                       "--min-split-tokens", "1", "--secret-file", sf, "--listen", "127.0.0.1:0", "--lookup", "8", NULL };
+    pid_t dp = start_node(dir, "split-decode", dextra, &dport);
+    char *lextra[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
+                       "--secret-file", sf, NULL };
+    pid_t lp = start_node(dir, "split-plain", lextra, &lport);
+    CHECK(pport > 0 && dport > 0 && lport > 0, "split: nodes did not start");
+    if (pport > 0 && dport > 0 && lport > 0) {
+        sign_key = &key;
+        static req ref[N_PROMPT];
+        run_refs(lport, &ps, 24, ref);
+        check_node("split qwen3-mini-F16, lookup", dport, &ps, ref, 1);
+        char *body = NULL;
+        http(dport, "GET", "/v1/stats", NULL, &body);
+        json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+        CHECK(o && jint(o, "remote_prefills", NULL) >= ps.count, "split: %lld remote prefills",
+              o ? jint(o, "remote_prefills", NULL) : -1);
+        json_decref(o);
+        free(body);
+        sign_key = NULL;
+    }
+    CHECK(stop_proc(dp, 20000) == 0 && stop_proc(lp, 20000) == 0 && stop_proc(pp, 20000) == 0, "split: exit status");
+}
+
+int main(void) {
+    signal(SIGPIPE, SIG_IGN);
+    unsetenv("TANDEM_KERNELS");
+    char dir[] = "/tmp/tandem-test-spec-XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    double t0 = now_ms();
+    test_lookup_units();
+    test_in_process(dir);
+    double t1 = now_ms();
+    test_processes(dir);
+    double t2 = now_ms();
+    test_split(dir);
+    printf("test_spec: in process %.1f s, golden models %.1f s, split %.1f s\n", (t1 - t0) / 1e3, (t2 - t1) / 1e3,
+           (now_ms() - t2) / 1e3);
+    printf("test_spec: logs in %s\n", dir);
+    return t_done("test_spec");
+}
