@@ -9,8 +9,9 @@
 #   5. test_handoff with CPU prefill nodes and an MLX decode side
 #      (TANDEM_DECODE_BACKEND=mlx): F16/F32 files give the CPU-only greedy
 #      tokens exactly, quantized files agree above the floor
-# MLX_QUICK=1: test_golden on the stories260K files only (what tools/test.sh
-# runs: MLX's CPU backend is slow, the rest takes most of an hour here).
+# MLX_QUICK=1: test_golden and test_handoff on the stories260K files only
+# (F32 and F16; what tools/test.sh runs: MLX's CPU backend is slow, the
+# rest takes most of an hour here).
 # Prints tests/run.sh's totals ("N passed, M failed, K skipped") last.
 # Exit 2 with "mlx: ..." when MLX cannot be had here (tools/test.sh counts
 # that as the named skip "mlx").
@@ -28,7 +29,7 @@ make "$JOBS" MLX=1 MLX_DIR="$MLX_DIR" BUILD=build-mlx build-mlx/tandem build-mlx
     build-mlx/test_golden build-mlx/test_handoff >/dev/null ||
     { echo "FAIL mlx: make MLX=1 failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 quick=()
-[ "${MLX_QUICK:-0}" = 1 ] && quick=(TANDEM_GOLDEN=stories260K)
+[ "${MLX_QUICK:-0}" = 1 ] && quick=(TANDEM_GOLDEN=stories260K TANDEM_HANDOFF_ONLY=stories260K)
 # the runs set every TANDEM_* variable the tests read
-env -u TANDEM_PREFILL_BACKEND -u TANDEM_GOLDEN "${quick[@]}" TANDEM_MODELS=build/models TANDEM_BIN=build-mlx/tandem TANDEM_BACKEND=mlx \
+env -u TANDEM_PREFILL_BACKEND -u TANDEM_GOLDEN -u TANDEM_HANDOFF_ONLY "${quick[@]}" TANDEM_MODELS=build/models TANDEM_BIN=build-mlx/tandem TANDEM_BACKEND=mlx \
     TANDEM_DECODE_BACKEND=mlx tests/run.sh build-mlx/test_backend_ops build-mlx/test_golden build-mlx/test_handoff

@@ -154,8 +154,8 @@ fi
 # the pinned mlx-cpu wheel (10.5 MB, about a second), builds make MLX=1
 # BUILD=build-mlx (the library again, 3-4 minutes on 2 cores) and runs
 # test_backend_ops (MLX vs CPU), test_golden on MLX and the handoff with an
-# MLX decode side. MLX_QUICK=1 (the default here) holds test_golden to the
-# stories260K files: MLX's CPU backend multiplies with scalar loops and
+# MLX decode side. MLX_QUICK=1 (the default here) holds test_golden and the
+# handoff to the stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
 # reference BLAS, so the other golden files take most of an hour; the full
 # run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):
 # the named skip "mlx".

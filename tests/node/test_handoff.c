@@ -25,6 +25,7 @@
  * multiplies dequantized F16 weights, the CPU int8 products) the agreement
  * is measured and printed, with the same floor as the q8_0 wire. Only the
  * golden part runs then (the fault scenarios do not depend on the backend).
+ * TANDEM_HANDOFF_ONLY=substring: only the model files whose name holds it.
  * TANDEM_DECODE_BACKEND=mlx (a build with MLX=1): the same golden part with
  * the CPU prefill node handing off to a decode side (`tandem run
  * --prefill-node`) computing on that backend, held to the same rules.
@@ -649,7 +650,9 @@ int main(void) {
         b32[2] = pbe[0] = "--backend";
         b32[3] = pbe[1] = g_pbe;
     }
+    const char *only = getenv("TANDEM_HANDOFF_ONLY");
     for (int i = 0; i < nm; i++) {
+        if (only && *only && !strstr(names[i], only)) continue;
         int gen = strstr(names[i], "-F16") && strncmp(names[i], "stories", 7);
         snprintf(m[i], sizeof m[i], "%s/%s.gguf", gen ? md : fx, names[i]);
         if (gen) snprintf(m[i], sizeof m[i], "%s/%s.gguf", md, names[i]);
