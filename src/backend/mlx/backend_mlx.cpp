@@ -5,10 +5,9 @@
  *
  * Activation buffers are host memory (calloc), as on the CPU backend, so
  * that offsets into them (a sequence's rows, a token's row) mean what they
- * mean everywhere. Each op wraps its inputs as MLX arrays, runs MLX's ops,
- * evaluates and copies the result back: correct everywhere, and on a Mac
- * one evaluation per op (the next step there: keep results as lazy arrays
- * between ops, one evaluation per layer; docs/mlx.md).
+ * mean everywhere; results stay lazy MLX arrays between ops and reach the
+ * host bytes when something reads them there ("Host <-> arrays" below):
+ * a decode step evaluates about once per layer (the KV rows), not per op.
  *
  * Weights are converted once, at load, into MLX's own layout: affine
  * groups of 32 (w = scale * q + bias, q packed little-endian in uint32
@@ -34,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -83,7 +83,16 @@ typedef struct mlx_kv {
     mlx_kv() : dt(mx::float16) {}
 } mlx_kv;
 
+/* A result not yet on the host: floats [p, p + n) of a buffer are a's. */
 typedef struct {
+    float *p;
+    size_t n;
+    mx::array a;
+} mlx_pending;
+
+typedef struct {
+    std::vector<mlx_pending> pending;   /* disjoint ranges */
+    std::vector<std::pair<float *, size_t>> bufs;   /* alloc'd buffers and their floats */
     std::vector<mlx_weight *> weights;
     std::vector<mlx_kv *> kvs;
     std::vector<float> rope_cs;    /* host cos/sin table of the last rope call */
@@ -101,7 +110,7 @@ static void ml_fail(mlx_impl *c, const char *what, const char *msg) {
 
 /* Every entry point runs its body under the lock, MLX's exceptions caught:
  * 0, or -1 after ml_fail. */
-template <typename F> static int ml_run(mlx_impl *c, const char *what, F body) {
+static int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
     std::lock_guard<std::mutex> lk(g_mlx_mu);
     try {
         body();
@@ -112,22 +121,109 @@ template <typename F> static int ml_run(mlx_impl *c, const char *what, F body) {
     }
 }
 
-/* ==== Host <-> arrays ==== */
+/* ==== Host <-> arrays ====
+ * Activation buffers are host memory, so that offsets into them mean what
+ * they mean on the CPU. An op's result stays a lazy MLX array, recorded as
+ * pending for its range, and the next op that reads exactly that range
+ * takes the array itself: MLX evaluates a layer's ops as one graph (one
+ * Metal command stream on a Mac) instead of one evaluation per op. Anything
+ * that reads or writes the host bytes of a pending range (read, write,
+ * kv_store's rows, get_rows, a read of another extent) evaluates it first
+ * (ml_flush), so the host bytes are always what the ops computed. */
 
-static mx::array ml_in(const float *p, mx::Shape shape) { return mx::array(p, std::move(shape), mx::float32); }
+static int ml_overlaps(const mlx_pending &e, const float *p, size_t n) { return e.p < p + n && p < e.p + e.n; }
 
-/* Evaluates a and copies its n float32 values to dst. */
-static void ml_out(float *dst, mx::array a, size_t n) {
-    a = mx::reshape(mx::astype(a, mx::float32), {-1});
+/* Evaluates every pending result overlapping [p, p + n) into the host and
+ * drops it; drop_covered: results inside the range are dropped unevaluated
+ * (the caller overwrites all of it). */
+static void ml_flush(mlx_impl *c, const float *p, size_t n, int drop_covered = 0) {
+    std::vector<mlx_pending> out;
+    std::vector<mx::array> ev;
+    for (size_t i = 0; i < c->pending.size();) {
+        mlx_pending &e = c->pending[i];
+        if (!ml_overlaps(e, p, n)) { i++; continue; }
+        if (!(drop_covered && e.p >= p && e.p + e.n <= p + n)) {
+            e.a = mx::reshape(mx::astype(e.a, mx::float32), { -1 });
+            out.push_back(e);
+            ev.push_back(e.a);
+        }
+        c->pending.erase(c->pending.begin() + (long)i);
+    }
+    if (ev.empty()) return;
+    mx::eval(ev);
+    for (mlx_pending &e : out) {
+        if (e.a.size() != e.n) throw std::runtime_error("result size mismatch");
+        memcpy(e.p, e.a.data<float>(), e.n * sizeof(float));
+    }
+}
+
+/* The floats [p, p + prod(shape)) as an array: a pending result of exactly
+ * that range as it is, else the host bytes (after flushing overlaps). */
+static mx::array ml_in(mlx_impl *c, const float *p, mx::Shape shape) {
+    size_t n = 1;
+    for (int d : shape) n *= (size_t)d;
+    for (const mlx_pending &e : c->pending)
+        if (e.p == p && e.n == n) return mx::reshape(e.a, std::move(shape));
+    ml_flush(c, p, n);
+    return mx::array(p, std::move(shape), mx::float32);
+}
+
+/* dst's n floats become a (lazily). */
+static void ml_out(mlx_impl *c, float *dst, mx::array a, size_t n) {
+    if (a.size() != n) throw std::runtime_error("result size mismatch");
+    ml_flush(c, dst, n, 1);
+    c->pending.push_back({ dst, n, mx::astype(a, mx::float32) });
+}
+
+/* Evaluates a now and copies its n floats to dst (host memory of our own). */
+static void ml_now(float *dst, mx::array a, size_t n) {
+    a = mx::reshape(mx::astype(a, mx::float32), { -1 });
     mx::eval(a);
     if (a.size() != n) throw std::runtime_error("result size mismatch");
     memcpy(dst, a.data<float>(), n * sizeof(float));
 }
 
-static float *ml_alloc(backend *be, size_t n) { (void)be; return (float *)calloc(n ? n : 1, sizeof(float)); }
-static void ml_release(backend *be, float *buf) { (void)be; free(buf); }
-static void ml_read(backend *be, const float *src, float *dst, size_t n) { (void)be; memmove(dst, src, n * sizeof(float)); }
-static void ml_write(backend *be, float *dst, const float *src, size_t n) { (void)be; memmove(dst, src, n * sizeof(float)); }
+/* Host data that is no backend buffer (weights, tables): copied as it is. */
+static mx::array ml_host(const float *p, mx::Shape shape) { return mx::array(p, std::move(shape), mx::float32); }
+
+static float *ml_alloc(backend *be, size_t n) {
+    mlx_impl *c = ml_of(be);
+    float *p = (float *)calloc(n ? n : 1, sizeof(float));
+    if (!p) return NULL;
+    std::lock_guard<std::mutex> lk(g_mlx_mu);
+    try { c->bufs.push_back({ p, n ? n : 1 }); } catch (...) { free(p); return NULL; }
+    return p;
+}
+
+static void ml_release(backend *be, float *buf) {
+    mlx_impl *c = ml_of(be);
+    if (!buf) return;
+    {
+        std::lock_guard<std::mutex> lk(g_mlx_mu);
+        for (size_t i = 0; i < c->bufs.size(); i++) {
+            if (c->bufs[i].first != buf) continue;
+            size_t n = c->bufs[i].second;
+            for (size_t j = 0; j < c->pending.size();)
+                if (ml_overlaps(c->pending[j], buf, n)) c->pending.erase(c->pending.begin() + (long)j);
+                else j++;
+            c->bufs.erase(c->bufs.begin() + (long)i);
+            break;
+        }
+    }
+    free(buf);
+}
+
+static void ml_read(backend *be, const float *src, float *dst, size_t n) {
+    mlx_impl *c = ml_of(be);
+    ml_run(c, "read", [&] { ml_flush(c, src, n); });
+    memmove(dst, src, n * sizeof(float));
+}
+
+static void ml_write(backend *be, float *dst, const float *src, size_t n) {
+    mlx_impl *c = ml_of(be);
+    ml_run(c, "write", [&] { ml_flush(c, dst, n, 1); });
+    memmove(dst, src, n * sizeof(float));
+}
 
 /* ==== Weights ==== */
 
@@ -294,11 +390,12 @@ static mx::array ml_matmul(const mlx_weight *w, int e, const mx::array &x, int r
 /* ==== Row-wise ops ==== */
 
 static int ml_get_rows(backend *be, const be_weight *w, const int32_t *ids, int n, float *out) {
-    (void)be;
+    mlx_impl *c = ml_of(be);
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= w->ne[1]) return -1;
     /* the embedding rows straight from the host tensor, as the CPU does:
      * a few rows per pass, exact for every type */
+    if (ml_run(c, "get_rows", [&] { ml_flush(c, out, (size_t)n * w->ne[0], 1); })) return -1;
     for (int i = 0; i < n; i++)
         quant_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes, out + (size_t)i * w->ne[0],
                              w->ne[0]);
@@ -308,10 +405,10 @@ static int ml_get_rows(backend *be, const be_weight *w, const int32_t *ids, int 
 static void ml_rms_norm(backend *be, const float *x, const be_weight *w, float *y, int n_rows, int dim, float eps) {
     mlx_impl *c = ml_of(be);
     ml_run(c, "rms_norm", [&] {
-        mx::array X = ml_in(x, { n_rows, dim });
+        mx::array X = ml_in(c, x, { n_rows, dim });
         std::optional<mx::array> W;
-        if (w && w->data) W = ml_in((const float *)w->data, { dim });
-        ml_out(y, mx::fast::rms_norm(X, W, eps), (size_t)n_rows * dim);
+        if (w && w->data) W = ml_host((const float *)w->data, { dim });
+        ml_out(c, y, mx::fast::rms_norm(X, W, eps), (size_t)n_rows * dim);
     });
 }
 
@@ -319,8 +416,8 @@ static void ml_mul_mat(backend *be, const be_weight *w, int expert, const float 
     mlx_impl *c = ml_of(be);
     ml_run(c, "mul_mat", [&] {
         mlx_weight *mw = ml_weight_of(c, w);
-        mx::array X = ml_in(x, { n_tok, (int)w->ne[0] });
-        ml_out(y, ml_matmul(mw, expert, X), (size_t)n_tok * w->ne[1]);
+        mx::array X = ml_in(c, x, { n_tok, (int)w->ne[0] });
+        ml_out(c, y, ml_matmul(mw, expert, X), (size_t)n_tok * w->ne[1]);
     });
 }
 
@@ -328,21 +425,21 @@ static void ml_add_bias(backend *be, float *x, const be_weight *b, int n_tok) {
     mlx_impl *c = ml_of(be);
     int d = (int)b->ne[0];
     ml_run(c, "add_bias", [&] {
-        ml_out(x, mx::add(ml_in(x, { n_tok, d }), ml_in((const float *)b->data, { d })), (size_t)n_tok * d);
+        ml_out(c, x, mx::add(ml_in(c, x, { n_tok, d }), ml_host((const float *)b->data, { d })), (size_t)n_tok * d);
     });
 }
 
 static void ml_swiglu(backend *be, const float *g, const float *u, float *y, size_t n) {
     mlx_impl *c = ml_of(be);
     ml_run(c, "swiglu", [&] {
-        mx::array G = ml_in(g, { (int)n }), U = ml_in(u, { (int)n });
-        ml_out(y, mx::multiply(mx::multiply(G, mx::sigmoid(G)), U), n);
+        mx::array G = ml_in(c, g, { (int)n }), U = ml_in(c, u, { (int)n });
+        ml_out(c, y, mx::multiply(mx::multiply(G, mx::sigmoid(G)), U), n);
     });
 }
 
 static void ml_add(backend *be, float *x, const float *y, size_t n) {
     mlx_impl *c = ml_of(be);
-    ml_run(c, "add", [&] { ml_out(x, mx::add(ml_in(x, { (int)n }), ml_in(y, { (int)n })), n); });
+    ml_run(c, "add", [&] { ml_out(c, x, mx::add(ml_in(c, x, { (int)n }), ml_in(c, y, { (int)n })), n); });
 }
 
 /* ==== RoPE ==== */
@@ -371,9 +468,9 @@ static void ml_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, 
     ml_run(c, "rope", [&] {
         c->rope_cs.resize((size_t)n_tok * n_rot);
         ml_rope_table(c->rope_cs.data(), n_tok, pos, rc);
-        mx::array T = ml_in(c->rope_cs.data(), { n_tok, 1, n_rot });
+        mx::array T = ml_host(c->rope_cs.data(), { n_tok, 1, n_rot });
         mx::array cs = mx::slice(T, { 0, 0, 0 }, { n_tok, 1, half }), sn = mx::slice(T, { 0, 0, half }, { n_tok, 1, n_rot });
-        mx::array X = ml_in(x, { n_tok, n_head, head_dim });
+        mx::array X = ml_in(c, x, { n_tok, n_head, head_dim });
         mx::array R = mx::slice(X, { 0, 0, 0 }, { n_tok, n_head, n_rot });
         mx::array out(0.0f);
         if (rc->mode == ROPE_NEOX) {
@@ -390,7 +487,7 @@ static void ml_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, 
                               { n_tok, n_head, n_rot });
         }
         if (n_rot < head_dim) out = mx::concatenate({ out, mx::slice(X, { 0, 0, n_rot }, { n_tok, n_head, head_dim }) }, 2);
-        ml_out(x, out, (size_t)n_tok * n_head * head_dim);
+        ml_out(c, x, out, (size_t)n_tok * n_head * head_dim);
     });
 }
 
@@ -484,6 +581,8 @@ static void ml_kv_store(backend *be, const be_batch *b, int layer, const float *
         for (int s = 0; s < b->n_seq; s++) {
             const be_seq *sq = &b->seq[s];
             size_t off = (size_t)sq->t0 * kv_dim(sq->kv);
+            ml_flush(c, k + off, (size_t)sq->n * kv_dim(sq->kv));   /* the host rows are read */
+            ml_flush(c, v + off, (size_t)sq->n * kv_dim(sq->kv));
             kv_store_f32(sq->kv, layer, sq->pos0, sq->n, k + off, v + off);
             mlx_kv *m = ml_kv_get(c, sq->kv);
             if (m->valid[(size_t)layer] > sq->pos0) m->valid[(size_t)layer] = sq->pos0;
@@ -525,14 +624,14 @@ static int ml_attention(backend *be, const float *q, const be_batch *b, int laye
             mx::Shape lo = { 0, 0, 0 }, hi = { n_head_kv, L, head_dim };
             mx::array K = mx::expand_dims(mx::astype(mx::slice(m->k[(size_t)layer], lo, hi), mx::float32), 0);
             mx::array V = mx::expand_dims(mx::astype(mx::slice(m->v[(size_t)layer], lo, hi), mx::float32), 0);
-            mx::array Q = mx::expand_dims(mx::transpose(ml_in(q + (size_t)sq->t0 * n_head * head_dim, { n, n_head, head_dim }),
+            mx::array Q = mx::expand_dims(mx::transpose(ml_in(c, q + (size_t)sq->t0 * n_head * head_dim, { n, n_head, head_dim }),
                                                         { 1, 0, 2 }), 0);
             /* causal: query row i (position pos0 + i) sees keys 0..pos0 + i */
             mx::array qi = mx::reshape(mx::arange(sq->pos0, L), { n, 1 });
             mx::array kj = mx::reshape(mx::arange(0, L), { 1, L });
             mx::array mask = mx::less_equal(kj, qi);
             mx::array O = mx::fast::scaled_dot_product_attention(Q, K, V, scale, "", mask);
-            ml_out(out + (size_t)sq->t0 * n_head * head_dim, mx::transpose(mx::squeeze(O, 0), { 1, 0, 2 }),
+            ml_out(c, out + (size_t)sq->t0 * n_head * head_dim, mx::transpose(mx::squeeze(O, 0), { 1, 0, 2 }),
                    (size_t)n * n_head * head_dim);
         }
     })) rc = -1;
@@ -549,11 +648,11 @@ static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, 
     if (ml_run(c, "moe_ffn", [&] {
         mlx_weight *gi = ml_weight_of(c, mo->gate_inp), *wg = ml_weight_of(c, mo->gate_exps);
         mlx_weight *wu = ml_weight_of(c, mo->up_exps), *wd = ml_weight_of(c, mo->down_exps);
-        mx::array X = ml_in(x, { n_tok, dim });
+        mx::array X = ml_in(c, x, { n_tok, dim });
         /* the router on the host, shared with every backend */
         std::vector<float> logits((size_t)n_tok * ne), selw((size_t)n_tok * k);
         std::vector<int32_t> sel((size_t)n_tok * k);
-        ml_out(logits.data(), ml_matmul(gi, 0, X), logits.size());
+        ml_now(logits.data(), ml_matmul(gi, 0, X), logits.size());
         for (int t = 0; t < n_tok; t++)
             moe_select_experts(&logits[(size_t)t * ne], ne, k, mo->norm_topk, &sel[(size_t)t * k], &selw[(size_t)t * k]);
         /* each used expert's rows, then its products; every token's sum in expert order, as on the CPU */
@@ -573,6 +672,7 @@ static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, 
             used.push_back(e);
         }
         mx::eval(res);
+        ml_flush(c, y, (size_t)n_tok * dim, 1);   /* summed on the host below */
         memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
         for (size_t u = 0; u < used.size(); u++) {
             int e = used[u];
