@@ -96,6 +96,7 @@ typedef struct {
     std::vector<mlx_weight *> weights;
     std::vector<mlx_kv *> kvs;
     std::vector<float> rope_cs;    /* host cos/sin table of the last rope call */
+    long n_eval;                   /* evaluations (TANDEM_MLX_STATS=1 prints them at the end) */
     int failed;
     char err[256];
 } mlx_impl;
@@ -133,15 +134,22 @@ static int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
 
 static int ml_overlaps(const mlx_pending &e, const float *p, size_t n) { return e.p < p + n && p < e.p + e.n; }
 
-/* Evaluates every pending result overlapping [p, p + n) into the host and
- * drops it; drop_covered: results inside the range are dropped unevaluated
- * (the caller overwrites all of it). */
-static void ml_flush(mlx_impl *c, const float *p, size_t n, int drop_covered = 0) {
+typedef struct { const float *p; size_t n; } ml_range;
+
+/* Evaluates every pending result overlapping one of the ranges into the
+ * host (one evaluation for all) and drops it; drop_covered: results inside
+ * a range are dropped unevaluated (the caller overwrites all of it). */
+static void ml_flush_ranges(mlx_impl *c, const std::vector<ml_range> &rs, int drop_covered = 0) {
     std::vector<mlx_pending> out;
     std::vector<mx::array> ev;
     for (size_t i = 0; i < c->pending.size();) {
         mlx_pending &e = c->pending[i];
-        if (!ml_overlaps(e, p, n)) { i++; continue; }
+        const ml_range *hit = NULL;
+        for (const ml_range &r : rs)
+            if (ml_overlaps(e, r.p, r.n)) { hit = &r; break; }
+        if (!hit) { i++; continue; }
+        const float *p = hit->p;
+        size_t n = hit->n;
         if (!(drop_covered && e.p >= p && e.p + e.n <= p + n)) {
             e.a = mx::reshape(mx::astype(e.a, mx::float32), { -1 });
             out.push_back(e);
@@ -150,11 +158,16 @@ static void ml_flush(mlx_impl *c, const float *p, size_t n, int drop_covered = 0
         c->pending.erase(c->pending.begin() + (long)i);
     }
     if (ev.empty()) return;
+    c->n_eval++;
     mx::eval(ev);
     for (mlx_pending &e : out) {
         if (e.a.size() != e.n) throw std::runtime_error("result size mismatch");
         memcpy(e.p, e.a.data<float>(), e.n * sizeof(float));
     }
+}
+
+static void ml_flush(mlx_impl *c, const float *p, size_t n, int drop_covered = 0) {
+    ml_flush_ranges(c, { { p, n } }, drop_covered);
 }
 
 /* The floats [p, p + prod(shape)) as an array: a pending result of exactly
@@ -569,8 +582,7 @@ static void ml_kv_catch_up(mlx_kv *m, int layer, int pos) {
     mx::Shape lo = { 0, from, 0 }, hi = { m->n_head, pos, m->head_dim };
     m->k[(size_t)layer] = mx::slice_update(m->k[(size_t)layer], ml_kv_host_rows(m, layer, from, pos, 0), lo, hi);
     m->v[(size_t)layer] = mx::slice_update(m->v[(size_t)layer], ml_kv_host_rows(m, layer, from, pos, 1), lo, hi);
-    mx::eval({ m->k[(size_t)layer], m->v[(size_t)layer] });
-    m->valid[(size_t)layer] = pos;
+    m->valid[(size_t)layer] = pos;   /* evaluated with the attention that reads them */
 }
 
 /* The new rows go into the host cache through the CPU's encoder (so its
@@ -578,11 +590,16 @@ static void ml_kv_catch_up(mlx_kv *m, int layer, int pos) {
 static void ml_kv_store(backend *be, const be_batch *b, int layer, const float *k, const float *v) {
     mlx_impl *c = ml_of(be);
     ml_run(c, "kv_store", [&] {
+        std::vector<ml_range> rows;   /* the rows read on the host below: one evaluation for all */
+        for (int s = 0; s < b->n_seq; s++) {
+            size_t off = (size_t)b->seq[s].t0 * kv_dim(b->seq[s].kv), n = (size_t)b->seq[s].n * kv_dim(b->seq[s].kv);
+            rows.push_back({ k + off, n });
+            rows.push_back({ v + off, n });
+        }
+        ml_flush_ranges(c, rows);
         for (int s = 0; s < b->n_seq; s++) {
             const be_seq *sq = &b->seq[s];
             size_t off = (size_t)sq->t0 * kv_dim(sq->kv);
-            ml_flush(c, k + off, (size_t)sq->n * kv_dim(sq->kv));   /* the host rows are read */
-            ml_flush(c, v + off, (size_t)sq->n * kv_dim(sq->kv));
             kv_store_f32(sq->kv, layer, sq->pos0, sq->n, k + off, v + off);
             mlx_kv *m = ml_kv_get(c, sq->kv);
             if (m->valid[(size_t)layer] > sq->pos0) m->valid[(size_t)layer] = sq->pos0;
@@ -672,6 +689,7 @@ static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, 
             used.push_back(e);
         }
         mx::eval(res);
+        c->n_eval += 2;   /* the router's logits (ml_now) and the experts */
         ml_flush(c, y, (size_t)n_tok * dim, 1);   /* summed on the host below */
         memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
         for (size_t u = 0; u < used.size(); u++) {
@@ -699,6 +717,8 @@ static void ml_destroy(backend *be) {
     mlx_impl *c = ml_of(be);
     if (c) {
         std::lock_guard<std::mutex> lk(g_mlx_mu);
+        const char *st = getenv("TANDEM_MLX_STATS");
+        if (st && atoi(st) > 0) fprintf(stderr, "MLX backend: %ld evaluations\n", c->n_eval);
         for (mlx_weight *w : c->weights) delete w;
         for (mlx_kv *m : c->kvs) delete m;
         delete c;
