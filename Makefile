@@ -83,6 +83,30 @@ $(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(BUILD)/obj/cuda
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
+# MLX backend (src/backend/mlx): `tools/mlx_build.sh && make MLX=1
+# BUILD=build-mlx`. C++20 against MLX's own C++ API and libmlx from
+# MLX_DIR (default build/mlx, which tools/mlx_build.sh fills from the
+# pinned mlx-cpu wheel; on a Mac the pip-installed mlx package's folder).
+# The default build neither needs nor uses it.
+ifeq ($(MLX),1)
+MLX_DIR    ?= build/mlx
+CXX        ?= g++
+MLXFLAGS   ?= -std=c++20 -O2 -g -Wall -Wno-unused-parameter -ffp-contract=off -D_GNU_SOURCE -Isrc -I$(MLX_DIR)/include
+CFLAGS     += -DTANDEM_MLX
+ifeq ($(shell uname -s),Darwin)
+LDLIBS     += -L$(MLX_DIR)/lib -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lc++
+else
+# DT_RPATH (not RUNPATH) so that libmlx.so finds the wheel's BLAS/LAPACK beside it
+LDLIBS     += -L$(MLX_DIR)/lib -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lstdc++
+endif
+MLX_SRC    := $(wildcard src/backend/mlx/*.cpp)
+MLX_OBJ    := $(MLX_SRC:src/backend/mlx/%.cpp=$(BUILD)/obj/mlx/%.o)
+LIB_OBJ    += $(MLX_OBJ)
+
+$(BUILD)/obj/mlx/%.o: src/backend/mlx/%.cpp $(HDRS) | $(BUILD)/obj
+	@mkdir -p $(BUILD)/obj/mlx
+	$(CXX) $(MLXFLAGS) -c $< -o $@
+endif
 # Per-file instruction sets of the x86-64 kernel sets (quant_kernels.h).
 # (Not in the fuzz build: its targets parse and run tiny models on the
 # reference kernels, which is what they fuzz; the kernel sets instrumented
@@ -199,4 +223,4 @@ $(BUILD)/fuzz_%: fuzz/fuzz_%.c build-fuzz/libtandem.a
 	  $< build-fuzz/libtandem.a $(LDLIBS) -o $@
 
 clean:
-	rm -rf build build-asan build-cuda build-portable build-fuzz
+	rm -rf build build-asan build-cuda build-portable build-fuzz build-mlx

@@ -11,13 +11,15 @@ src=${1:-src}
 # ==== The rule, in one place ====
 # FOLDER: the folders it may include (besides itself). Left to right the
 # layers climb: base, engine, backend, net and api, node and router, grade,
-# cmd. backend/cpu and backend/cuda are one layer "backend" and may include
-# each other's headers only through engine/backend.h (so neither is listed).
+# cmd. backend/cpu, backend/cuda and backend/mlx are one layer "backend" and
+# may include each other's headers only through engine/backend.h (so none
+# is listed).
 declare -A uses=(
     [base]=""
     [engine]="base"
     [backend/cpu]="base engine"
     [backend/cuda]="base engine"
+    [backend/mlx]="base engine"
     [net]="base engine"
     [api]="base engine"
     [node]="base engine net api"
@@ -57,6 +59,6 @@ while IFS= read -r f; do
             bad=1
         fi
     done < <(grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f")
-done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | sort)
+done < <(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cpp' \) | sort)
 if [ $bad -ne 0 ]; then exit 1; fi
-echo "layers: src/ includes go only downward ($(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' \) | wc -l) files)"
+echo "layers: src/ includes go only downward ($(find "$src" -type f \( -name '*.c' -o -name '*.h' -o -name '*.cu' -o -name '*.cpp' \) | wc -l) files)"

@@ -8,6 +8,9 @@
 #   4. every libFuzzer target for a short bounded time
 #   5. where nvcc is installed: the CUDA backend build (make CUDA=1, compile
 #      and link only: CI has no GPU) and its test's host-side checks
+#   6. the MLX backend on MLX's CPU backend (tools/mlx_check.sh: the pinned
+#      mlx-cpu wheel from PyPI, make MLX=1, its tests; skipped as "mlx"
+#      where the wheel cannot be had)
 # Without the fixture set (../shared/fixtures or $TANDEM_FIXTURES: README,
 # Correctness) the tests that need its files say "skipped: fixtures: ..."
 # and the rest runs; where TANDEM_REQUIRE names a thing (.ci/run sets it for
@@ -16,7 +19,7 @@
 # that must give the right totals); after the CUDA build, its CUDA part.
 # The totals, printed in every case (failing runs and failed builds
 # included): one line per part (selftest, suite, asan, portable, macos,
-# cuda, fuzz: asan and portable run the suite's checks again, so the same check
+# cuda, mlx, fuzz: asan and portable run the suite's checks again, so the same check
 # is counted up to three times), then the last line, the sum of them all,
 # "N passed, M failed, K skipped", which CI reads. A part that printed no
 # totals line counts as one failure. Exit status non-zero if anything failed.
@@ -155,6 +158,23 @@ if [ -x "$NVCC" ]; then
 else
     if skip_what cuda-build "no nvcc: the CUDA backend is not built or checked here"
     then part_counts cuda 0 0 1; else part_counts cuda 0 1 0; fi
+fi
+# The MLX backend (src/backend/mlx; docs/mlx.md): tools/mlx_check.sh fetches
+# the pinned mlx-cpu wheel (10.5 MB, about a second), builds make MLX=1
+# BUILD=build-mlx (the library again, 3-4 minutes on 2 cores) and runs
+# test_backend_ops (MLX vs CPU), test_golden on MLX and the handoff with an
+# MLX decode side. MLX_QUICK=1 (the default here) holds test_golden and the
+# handoff to the stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
+# reference BLAS, so the other golden files take most of an hour; the full
+# run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):
+# the named skip "mlx".
+echo "== MLX backend (tools/mlx_check.sh)"
+MLX_QUICK=${MLX_QUICK:-1} tools/mlx_check.sh -j"$JOBS" 2>&1 | tee build/mlx.log
+if [ "${PIPESTATUS[0]}" = 2 ]; then
+    if skip_what mlx "$(grep '^mlx: ' build/mlx.log | tail -n 1)"
+    then part_counts mlx 0 0 1; else part_counts mlx 0 1 0; fi
+else
+    part mlx build/mlx.log
 fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 fuzz_build_fail=0

@@ -87,7 +87,7 @@ int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *c
 }
 
 int cliopt_backend(const char *cmd, const char *v, const char **out) {
-    static const char *const names[] = { "cpu", "cuda", NULL };
+    static const char *const names[] = { "cpu", "cuda", "mlx", NULL };
     int k;
     if (cliopt_choice(cmd, "--backend", v, names, &k)) return -1;
     *out = v;
@@ -95,7 +95,7 @@ int cliopt_backend(const char *cmd, const char *v, const char **out) {
 }
 
 void cliopt_usage_backend(FILE *f, int width) {
-    fprintf(f, "  %-*s compute on cpu (default) or cuda (a build with make CUDA=1)\n", width, "--backend B");
+    fprintf(f, "  %-*s compute on cpu (default), cuda (make CUDA=1) or mlx (make MLX=1)\n", width, "--backend B");
     fprintf(f, "  %-*s CUDA device, 0..63 (default 0)\n", width, "--device N");
 }
 

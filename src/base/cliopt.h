@@ -37,8 +37,8 @@ int cliopt_str(const char *cmd, const char *opt, const char *v, const char **out
 /* One of a NULL-terminated list of names; *out gets its index. */
 int cliopt_choice(const char *cmd, const char *opt, const char *v, const char *const *names, int *out);
 
-/* --backend NAME: "cpu" or "cuda", else "CMD: --backend: 'x' is not one of
- * cpu|cuda"; *out gets v. */
+/* --backend NAME: "cpu", "cuda" or "mlx", else "CMD: --backend: 'x' is not
+ * one of cpu|cuda|mlx"; *out gets v. */
 int cliopt_backend(const char *cmd, const char *v, const char **out);
 /* The usage lines of --backend and --device on f, option column `width` wide. */
 void cliopt_usage_backend(FILE *f, int width);

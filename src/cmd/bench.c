@@ -202,7 +202,7 @@ typedef struct {
     uint64_t params, active_params, tensor_bytes;
     char desc[96];
     uint32_t main_type;       /* type of the first FFN weight */
-    const char *backend;      /* "CPU" or "CUDA" */
+    const char *backend;      /* "CPU", "CUDA" or "MLX" */
     int n_batch;              /* rows per pass: -b, else the backend's */
 } bench_info;
 
@@ -235,7 +235,8 @@ static void bench_describe(model *m, bench_info *bi) {
     const gguf_file *f = model_get_gguf(m);
     const model_hparams *hp = model_get_hparams(m);
     memset(bi, 0, sizeof *bi);
-    bi->backend = strcmp(model_get_backend(m)->ops->name, "cuda") ? "CPU" : "CUDA";
+    const char *bn = model_get_backend(m)->ops->name;
+    bi->backend = !strcmp(bn, "cuda") ? "CUDA" : !strcmp(bn, "mlx") ? "MLX" : "CPU";
     bi->n_batch = model_get_n_batch(m);
     uint64_t expert_params = 0;
     for (int64_t i = 0; i < gguf_count_tensors(f); i++) {

@@ -146,6 +146,12 @@ void backend_cpu_set_moe_scratch(backend *be, size_t bytes);
  * cannot start. n_threads is kept for host-side work (none yet). */
 backend *backend_cuda_create(int device, int n_threads, char *err, size_t errlen);
 
+/* Backend on Apple's MLX (backend/mlx/backend_mlx.cpp, built with make
+ * MLX=1; undefined otherwise, so only TANDEM_MLX code calls it): Metal on
+ * a Mac, MLX's CPU backend on Linux. NULL with a message starting "MLX
+ * backend: " when MLX cannot start. */
+backend *backend_mlx_create(int n_threads, char *err, size_t errlen);
+
 /* ==== Shared helpers (plain C; every backend uses the same routing math) ==== */
 /* Softmax over n router logits, pick the top k (ties -> lower index), and
  * renormalise their weights if norm. ids/w get k entries, best first. */

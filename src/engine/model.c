@@ -386,8 +386,16 @@ static backend *model_create_backend(const model_opts *o, int nth, char *err, si
         if (!be) snprintf(err, errlen, "cannot create CPU backend with %d threads", nth);
         return be;
     }
+    if (!strcmp(name, "mlx")) {
+#ifdef TANDEM_MLX
+        return backend_mlx_create(nth, err, errlen);
+#else
+        snprintf(err, errlen, "this build has no MLX backend (tools/mlx_build.sh, then make MLX=1)");
+        return NULL;
+#endif
+    }
     if (strcmp(name, "cuda")) {
-        snprintf(err, errlen, "unknown backend '%.32s' (cpu or cuda)", name);
+        snprintf(err, errlen, "unknown backend '%.32s' (cpu, cuda or mlx)", name);
         return NULL;
     }
 #ifdef TANDEM_CUDA

@@ -54,7 +54,7 @@ typedef struct session session;
 typedef struct {
     int n_threads;           /* CPU threads (default 1) */
     int n_batch;             /* rows per pass (0: the backend's, 512 on the CPU, 4096 with CUDA) */
-    const char *backend;     /* "cpu" (default when NULL) or "cuda" (a build with CUDA=1) */
+    const char *backend;     /* "cpu" (default when NULL), "cuda" (CUDA=1) or "mlx" (MLX=1) */
     int device;              /* CUDA device ordinal (default 0) */
     /* Called while the weights are copied to a backend that keeps its own
      * (CUDA; the CPU when its kernel set packs them): `done` of `total`

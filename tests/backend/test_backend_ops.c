@@ -13,6 +13,9 @@
  *     skipped; any other start-up failure is a failure with its cause;
  *     the host versions of the CUDA block decoders and KV encoders are
  *     still checked bit for bit against quant.c.
+ *   - built with MLX=1 (and not CUDA): the MLX backend (src/backend/mlx: MLX's
+ *     CPU backend on Linux, Metal on a Mac); a build with MLX that cannot
+ *     start it is a failure with its cause.
  *   - built without CUDA: the same cases compare the CPU backend's vector kernels against its plain
  *     C reference kernels (which keeps this harness itself tested).
  * Also: selecting an unavailable backend gives a clear error.
@@ -559,6 +562,16 @@ static void check_selection(void) {
 #else
     CHECK(rc != 0 && strstr(err, "rebuild with make CUDA=1"), "no CUDA in this build: %s", err);
 #endif
+    m = NULL;
+    o.backend = "mlx";
+    o.device = 0;
+    rc = model_load(&m, path, &o, err, sizeof err);
+#ifdef TANDEM_MLX
+    CHECK(rc == 0, "mlx backend loads %s: %s", path, err);
+    if (!rc) model_free(m);
+#else
+    CHECK(rc != 0 && strstr(err, "make MLX=1"), "no MLX in this build: %s", err);
+#endif
 }
 
 #ifdef TANDEM_CUDA
@@ -646,6 +659,12 @@ int main(void) {
         ref_be->ops->destroy(ref_be);
         return t_done("backend_ops");
     }
+#elif defined(TANDEM_MLX)
+    char err[512];
+    test_be = backend_mlx_create(2, err, sizeof err);
+    CHECK(test_be != NULL, "the MLX backend cannot start: %s", err);
+    if (!test_be) { ref_be->ops->destroy(ref_be); return t_done("backend_ops"); }
+    printf("(comparing the MLX backend with the CPU backend)\n");
 #else
     /* not a skip: the same cases run, on the CPU's two kernel sets */
     printf("(built without CUDA: comparing the CPU backend's vector kernels with its reference kernels)\n");

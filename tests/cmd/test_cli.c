@@ -112,7 +112,7 @@ static void test_bad_values(const char *model) {
         { "-c", "0", "tandem run: -c: 0 is out of range [1, " },
         { "--seed", "-1", "tandem run: --seed: -1 is out of range [0, " },
         { "--kv-type", "q4_0", "tandem run: --kv-type: 'q4_0' is not one of f16|bf16|q8_0" },
-        { "--backend", "tpu", "tandem run: --backend: 'tpu' is not one of cpu|cuda" },
+        { "--backend", "tpu", "tandem run: --backend: 'tpu' is not one of cpu|cuda|mlx" },
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tc_res r = RUN(NULL, 30, "run", "-m", (char *)model, "-p", "hi", (char *)bad[i].opt, (char *)bad[i].val);

@@ -25,6 +25,10 @@
  * multiplies dequantized F16 weights, the CPU int8 products) the agreement
  * is measured and printed, with the same floor as the q8_0 wire. Only the
  * golden part runs then (the fault scenarios do not depend on the backend).
+ * TANDEM_HANDOFF_ONLY=substring: only the model files whose name holds it.
+ * TANDEM_DECODE_BACKEND=mlx (a build with MLX=1): the same golden part with
+ * the CPU prefill node handing off to a decode side (`tandem run
+ * --prefill-node`) computing on that backend, held to the same rules.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +53,8 @@ static int g_asan, g_all;
 static int g_slow = 1;          /* deadline multiplier (ASan) */
 static int g_q8_first, g_q8_all, g_q8_n, g_f16_prompts;
 static const char *g_pbe;       /* TANDEM_PREFILL_BACKEND, or NULL for the CPU */
+static const char *g_dbe;       /* TANDEM_DECODE_BACKEND (the split run's own side), or NULL */
+static const char *g_xbe;       /* the other backend of a cross-backend run: g_pbe, else g_dbe */
 static int g_xq_first, g_xq_all, g_xq_n;   /* cross-backend runs on quantized files */
 static int g_q8_models, g_xq_models;      /* model files whose agreement prompts were to run */
 
@@ -141,6 +147,7 @@ static void run_args(args *a, const runspec *r) {
         arg(a, "--secret-file"); arg(a, "%s", r->secret_file);
         if (r->wire) { arg(a, "--wire-dtype"); arg(a, "%s", r->wire); }
         if (r->timeout_ms) { arg(a, "--timeout-ms"); arg(a, "%d", r->timeout_ms); }
+        if (g_dbe) { arg(a, "--backend"); arg(a, "%s", g_dbe); }
     }
 }
 
@@ -220,13 +227,13 @@ static int pbe_missing(void) {
     write_text(pf, "Once");
     args a = { 0 };
     arg(&a, "%s", g_bin); arg(&a, "run"); arg(&a, "-m"); arg(&a, "%s", model); arg(&a, "-f"); arg(&a, "%s", pf);
-    arg(&a, "-n"); arg(&a, "1"); arg(&a, "--backend"); arg(&a, "%s", g_pbe);
+    arg(&a, "-n"); arg(&a, "1"); arg(&a, "--backend"); arg(&a, "%s", g_xbe);
     char *out = NULL, *err = NULL;
     int rc = run(&a, 60000 * g_slow, &out, &err);
     /* no device: a counted skip; any other failure (a build without CUDA,
      * a driver that fails, a bad --device) is a failure with its cause */
     int missing = rc != 0 && t_cuda_absent(err);
-    if (!missing) CHECK(rc == 0, "tandem run --backend %s: %s", g_pbe, err ? err : "");
+    if (!missing) CHECK(rc == 0, "tandem run --backend %s: %s", g_xbe, err ? err : "");
     free(out);
     free(err);
     return missing || rc != 0;
@@ -268,7 +275,7 @@ static void test_golden_model(const char *model, const char *golden, int k, int 
     int done = 0, want = k < count ? k : count;
     double t0 = now_ms();
     if (q8) g_q8_models++;
-    if (g_pbe && !model_is_float(model)) g_xq_models++;
+    if (g_xbe && !model_is_float(model)) g_xq_models++;
     while (getline(&line, &cap, f) > 0) {
         json_error_t je;
         json_t *j = json_loads(line, 0, &je);
@@ -278,7 +285,7 @@ static void test_golden_model(const char *model, const char *golden, int k, int 
             if (prompt_selected(++idx, count, k)) {
                 check_prompt(model, json_string_value(json_object_get(j, "name")),
                              json_string_value(json_object_get(j, "prompt")), n_ids, n.port, secret, q8,
-                             !g_pbe || model_is_float(model));
+                             !g_xbe || model_is_float(model));
                 done++;
             }
         }
@@ -605,6 +612,8 @@ int main(void) {
     g_all = getenv("TANDEM_HANDOFF_ALL") && atoi(getenv("TANDEM_HANDOFF_ALL"));
     g_slow = g_asan ? 4 : 1;
     g_pbe = getenv("TANDEM_PREFILL_BACKEND") && *getenv("TANDEM_PREFILL_BACKEND") ? getenv("TANDEM_PREFILL_BACKEND") : NULL;
+    g_dbe = getenv("TANDEM_DECODE_BACKEND") && *getenv("TANDEM_DECODE_BACKEND") ? getenv("TANDEM_DECODE_BACKEND") : NULL;
+    g_xbe = g_pbe ? g_pbe : g_dbe;
     if (g_asan) {
         /* ASan's quarantine keeps freed memory resident, which would read as
          * growth in the VmRSS check; LeakSanitizer checks the nodes at exit. */
@@ -616,7 +625,7 @@ int main(void) {
     if (access(g_bin, X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", g_bin); return t_done("test_handoff"); }
     snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-handoff-XXXXXX");
     if (!mkdtemp(g_tmp)) { CHECK(0, "mkdtemp"); return t_done("test_handoff"); }
-    if (g_pbe && pbe_missing()) {
+    if (g_xbe && pbe_missing()) {
         tmp_remove();
         return t_done("test_handoff");
     }
@@ -641,7 +650,9 @@ int main(void) {
         b32[2] = pbe[0] = "--backend";
         b32[3] = pbe[1] = g_pbe;
     }
+    const char *only = getenv("TANDEM_HANDOFF_ONLY");
     for (int i = 0; i < nm; i++) {
+        if (only && *only && !strstr(names[i], only)) continue;
         int gen = strstr(names[i], "-F16") && strncmp(names[i], "stories", 7);
         snprintf(m[i], sizeof m[i], "%s/%s.gguf", gen ? md : fx, names[i]);
         if (gen) snprintf(m[i], sizeof m[i], "%s/%s.gguf", md, names[i]);
@@ -655,16 +666,16 @@ int main(void) {
         t_fixture_path(g[i], sizeof g[i], grel);
         int kk = g_all ? 8 : g_asan ? (k[i] > 2 ? 2 : 1) : k[i];
         if (g_asan && i >= 5) continue;   /* the other F16/Q4_K files add time, not coverage */
-        if (g_pbe) kk = 8;   /* the cross-backend proof: the golden part only, more prompts */
-        test_golden_model(m[i], g[i], kk, g_all ? 1 << 30 : 100, !g_pbe && (g_all || q8[i]), secret,
+        if (g_xbe) kk = 8;   /* the cross-backend proof: the golden part only, more prompts */
+        test_golden_model(m[i], g[i], kk, g_all ? 1 << 30 : 100, !g_xbe && (g_all || q8[i]), secret,
                           i == 2 ? b32 : pbe);
     }
-    if (g_pbe) {
-        printf("handoff: self-consistency: %s prefill -> cpu decode: F16/F32 files: %d golden prompts split == "
-               "CPU-only output (exact)\n", g_pbe, g_f16_prompts);
-        printf("handoff: self-consistency: %s prefill -> cpu decode: quantized files (%d): first token %d/%d, all 16 "
+    if (g_xbe) {
+        printf("handoff: self-consistency: %s prefill -> %s decode: F16/F32 files: %d golden prompts split == "
+               "CPU-only output (exact)\n", g_pbe ? g_pbe : "cpu", g_dbe ? g_dbe : "cpu", g_f16_prompts);
+        printf("handoff: self-consistency: %s prefill -> %s decode: quantized files (%d): first token %d/%d, all 16 "
                "tokens %d/%d (floor: first token on at least half, at least 4 prompts per file)\n",
-               g_pbe, g_xq_models, g_xq_first, g_xq_n, g_xq_all, g_xq_n);
+               g_pbe ? g_pbe : "cpu", g_dbe ? g_dbe : "cpu", g_xq_models, g_xq_first, g_xq_n, g_xq_all, g_xq_n);
         /* quantized weights on two backends round differently: agreement, not
          * equality, with a floor on how many prompts ran (each file runs 8) */
         CHECK(g_xq_n >= 4 * g_xq_models, "quantized files: %d prompts ran for %d files, need at least 4 each", g_xq_n,
