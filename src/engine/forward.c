@@ -385,8 +385,9 @@ int model_eval_slice(model *m, session *s, const int32_t *ids, const float *x_in
         pthread_mutex_lock(&m->eval_mu);
         rc = forward_alloc(m, err, errlen);
         if (rc == 0) {
-            int item_of[2];
-            fwd_pass p = { .item_of = item_of, .want_logits = item_of + 1, .x_in = x_in, .x_out = x_out };
+            int item_of[3];   /* one sequence: its item, whether it wants logits, its logits row */
+            fwd_pass p = { .item_of = item_of, .want_logits = item_of + 1, .out_row = item_of + 2,
+                           .x_in = x_in, .x_out = x_out };
             int done = 0;
             int32_t *pids = malloc(sizeof(int32_t) * (size_t)n);
             if (!pids) { snprintf(err, errlen, "out of memory"); rc = -1; }

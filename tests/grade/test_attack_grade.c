@@ -20,7 +20,9 @@
 /* ==== Capturing listener ==== */
 
 /* A child that accepts connections on fd, appends everything it reads to
- * path and answers each request 500 (grade then records a failure). */
+ * path and answers each request 500 (grade then records a failure), except
+ * grade's preflight (grade_check.c): GET /v1/models lists models a and b,
+ * and its one-token "Reply with OK." chats get 200. */
 static pid_t ta_capture(int lfd, const char *path) {
     pid_t pid = fork();
     if (pid != 0) return pid;
@@ -30,6 +32,7 @@ static pid_t ta_capture(int lfd, const char *path) {
         if (c < 0) continue;
         struct timeval tv = { 2, 0 };
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        static char req[1 << 20];
         char buf[65536];
         size_t have = 0, want = (size_t)-1;
         for (;;) {
@@ -37,14 +40,20 @@ static pid_t ta_capture(int lfd, const char *path) {
             if (r <= 0) break;
             fwrite(buf, 1, (size_t)r, f);
             fflush(f);
+            if (have + (size_t)r < sizeof req) memcpy(req + have, buf, (size_t)r);
             have += (size_t)r;
+            req[have < sizeof req ? have : sizeof req - 1] = 0;
             /* one request: headers, then Content-Length bytes */
-            buf[r < (ssize_t)sizeof buf ? r : (ssize_t)sizeof buf - 1] = 0;
-            char *cl = strcasestr(buf, "Content-Length:"), *end = strstr(buf, "\r\n\r\n");
-            if (cl && end && want == (size_t)-1) want = (size_t)(end + 4 - buf) + strtoul(cl + 15, NULL, 10);
+            char *end = strstr(req, "\r\n\r\n"), *cl = strcasestr(req, "Content-Length:");
+            if (end && want == (size_t)-1) want = (size_t)(end + 4 - req) + (cl && cl < end ? strtoul(cl + 15, NULL, 10) : 0);
             if (have >= want) break;
         }
         const char *resp = "HTTP/1.1 500 Internal Server Error\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+        if (!strncmp(req, "GET /v1/models ", 15))
+            resp = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 51\r\nConnection: close\r\n\r\n"
+                   "{\"object\":\"list\",\"data\":[{\"id\":\"a\"},{\"id\":\"b\"}]}   ";
+        else if (strstr(req, "Reply with OK."))
+            resp = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
         if (send(c, resp, strlen(resp), MSG_NOSIGNAL) < 0) {}
         close(c);
     }

@@ -34,6 +34,8 @@
 #include "t.h"
 
 static char g_tmp[256], g_secret[300];
+/* 32 random bytes in hex: nodes refuse a secret of less entropy */
+#define CHAIN_SECRET "0837c38fea477fb2300f257308f3a2b377aa3d195c5b5d0f3b465e40b34c9113"
 static int g_pf;   /* prompt file counter */
 
 typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;
@@ -328,7 +330,7 @@ static void part_act_attack(void) {
     model_opts mo = { .n_threads = 1, .fingerprint_later = 0 };
     if (model_load(&m, path, &mo, err, sizeof err)) { CHECK(0, "load: %s", err); snode_stop(&b); return; }
     snprintf(addr, sizeof addr, "127.0.0.1:%d", b.port);
-    handoff_opts ho = { .secret = "chain-test-secret-0123456789", .secret_len = 28, .timeout_ms = 3000, .node_id = "attacker" };
+    handoff_opts ho = { .secret = CHAIN_SECRET, .secret_len = strlen(CHAIN_SECRET), .timeout_ms = 3000, .node_id = "attacker" };
     int32_t toks[12] = { 1, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120 };
     float rows[12 * 64];
     for (int i = 0; i < 12 * 64; i++) rows[i] = 0.01f * (float)(i % 97);
@@ -392,7 +394,7 @@ static void part_decode(void) {
     CHECK(port > 0, "decode node over a chain starts");
     if (port <= 0) { snode_stop(&a); snode_stop(&b); return; }
     static node_auth_key key;
-    node_auth_derive(&key, "chain-test-secret-0123456789", 28, NODE_AUTH_LABEL_DECODE_API);
+    node_auth_derive(&key, CHAIN_SECRET, strlen(CHAIN_SECRET), NODE_AUTH_LABEL_DECODE_API);
     sign_key = &key;
     int32_t ref[16], ref2[16];
     char ext[2048];
@@ -537,7 +539,7 @@ int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-chain-XXXXXX");
     if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 1; }
     snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
-    write_text(g_secret, "chain-test-secret-0123456789");
+    write_text(g_secret, CHAIN_SECRET);
     part_act_attack();
     part_faults();
     part_decode();

@@ -313,7 +313,7 @@ static void test_router_usage(ctx *c, int dport, const char *secret) {
 static void test_split(ctx *c) {
     char secret[512];
     snprintf(secret, sizeof secret, "%s/secret", c->dir);
-    static const char sec[] = "kvstore-test-secret-0123456789abcdef";
+    static const char sec[] = "07dd8847812bf517ed04695d2fb21a2bc3d60a681b62c605d5cb782eeb719423";   /* 32 random bytes in hex */
     write_text(secret, sec);
     chmod(secret, 0600);
     static node_auth_key key;

@@ -546,7 +546,7 @@ static void test_processes(const char *dir) {
 
 /* A decode node beside a prefill node, with prompt lookup: the same tokens
  * as a plain local node. */
-#define SPEC_SECRET "spec-test-secret"
+#define SPEC_SECRET "5196dae8dc1f933f99140c261963334585c99d184456c3fc3b99681daef10a84"   /* 32 random bytes in hex */
 
 static void test_split(const char *dir) {
     char mp[1024], gp[1024];
