@@ -24,7 +24,7 @@
 #include <string.h>
 
 #define TX_DIR "build/test_router_ext.d"
-#define TX_SECRET "router-ext-secret-5d0f9a7c"
+#define TX_SECRET "8412158143d181c6cd8b9ff3fa6fd81415f2fdb3f22a432b68ad339ee62a9fa4"   /* 32 random bytes in hex */
 
 static node_auth_key tx_key;
 
