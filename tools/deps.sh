@@ -19,3 +19,14 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# Chromium: test_web opens the router's chat page in it (tools/chromium.sh),
+# as tools/report_check.sh opens the grade report. Installed on its own, so
+# that a failure here leaves the build's packages in place; CI requires it
+# (.ci/run's TANDEM_REQUIRE names chromium), elsewhere test_web says
+# "skipped: chromium".
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    echo "deps: installing chromium"
+    { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null; } ||
+        echo "deps: chromium could not be installed: test_web will say so"
+fi
