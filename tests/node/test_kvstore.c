@@ -21,6 +21,7 @@
  */
 #include "proc.h"
 
+#include "base/prefix_hash.h"
 #include "base/strbuf.h"
 
 #include <sys/resource.h>
@@ -185,6 +186,34 @@ static void opts_with_dir(const char **o, const char *dir) {
 }
 
 /* Cold, memory, restart (SIGTERM), kill -9: output and computed positions. */
+/* The node's prefix report (GET /v1/stats "prefix", prefix_report.h): how
+ * many of ids' block hashes its tier `tier` lists, -1 without a report. */
+static int report_has(int port, const char *tier, const int32_t *ids, int n) {
+    char *body = NULL;
+    int st = http(port, "GET", "/v1/stats", NULL, &body);
+    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    free(body);
+    json_t *p = json_object_get(o, "prefix"), *list = json_object_get(json_object_get(p, "tiers"), tier);
+    const char *seed_hex = json_string_value(json_object_get(p, "seed"));
+    int found = -1;
+    if (json_is_array(list) && seed_hex) {
+        uint64_t seed = strtoull(seed_hex, NULL, 16), h[16];
+        int nb = prefix_hash_blocks(ids, n, PREFIX_HASH_BLOCK, seed, h, 16);
+        found = 0;
+        for (int b = 0; b < nb; b++) {
+            char hex[17];
+            snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h[b]);
+            for (size_t i = 0; i < json_array_size(list); i++)
+                if (!strcmp(json_string_value(json_array_get(list, i)) ? json_string_value(json_array_get(list, i)) : "", hex)) {
+                    found++;
+                    break;
+                }
+        }
+    }
+    json_decref(o);
+    return found;
+}
+
 static void test_tiers(ctx *c) {
     const char *o[8];
     opts_with_dir(o, c->store);
@@ -212,6 +241,9 @@ static void test_tiers(ctx *c) {
     port = start_node(c, &pid, "tiers", "local", o);
     if (port <= 0) return;
     CHECK(log_has(c, "tiers", "holds 8 block(s)"), "restart indexes the 8 blocks on disk");
+    /* what the router is told (cache-aware routing): the stored blocks */
+    int held = report_has(port, "store", c->prompt, PROMPT_N);
+    CHECK(held == 4, "the prefix report's \"store\" tier lists the prompt's 4 stored blocks (%d)", held);
     r = gen(port, c->prompt, PROMPT_N, NULL);
     CHECK(same_out(&r, c->ref), "after a restart: the same tokens as cold");
     CHECK(r.cached == 256 && r.computed == PROMPT_N - 256 && !strcmp(r.tier, "disk"),
