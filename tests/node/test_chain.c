@@ -232,7 +232,9 @@ static void part_faults(void) {
     CHECK(n < 0 && e && strstr(e, "chain refused") && strstr(e, "serves layers 0:2, the chain names it for 0:1"),
           "wrong slice refused by name: %s", e ? e : "");
     free(e);
-    CHECK(!strstr(slurp(a.log), "done tokens"), "nothing computed for a refused chain");
+    char *alog = slurp(a.log);
+    CHECK(!strstr(alog, "done tokens"), "nothing computed for a refused chain");
+    free(alog);
     /* a whole-model node named as a slice */
     snprintf(spec, sizeof spec, "127.0.0.1:%d/0:2,127.0.0.1:%d/2:%d", w.port, b.port, L);
     e = NULL;
@@ -296,8 +298,11 @@ static void part_faults(void) {
         int fd1 = settled_fds(a.pid);
         long rss1 = rss_kb(a.pid);
         printf("chain: node 1 after kill -9 of node 2 and a new chain: fds %d -> %d, RSS %ld -> %ld KiB\n", fd0, fd1, rss0, rss1);
-        /* a session's KV pages and the connection's buffers go with it; 4 MiB of allocator slack */
-        CHECK(fd1 <= fd0 && rss1 <= rss0 + 4096, "node 1 back to baseline: fds %d -> %d, RSS %ld -> %ld KiB", fd0, fd1, rss0, rss1);
+        /* a session's KV pages and the connection's buffers go with it; 4 MiB of allocator slack
+         * (under AddressSanitizer freed memory waits in its quarantine: fds only) */
+        int asan = getenv("TANDEM_ASAN") != NULL;
+        CHECK(fd1 <= fd0 && (asan || rss1 <= rss0 + 4096), "node 1 back to baseline: fds %d -> %d, RSS %ld -> %ld KiB%s",
+              fd0, fd1, rss0, rss1, asan ? " (RSS not judged under ASan)" : "");
     }
     snode_stop(&a);
     snode_stop(&b);
