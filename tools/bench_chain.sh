@@ -10,7 +10,7 @@ M=$1; SIZES=${2:-"1024 4096"}; ROUNDS=${3:-2}
 B=${TANDEM_BIN:-build/tandem}
 T=$(mktemp -d /tmp/bench-chain-XXXXXX)
 trap 'kill $(cat $T/pids 2>/dev/null) 2>/dev/null; rm -rf $T' EXIT
-printf 'bench-chain-secret-0123456789' > $T/secret
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > $T/secret   # 32 random bytes: nodes refuse less
 NL=${NL:-28}   # the model's block count (Qwen3-0.6B: 28)
 H=$((NL / 2))
 CTX=17000

@@ -83,7 +83,7 @@ def main():
     nl = 1 + max(int(m.group(1)) for m in (re.match(r'blk\.(\d+)\.', n) for n, _ in tensors) if m)
     tmp = tempfile.mkdtemp(prefix='slice-rss-')
     sec = os.path.join(tmp, 'secret')
-    open(sec, 'w').write('slice-rss-secret-0123456789')
+    open(sec, 'w').write(os.urandom(32).hex())   # 32 random bytes: nodes refuse less
     print(f'{os.path.basename(a.model)}: {nl} layers, {sum(b for _, b in tensors) / 2**20:.1f} MiB of tensors')
     print('| chain | slice | weight share MiB | RSS after load MiB | RSS / share |')
     print('|---|---|---:|---:|---:|')
