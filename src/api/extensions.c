@@ -30,17 +30,6 @@ static int ext_in(const char *const *l, const char *k) {
     return 0;
 }
 
-static int ext_bad(api_error *e, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int ext_bad(api_error *e, const char *param, const char *code, const char *fmt, ...) {
-    api_error_set(e, 400, "invalid_request_error", code, param, "%s", "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 int api_ext_check_fields(json_t *root, enum api_kind kind, int lenient, api_error *e) {
     const char *k;
     json_t *v;
@@ -48,21 +37,21 @@ int api_ext_check_fields(json_t *root, enum api_kind kind, int lenient, api_erro
         if (lenient || ext_in(ext_common, k) || ext_in(kind == API_CHAT ? ext_chat : ext_completion, k)) continue;
         char name[64];
         snprintf(name, sizeof name, "%.60s", k);
-        return ext_bad(e, name, "unknown_parameter",
+        return api_error_bad(e, name, "unknown_parameter",
                        "Unrecognized request argument supplied: '%s'. This server refuses fields it does not apply "
                        "(docs/router.md lists them; an operator may start the router with --lenient-params to ignore "
                        "them).", name);
     }
     json_t *st = json_object_get(root, "store");
-    if (st && !json_is_null(st) && !json_is_boolean(st)) return ext_bad(e, "store", "invalid_type", "'store' must be a boolean.");
+    if (st && !json_is_null(st) && !json_is_boolean(st)) return api_error_bad(e, "store", "invalid_type", "'store' must be a boolean.");
     if (json_is_true(st))
-        return ext_bad(e, "store", "unsupported_parameter", "'store': true is not supported: this server stores no completions.");
+        return api_error_bad(e, "store", "unsupported_parameter", "'store': true is not supported: this server stores no completions.");
     json_t *u = json_object_get(root, "user"), *md = json_object_get(root, "metadata"), *tier = json_object_get(root, "service_tier");
-    if (u && !json_is_null(u) && !json_is_string(u)) return ext_bad(e, "user", "invalid_type", "'user' must be a string.");
-    if (md && !json_is_null(md) && !json_is_object(md)) return ext_bad(e, "metadata", "invalid_type", "'metadata' must be an object.");
+    if (u && !json_is_null(u) && !json_is_string(u)) return api_error_bad(e, "user", "invalid_type", "'user' must be a string.");
+    if (md && !json_is_null(md) && !json_is_object(md)) return api_error_bad(e, "metadata", "invalid_type", "'metadata' must be an object.");
     if (tier && !json_is_null(tier) &&
         (!json_is_string(tier) || (strcmp(json_string_value(tier), "auto") && strcmp(json_string_value(tier), "default"))))
-        return ext_bad(e, "service_tier", "unsupported_parameter", "'service_tier' may only be \"auto\" or \"default\" here.");
+        return api_error_bad(e, "service_tier", "unsupported_parameter", "'service_tier' may only be \"auto\" or \"default\" here.");
     return 0;
 }
 
@@ -86,7 +75,7 @@ static int ext_check_schema(json_t *schema, const char *field, api_error *e) {
 
 /* The text of a GBNF grammar or regular expression field, compiled once. */
 static int ext_text(json_t *v, const char *field, int gbnf, const char *node_key, json_t *o, api_error *e) {
-    if (!json_is_string(v)) return ext_bad(e, field, "invalid_type", "'%s' must be a string.", field);
+    if (!json_is_string(v)) return api_error_bad(e, field, "invalid_type", "'%s' must be a string.", field);
     grammar *g = NULL;
     char err[400] = "";
     int rc = gbnf ? grammar_compile_gbnf(&g, json_string_value(v), json_string_length(v), err, sizeof err)
@@ -103,14 +92,14 @@ static int ext_text(json_t *v, const char *field, int gbnf, const char *node_key
 static int ext_choice(json_t *v, json_t *o, api_error *e) {
     size_t n = json_array_size(v);
     if (!json_is_array(v) || n == 0 || n > 4096)
-        return ext_bad(e, "guided_choice", "invalid_value", "'guided_choice' must be an array of 1 to 4096 strings.");
+        return api_error_bad(e, "guided_choice", "invalid_value", "'guided_choice' must be an array of 1 to 4096 strings.");
     const char **c = calloc(n, sizeof *c);
-    if (!c) return ext_bad(e, "guided_choice", NULL, "out of memory");
+    if (!c) return api_error_bad(e, "guided_choice", NULL, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         json_t *s = json_array_get(v, i);
         if (!json_is_string(s) || json_string_length(s) == 0 || strlen(json_string_value(s)) != json_string_length(s))
-            rc = ext_bad(e, "guided_choice", "invalid_value", "'guided_choice' entries must be non-empty strings without NUL.");
+            rc = api_error_bad(e, "guided_choice", "invalid_value", "'guided_choice' entries must be non-empty strings without NUL.");
         else c[i] = json_string_value(s);
     }
     grammar *g = NULL;
@@ -131,7 +120,7 @@ static int ext_schema_field(json_t *v, const char *field, json_t *o, api_error *
     json_t *schema = json_is_string(v) ? json_loads(json_string_value(v), 0, NULL) : json_incref(v);
     if (!json_is_object(schema)) {
         json_decref(schema);
-        return ext_bad(e, field, "invalid_value", "'%s' must be a JSON Schema object.", field);
+        return api_error_bad(e, field, "invalid_value", "'%s' must be a JSON Schema object.", field);
     }
     int rc = ext_check_schema(schema, field, e);
     if (!rc) json_object_set_new(o, "response_format", json_pack("{s:s, s:{s:s, s:o}}", "type", "json_schema",
@@ -154,7 +143,7 @@ int api_ext_sampling(json_t *root, json_t *o, api_error *e) {
         json_t *v = json_object_get(root, kinds[i]);
         if (!v || json_is_null(v)) continue;
         if (have)
-            return ext_bad(e, kinds[i], "invalid_value", "'%s' cannot be combined with '%s': give one constraint.", kinds[i], have);
+            return api_error_bad(e, kinds[i], "invalid_value", "'%s' cannot be combined with '%s': give one constraint.", kinds[i], have);
         have = kinds[i];
         int rc = i < 2 ? ext_text(v, kinds[i], 1, "grammar", o, e)
                : i == 2 ? ext_text(v, kinds[i], 0, "regex", o, e)
@@ -165,21 +154,21 @@ int api_ext_sampling(json_t *root, json_t *o, api_error *e) {
     json_t *mt = json_object_get(root, "min_tokens");
     if (mt && !json_is_null(mt)) {
         if (!json_is_integer(mt) || json_integer_value(mt) < 0 || json_integer_value(mt) > (1 << 24))
-            return ext_bad(e, "min_tokens", "invalid_value", "'min_tokens' must be an integer in [0, 16777216].");
+            return api_error_bad(e, "min_tokens", "invalid_value", "'min_tokens' must be an integer in [0, 16777216].");
         /* a constraint decides where its output ends: masking the end
          * there could leave no token at all */
         if (json_integer_value(mt) > 0 && have)
-            return ext_bad(e, "min_tokens", "invalid_value", "'min_tokens' cannot be combined with '%s'.", have);
+            return api_error_bad(e, "min_tokens", "invalid_value", "'min_tokens' cannot be combined with '%s'.", have);
         if (json_integer_value(mt) > 0) json_object_set(o, "min_tokens", mt);
     }
     json_t *ids = json_object_get(root, "stop_token_ids");
     if (ids && !json_is_null(ids)) {
         if (!json_is_array(ids) || json_array_size(ids) > API_MAX_STOP_IDS)
-            return ext_bad(e, "stop_token_ids", "invalid_value", "'stop_token_ids' must be an array of at most 64 token ids.");
+            return api_error_bad(e, "stop_token_ids", "invalid_value", "'stop_token_ids' must be an array of at most 64 token ids.");
         for (size_t i = 0; i < json_array_size(ids); i++) {
             json_t *x = json_array_get(ids, i);
             if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
-                return ext_bad(e, "stop_token_ids", "invalid_value", "'stop_token_ids' entries must be token ids (integers >= 0).");
+                return api_error_bad(e, "stop_token_ids", "invalid_value", "'stop_token_ids' entries must be token ids (integers >= 0).");
         }
         if (json_array_size(ids)) json_object_set(o, "stop_token_ids", ids);
     }

@@ -117,6 +117,11 @@ void api_error_set(api_error *e, int status, const char *type, const char *code,
                    const char *param, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
 
+/* A 400 invalid_request_error naming param, with code and a printf-style
+ * message; returns -1 (the request parsers' "refused"). */
+int api_error_bad(api_error *e, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* Parses and validates a request body. 0 on success (free with
  * api_request_free), -1 with e filled (status 400 or 413). */
 int api_parse_request(enum api_kind kind, const char *body, size_t len, const api_limits *lim,

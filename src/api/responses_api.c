@@ -50,17 +50,6 @@ struct api_responses {
 
 /* ==== Errors ==== */
 
-static int rs_bad(api_error *e, const char *param, const char *code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int rs_bad(api_error *e, const char *param, const char *code, const char *fmt, ...) {
-    api_error_set(e, 400, "invalid_request_error", code, param, "%s", "");
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 /* The chat parser's param names, as the Responses body spells them. */
 void api_responses_fix_error(api_error *e) {
     static const struct { const char *chat, *resp; } map[] = {
@@ -113,7 +102,7 @@ static int rs_keys(json_t *o, const char *const *allowed, const char *where, api
         if (rs_in(allowed, k)) continue;
         char p[64];
         snprintf(p, sizeof p, "%s.%.40s", where, k);
-        rs_bad(e, p, "unknown_parameter", "Unknown parameter: '%s.%.100s'.", where, k);
+        api_error_bad(e, p, "unknown_parameter", "Unknown parameter: '%s.%.100s'.", where, k);
         return 0;
     }
     return 1;
@@ -134,18 +123,18 @@ static int rs_harmless(const char *k, json_t *v) {
  * output_text (concatenated). param names it in errors. */
 static int rs_content(json_t *c, const char *param, strbuf *out, api_error *e) {
     if (json_is_string(c)) { strbuf_put(out, json_string_value(c), json_string_length(c)); return 0; }
-    if (!json_is_array(c)) return rs_bad(e, param, "invalid_type", "'%s' must be a string or an array of content parts.", param);
+    if (!json_is_array(c)) return api_error_bad(e, param, "invalid_type", "'%s' must be a string or an array of content parts.", param);
     static const char *const keys[] = {"type", "text", "annotations", "logprobs", NULL};
     for (size_t i = 0; i < json_array_size(c); i++) {
         json_t *p = json_array_get(c, i), *ty = json_object_get(p, "type"), *tx = json_object_get(p, "text");
         char pp[64];
         snprintf(pp, sizeof pp, "%s[%zu]", param, i);
         const char *t = json_string_value(ty);
-        if (!json_is_object(p) || !t) return rs_bad(e, pp, "invalid_type", "'%s' must be an object with a 'type'.", pp);
+        if (!json_is_object(p) || !t) return api_error_bad(e, pp, "invalid_type", "'%s' must be an object with a 'type'.", pp);
         if (strcmp(t, "input_text") && strcmp(t, "output_text"))
-            return rs_bad(e, pp, "unsupported_value", "Content part type '%.40s' is not supported (only input_text and output_text).", t);
+            return api_error_bad(e, pp, "unsupported_value", "Content part type '%.40s' is not supported (only input_text and output_text).", t);
         if (!rs_keys(p, keys, pp, e)) return -1;
-        if (!json_is_string(tx)) return rs_bad(e, pp, "invalid_type", "'%s.text' must be a string.", pp);
+        if (!json_is_string(tx)) return api_error_bad(e, pp, "invalid_type", "'%s.text' must be a string.", pp);
         strbuf_put(out, json_string_value(tx), json_string_length(tx));
     }
     return 0;
@@ -156,7 +145,7 @@ static int rs_text_of(json_t *c, const char *param, json_t **out, api_error *e) 
     if (rs_content(c, param, &b, e)) { strbuf_free(&b); return -1; }
     *out = json_stringn(b.p ? b.p : "", b.len);
     strbuf_free(&b);
-    if (!*out) return rs_bad(e, param, "invalid_value", "'%s' is not valid UTF-8.", param);
+    if (!*out) return api_error_bad(e, param, "invalid_value", "'%s' is not valid UTF-8.", param);
     return 0;
 }
 
@@ -175,9 +164,9 @@ static json_t *rs_assistant(json_t *msgs) {
 static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
     char p[48];
     snprintf(p, sizeof p, "input[%zu]", i);
-    if (!json_is_object(it)) return rs_bad(e, p, "invalid_type", "'%s' must be an object.", p);
+    if (!json_is_object(it)) return api_error_bad(e, p, "invalid_type", "'%s' must be an object.", p);
     const char *ty = json_string_value(json_object_get(it, "type"));
-    if (json_object_get(it, "type") && !ty) return rs_bad(e, p, "invalid_type", "'%s.type' must be a string.", p);
+    if (json_object_get(it, "type") && !ty) return api_error_bad(e, p, "invalid_type", "'%s.type' must be a string.", p);
     if (!ty || !strcmp(ty, "message")) {
         static const char *const keys[] = {"type", "role", "content", "id", "status", "phase", NULL};
         if (!rs_keys(it, keys, p, e)) return -1;
@@ -185,7 +174,7 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
         if (!role || (strcmp(role, "user") && strcmp(role, "assistant") && strcmp(role, "system") && strcmp(role, "developer"))) {
             char pr[64];
             snprintf(pr, sizeof pr, "%s.role", p);
-            return rs_bad(e, pr, "invalid_value", "'%s' must be one of user, assistant, system, developer.", pr);
+            return api_error_bad(e, pr, "invalid_value", "'%s' must be one of user, assistant, system, developer.", pr);
         }
         char pc[64];
         snprintf(pc, sizeof pc, "%s.content", p);
@@ -199,7 +188,7 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
         if (!rs_keys(it, keys, p, e)) return -1;
         json_t *cid = json_object_get(it, "call_id"), *name = json_object_get(it, "name"), *args = json_object_get(it, "arguments");
         if (!json_is_string(cid) || !json_is_string(name) || !json_is_string(args))
-            return rs_bad(e, p, "invalid_type", "'%s' (a function_call) needs string 'call_id', 'name' and 'arguments'.", p);
+            return api_error_bad(e, p, "invalid_type", "'%s' (a function_call) needs string 'call_id', 'name' and 'arguments'.", p);
         json_t *a = rs_assistant(msgs), *calls = json_object_get(a, "tool_calls");
         if (!calls) json_object_set_new(a, "tool_calls", calls = json_array());
         json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", cid, "type", "function", "function",
@@ -212,7 +201,7 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
         json_t *cid = json_object_get(it, "call_id"), *text;
         char po[64];
         snprintf(po, sizeof po, "%s.call_id", p);
-        if (!json_is_string(cid)) return rs_bad(e, po, "invalid_type", "'%s' must be a string.", po);
+        if (!json_is_string(cid)) return api_error_bad(e, po, "invalid_type", "'%s' must be a string.", po);
         snprintf(po, sizeof po, "%s.output", p);
         if (rs_text_of(json_object_get(it, "output"), po, &text, e)) return -1;
         json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", cid, "content", text));
@@ -220,21 +209,21 @@ static int rs_item(json_t *it, size_t i, json_t *msgs, api_error *e) {
     }
     char pt[64];
     snprintf(pt, sizeof pt, "%s.type", p);
-    return rs_bad(e, pt, "unsupported_value",
+    return api_error_bad(e, pt, "unsupported_value",
                   "Input item type '%.40s' is not supported (message, function_call, function_call_output).", ty);
 }
 
 static int rs_input(json_t *in, json_t *instructions, json_t *msgs, api_error *e) {
     if (json_is_string(instructions)) json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "system", "content", instructions));
     else if (instructions && !json_is_null(instructions))
-        return rs_bad(e, "instructions", "invalid_type", "'instructions' must be a string.");
-    if (!in) return rs_bad(e, "input", "missing_required_parameter", "Missing required parameter: 'input'.");
+        return api_error_bad(e, "instructions", "invalid_type", "'instructions' must be a string.");
+    if (!in) return api_error_bad(e, "input", "missing_required_parameter", "Missing required parameter: 'input'.");
     if (json_is_string(in)) {
         json_array_append_new(msgs, json_pack("{s:s, s:O}", "role", "user", "content", in));
         return 0;
     }
     if (!json_is_array(in) || json_array_size(in) == 0)
-        return rs_bad(e, "input", "invalid_type", "'input' must be a string or a non-empty array of input items.");
+        return api_error_bad(e, "input", "invalid_type", "'input' must be a string or a non-empty array of input items.");
     for (size_t i = 0; i < json_array_size(in); i++)
         if (rs_item(json_array_get(in, i), i, msgs, e)) return -1;
     return 0;
@@ -244,15 +233,15 @@ static int rs_input(json_t *in, json_t *instructions, json_t *msgs, api_error *e
 static int rs_text(json_t *text, json_t *chat, json_t *echo, api_error *e) {
     if (!text || json_is_null(text)) return 0;
     static const char *const keys[] = {"format", "verbosity", NULL};
-    if (!json_is_object(text)) return rs_bad(e, "text", "invalid_type", "'text' must be an object.");
+    if (!json_is_object(text)) return api_error_bad(e, "text", "invalid_type", "'text' must be an object.");
     if (!rs_keys(text, keys, "text", e)) return -1;
     json_t *verb = json_object_get(text, "verbosity");
     if (verb && !json_is_null(verb))
-        return rs_bad(e, "text.verbosity", "unsupported_parameter", "'text.verbosity' is not supported by this server.");
+        return api_error_bad(e, "text.verbosity", "unsupported_parameter", "'text.verbosity' is not supported by this server.");
     json_t *f = json_object_get(text, "format");
     if (!f || json_is_null(f)) return 0;
     const char *t = json_string_value(json_object_get(f, "type"));
-    if (!json_is_object(f) || !t) return rs_bad(e, "text.format", "invalid_type", "'text.format' must be an object with a 'type'.");
+    if (!json_is_object(f) || !t) return api_error_bad(e, "text.format", "invalid_type", "'text.format' must be an object with a 'type'.");
     if (!strcmp(t, "text") || !strcmp(t, "json_object")) {
         static const char *const fk[] = {"type", NULL};
         if (!rs_keys(f, fk, "text.format", e)) return -1;
@@ -261,15 +250,15 @@ static int rs_text(json_t *text, json_t *chat, json_t *echo, api_error *e) {
         static const char *const fk[] = {"type", "name", "schema", "strict", "description", NULL};
         if (!rs_keys(f, fk, "text.format", e)) return -1;
         json_t *name = json_object_get(f, "name"), *schema = json_object_get(f, "schema"), *strict = json_object_get(f, "strict");
-        if (!json_is_string(name)) return rs_bad(e, "text.format.name", "missing_required_parameter", "'text.format.name' must be a string.");
-        if (!json_is_object(schema)) return rs_bad(e, "text.format.schema", "missing_required_parameter", "'text.format.schema' must be an object.");
+        if (!json_is_string(name)) return api_error_bad(e, "text.format.name", "missing_required_parameter", "'text.format.name' must be a string.");
+        if (!json_is_object(schema)) return api_error_bad(e, "text.format.schema", "missing_required_parameter", "'text.format.schema' must be an object.");
         if (strict && !json_is_null(strict) && !json_is_boolean(strict))
-            return rs_bad(e, "text.format.strict", "invalid_type", "'text.format.strict' must be a boolean.");
+            return api_error_bad(e, "text.format.strict", "invalid_type", "'text.format.strict' must be a boolean.");
         json_t *js = json_pack("{s:O, s:O}", "name", name, "schema", schema);
         if (json_is_boolean(strict)) json_object_set(js, "strict", strict);
         json_object_set_new(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
     } else {
-        return rs_bad(e, "text.format.type", "invalid_value", "'text.format.type' must be text, json_object or json_schema.");
+        return api_error_bad(e, "text.format.type", "invalid_value", "'text.format.type' must be text, json_object or json_schema.");
     }
     json_object_set_new(echo, "text", json_pack("{s:O}", "format", f));
     return 0;
@@ -277,7 +266,7 @@ static int rs_text(json_t *text, json_t *chat, json_t *echo, api_error *e) {
 
 static int rs_tools(json_t *tools, json_t *chat, json_t *echo, api_error *e) {
     if (!tools || json_is_null(tools)) return 0;
-    if (!json_is_array(tools)) return rs_bad(e, "tools", "invalid_type", "'tools' must be an array.");
+    if (!json_is_array(tools)) return api_error_bad(e, "tools", "invalid_type", "'tools' must be an array.");
     json_t *out = json_array();
     json_object_set_new(chat, "tools", out);
     static const char *const keys[] = {"type", "name", "description", "parameters", "strict", NULL};
@@ -286,11 +275,11 @@ static int rs_tools(json_t *tools, json_t *chat, json_t *echo, api_error *e) {
         char p[32];
         snprintf(p, sizeof p, "tools[%zu]", i);
         const char *ty = json_string_value(json_object_get(t, "type"));
-        if (!json_is_object(t) || !ty) return rs_bad(e, p, "invalid_type", "'%s' must be an object with a 'type'.", p);
+        if (!json_is_object(t) || !ty) return api_error_bad(e, p, "invalid_type", "'%s' must be an object with a 'type'.", p);
         if (strcmp(ty, "function")) {
             char pt[48];
             snprintf(pt, sizeof pt, "%s.type", p);
-            return rs_bad(e, pt, "unsupported_value", "Tool type '%.40s' is not supported (only function tools).", ty);
+            return api_error_bad(e, pt, "unsupported_value", "Tool type '%.40s' is not supported (only function tools).", ty);
         }
         if (!rs_keys(t, keys, p, e)) return -1;
         json_t *fn = json_deep_copy(t);
@@ -309,10 +298,10 @@ static int rs_tool_choice(json_t *tc, json_t *chat, json_t *echo, api_error *e) 
     json_t *name = json_object_get(tc, "name");
     static const char *const keys[] = {"type", "name", NULL};
     if (!json_is_object(tc) || !ty || strcmp(ty, "function"))
-        return rs_bad(e, "tool_choice", "unsupported_value",
+        return api_error_bad(e, "tool_choice", "unsupported_value",
                       "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"name\": ...}.");
     if (!rs_keys(tc, keys, "tool_choice", e)) return -1;
-    if (!json_is_string(name)) return rs_bad(e, "tool_choice.name", "invalid_type", "'tool_choice.name' must be a string.");
+    if (!json_is_string(name)) return api_error_bad(e, "tool_choice.name", "invalid_type", "'tool_choice.name' must be a string.");
     json_object_set_new(chat, "tool_choice", json_pack("{s:s, s:{s:O}}", "type", "function", "function", "name", name));
     return 0;
 }
@@ -346,16 +335,16 @@ static int rs_translate(json_t *root, json_t *chat, json_t *echo, api_error *e) 
             continue;   /* below, in order */
         } else if (rs_in(rs_hints, k)) {
             if (!strcmp(k, "metadata") && !json_is_null(v) && !json_is_object(v))
-                return rs_bad(e, k, "invalid_type", "'metadata' must be an object.");
+                return api_error_bad(e, k, "invalid_type", "'metadata' must be an object.");
             if (!strcmp(k, "user") && json_is_string(v)) json_object_set(echo, k, v);
             if (!strcmp(k, "metadata") && json_is_object(v)) json_object_set(echo, k, v);
         } else if (rs_in(rs_unsupported, k)) {
             if (!rs_harmless(k, v))
-                return rs_bad(e, k, "unsupported_parameter", "'%s' is not supported by this server%s.", k,
+                return api_error_bad(e, k, "unsupported_parameter", "'%s' is not supported by this server%s.", k,
                               !strcmp(k, "previous_response_id") || !strcmp(k, "conversation")
                               ? " (it stores no responses: send the whole conversation in 'input')" : "");
         } else {
-            return rs_bad(e, k, "unknown_parameter", "Unknown parameter: '%.100s'.", k);
+            return api_error_bad(e, k, "unknown_parameter", "Unknown parameter: '%.100s'.", k);
         }
     }
     json_t *msgs = json_array();
@@ -374,10 +363,10 @@ int api_responses_parse(const char *body, size_t len, char **chat_body, api_resp
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!root || !json_is_object(root)) {
         json_decref(root);
-        return rs_bad(e, NULL, "invalid_json", "The request body is not a JSON object (%.200s).", root ? "not an object" : je.text);
+        return api_error_bad(e, NULL, "invalid_json", "The request body is not a JSON object (%.200s).", root ? "not an object" : je.text);
     }
     json_t *chat = json_object(), *echo = rs_echo_new();
-    int rc = chat && echo ? rs_translate(root, chat, echo, e) : rs_bad(e, NULL, NULL, "out of memory");
+    int rc = chat && echo ? rs_translate(root, chat, echo, e) : api_error_bad(e, NULL, NULL, "out of memory");
     char *s = rc ? NULL : json_dumps(chat, JSON_COMPACT);
     api_responses *rs = s ? calloc(1, sizeof *rs) : NULL;
     json_decref(root);
