@@ -120,6 +120,25 @@ PROC_FN int start_named(pid_t *pid, char *const argv[], const char *dir, const c
     return port;
 }
 
+/* `tandem serve EXTRA... --port-file DIR/NAME.port` through start_named
+ * (its log DIR/NAME.log, truncated when trunc), 30 s to write its port
+ * (120 s under ASan). The pid; *port is the port, or -1. */
+PROC_FN pid_t start_serve(const char *dir, const char *name, char *const extra[], int trunc, int *port) {
+    char pf[512];
+    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
+    char *argv[40];
+    int k = 0;
+    argv[k++] = (char *)bin();
+    argv[k++] = "serve";
+    for (int i = 0; extra[i] && k < 36; i++) argv[k++] = extra[i];
+    argv[k++] = "--port-file";
+    argv[k++] = pf;
+    argv[k] = NULL;
+    pid_t pid;
+    *port = start_named(&pid, argv, dir, name, trunc, asan() ? 120000 : 30000);
+    return pid;
+}
+
 /* Waits up to timeout_ms for pid to exit: its exit status (128 + the signal
  * when one ended it), or -1 when it had to be killed (SIGKILL, reaped) or
  * pid names no child. */

@@ -130,27 +130,11 @@ static void check_concurrent_equal(req *r, const char *what) {
            steps ? (double)toks / steps : 0.0);
 }
 
-static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
-    char pf[512];
-    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
-    char *argv[32];
-    int k = 0;
-    argv[k++] = (char *)bin();
-    argv[k++] = "serve";
-    for (int i = 0; extra[i]; i++) argv[k++] = extra[i];
-    argv[k++] = "--port-file";
-    argv[k++] = pf;
-    argv[k] = NULL;
-    pid_t pid;
-    *port = start_named(&pid, argv, dir, name, 0, asan() ? 120000 : 30000);
-    return pid;
-}
-
 static void test_model_local(const char *path, const char *dir, int vocab_hi, uint32_t seed) {
     int port;
     char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "512", "--parallel", "4",
                       "--listen", "127.0.0.1:0", NULL };
-    pid_t pid = start_node(dir, "local", extra, &port);
+    pid_t pid = start_serve(dir, "local", extra, 0, &port);
     CHECK(port > 0, "%s: local node did not start", path);
     if (port <= 0) { stop_proc(pid, 5000); return; }
     req r[N_REQ];
@@ -165,7 +149,7 @@ static void test_lifecycle(const char *path, const char *dir) {
     int port;
     char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "160", "--parallel", "2",
                       "--queue", "2", "--listen", "127.0.0.1:0", NULL };
-    pid_t pid = start_node(dir, "life", extra, &port);
+    pid_t pid = start_serve(dir, "life", extra, 0, &port);
     CHECK(port > 0, "lifecycle node did not start");
     if (port <= 0) { stop_proc(pid, 5000); return; }
     req warm[N_REQ];
@@ -308,13 +292,13 @@ static void test_split(const char *path, const char *dir) {
     int pport, dport;
     char *pextra[] = { "--role", "prefill", "-m", (char *)path, "-t", "1", "--listen", "127.0.0.1:0",
                        "--secret-file", sf, NULL };
-    pid_t pp = start_node(dir, "prefill", pextra, &pport);
+    pid_t pp = start_serve(dir, "prefill", pextra, 0, &pport);
     CHECK(pport > 0, "prefill node did not start");
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
     char *dextra[] = { "--role", "decode", "-m", (char *)path, "-t", "1", "-c", "512", "--parallel", "4",
                        "--prefill-node", addr, "--secret-file", sf, "--listen", "127.0.0.1:0", NULL };
-    pid_t dp = start_node(dir, "decode", dextra, &dport);
+    pid_t dp = start_serve(dir, "decode", dextra, 0, &dport);
     CHECK(dport > 0, "decode node did not start");
     if (pport > 0 && dport > 0) {
         req r[N_REQ];
@@ -352,11 +336,11 @@ static void test_stop_strings(const char *path, const char *dir) {
     int port, rport;
     char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "512", "--parallel", "2",
                       "--listen", "127.0.0.1:0", NULL };
-    pid_t pid = start_node(dir, "stop", extra, &port);
+    pid_t pid = start_serve(dir, "stop", extra, 0, &port);
     char dec[64];
     snprintf(dec, sizeof dec, "m=127.0.0.1:%d", port);
     char *rextra[] = { "--role", "router", "--quiet", "--listen", "127.0.0.1:0", "--decode", dec, NULL };
-    pid_t rpid = start_node(dir, "router", rextra, &rport);
+    pid_t rpid = start_serve(dir, "router", rextra, 0, &rport);
     CHECK(port > 0 && rport > 0, "stop test: servers did not start");
     const char *prompt = "Once upon a time, in a quiet town by the river,";
     json_t *q = json_pack("{s:s, s:i, s:b}", "prompt", prompt, "max_tokens", 24, "ignore_eos", 1);
@@ -416,12 +400,12 @@ static void test_prefill_interleave(const char *path, const char *dir) {
     int pport, dport;
     char *pextra[] = { "--role", "prefill", "-m", (char *)path, "-t", "1", "-b", "64", "--listen", "127.0.0.1:0",
                        "--secret-file", sf, NULL };
-    pid_t pp = start_node(dir, "prefill2", pextra, &pport);
+    pid_t pp = start_serve(dir, "prefill2", pextra, 0, &pport);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
     char *dextra[] = { "--role", "decode", "-m", (char *)path, "-t", "1", "-c", "2048", "--parallel", "2",
                        "--prefill-node", addr, "--secret-file", sf, "--listen", "127.0.0.1:0", NULL };
-    pid_t dp = start_node(dir, "decode2", dextra, &dport);
+    pid_t dp = start_serve(dir, "decode2", dextra, 0, &dport);
     CHECK(pport > 0 && dport > 0, "interleave: nodes did not start");
     if (pport > 0 && dport > 0) {
         /* the short request is sent a fifth of the way into the long one's
@@ -477,7 +461,7 @@ static void test_logprobs(const char *path, const char *dir) {
     int port;
     char *extra[] = { "--role", "local", "-m", (char *)path, "-t", "2", "-c", "256", "--parallel", "2",
                       "--listen", "127.0.0.1:0", NULL };
-    pid_t pid = start_node(dir, "lp", extra, &port);
+    pid_t pid = start_serve(dir, "lp", extra, 0, &port);
     CHECK(port > 0, "logprobs node did not start");
     int32_t ids[12] = { 11, 300, 4000, 52, 7, 900, 1234, 77, 15, 2048, 640, 3 };
     json_t *q = gen_req(ids, 12, 6, 0, NULL);
@@ -550,11 +534,11 @@ static void test_sampling_controls(const char *dir) {
     int port, rport;
     char *extra[] = { "--role", "local", "-m", path, "-t", "2", "-c", "256", "--parallel", "2",
                       "--listen", "127.0.0.1:0", NULL };
-    pid_t pid = start_node(dir, "ctl", extra, &port);
+    pid_t pid = start_serve(dir, "ctl", extra, 0, &port);
     char dec[64];
     snprintf(dec, sizeof dec, "m=127.0.0.1:%d", port);
     char *rextra[] = { "--role", "router", "--quiet", "--listen", "127.0.0.1:0", "--decode", dec, NULL };
-    pid_t rpid = start_node(dir, "ctl-router", rextra, &rport);
+    pid_t rpid = start_serve(dir, "ctl-router", rextra, 0, &rport);
     CHECK(port > 0 && rport > 0, "sampling controls: servers did not start");
     int32_t prompt[4] = { 1, 403, 407, 261 }, plain[64], got[64];
     int n = node_ids(port, gen_req(prompt, 4, 64, 0, NULL), plain, 64);

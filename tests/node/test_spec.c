@@ -383,22 +383,6 @@ static void req_run(req *r) {
 
 static void *req_thread(void *arg) { req_run(arg); return NULL; }
 
-static pid_t start_node(const char *dir, const char *name, char *const extra[], int *port) {
-    char pf[512];
-    snprintf(pf, sizeof pf, "%s/%s.port", dir, name);
-    char *argv[40];
-    int k = 0;
-    argv[k++] = (char *)bin();
-    argv[k++] = "serve";
-    for (int i = 0; extra[i]; i++) argv[k++] = extra[i];
-    argv[k++] = "--port-file";
-    argv[k++] = pf;
-    argv[k] = NULL;
-    pid_t pid;
-    *port = start_named(&pid, argv, dir, name, 1, asan() ? 120000 : 30000);
-    return pid;
-}
-
 typedef struct {
     int32_t ids[N_PROMPT][512];
     int n[N_PROMPT];
@@ -521,8 +505,8 @@ static void test_processes(const char *dir) {
                          "--lookup", "8", NULL };
         char *drf[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
                         "--draft-model", dp, "--draft-max", "6", "--draft-fixed", NULL };
-        pid_t p0 = start_node(dir, "plain", base, &pp), p1 = start_node(dir, "lookup", look, &lp),
-              p2 = start_node(dir, "draft", drf, &mport);
+        pid_t p0 = start_serve(dir, "plain", base, 1, &pp), p1 = start_serve(dir, "lookup", look, 1, &lp),
+              p2 = start_serve(dir, "draft", drf, 1, &mport);
         CHECK(pp > 0 && lp > 0 && mport > 0, "%s: nodes did not start", gm[i].golden);
         char what[160];
         int max_tokens = strstr(gm[i].model, "qwen") ? 16 : 64;
@@ -562,15 +546,15 @@ static void test_split(const char *dir) {
     write_text(sf, SPEC_SECRET "\n");
     int pport, dport, lport;
     char *pextra[] = { "--role", "prefill", "-m", mp, "-t", "1", "--listen", "127.0.0.1:0", "--secret-file", sf, NULL };
-    pid_t pp = start_node(dir, "split-prefill", pextra, &pport);
+    pid_t pp = start_serve(dir, "split-prefill", pextra, 1, &pport);
     char addr[64];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", pport);
     char *dextra[] = { "--role", "decode", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--prefill-node", addr,
                        "--min-split-tokens", "1", "--secret-file", sf, "--listen", "127.0.0.1:0", "--lookup", "8", NULL };
-    pid_t dp = start_node(dir, "split-decode", dextra, &dport);
+    pid_t dp = start_serve(dir, "split-decode", dextra, 1, &dport);
     char *lextra[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
                        "--secret-file", sf, NULL };
-    pid_t lp = start_node(dir, "split-plain", lextra, &lport);
+    pid_t lp = start_serve(dir, "split-plain", lextra, 1, &lport);
     CHECK(pport > 0 && dport > 0 && lport > 0, "split: nodes did not start");
     if (pport > 0 && dport > 0 && lport > 0) {
         sign_key = &key;
