@@ -507,6 +507,7 @@ typedef struct {
     long status;
     strbuf text, buf;
     int prompt_tokens, completion_tokens, chunks, done, attempts;
+    int cached_tokens;       /* usage.prompt_tokens_details.cached_tokens: the prompt the server had cached */
     double t_send, t_first, t_last, t_end, retry_after_s;
     char finish[16];
     char decode_node[128], plan[16], prefill_node[128];
@@ -565,6 +566,9 @@ static void grade_on_event(grade_call *c, const char *data) {
     if (json_is_object(u)) {
         c->prompt_tokens = (int)json_integer_value(json_object_get(u, "prompt_tokens"));
         c->completion_tokens = (int)json_integer_value(json_object_get(u, "completion_tokens"));
+        json_int_t ct = json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+        /* another server's figure is not trusted past the prompt it counts */
+        c->cached_tokens = ct > 0 && ct <= c->prompt_tokens ? (int)ct : 0;
     }
     json_decref(o);
 }
@@ -614,7 +618,7 @@ static void grade_attempt(grade_call *c, CURL *h, const char *url, struct curl_s
     c->status = 0;
     strbuf_reset(&c->text);
     strbuf_reset(&c->buf);
-    c->prompt_tokens = c->completion_tokens = c->chunks = c->done = c->failed = 0;
+    c->prompt_tokens = c->completion_tokens = c->cached_tokens = c->chunks = c->done = c->failed = 0;
     c->t_first = c->t_last = 0;
     c->retry_after_s = 0;
     c->finish[0] = c->decode_node[0] = c->plan[0] = c->prefill_node[0] = c->error[0] = 0;
@@ -736,6 +740,7 @@ typedef struct {
     int graded, failed, skipped, invalid, flagged;
     double t0;
     grade_series latency, ttft[2], tpot[2], ptok[2], ctok[2];
+    long long ptok_sum[2], cached_sum[2];   /* this run's prompt tokens, and those served from a cache */
     int plan_split, plan_local;
 } grade_class;
 
@@ -771,8 +776,9 @@ static char *grade_request_body(const grade_class *g, int which, const grade_sub
 static json_t *grade_call_timing(const grade_call *c, double t0) {
     double ttft = c->chunks ? c->t_first - c->t_send : -1;
     double tpot = c->completion_tokens > 1 && c->chunks > 1 ? (c->t_last - c->t_first) / (c->completion_tokens - 1) : -1;
-    json_t *t = json_pack("{s:i, s:f, s:i, s:i}", "attempts", c->attempts, "total_ms", c->t_end - c->t_send,
-                          "prompt_tokens", c->prompt_tokens, "completion_tokens", c->completion_tokens);
+    json_t *t = json_pack("{s:i, s:f, s:i, s:i, s:i}", "attempts", c->attempts, "total_ms", c->t_end - c->t_send,
+                          "prompt_tokens", c->prompt_tokens, "cached_tokens", c->cached_tokens,
+                          "completion_tokens", c->completion_tokens);
     json_object_set_new(t, "ttft_ms", ttft >= 0 ? json_real(ttft) : json_null());
     json_object_set_new(t, "tpot_ms", tpot >= 0 ? json_real(tpot) : json_null());
     json_object_set_new(t, "finish_reason", c->finish[0] ? json_string(c->finish) : json_null());
@@ -853,6 +859,8 @@ static void grade_count(grade_class *g, const grade_call *c, int which) {
     if (c->chunks) grade_series_add(&g->ttft[which], c->t_first - c->t_send);
     if (c->completion_tokens > 1 && c->chunks > 1) grade_series_add(&g->tpot[which], (c->t_last - c->t_first) / (c->completion_tokens - 1));
     grade_series_add(&g->ptok[which], c->prompt_tokens);
+    g->ptok_sum[which] += c->prompt_tokens;
+    g->cached_sum[which] += c->cached_tokens;
     grade_series_add(&g->ctok[which], c->completion_tokens);
     if (!strcmp(c->plan, "split")) g->plan_split++;
     else if (c->plan[0]) g->plan_local++;
@@ -1049,6 +1057,17 @@ static const char *grade_fmt(char *buf, size_t n, double v, int decimals, const 
     return buf;
 }
 
+/* How much of this run's prompts the servers had cached (a rubric held in a
+ * slot or a decode node's KV store). */
+static void grade_print_cached(const grade_class *g) {
+    long long p = g->ptok_sum[0] + g->ptok_sum[1], k = g->cached_sum[0] + g->cached_sum[1];
+    char a[32], b[32], c[32];
+    printf("prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): %lld of %lld (%s); "
+           "analysis %s, feedback %s\n", k, p, grade_fmt(a, sizeof a, p ? 100.0 * (double)k / (double)p : NAN, 1, "%"),
+           grade_fmt(b, sizeof b, g->ptok_sum[0] ? 100.0 * (double)g->cached_sum[0] / (double)g->ptok_sum[0] : NAN, 1, "%"),
+           grade_fmt(c, sizeof c, g->ptok_sum[1] ? 100.0 * (double)g->cached_sum[1] / (double)g->ptok_sum[1] : NAN, 1, "%"));
+}
+
 static void grade_summary(grade_class *g, double wall_s, grade_router_counts before, grade_router_counts after) {
     const grade_opts *o = g->o;
     char a[32], b[32], c[32], d[32], e[32], f[32];
@@ -1068,6 +1087,7 @@ static void grade_summary(grade_class *g, double wall_s, grade_router_counts bef
                grade_fmt(e, sizeof e, grade_mean(&g->ptok[w]), 0, ""), grade_fmt(f, sizeof f, grade_mean(&g->ctok[w]), 0, ""),
                g->ptok[w].n);
     }
+    grade_print_cached(g);
     printf("prefill plans of this run's requests (X-Tandem-Prefill-Plan): split %d, local %d\n", g->plan_split, g->plan_local);
     if (before.ok && after.ok)
         printf("router during the run (/metrics, all clients): prefilled split %.0f, local %.0f; decisions split %.0f, local %.0f\n",

@@ -123,7 +123,34 @@ char *grade_report_svg(const grade_rubric *r, json_t *const *recs, int n) {
 
 /* ==== Figures ==== */
 
-typedef struct { int graded, failed, invalid, with_total; double mean, median; int min, max; } rp_stats;
+typedef struct {
+    int graded, failed, invalid, with_total;
+    double mean, median;
+    int min, max;
+    long long prompt_tokens, cached_tokens;   /* over every request of the records (timings) */
+} rp_stats;
+
+/* A record's requests' prompt and cached tokens (timings.analysis and
+ * .feedback) into s; a record read back from disk is not trusted: a count
+ * outside [0, 2^30] or cached past the prompt is left out. */
+static void rp_add_cached(rp_stats *s, json_t *rec) {
+    static const char *const half[2] = {"analysis", "feedback"};
+    for (int w = 0; w < 2; w++) {
+        json_t *t = json_object_get(json_object_get(rec, "timings"), half[w]);
+        json_int_t p = json_integer_value(json_object_get(t, "prompt_tokens"));
+        json_int_t c = json_integer_value(json_object_get(t, "cached_tokens"));
+        if (p <= 0 || p > (1 << 30) || c < 0 || c > p) continue;
+        s->prompt_tokens += p;
+        s->cached_tokens += c;
+    }
+}
+
+/* "Prompt tokens from the KV cache: ..." (one sentence, no markup). */
+static void rp_cached_line(strbuf *b, const rp_stats *s) {
+    if (!s->prompt_tokens) return;
+    strbuf_printf(b, "Prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): %lld of %lld (%.1f%%).",
+                  s->cached_tokens, s->prompt_tokens, 100.0 * (double)s->cached_tokens / (double)s->prompt_tokens);
+}
 
 static int rp_cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
 
@@ -133,6 +160,7 @@ static rp_stats rp_figures(json_t *const *recs, int n) {
     for (int i = 0; i < n; i++) {
         if (!rp_graded(recs[i])) { s.failed++; continue; }
         s.graded++;
+        rp_add_cached(&s, recs[i]);
         if (!rp_has_total(recs[i])) { s.invalid++; continue; }
         if (t) t[s.with_total++] = (int)json_integer_value(json_object_get(recs[i], "total"));
     }
@@ -185,6 +213,7 @@ static void rp_markdown(strbuf *b, const grade_rubric *r, json_t *const *recs, i
     strbuf_printf(b, "\n\n%d submissions: %d graded, %d failed", n, s->graded, s->failed);
     if (s->invalid) strbuf_printf(b, " (%d graded without valid scores: the analysis did not follow the schema)", s->invalid);
     strbuf_printf(b, ". Generated %s.\n\n", when);
+    if (s->prompt_tokens) { rp_cached_line(b, s); strbuf_puts(b, "\n\n"); }
     strbuf_puts(b, "| Student");
     for (int k = 0; k < r->n_items; k++) {
         strbuf_puts(b, " | ");
@@ -322,7 +351,9 @@ static void rp_html_page(strbuf *b, const grade_rubric *r, json_t *const *recs, 
     if (r->title[0]) { strbuf_puts(b, ": "); rp_html(b, r->title); }
     strbuf_printf(b, "</h1>\n<p>%d submissions: %d graded, %d failed", n, s->graded, s->failed);
     if (s->invalid) strbuf_printf(b, " (%d graded without valid scores)", s->invalid);
-    strbuf_printf(b, ". Generated %s.</p>\n<table>\n<tr><th>Student</th>", when);
+    strbuf_printf(b, ". Generated %s.</p>\n", when);
+    if (s->prompt_tokens) { strbuf_puts(b, "<p>"); rp_cached_line(b, s); strbuf_puts(b, "</p>\n"); }
+    strbuf_puts(b, "<table>\n<tr><th>Student</th>");
     for (int k = 0; k < r->n_items; k++) {
         strbuf_puts(b, "<th>");
         rp_html(b, r->items[k].name);

@@ -240,6 +240,13 @@ static void test_report(void) {
                   "scores", "total", "feedback", "feedback for erin", "analysis_error", "message", "not JSON", "raw", "zzz"),
         json_pack("{s:s, s:s, s:s}", "submission", "frank", "status", "failed", "error", "feedback: HTTP 502 <oops>"),
     };
+    /* timings with cached tokens (alice: 90 of 100 and 40 of 50; bob: 10 of
+     * 100, 0 of 50; a bad count, cached past the prompt, is left out) */
+    json_object_set_new(recs[0], "timings", json_pack("{s:{s:i,s:i}, s:{s:i,s:i}}", "analysis", "prompt_tokens", 100,
+                                                      "cached_tokens", 90, "feedback", "prompt_tokens", 50, "cached_tokens", 40));
+    json_object_set_new(recs[1], "timings", json_pack("{s:{s:i,s:i}, s:{s:i,s:i}}", "analysis", "prompt_tokens", 100,
+                                                      "cached_tokens", 10, "feedback", "prompt_tokens", 50, "cached_tokens", 0));
+    json_object_set_new(recs[2], "timings", json_pack("{s:{s:i,s:i}}", "analysis", "prompt_tokens", 10, "cached_tokens", 11));
     mkdir("build", 0755);
     mkdir(TG_DIR, 0755);
     if (system("rm -rf " TG_DIR "/render")) {}
@@ -271,6 +278,9 @@ static void test_report(void) {
               "markdown table");
         CHECK(strstr(md, "Mean 6.0, median 6.5, lowest 1, highest 10"), "figures: %s", strstr(md, "Mean") ? strstr(md, "Mean") : md);
         CHECK(strstr(fb, "Fix line 2.") && strstr(fb, "Total: 5 / 10"), "feedback file");
+        CHECK(strstr(md, "Prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): 140 of 300 (46.7%).") &&
+              strstr(html, "<p>Prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): 140 of 300 (46.7%).</p>"),
+              "cached prompt tokens summed over the records (the bad count left out)");
     }
     free(html); free(md); free(svg); free(fb);
     for (int i = 0; i < 6; i++) json_decref(recs[i]);
@@ -390,6 +400,14 @@ static int tg_reused(const char *log, int port) {
     return n;
 }
 
+/* The summary's fraction of prompt tokens served from a cache, -1 without the line. */
+static double tg_cached(const char *so, long long *k, long long *p) {
+    const char *l = so ? strstr(so, "prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): ") : NULL;
+    *k = *p = -1;
+    if (!l || sscanf(strchr(l, ':') + 2, "%lld of %lld", k, p) != 2 || *p <= 0) return -1;
+    return (double)*k / (double)*p;
+}
+
 static void test_class(tg_cluster *c) {
     const char *out = TG_DIR "/class-out";
     char *so = NULL;
@@ -398,6 +416,9 @@ static void test_class(tg_cluster *c) {
      * decoding always closes the JSON */
     int rc = tg_grade(c, out, "1400", "48", "2", &so, NULL);
     CHECK(rc == 0 && so && strstr(so, "5 graded") && strstr(so, "0 failed"), "grade run: exit %d, %s", rc, so ? so : "");
+    long long k1, p1;
+    double f1 = tg_cached(so, &k1, &p1);
+    CHECK(f1 >= 0 && f1 <= 1 && p1 > 1000, "first pass: %lld of %lld prompt tokens from the cache", k1, p1);
     CHECK(so && strstr(so, "submissions/hour") && strstr(so, "latency per submission: p50") && strstr(so, "TTFT p50") &&
           strstr(so, "prefilled split 0, local 10"), "summary figures: %s", so ? so : "");
     free(so);
@@ -461,6 +482,24 @@ static void test_class(tg_cluster *c) {
     CHECK(before >= 10 && after == before, "rerun sent no request (chat 200s %g -> %g)", before, after);
     CHECK(tg_mtime(out, "carol.c") == m0, "rerun left the records alone");
     free(so);
+
+    /* a second grading pass of the same class (another output directory;
+     * short answers: the prompts are what counts): every request finds at
+     * least the rubric in a slot (81% here; the first pass computed each
+     * node's first prompts whole: 63%) */
+    const char *out2 = TG_DIR "/class-out2";
+    rc = tg_grade(c, out2, "16", "8", "2", &so, NULL);
+    long long k2, p2;
+    double f2 = tg_cached(so, &k2, &p2);
+    CHECK(rc == 0 && so && strstr(so, "5 graded"), "second pass graded the class: %s", so ? so : "");
+    CHECK(p2 == p1 && f2 >= 0.75 && f2 > f1, "second pass: %lld of %lld prompt tokens from the cache (%.1f%%; first pass %.1f%%)",
+          k2, p2, 100 * f2, 100 * f1);
+    free(so);
+    md = read_text(TG_DIR "/class-out2/report.md");
+    char want[160];
+    snprintf(want, sizeof want, "Prompt tokens from the KV cache (usage.prompt_tokens_details.cached_tokens): %lld of %lld", k2, p2);
+    CHECK(md && strstr(md, want), "the second pass's report says %s", want);
+    free(md);
 }
 
 /* A submission holding a file past --max-bytes is recorded as failed with
@@ -563,7 +602,7 @@ int main(void) {
     test_report();
     mkdir("build", 0755);
     mkdir(TG_DIR, 0755);
-    if (system("rm -rf " TG_DIR "/class-out " TG_DIR "/kill-out")) {}
+    if (system("rm -rf " TG_DIR "/class-out " TG_DIR "/class-out2 " TG_DIR "/kill-out")) {}
     tg_class();
     test_oversize();
     tg_cluster c;
