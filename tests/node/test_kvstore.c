@@ -11,8 +11,12 @@
  *     rest);
  *   - faults: a corrupted block, a truncated one, one of another KV dtype
  *     (a real bf16 node's file) and one of another model are refused and
- *     deleted with a log line; a file-size limit (RLIMIT_FSIZE) that fails
- *     writes mid-block leaves no half block; a directory removed under a
+ *     deleted with a log line; a disk that fills up mid-write (a small
+ *     tmpfs in a mount namespace: blocks 0 and 1 fit, block 2 does not)
+ *     leaves no half block and no temporary file, counts and logs the
+ *     failed writes, answers the same, and its two blocks load after a
+ *     restart (where no namespace can be made: a named skip "tmpfs" and a
+ *     file-size limit, RLIMIT_FSIZE, stands in); a directory removed under a
  *     running node; two nodes sharing a directory; a directory writable by
  *     others or a symbolic link is refused at start-up. Never a crash, never
  *     another answer.
@@ -25,6 +29,10 @@
 #include "base/strbuf.h"
 
 #include <sys/resource.h>
+#ifdef __linux__
+#include <sched.h>
+#include <sys/mount.h>
+#endif
 
 #include <xxhash.h>
 
@@ -35,7 +43,7 @@
 typedef struct {
     char model[1024], dir[256], store[300];
     int32_t prompt[PROMPT_N], other[PROMPT_N];
-    int32_t ref[N_PRED];
+    int32_t ref[N_PRED], ref_other[N_PRED];
 } ctx;
 
 /* ==== Helpers ==== */
@@ -226,7 +234,8 @@ static void test_tiers(ctx *c) {
     memcpy(c->ref, r.out, sizeof c->ref);
     /* another prompt takes the only slot; the first comes back from memory */
     gen_res x = gen(port, c->other, PROMPT_N, NULL);
-    CHECK(x.status == 200 && x.cached == 0, "other prompt: status %d cached %d", x.status, x.cached);
+    CHECK(x.status == 200 && x.cached == 0 && x.n_out == N_PRED, "other prompt: status %d cached %d", x.status, x.cached);
+    memcpy(c->ref_other, x.out, sizeof c->ref_other);
     r = gen(port, c->prompt, PROMPT_N, NULL);
     CHECK(same_out(&r, c->ref), "from memory: the same tokens as cold");
     CHECK(r.cached == 256 && r.computed == PROMPT_N - 256 && !strcmp(r.tier, "ram"),
@@ -479,8 +488,9 @@ static void test_bad_blocks(ctx *c) {
     CHECK(stop_proc(pid, 20000) == 0, "clean exit");
 }
 
-/* Writes that fail half way (RLIMIT_FSIZE), a directory that disappears. */
-static void test_write_faults(ctx *c) {
+/* Writes that fail half way under a file-size limit (RLIMIT_FSIZE): the
+ * stand-in for a full disk where no tmpfs can be mounted (test_disk_full). */
+static void test_fsize_limit(ctx *c) {
     char sdir[400], sub[600], pf[512], lg[512];
     snprintf(sdir, sizeof sdir, "%s/fsize", c->dir);
     /* block 1 fits, block 2 (256 more bytes of ids) does not: find the sizes from the main store */
@@ -525,11 +535,17 @@ static void test_write_faults(ctx *c) {
     if (d) closedir(d);
     CHECK(n == 2 && tmp == 0, "2 whole blocks and no temporary file left (got %d blocks, %d temporaries)", n, tmp);
     CHECK(stop_proc(pid, 20000) == 0, "clean exit");
+}
 
-    /* the directory disappears under a running node */
+/* A directory that disappears under a running node. */
+static void test_dir_gone(ctx *c) {
+    char sdir[400];
+    snprintf(sdir, sizeof sdir, "%s/gone", c->dir);
     const char *o[8];
     opts_with_dir(o, sdir);
-    port = start_node(c, &pid, "gone", "local", o);
+    pid_t pid;
+    int port = start_node(c, &pid, "gone", "local", o);
+    gen_res r;
     if (port <= 0) return;
     rm_tree(sdir);
     r = gen(port, c->other, PROMPT_N, NULL);
@@ -645,6 +661,135 @@ static void test_save_load(ctx *c) {
     free(rubric.p);
 }
 
+/* ==== A full disk ==== */
+
+/* Moves this process into a new mount namespace (and, when not root, a
+ * user namespace that maps this user to root) and mounts a tmpfs of
+ * `bytes` at path, so that the nodes it starts share that small disk. 0,
+ * or -1 with the reason (no namespaces here: a container, a kernel that
+ * forbids them, not Linux). */
+static int tmpfs_mount(const char *path, size_t bytes, char *why, size_t whylen) {
+#ifdef __linux__
+    if (geteuid() != 0) {
+        char map[64];
+        snprintf(map, sizeof map, "0 %u 1", (unsigned)geteuid());
+        char gmap[64];
+        snprintf(gmap, sizeof gmap, "0 %u 1", (unsigned)getegid());
+        if (unshare(CLONE_NEWUSER | CLONE_NEWNS)) { snprintf(why, whylen, "unshare(user, mount): %s", strerror(errno)); return -1; }
+        write_text("/proc/self/setgroups", "deny");
+        write_text("/proc/self/uid_map", map);
+        write_text("/proc/self/gid_map", gmap);
+        if (geteuid() != 0) { snprintf(why, whylen, "cannot map this user to root in a user namespace"); return -1; }
+    } else if (unshare(CLONE_NEWNS)) {
+        snprintf(why, whylen, "unshare(mount): %s", strerror(errno));
+        return -1;
+    }
+    /* nothing mounted here may reach the machine's own mount table */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) { snprintf(why, whylen, "private mounts: %s", strerror(errno)); return -1; }
+    char opt[64];
+    snprintf(opt, sizeof opt, "size=%zu,mode=0700", bytes);
+    if (mkdir(path, 0700) && errno != EEXIST) { snprintf(why, whylen, "mkdir %s: %s", path, strerror(errno)); return -1; }
+    if (mount("tandem-test-full", path, "tmpfs", MS_NOSUID | MS_NODEV, opt)) {
+        snprintf(why, whylen, "mount -t tmpfs -o %s %s: %s", opt, path, strerror(errno));
+        return -1;
+    }
+    return 0;
+#else
+    (void)path; (void)bytes;
+    snprintf(why, whylen, "mount namespaces are Linux's");
+    return -1;
+#endif
+}
+
+/* The temporaries (".tmp-*") in a directory. */
+static int count_tmp(const char *sub) {
+    DIR *d = opendir(sub);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) n += !strncmp(e->d_name, ".tmp-", 5);
+    if (d) closedir(d);
+    return n;
+}
+
+/* A node whose --kv-cache-dir is a tmpfs with room for blocks 0 and 1 of
+ * the prompt and half of block 2: the disk fills while block 2 is written.
+ * No half block is left under a block's name nor as a temporary, the failed
+ * writes are counted in /metrics and logged, the node goes on answering the
+ * same tokens, and after a restart the two whole blocks load. Where no
+ * namespace can be made, a named skip ("tmpfs") and the file-size-limit
+ * stand-in (test_fsize_limit). */
+static void test_disk_full(ctx *c) {
+    char msub[600], m[3][700], mnt[400], sub[600];
+    struct stat sb[3];
+    if (!find_sub(c->store, "f16", msub, sizeof msub)) { CHECK(0, "f16 subdirectory of the main store"); return; }
+    for (int i = 0; i < 3; i++) {
+        block_path(msub, i, m[i], sizeof m[i]);
+        if (!m[i][0] || stat(m[i], &sb[i])) { CHECK(0, "block %d in the main store", i); return; }
+    }
+    /* tmpfs counts whole pages per file */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), two = 0;
+    for (int i = 0; i < 2; i++) two += ((size_t)sb[i].st_size + page - 1) / page * page;
+    size_t size = two + (size_t)sb[2].st_size / 2 / page * page;
+    snprintf(mnt, sizeof mnt, "%s/full", c->dir);
+    char why[512];
+    if (tmpfs_mount(mnt, size, why, sizeof why)) {
+        t_skip_what("tmpfs", "no small tmpfs for a full disk (%s); a file-size limit stands in", why);
+        test_fsize_limit(c);
+        return;
+    }
+    const char *o[] = { "--kv-cache-dir", mnt, NULL };
+    pid_t pid;
+    int port = start_node(c, &pid, "full", "local", o);
+    if (port > 0) {
+        gen_res r = gen(port, c->prompt, PROMPT_N, NULL);
+        CHECK(same_out(&r, c->ref), "disk filling: the same tokens as cold");
+        const char *we = "tandem_decode_kv_store_write_errors_total{model=\"" MODEL_LABEL "\"} ";
+        double t0 = now_ms();
+        while (now_ms() - t0 < 10000 && metric_value(port, we) < 2) sleep_ms(50);
+        CHECK(metric_value(port, we) == 2, "blocks 2 and 3 failed to write, counted in /metrics (%g)", metric_value(port, we));
+        CHECK(disk_blocks(port) == 2, "the store indexes the 2 blocks written (%g)", disk_blocks(port));
+        CHECK(log_has(c, "full", "No space left on device"), "the failed write is logged with its cause");
+        CHECK(find_sub(mnt, "f16", sub, sizeof sub), "subdirectory on the tmpfs");
+        char names[16][32];
+        int n = list_blocks(sub, names, 16), whole = 0;
+        for (int i = 0; i < n; i++) {
+            char p[700];
+            struct stat bs;
+            snprintf(p, sizeof p, "%.600s/%.31s", sub, names[i]);
+            int idx = block_index(p, 1000);
+            whole += idx >= 0 && idx < 2 && !stat(p, &bs) && bs.st_size == sb[idx].st_size;
+        }
+        CHECK(n == 2 && whole == 2 && count_tmp(sub) == 0,
+              "a full disk leaves blocks 0 and 1 whole (%d files, %d whole) and no temporary file (%d)", n, whole,
+              count_tmp(sub));
+        /* the node goes on: another prompt (its writes fail too), then the first again from the disk tier */
+        gen_res x = gen(port, c->other, PROMPT_N, NULL);
+        CHECK(same_out(&x, c->ref_other), "disk full: another prompt answers as it did before");
+        r = gen(port, c->prompt, PROMPT_N, NULL);
+        CHECK(same_out(&r, c->ref) && r.cached == 128 && !strcmp(r.tier, "disk"),
+              "disk full: the prompt again, 128 positions from disk (cached %d, tier %s)", r.cached, r.tier);
+        CHECK(stop_proc(pid, 20000) == 0, "disk full: clean exit");
+    }
+    /* a restart on the full disk: the two whole blocks load */
+    port = start_node(c, &pid, "full2", "local", o);
+    if (port > 0) {
+        CHECK(log_has(c, "full2", "holds 2 block(s)"), "restart on the full disk indexes its 2 blocks");
+        gen_res r = gen(port, c->prompt, PROMPT_N, NULL);
+        CHECK(same_out(&r, c->ref) && r.cached == 128 && r.computed == PROMPT_N - 128 && !strcmp(r.tier, "disk"),
+              "after a restart on the full disk: the same tokens, cached %d (want 128) computed %d, tier %s", r.cached,
+              r.computed, r.tier);
+        char lg[512];
+        snprintf(lg, sizeof lg, "%s/full2.log", c->dir);
+        char *text = read_text(lg);
+        CHECK(text && !strstr(text, "refused"), "no block refused after the restart");
+        free(text);
+        CHECK(stop_proc(pid, 20000) == 0, "restart on the full disk: clean exit");
+    }
+#ifdef __linux__
+    umount2(mnt, MNT_DETACH);
+#endif
+}
+
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
     unsetenv("TANDEM_LOG_LEVEL");
@@ -667,9 +812,11 @@ int main(void) {
     test_tiers(&c);
     if (!t_fail) test_split(&c);
     if (!t_fail) test_bad_blocks(&c);
-    if (!t_fail) test_write_faults(&c);
+    if (!t_fail) test_dir_gone(&c);
     if (!t_fail) test_shared_and_unsafe(&c);
     if (!t_fail) test_save_load(&c);
+    /* last: it may move this process into a mount (and user) namespace */
+    if (!t_fail) test_disk_full(&c);
     fprintf(stderr, "test_kvstore: %.1f s (logs in %s)\n", (now_ms() - t0) / 1e3, c.dir);
     if (!t_fail) rm_tree(c.dir);
     return t_done("test_kvstore");
