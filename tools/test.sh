@@ -235,6 +235,9 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '\x08Sure.\n<tool_call>\n{"name": "f", "arguments": {"a": [1, "}"]}}\n</tool_call>' >"$2/qwen"
           printf '\x02<|python_tag|>{"name": "w", "parameters": {"city": "Oslo"}}' >"$2/llama"
           printf '\x03{"messages":[{"role":"system","content":"s"},{"role":"user","content":"x"},{"role":"assistant","content":"<think>a</think>b","tool_calls":[{"function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"r"}],"tools":[{"type":"function","function":{"name":"f"}}],"prefix":"<tool_call>"}' >"$2/render" ;;
+    kvblock) # real block files of a stories260K node's --kv-cache-dir
+          tools/kvblock_seed.sh "$2" >/dev/null ||
+              echo "fuzz_kvblock: tools/kvblock_seed.sh failed: fuzzing without a real block file" ;;
     grammar)
           printf '{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer","minimum":-5,"maximum":120}},"required":["name"],"additionalProperties":false}\0{"name":"a\\u00e9\\n","n":-3}' >"$2/object"
           printf '{"$defs":{"t":{"type":"object","properties":{"v":{"type":"number","exclusiveMinimum":0,"maximum":2.5},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},"maxItems":2}}}},"anyOf":[{"$ref":"#/$defs/t"},{"enum":["x",null,1]}]}\0{"v":0.25,"kids":[{"v":2.5},{}]}' >"$2/tree"

@@ -233,6 +233,27 @@ static int kvs_check_header(const kvstore *st, const uint8_t *h, uint64_t want_h
     return 0;
 }
 
+int kvstore_block_check(const kvstore *st, const uint8_t *d, size_t size, uint64_t hash, int index, const int32_t *ids,
+                        char *why, size_t whylen) {
+    int bi = -1, hc;
+    if (size < KVS_HDR) { snprintf(why, whylen, "shorter than a header"); return -1; }
+    if ((hc = kvs_check_header(st, d, hash, &bi, why, whylen)) > 0) return 1;
+    if (hc < 0) return -1;
+    if (bi != index) { snprintf(why, whylen, "holds block %d, looked up as block %d", bi, index); return -1; }
+    if (size != kvs_block_size(st, index)) {
+        snprintf(why, whylen, "%zu bytes, a block %d is %zu (truncated or foreign)", size, index, kvs_block_size(st, index));
+        return -1;
+    }
+    if (kvs_checksum(d, size) != kvs_get64(d + H_SUM)) { snprintf(why, whylen, "checksum mismatch"); return -1; }
+    if (memcmp(d + KVS_HDR, ids, kvs_ids_bytes(index))) {
+        /* a valid block of another prefix with the same hash (a collision):
+         * not ours to use, nor to delete */
+        snprintf(why, whylen, "it has the prompt's hash but other tokens");
+        return 1;
+    }
+    return 0;
+}
+
 /* ==== Tiers (caller holds mu) ==== */
 
 static void kvs_block_unref(kvs_block *b) {
@@ -446,13 +467,12 @@ static kvs_block *kvs_disk_load(kvstore *st, uint64_t hash, int index, const int
         got += (size_t)r;
     }
     if (got != want) { snprintf(why, sizeof why, "short read (%zu of %zu bytes)", got, want); goto bad; }
-    if (kvs_checksum(b->data, want) != kvs_get64(b->data + H_SUM)) { snprintf(why, sizeof why, "checksum mismatch"); goto bad; }
     if (memcmp(b->data, h, KVS_HDR)) { snprintf(why, sizeof why, "changed while read"); goto bad; }
+    int rc = kvstore_block_check(st, b->data, want, hash, index, ids, why, sizeof why);
+    if (rc < 0) goto bad;
     close(fd);
-    if (memcmp(b->data + KVS_HDR, ids, kvs_ids_bytes(index))) {
-        /* a valid block of another prefix with the same hash (a collision):
-         * not ours to use, nor to delete */
-        log_warn(NULL, "kv store: block %s/%s has the prompt's hash but other tokens; not used", st->dpath, name);
+    if (rc > 0) {
+        log_warn(NULL, "kv store: block %s/%s: %s; not used", st->dpath, name, why);
         kvs_block_free(b);
         return NULL;
     }

@@ -111,6 +111,17 @@ int kvstore_warm(kvstore *st, const int32_t *ids, int n);
  * most max_out: what a node reports for cache-aware routing. */
 int kvstore_list_hashes(kvstore *st, uint64_t *out, int max_out);
 
+/* Checks a block file's bytes (d, size) as a disk load does before any row
+ * is used: the header (magic, layout, fingerprint, dtype, shape, its hash
+ * == hash, its index == index and within the context, its size field), the
+ * size, the checksum, then its token ids == ids[0, 64 (index + 1)). 0: the
+ * block to use; -1: a bad block (to delete; why says what); 1: a valid
+ * block that is not this lookup's (another prefix with the same hash, or
+ * beyond this node's context: another node's). ids is read only after the
+ * header and size passed. The parser fuzz/fuzz_kvblock.c drives. */
+int kvstore_block_check(const kvstore *st, const uint8_t *d, size_t size, uint64_t hash, int index, const int32_t *ids,
+                        char *why, size_t whylen);
+
 void kvstore_get_stats(kvstore *st, kvstore_stats *s);
 
 /* "ram" / "disk" */
