@@ -119,6 +119,7 @@ static void test_stall(ctx *c) {
     if (t_fail) return;
     int st;
     json_t *o = post_json(port, gen_req(c->prefix, PREFIX_N + EXTRA_N, 1, 0, NULL), &st);
+    long long cold_tok = jint(o, "tokens", NULL) ? -1 : json_integer_value(json_array_get(json_object_get(o, "tokens"), 0));
     CHECK(st == 200, "the prefix computed once (%d)", st);
     json_decref(o);
     double t0 = now_ms();
@@ -159,6 +160,9 @@ static void test_stall(ctx *c) {
             bytes / 1e6, dst, cached, tier, store_ms, sl.n, typical, gap);
     CHECK(dst == 200 && cached == PREFIX_N && !strcmp(tier, "disk"), "the prefix came from disk (status %d, cached %d, tier %s)",
           dst, cached, tier);
+    /* the rows read straight into the slot (no memory tier) give the cold run's token */
+    long long disk_tok = json_integer_value(json_array_get(json_object_get(d, "tokens"), 0));
+    CHECK(disk_tok == cold_tok, "the disk hit's token equals the cold run's (%lld, %lld)", disk_tok, cold_tok);
     CHECK(sl.n == STREAM_N && nref == STREAM_N && !memcmp(sl.ids, ref, sizeof ref), "the stream's tokens equal its run alone");
     /* the old scheduler loaded under its lock: the gap was >= store_ms.
      * A load shorter than a few of the stream's steps (a disk much faster
