@@ -7,14 +7,18 @@ holds the rubric when it is asked for again) and the store in memory and on
 disk. Per round, side by side:
   cold      a rubric never seen (nothing stored): the whole prompt computed;
   ram       the stored rubric + a new submission: the rubric from memory;
-  disk      after a restart, with the block files dropped from the page cache
-            (posix_fadvise DONTNEED): the rubric from the disk itself;
+  disk      after a restart, with the page cache dropped (as root
+            `echo 3 > /proc/sys/vm/drop_caches`, else posix_fadvise DONTNEED on
+            the block files): the rubric from the disk itself;
+  cat       right after each disk run, the rubric's block files read with
+            `cat`, the page cache dropped the same way (the disk's own rate);
   disk-pc   after a restart, the files still in the page cache.
-TTFT is the node's own ttft_ms (arrival to first token); store_ms the time
-its scheduler spent finding and loading the blocks. Then the same block files
-read with `cat` (cold and page-cached), for the load rate.
+The first round's cold run is the request that stores the rubric. TTFT is
+the node's own ttft_ms (arrival to first token); store_ms the time its
+loader spent finding, reading, checking and copying the blocks. Every row
+notes the load average (1 min) when it was measured.
 
-usage: tools/bench_kvstore.py MODEL.gguf [--rounds N] [--threads N] [--rubric N] [--sub N]
+usage: tools/bench_kvstore.py MODEL.gguf [--rounds N] [--threads N] [--rubric N] [--sub N] [--ctx N]
 """
 import argparse, json, os, random, shutil, signal, statistics, subprocess, sys, tempfile, time, urllib.request
 
@@ -26,7 +30,7 @@ def start(a, d, log):
     pf = os.path.join(d, "node.port")
     if os.path.exists(pf):
         os.unlink(pf)
-    argv = [TANDEM, "serve", "--role", "local", "-m", a.model, "-t", str(a.threads), "-c", str(a.rubric + a.sub + 64),
+    argv = [TANDEM, "serve", "--role", "local", "-m", a.model, "-t", str(a.threads), "-c", str(a.ctx or a.rubric + a.sub + 64),
             "--parallel", "1", "--kv-cache-ram", str(4 << 30), "--kv-cache-dir", os.path.join(d, "store"),
             "--kv-cache-disk", str(8 << 30), "--listen", "127.0.0.1:0", "--port-file", pf]
     p = subprocess.Popen(argv, stdout=log, stderr=log)
@@ -78,7 +82,14 @@ def block_files(d):
     return out
 
 
+def loadavg():
+    return float(open("/proc/loadavg").read().split()[0])
+
+
 def drop_cache(files):
+    if os.geteuid() == 0:
+        subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True, check=True)
+        return
     for f in files:
         fd = os.open(f, os.O_RDONLY)
         os.fsync(fd)
@@ -107,52 +118,67 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rubric", type=int, default=4096)
     ap.add_argument("--sub", type=int, default=500)
+    ap.add_argument("--ctx", type=int, default=0, help="the node's -c (default rubric + sub + 64)")
     a = ap.parse_args()
     rng = random.Random(43)
     ids = lambda n: [rng.randrange(1000, 100000) for _ in range(n)]
     d = tempfile.mkdtemp(prefix="tandem-bench-kvstore-")
     log = open(os.path.join(d, "node.log"), "ab")
     rubric = ids(a.rubric)
-    res = {"cold": [], "ram": [], "disk": [], "disk-pc": []}
+    res = {"cold": [], "ram": [], "disk": [], "cat": [], "disk-pc": []}
     p, port = start(a, d, log)
-    gen(port, rubric + ids(a.sub))   # the rubric stored once
+
+    def run(kind, prompt):
+        la = loadavg()
+        x = gen(port, prompt)
+        x["load"] = max(la, loadavg())
+        res[kind].append(x)
+
+    run("cold", rubric + ids(a.sub))   # the rubric stored by its first, cold, request
+    files, nbytes = [], 0
     for r in range(a.rounds):
-        res["cold"].append(gen(port, ids(a.rubric) + ids(a.sub)))
-        res["ram"].append(gen(port, rubric + ids(a.sub)))
+        if r:
+            run("cold", ids(a.rubric) + ids(a.sub))
+        else:
+            gen(port, ids(80))   # the slot no longer holds the rubric: the next hit is the store's
+        run("ram", rubric + ids(a.sub))
         wait_written(port)
         stop(p)
-        drop_cache(rubric_files(d, rubric))
+        files = rubric_files(d, rubric)
+        nbytes = sum(os.path.getsize(f) for f in files)
+        drop_cache(files)
         p, port = start(a, d, log)
-        res["disk"].append(gen(port, rubric + ids(a.sub)))
+        run("disk", rubric + ids(a.sub))
+        # cat of the same files right after, the page cache dropped the same way
+        drop_cache(files)
+        # the shell and cat themselves back in the page cache: only the files are read
+        subprocess.run("cat /dev/null > /dev/null", shell=True, check=True)
+        la = loadavg()
+        t0 = time.time()
+        subprocess.run("cat " + " ".join(files) + " > /dev/null", shell=True, check=True)
+        res["cat"].append({"store_ms": (time.time() - t0) * 1e3, "load": max(la, loadavg())})
         stop(p)
         p, port = start(a, d, log)
-        res["disk-pc"].append(gen(port, rubric + ids(a.sub)))
-        print("round %d: %s" % (r + 1, {k: (round(v[-1]["ttft"]), v[-1]["tier"], round(v[-1]["store_ms"], 1))
-                                          for k, v in res.items()}), flush=True)
+        run("disk-pc", rubric + ids(a.sub))
+        print("round %d: %s" % (r + 1, {k: (round(v[-1].get("ttft", 0)), v[-1].get("tier"), round(v[-1]["store_ms"], 1))
+                                          for k, v in res.items() if v}), flush=True)
     stop(p)
-    files = rubric_files(d, rubric)
-    nbytes = sum(os.path.getsize(f) for f in files)
-    cat = {"cold": [], "pc": []}
-    for _ in range(a.rounds):
-        drop_cache(files)
-        t0 = time.time()
-        subprocess.run("cat " + " ".join(files) + " > /dev/null", shell=True, check=True)
-        cat["cold"].append((time.time() - t0) * 1e3)
-        t0 = time.time()
-        subprocess.run("cat " + " ".join(files) + " > /dev/null", shell=True, check=True)
-        cat["pc"].append((time.time() - t0) * 1e3)
     med = lambda xs: statistics.median(xs)
-    print("\nrubric %d + submission %d tokens, %s, %d threads, %d rounds (medians)" %
-          (a.rubric, a.sub, os.path.basename(a.model), a.threads, a.rounds))
-    print("| run | TTFT ms | cached | computed | store load ms | load GB/s |")
-    print("|---|---|---|---|---|---|")
+    print("\nrubric %d + submission %d tokens, %s, %d threads, %d rounds (medians); %d block files, %.1f MB" %
+          (a.rubric, a.sub, os.path.basename(a.model), a.threads, a.rounds, len(files), nbytes / 1e6))
+    print("| run | TTFT ms | cached | computed | load ms | load GB/s | load average |")
+    print("|---|---|---|---|---|---|---|")
     for k, v in res.items():
         sm = med([x["store_ms"] for x in v])
-        print("| %s | %.0f | %d | %d | %.1f | %s |" % (k, med([x["ttft"] for x in v]), v[0]["cached"], v[0]["computed"], sm,
-                                                     "%.2f" % (nbytes / sm / 1e6) if sm > 0 and k != "cold" else "-"))
-    print("\n%d block files, %.1f MB: cat (page cache dropped) %.1f ms = %.2f GB/s; cat (page cache) %.1f ms = %.2f GB/s" %
-          (len(files), nbytes / 1e6, med(cat["cold"]), nbytes / med(cat["cold"]) / 1e6, med(cat["pc"]),
-           nbytes / med(cat["pc"]) / 1e6))
+        la = "%.1f-%.1f" % (min(x["load"] for x in v), max(x["load"] for x in v))
+        rate = "%.2f" % (nbytes / sm / 1e6) if sm > 0 and k != "cold" else "-"
+        if k == "cat":
+            print("| cat (page cache dropped) | - | - | - | %.1f | %s | %s |" % (sm, rate, la))
+            continue
+        print("| %s | %.0f | %d | %d | %.1f | %s | %s |" % (k, med([x["ttft"] for x in v]), v[0]["cached"], v[0]["computed"],
+                                                          sm, rate, la))
+    d_ms, c_ms = med([x["store_ms"] for x in res["disk"]]), med([x["store_ms"] for x in res["cat"]])
+    print("\ndisk load / cat: %.2fx the time (goal: >= 1 GB/s, or <= 2x cat's time)" % (d_ms / c_ms))
     log.close()
     print(open(os.path.join(d, "node.log")).read()[-2500:]) if os.environ.get("BENCH_SHOW_LOG") else None
     shutil.rmtree(d)

@@ -6,12 +6,17 @@
 #   two-models    node A serves the analysis (model A), node B the feedback (model B)
 #   split-on      two-models with decode nodes plus one prefill node per model, --split always
 #   split-off     the same processes, --split never
+#   store-off     one local node (-t 2, SLOTS slots), no KV store (issue 43's baseline)
+#   store-on      the same node with the KV store: --kv-cache-ram 2 GiB and a
+#                 --kv-cache-dir under build/grade-bench (emptied first)
 # Each topology starts its processes, runs one grading of the synthetic class,
 # prints the summary and stops everything. On a real cluster, run the same
 # `tandem grade --bench N --router URL ...` against its router.
 #
 # usage: tools/grade_bench.sh [N] [TOPOLOGY...]
-#   env: MODEL_A, MODEL_B (GGUF files), PARALLEL (submissions in flight, 4), CTX (8192)
+#   env: MODEL_A, MODEL_B (GGUF files), PARALLEL (submissions in flight, 4), CTX (8192),
+#        SLOTS (store-off/store-on: the node's --parallel, 4), TIMEOUT (grade's
+#        per-request --timeout in s, 600: a loaded 2-core machine needs more)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-16}; shift || true
@@ -21,6 +26,8 @@ MODEL_A=${MODEL_A:-$FIX/models/qwen3-mini-Q8_0.gguf}
 MODEL_B=${MODEL_B:-$FIX/models/qwen2-mini-Q4_0.gguf}
 PARALLEL=${PARALLEL:-4}
 CTX=${CTX:-8192}
+SLOTS=${SLOTS:-4}
+TIMEOUT=${TIMEOUT:-600}
 BIN=build/tandem
 WORK=build/grade-bench
 mkdir -p "$WORK"
@@ -64,6 +71,12 @@ run() {    # run TOPOLOGY ROUTER_PORT ANALYSIS_MODEL FEEDBACK_MODEL
         --out "$WORK/out-$1" --parallel "$PARALLEL" --quiet
 }
 
+# store_report PORT: the decode node's prompt positions served from its slots
+# and its KV store, from /metrics (what the store saved)
+store_report() {
+    curl -s "http://127.0.0.1:$1/metrics" | grep -E '^tandem_decode_(kv_store_(hits|misses|read_bytes)_total|prompt_tokens|cached)' || true
+}
+
 for top in "${TOPS[@]}"; do
     case "$top" in
     one-node)
@@ -92,6 +105,18 @@ for top in "${TOPS[@]}"; do
         start router --role router --config "$WORK/router.json" --decode "A=127.0.0.1:$a" --decode "B=127.0.0.1:$b" \
             --prefill "A=127.0.0.1:$pa" --prefill "B=127.0.0.1:$pb" --split "$policy"; r=$PORT
         run "$top" "$r" A B ;;
+    store-off|store-on)
+        opts=()
+        if [ "$top" = store-on ]; then
+            rm -rf "$WORK/kvstore"; mkdir -m 700 "$WORK/kvstore"
+            opts=(--kv-cache-ram $((2 << 30)) --kv-cache-dir "$WORK/kvstore")
+        fi
+        node a local "$MODEL_A" 2 "$SLOTS" "${opts[@]}"; a=$PORT
+        start router --role router --config "$WORK/router.json" --decode "A=127.0.0.1:$a"; r=$PORT
+        /usr/bin/time -f "$top: %e s wall" "$BIN" grade --bench "$N" --router "http://127.0.0.1:$r" --analysis-model A \
+            --feedback-model A --out "$WORK/out-$top" --parallel "$PARALLEL" --timeout "$TIMEOUT" --quiet || true
+        echo "(load average after: $(cut -d' ' -f1-3 /proc/loadavg))"
+        store_report "$a" ;;
     *) echo "grade_bench: unknown topology $top" >&2; exit 2 ;;
     esac
     cleanup

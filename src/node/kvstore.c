@@ -15,12 +15,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +46,11 @@
  * node's sharing the directory) and is removed at start-up. */
 #define KVS_STALE_TMP_S 600
 #define KVS_NAME_LEN 21             /* 16 hex digits + ".kvb" + NUL */
+/* How far ahead of the block being read a chain's next block files are
+ * handed to the kernel (posix_fadvise WILLNEED): enough to keep the disk's
+ * queue full while one block is checked and copied (a 0.6B-shape block is
+ * 7 MB), little against the page cache. */
+#define KVS_READAHEAD_BYTES (64u << 20)
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "kvstore files are little-endian");
 
@@ -487,6 +494,103 @@ bad:
     return NULL;
 }
 
+/* Asks the kernel to start reading the block files of hashes [from, to)
+ * that memory does not hold (posix_fadvise WILLNEED: asynchronous, the
+ * reads later find the pages); a file that is not there is skipped. */
+static void kvs_disk_readahead(kvstore *st, const uint64_t *h, int from, int to) {
+    for (int i = from; i < to; i++) {
+        pthread_mutex_lock(&st->mu);
+        int in_ram = kvs_ram_find(st, h[i]) >= 0;
+        pthread_mutex_unlock(&st->mu);
+        if (in_ram) continue;
+        char name[KVS_NAME_LEN];
+        kvs_name(h[i], name);
+        int fd = openat(st->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) break;            /* the chain stops here */
+        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
+}
+
+/* Reads [off, off + sum of iov) of fd into iov (IOV_MAX at a time, short
+ * reads resumed): 0, or -1. iov is consumed. */
+static int kvs_preadv_all(int fd, struct iovec *iov, int n, off_t off) {
+    while (n > 0) {
+        ssize_t r = preadv(fd, iov, n < IOV_MAX ? n : IOV_MAX, off);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        off += r;
+        while (n > 0 && (size_t)r >= iov->iov_len) { r -= (ssize_t)iov->iov_len; iov++; n--; }
+        if (n > 0) { iov->iov_base = (uint8_t *)iov->iov_base + r; iov->iov_len -= (size_t)r; }
+    }
+    return 0;
+}
+
+/* Block `index` with `hash` read straight into kv's positions
+ * [64 index, 64 (index + 1)) (kvs_rows_check passed):
+ * header and ids first and checked, then the rows in one preadv into the
+ * cache's runs (the file's row order is the cache's), then the checksum of
+ * what landed. 0 when the block is good and in place; -1 when absent, bad
+ * (deleted) or another prefix's: the rows there are then not valid, and the
+ * caller does not count them (kv's used count is not moved). */
+static int kvs_disk_load_into(kvstore *st, uint64_t hash, int index, const int32_t *ids, kvcache *kv) {
+    char name[KVS_NAME_LEN], why[256];
+    kvs_name(hash, name);
+    int fd = openat(st->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        pthread_mutex_lock(&st->mu);
+        int i = kvs_disk_find(st, hash);
+        if (i >= 0) kvs_disk_remove(st, i);   /* deleted by another node, or the directory is gone */
+        pthread_mutex_unlock(&st->mu);
+        return -1;
+    }
+    int nh = kv_n_head(kv), nv = st->n_layer * 2 * nh, bi = -1, rc = -1;
+    size_t hb = kv_head_bytes(kv), head = KVS_HDR + kvs_ids_bytes(index), want = kvs_block_size(st, index);
+    size_t p0 = (size_t)index * PREFIX_HASH_BLOCK * hb, run = PREFIX_HASH_BLOCK * hb;
+    uint8_t *hd = malloc(head);
+    struct iovec *iov = malloc(sizeof *iov * (size_t)nv), *iv = malloc(sizeof *iov * (size_t)nv);
+    struct stat sb;
+    why[0] = 0;
+    if (!hd || !iov || !iv) goto out;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) { snprintf(why, sizeof why, "not a regular file"); goto out; }
+    if ((uint64_t)sb.st_size != want) {
+        snprintf(why, sizeof why, "%lld bytes, a block %d is %zu (truncated or foreign)", (long long)sb.st_size, index, want);
+        goto out;
+    }
+    if (pread(fd, hd, head, 0) != (ssize_t)head) { snprintf(why, sizeof why, "short header"); goto out; }
+    if (kvs_check_header(st, hd, hash, &bi, why, sizeof why)) goto out;
+    if (bi != index) { snprintf(why, sizeof why, "holds block %d, looked up as block %d", bi, index); goto out; }
+    if (memcmp(hd + KVS_HDR, ids, kvs_ids_bytes(index))) {
+        log_warn(NULL, "kv store: block %s/%s has the prompt's hash but other tokens; not used", st->dpath, name);
+        goto out;   /* a collision: not ours to use, nor to delete */
+    }
+    for (int l = 0, k = 0; l < st->n_layer; l++)
+        for (int kvi = 0; kvi < 2; kvi++)
+            for (int h = 0; h < nh; h++, k++) {
+                /* the cache's own buffer, writable (see kvs_rows_copy) */
+                iov[k].iov_base = (uint8_t *)(kvi ? kv_v_head(kv, l, h) : kv_k_head(kv, l, h)) + p0;
+                iov[k].iov_len = run;
+            }
+    memcpy(iv, iov, sizeof *iov * (size_t)nv);
+    if (kvs_preadv_all(fd, iv, nv, (off_t)head)) { snprintf(why, sizeof why, "short read"); goto out; }
+    XXH3_state_t *xs = XXH3_createState();
+    if (!xs) goto out;
+    XXH3_64bits_reset_withSeed(xs, XXH3_64bits(hd, H_SUM));
+    XXH3_64bits_update(xs, hd + KVS_HDR, head - KVS_HDR);
+    for (int k = 0; k < nv; k++) XXH3_64bits_update(xs, iov[k].iov_base, iov[k].iov_len);
+    uint64_t sum = XXH3_64bits_digest(xs);
+    XXH3_freeState(xs);
+    if (sum != kvs_get64(hd + H_SUM)) snprintf(why, sizeof why, "checksum mismatch");
+    else rc = 0;
+out:
+    close(fd);
+    free(hd);
+    free(iov);
+    free(iv);
+    if (why[0]) kvs_disk_reject(st, name, hash, why);
+    return rc;
+}
+
 /* ==== Opening ==== */
 
 /* A directory fd we may keep blocks in: not a symlink, ours, not writable
@@ -710,9 +814,10 @@ int kvstore_fill(kvstore *st, const int32_t *ids, int n, int have, kvcache *kv, 
     if (hit) memset(hit, 0, sizeof *hit);
     if (!st || have < 0) return have;
     if (n > kv_n_ctx(kv)) n = kv_n_ctx(kv);
-    int nb, end = have;
+    int nb, end = have, ra = 0;
     uint64_t *h = kvs_hashes(st, ids, n, &nb);
     char err[256];
+    int ra_blocks = (int)(KVS_READAHEAD_BYTES / kvs_block_size(st, nb > 0 ? nb - 1 : 0)) + 1;
     for (int i = have / PREFIX_HASH_BLOCK; i < nb; i++) {
         pthread_mutex_lock(&st->mu);
         int tier = KVS_TIER_RAM;
@@ -721,6 +826,30 @@ int kvstore_fill(kvstore *st, const int32_t *ids, int n, int have, kvcache *kv, 
         pthread_mutex_unlock(&st->mu);
         if (!b && st->dfd >= 0) {
             tier = KVS_TIER_DISK;
+            /* keep ra_blocks of the chain's files in flight ahead of this one */
+            int to = i + ra_blocks < nb ? i + ra_blocks : nb;
+            if (ra < to) { kvs_disk_readahead(st, h, ra > i ? ra : i, to); ra = to; }
+            int p0 = i * PREFIX_HASH_BLOCK;
+            if (end <= p0 && !kvs_rows_check(st, kv, p0, err, sizeof err)) {
+                /* straight into the slot: no buffer to allocate (fresh pages
+                 * cost more than the read) nor copy; the memory tier gets the
+                 * block when this sequence ends and puts its blocks */
+                int bad = kvs_disk_load_into(st, h[i], i, ids, kv);
+                pthread_mutex_lock(&st->mu);
+                if (bad) st->st.misses[KVS_TIER_DISK]++;
+                else {
+                    int di = kvs_disk_find(st, h[i]);
+                    if (di >= 0) st->disk[di].last_used = ++st->tick;
+                    else kvs_disk_add(st, h[i], kvs_block_size(st, i), ++st->tick);   /* written by another node */
+                    st->st.hits[KVS_TIER_DISK]++;
+                    st->st.bytes_read[KVS_TIER_DISK] += kvs_block_size(st, i);
+                }
+                pthread_mutex_unlock(&st->mu);
+                if (bad) break;
+                end = p0 + PREFIX_HASH_BLOCK;
+                if (hit) hit->disk_tokens += PREFIX_HASH_BLOCK;
+                continue;
+            }
             b = kvs_disk_load(st, h[i], i, ids);
             pthread_mutex_lock(&st->mu);
             if (!b) st->st.misses[KVS_TIER_DISK]++;

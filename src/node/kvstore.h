@@ -11,8 +11,11 @@
  * Tiers: host memory up to ram_bytes, then a directory up to disk_bytes,
  * least recently used out first in each. A block enters memory when a
  * sequence ends (kvstore_put) and is written to disk by a background
- * thread (write-through: a kill -9 loses only blocks still queued); a
- * block loaded from disk enters memory again.
+ * thread (write-through: a kill -9 loses only blocks still queued). A
+ * block loaded from disk is read straight into the slot's cache (header
+ * and ids checked first, the checksum over what landed before the rows
+ * count), and enters memory again when that sequence ends (kvstore_put);
+ * kvstore_warm and a fill that starts inside a block read it into memory.
  *
  * On disk: DIR/<first 8 fingerprint bytes, hex>-<kv dtype>/<hash hex>.kvb,
  * one file per block, 0600 in 0700 directories; DIR itself must not be
@@ -32,8 +35,11 @@
  * Rows in a block: per layer, K then V, each [kv_head][64][head bytes]
  * (the cache's head-major order: copied in runs of 64 positions of a head).
  *
- * Used by the decode node (scheduler.c: sched_admit fills, a finished job
- * puts) and the prefill node (node_prefill.c: per request).
+ * Used by the decode node (scheduler.c: its loader thread fills an admitted
+ * job's slot, off the scheduler's lock; a finished job puts) and the prefill
+ * node (node_prefill.c: per request). A fill that goes to disk asks the
+ * kernel for the chain's next block files ahead of the one it reads
+ * (posix_fadvise WILLNEED, KVS_READAHEAD_BYTES ahead).
  *
  * Thread safety: every function may be called from any thread.
  */

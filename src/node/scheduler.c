@@ -6,6 +6,10 @@
  * scheduler thread evaluates and samples without the lock: the sessions of
  * running jobs, their samplers and their text state are its own. A job in
  * SJ_REMOTE lends its slot's session to the owner until sched_remote_done.
+ * A job admitted with the KV store behind it lends its slot to the loader
+ * thread (`loading`) until the stored blocks are in place: the store's
+ * lookup, disk reads, checks and copies run off the scheduler's thread and
+ * lock, so the other streams keep decoding while a prefix loads.
  * Output arrays are allocated at their final size when the job is created
  * and only appended to, so an owner may read the published prefix after
  * unlocking.
@@ -71,6 +75,9 @@ struct sched_job {
     int cap;                 /* tokens that can be generated */
     int fed;                 /* prompt tokens in the cache (state SJ_PROMPT) */
     int32_t next_tok;        /* SJ_DECODE: the token to evaluate next */
+    int loading;             /* (mu) admitted, state still SJ_QUEUED: 1 waits for the
+                              * loader, 2 its slot is the loader's (nobody else
+                              * touches the session or ends the job) */
     float *logits;           /* [spec_rows][n_vocab] while in a batch */
     /* speculative decoding (spec.h): this step's rows (next_tok, then the
      * drafts) and the draft length's controller */
@@ -98,6 +105,11 @@ struct sched {
     model_batch_item *items;
     sched_job **item_job;
     sched_sample *samples;
+    /* the store's loader thread: fills slots of jobs admitted with
+     * `loading` (kvstore_fill without mu), then starts their prompts */
+    pthread_t loader;
+    int loader_started;
+    pthread_cond_t cv_load;  /* the loader: a job to fill, or stop */
     float *logits;           /* [n_slots][spec_rows][n_vocab] */
     int spec_rows;           /* rows of logits a decode step may want: 1 + drafts */
     draft_ask *asks;         /* [n_slots] */
@@ -226,7 +238,7 @@ static sched_slot *sched_slot_donor(sched *s, const sched_slot *not, const int32
     *len = 0;
     for (int i = 0; i < s->o.n_slots; i++) {
         sched_slot *sl = &s->slots[i];
-        if (sl == not || !sl->s) continue;
+        if (sl == not || !sl->s || (sl->job && sl->job->loading)) continue;   /* the loader's */
         int l = sched_common_prefix(sl->tokens, sl->n, ids, n);
         if (l > *len) { *len = l; best = sl; }
     }
@@ -255,19 +267,6 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     if (keep > n - 1) keep = n - 1;
     session_reset(sl->s, keep);
     sl->n = keep;
-    if (s->o.store && keep < n - 1) {
-        /* continue with the longest run of stored blocks */
-        kvstore_hit hit;
-        double t0 = gen_now_ms();
-        int end = kvstore_fill(s->o.store, p, n - 1, keep, session_kv(sl->s), &hit);
-        j->v.store_ms = gen_now_ms() - t0;
-        if (end > keep) {
-            memcpy(sl->tokens + keep, p + keep, sizeof(int32_t) * (size_t)(end - keep));
-            sl->n = keep = end;
-            j->v.store_ram_tokens = hit.ram_tokens;
-            j->v.store_disk_tokens = hit.disk_tokens;
-        }
-    }
     sl->job = j;
     sl->last_used = ++s->tick;
     j->slot = sl;
@@ -275,8 +274,66 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     j->fed = keep;
     j->v.start_pos = keep;
     j->v.t_admit = gen_now_ms();
+    if (s->o.store && s->loader_started && keep < n - 1) {
+        /* continue with the longest run of stored blocks: the loader's */
+        j->loading = 1;
+        pthread_cond_signal(&s->cv_load);
+        return 0;
+    }
     j->v.state = j->r.want_remote && keep < n - 1 ? SJ_REMOTE : SJ_PROMPT;
     return 0;
+}
+
+/* ==== The store's loader ==== */
+
+/* A job whose slot waits for the loader, or NULL (caller holds mu). */
+static sched_job *sched_load_next(sched *s) {
+    for (int i = 0; i < s->o.n_slots; i++)
+        if (s->slots[i].job && s->slots[i].job->loading == 1) return s->slots[i].job;
+    return NULL;
+}
+
+/* Fills j's slot from the store without mu (the slot is the loader's while
+ * loading == 2), then starts its prompt (or ends it: cancelled, stopping). */
+static void sched_load_job(sched *s, sched_job *j) {
+    sched_slot *sl = j->slot;
+    int keep = sl->n, n = j->r.n_prompt, end = keep;
+    kvstore_hit hit = { 0, 0 };
+    j->loading = 2;
+    if (!j->cancelled && !s->stopping) {
+        pthread_mutex_unlock(&s->mu);
+        double t0 = gen_now_ms();
+        end = kvstore_fill(s->o.store, j->r.prompt, n - 1, keep, session_kv(sl->s), &hit);
+        double ms = gen_now_ms() - t0;
+        pthread_mutex_lock(&s->mu);
+        j->v.store_ms = ms;
+    }
+    if (end > keep) {
+        memcpy(sl->tokens + keep, j->r.prompt + keep, sizeof(int32_t) * (size_t)(end - keep));
+        sl->n = end;
+        j->fed = j->v.start_pos = end;
+        j->v.store_ram_tokens = hit.ram_tokens;
+        j->v.store_disk_tokens = hit.disk_tokens;
+    }
+    j->loading = 0;
+    j->v.state = j->r.want_remote && end < n - 1 ? SJ_REMOTE : SJ_PROMPT;
+    if (j->cancelled) sched_job_end(s, j, "cancelled", NULL);
+    else if (s->stopping && j->v.state != SJ_REMOTE) sched_job_end(s, j, "error", "the server is shutting down");
+    pthread_cond_broadcast(&s->cv_out);
+    pthread_cond_signal(&s->cv_work);
+}
+
+static void *sched_loader_main(void *arg) {
+    sched *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        sched_job *j = sched_load_next(s);
+        if (j) { sched_load_job(s, j); continue; }
+        if (s->stopping) break;
+        pthread_cond_wait(&s->cv_load, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
 }
 
 /* Whether a queued job should wait for a prompt being computed in another
@@ -292,7 +349,7 @@ static int sched_should_wait(sched *s, const sched_job *j) {
         int l = sched_common_prefix(sl->tokens, sl->n, j->r.prompt, j->r.n_prompt);
         if (l > have) have = l;
         const sched_job *o = sl->job;
-        if (o && (o->v.state == SJ_PROMPT || o->v.state == SJ_REMOTE)) {
+        if (o && (o->v.state == SJ_PROMPT || o->v.state == SJ_REMOTE || o->loading)) {
             int p = sched_common_prefix(o->r.prompt, o->r.n_prompt, j->r.prompt, j->r.n_prompt);
             if (p > pending) pending = p;
         }
@@ -498,7 +555,7 @@ static int sched_build_batch(sched *s) {
     for (int i = 0; i < s->o.n_slots; i++) {
         sched_slot *sl = &s->slots[i];
         sched_job *j = sl->job;
-        if (!j) continue;
+        if (!j || j->loading) continue;   /* the loader ends a loading job */
         if (j->cancelled) { sched_job_end(s, j, "cancelled", NULL); continue; }
         if (j->v.state != SJ_DECODE) continue;
         if (session_pos(sl->s) >= s->o.n_ctx) { sched_job_end(s, j, "length", NULL); continue; }
@@ -689,7 +746,7 @@ static void *sched_main(void *arg) {
      * owner for a remote prefill stays lent until sched_remote_done */
     for (int i = 0; i < s->o.n_slots; i++) {
         sched_job *j = s->slots[i].job;
-        if (j && j->v.state != SJ_REMOTE) sched_job_end(s, j, "error", "the server is shutting down");
+        if (j && j->v.state != SJ_REMOTE && !j->loading) sched_job_end(s, j, "error", "the server is shutting down");
     }
     pthread_mutex_unlock(&s->mu);
     return NULL;
@@ -713,6 +770,7 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_out, NULL);
+    pthread_cond_init(&s->cv_load, NULL);
     s->slots = calloc((size_t)s->o.n_slots, sizeof *s->slots);
     s->items = calloc((size_t)s->o.n_slots, sizeof *s->items);
     s->item_job = calloc((size_t)s->o.n_slots, sizeof *s->item_job);
@@ -734,6 +792,14 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
         return -1;
     }
     s->th_started = 1;
+    if (s->o.store) {
+        if (pthread_create(&s->loader, NULL, sched_loader_main, s)) {
+            snprintf(err, errlen, "cannot start the KV store's loader thread: %s", strerror(errno));
+            sched_destroy(s);
+            return -1;
+        }
+        s->loader_started = 1;
+    }
     *out = s;
     return 0;
 }
@@ -743,9 +809,13 @@ void sched_stop(sched *s) {
     s->stopping = 1;
     pthread_cond_broadcast(&s->cv_work);
     pthread_cond_broadcast(&s->cv_out);
+    pthread_cond_broadcast(&s->cv_load);
     pthread_mutex_unlock(&s->mu);
     if (s->th_started) pthread_join(s->th, NULL);
     s->th_started = 0;
+    /* after the scheduler: a job it admitted last may still be loading */
+    if (s->loader_started) pthread_join(s->loader, NULL);
+    s->loader_started = 0;
 }
 
 void sched_destroy(sched *s) {
@@ -773,6 +843,7 @@ void sched_destroy(sched *s) {
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_out);
+    pthread_cond_destroy(&s->cv_load);
     free(s);
 }
 

@@ -15,7 +15,12 @@
  * rest. A job can ask for its prompt to be filled from outside (a prefill
  * node): it then goes to SJ_REMOTE, its owner fills the slot's session with
  * positions [start_pos, n_prompt - 1) and calls sched_remote_done(); the
- * last prompt position is always evaluated here, in the batch.
+ * last prompt position is always evaluated here, in the batch. With a KV
+ * store, an admitted job's slot first goes to the scheduler's loader thread,
+ * which continues it with the longest run of stored blocks (memory or disk)
+ * without the scheduler's lock, then starts its prompt: the streams already
+ * running keep decoding while a prefix loads (the job stays SJ_QUEUED
+ * meanwhile).
  *
  * Ownership: a job is shared between its owner (the HTTP request) and the
  * scheduler; sched_release() drops the owner's reference. A job released
