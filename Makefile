@@ -147,7 +147,7 @@ FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models portable layers
+.PHONY: all test check asan fuzz clean models portable layers seed-cuda
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
@@ -195,9 +195,23 @@ layers:
 # The tests that go through platform.c (random bytes, the thread pool's
 # waits, sockets, node processes), built with its POSIX fallbacks.
 PORTABLE_TESTS := test_platform test_runtime test_sampler test_wire test_wire_attack test_handoff test_decode_node
-portable: models
+# Objects another build can take from $(BUILD): a build that differs only
+# by -DMACRO (PORTABLE=1, CUDA=1) changes only the library sources that name
+# MACRO, unless a header tests it (#if..., then every object may differ).
+# $(call seed_objs,MACRO,DIR) copies $(BUILD)/obj (and gen) into DIR with the files'
+# times (so make takes them as built) less those sources' objects, which DIR's
+# make compiles again; where a header tests MACRO it copies nothing. A whole
+# library build less for make portable and for CI's CUDA build.
+seed_hdr = $(shell grep -lwE '^[[:space:]]*\#[[:space:]]*(if|ifdef|ifndef|elif).*$(1)' $(HDRS))
+seed_src = $(shell grep -lw $(1) $(LIB_SRC))
+seed_objs = $(if $(call seed_hdr,$(1)),@echo "$(2): a header tests $(1): every object is compiled",mkdir -p $(2) && cp -a $(BUILD)/obj $(BUILD)/gen $(2)/ && rm -f $(patsubst src/%.c,$(2)/obj/%.o,$(call seed_src,$(1))))
+portable: all models
+	$(call seed_objs,TANDEM_PORTABLE,build-portable)
 	$(MAKE) PORTABLE=1 BUILD=build-portable build-portable/tandem $(addprefix build-portable/,$(PORTABLE_TESTS))
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-portable/tandem tests/run.sh $(addprefix build-portable/,$(PORTABLE_TESTS))
+# CI's CUDA build (tools/test.sh) starts from this build's objects.
+seed-cuda: all
+	$(call seed_objs,TANDEM_CUDA,build-cuda)
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 asan:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 \

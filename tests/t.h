@@ -35,7 +35,7 @@ static int t_pass, t_fail, t_skip;
  * itself (setenv). tests/run.sh does the same for the binaries it runs. */
 static const char *const t_env_harness[] = {
     "TANDEM_BIN", "TANDEM_MODELS", "TANDEM_REQUIRE", "TANDEM_ASAN", "TANDEM_FIXTURES", "TANDEM_FIXTURES_PARTIAL",
-    "TANDEM_REAL_MODELS", "TANDEM_BACKEND", "TANDEM_PREFILL_BACKEND", "TANDEM_GOLDEN", "TANDEM_GOLDEN_DUMP",
+    "TANDEM_REAL_MODELS", "TANDEM_BACKEND", "TANDEM_PREFILL_BACKEND", "TANDEM_GOLDEN", "TANDEM_GOLDEN_DUMP", "TANDEM_GOLDEN_SETS",
     "TANDEM_HANDOFF_ALL", "TANDEM_KERNELS", NULL};
 
 extern char **environ;

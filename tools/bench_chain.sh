@@ -1,43 +1,179 @@
-#!/bin/sh
+#!/usr/bin/env bash
 # bench_chain.sh - time to first token through a 2-node layer-split prefill
 # chain (one core each) against one whole-model prefill node on one core
-# (issue 41). A benchmark, not a test: runs alternate, chain then single,
-# and every run's numbers are printed.
+# (issue 41's speed table). A benchmark, not a test: runs alternate (chain,
+# single, chain, single ...) on the same nodes, every run is printed as a
+# markdown row with the load average beside it, and each model and prompt
+# length ends with the median single / chain ratio.
 #
-# usage: [NL=28] tools/bench_chain.sh MODEL.gguf "1024 4096" [ROUNDS]
-set -eu
-M=$1; SIZES=${2:-"1024 4096"}; ROUNDS=${3:-2}
+# usage: tools/bench_chain.sh [options] [MODEL.gguf ...]
+#   --sizes "N ..."   prompt lengths in tokens (default "1024 4096 16384")
+#   --rounds N        chain/single pairs per length (default 2)
+#   --net RATE        slice nodes and single node in one network namespace,
+#                     the decode side (tandem run) in another, joined by a
+#                     veth pair shaped to RATE (tc tbf, e.g. 10gbit; the hidden
+#                     states and the KV rows all cross it); needs root, else
+#                     it says so and exits 2
+#   -o FILE           also write the table to FILE
+# Without MODEL arguments it benchmarks the issue's two models, generated
+# under build/bench-models/ with `tandem gen-model` when absent (the
+# vocabulary from the fixture set's qwen3-mini-Q8_0.gguf):
+#   qwen3-0.6b-Q8_0.gguf      --preset qwen3-0.6b --type q8_0 (28 layers)
+#   qwen3-30b-a3b-8l-Q4_K_M   the Qwen3-30B-A3B shape (2048 wide, 32/4 heads of
+#                             128, 128 experts of 768, 8 used) with 8 of its 48
+#                             layers, --type q4_k_m
+# env TANDEM_BIN (default build/tandem), TANDEM_FIXTURES (default ../shared/fixtures).
+#
+# Setup: chain = slice 0:L/2 pinned to core 0 and slice L/2:L to core 1
+# (taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
+# -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" (request sent to the
+# first token's logits; the decode side, not pinned, computes the last
+# position itself). Needs 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
-T=$(mktemp -d /tmp/bench-chain-XXXXXX)
-trap 'kill $(cat $T/pids 2>/dev/null) 2>/dev/null; rm -rf $T' EXIT
-head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > $T/secret   # 32 random bytes: nodes refuse less
-NL=${NL:-28}   # the model's block count (Qwen3-0.6B: 28)
-H=$((NL / 2))
-CTX=17000
-start() {  # core layers name
-    if [ "$2" = all ]; then L=""; else L="--layers $2"; fi
-    taskset -c "$1" $B serve --role prefill -m "$M" --secret-file $T/secret -t 1 -c $CTX $L \
-        --port-file $T/port.$3 --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 > $T/log.$3 2>&1 &
-    echo $! >> $T/pids
-    while [ ! -s $T/port.$3 ]; do sleep 0.3; done
+FIX=${TANDEM_FIXTURES:-../shared/fixtures}
+SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --sizes) SIZES=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    --net) NET=$2; shift 2 ;;
+    -o) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "bench_chain: unknown option $1" >&2; exit 2 ;;
+    *) MODELS+=("$1"); shift ;;
+    esac
+done
+[ -x "$B" ] || { echo "bench_chain: $B not found (make)" >&2; exit 2; }
+[ "$(nproc)" -ge 2 ] || { echo "bench_chain: needs 2 cores" >&2; exit 2; }
+
+# ==== Models ====
+gen() {  # OUT ARGS...: gen-model once
+    local out=$1; shift
+    [ -f "$out" ] && return 0
+    mkdir -p "$(dirname "$out")"
+    echo "bench_chain: generating $out" >&2
+    TANDEM_FIXTURES=$FIX "$B" gen-model "$@" --vocab-from "$FIX/models/qwen3-mini-Q8_0.gguf" -q -o "$out.tmp"
+    mv "$out.tmp" "$out"
 }
-start 0 0:$H a; start 1 $H:$NL b; start 0 all w
-CHAIN="127.0.0.1:$(cat $T/port.a)/0:$H,127.0.0.1:$(cat $T/port.b)/$H:$NL"
-SINGLE="127.0.0.1:$(cat $T/port.w)"
-echo "model $(basename $M): $NL layers; chain 0:$H on core 0, $H:$NL on core 1; single node on core 0"
-for n in $SIZES; do
-    # a prompt of about n tokens (the run reports the exact count)
-    python3 -c "
-import random; random.seed($n)
-w='the of and to in a is that for it as was with be by on not he this are or his from at which but have an they you were her she there one all we their can has more when would some if no what out also so up into only other time'.split()
-print(' '.join(random.choice(w) for _ in range($n)))" > $T/p.$n
-    for r in $(seq 1 $ROUNDS); do
-        for mode in chain single; do
-            if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
-            $B run -m "$M" -f $T/p.$n -n 1 -c $CTX -t 1 --secret-file $T/secret --prefill-node "$PN" \
-                --timeout-ms 600000 > /dev/null 2> $T/run.err || { cat $T/run.err; exit 1; }
-            P=$(sed -n 's/^prompt: \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p' $T/run.err)
-            echo "n=$n round=$r mode=$mode tokens_ttft_ms: $P"
-        done
+if [ ${#MODELS[@]} = 0 ]; then
+    gen build/bench-models/qwen3-0.6b-Q8_0.gguf --preset qwen3-0.6b --type q8_0
+    gen build/bench-models/qwen3-30b-a3b-8l-Q4_K_M.gguf --arch qwen3moe --n-embd 2048 --n-layer 8 --n-head 32 \
+        --n-head-kv 4 --head-dim 128 --n-ff 6144 --n-expert 128 --n-expert-used 8 --n-ff-exp 768 --ctx 40960 --type q4_k_m
+    MODELS=(build/bench-models/qwen3-0.6b-Q8_0.gguf build/bench-models/qwen3-30b-a3b-8l-Q4_K_M.gguf)
+fi
+# block count of a GGUF ({arch}.block_count)
+layers_of() {
+    python3 - "$1" <<'PY'
+import struct, sys
+f = open(sys.argv[1], 'rb'); d = f.read(1 << 22)
+o = 24; nkv = struct.unpack_from('<Q', d, 16)[0]
+def s():
+    global o
+    n = struct.unpack_from('<Q', d, o)[0]; o += 8; v = d[o:o + n]; o += n; return v.decode('utf-8', 'replace')
+SZ = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def skip(t):
+    global o
+    if t == 8: s()
+    elif t == 9:
+        et = struct.unpack_from('<I', d, o)[0]; n = struct.unpack_from('<Q', d, o + 4)[0]; o += 12
+        for _ in range(n): skip(et)
+    else: o += SZ[t]
+for _ in range(nkv):
+    k = s(); t = struct.unpack_from('<I', d, o)[0]; o += 4
+    if k.endswith('.block_count'): print(struct.unpack_from('<I', d, o)[0]); sys.exit(0)
+    skip(t)
+sys.exit(1)
+PY
+}
+
+# ==== Nodes ====
+T=$(mktemp -d /tmp/bench-chain-XXXXXX)
+NS_P=tandem-cp NS_D=tandem-cd ADDR_P=127.0.0.1 INP=() IND=()
+cleanup() {
+    local p
+    for p in $(cat "$T/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    if [ -n "$NET" ]; then netns_del "$NS_P" "$NS_D"; fi
+    rm -rf "$T"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$T/secret"   # 32 random bytes: nodes refuse less
+if [ -n "$NET" ]; then
+    . tools/netns.sh
+    rc=0; netns_pair "$NS_P" "$NS_D" 10.78.0.1 10.78.0.2 veth-cp veth-cd || rc=$?
+    [ "$rc" = 0 ] || { echo "bench_chain: --net needs network namespaces (root, ip(8)); rc $rc" >&2; exit 2; }
+    case "$NET" in [0-9]*gbit) ;; *) echo "bench_chain: --net takes NNgbit" >&2; exit 2 ;; esac
+    # the bucket holds 2 ms at the rate (as tools/netbed.sh), at least 256 KiB
+    bps=$(( ${NET%gbit} * 125000000 )); burst=$((bps / 500)); [ "$burst" -ge 262144 ] || burst=262144
+    ip netns exec "$NS_P" tc qdisc replace dev veth-cp root tbf rate "$NET" burst "$burst" latency 100ms
+    ip netns exec "$NS_D" tc qdisc replace dev veth-cd root tbf rate "$NET" burst "$burst" latency 100ms
+    ADDR_P=10.78.0.1 INP=(ip netns exec "$NS_P") IND=(ip netns exec "$NS_D")
+fi
+start() {  # MODEL CORE LAYERS|all NAME CTX
+    local L=() pid
+    [ "$3" = all ] || L=(--layers "$3")
+    rm -f "$T/port.$4"
+    "${INP[@]}" taskset -c "$2" "$B" serve --role prefill -m "$1" --secret-file "$T/secret" -t 1 -b 512 -c "$5" "${L[@]}" \
+        --listen "$ADDR_P:0" --port-file "$T/port.$4" --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 \
+        >"$T/log.$4" 2>&1 &
+    pid=$!; echo "$pid" >>"$T/pids"
+    for _ in $(seq 1 3000); do
+        [ -s "$T/port.$4" ] && return 0
+        kill -0 "$pid" 2>/dev/null || { cat "$T/log.$4" >&2; echo "bench_chain: node $4 died" >&2; exit 1; }
+        sleep 0.2
     done
+    echo "bench_chain: node $4 did not listen" >&2; exit 1
+}
+stop_all() {
+    local p
+    for p in $(cat "$T/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    : >"$T/pids"
+}
+prompt() {  # N: a prompt of about N tokens (the run reports the exact count)
+    python3 -c "
+import random; random.seed($1)
+w='the of and to in a is that for it as was with be by on not he this are or his from at which but have an they you were her she there one all we their can has more when would some if no what out also so up into only other time'.split()
+print(' '.join(random.choice(w) for _ in range($1)))" >"$T/p.$1"
+}
+load() { cut -d' ' -f1 /proc/loadavg; }
+
+# ==== Runs ====
+emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
+[ -z "$OUT" ] || : >"$OUT"
+maxn=0; for n in $SIZES; do [ "$n" -gt "$maxn" ] && maxn=$n; done
+CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
+emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1, single = whole model on core 0, -t 1 each"
+emit ""
+emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain |"
+emit "|---|---:|---:|---:|---:|---:|---:|"
+for M in "${MODELS[@]}"; do
+    NL=$(layers_of "$M") || { echo "bench_chain: no block_count in $M" >&2; exit 2; }
+    H=$((NL / 2))
+    start "$M" 0 "0:$H" a "$CTX"; start "$M" 1 "$H:$NL" b "$CTX"; start "$M" 0 all w "$CTX"
+    CHAIN="$ADDR_P:$(cat "$T/port.a")/0:$H,$ADDR_P:$(cat "$T/port.b")/$H:$NL"
+    SINGLE="$ADDR_P:$(cat "$T/port.w")"
+    for n in $SIZES; do
+        prompt "$n"
+        : >"$T/ratios"
+        for r in $(seq 1 "$ROUNDS"); do
+            declare -A ms=()
+            for mode in chain single; do
+                if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
+                "${IND[@]}" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 --secret-file "$T/secret" --prefill-node "$PN" \
+                    --timeout-ms 600000 >/dev/null 2>"$T/run.err" || { cat "$T/run.err" >&2; exit 1; }
+                read -r tok ms[$mode] < <(sed -n 's/^prompt: \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p' "$T/run.err") ||
+                    { cat "$T/run.err" >&2; echo "bench_chain: no prompt time in tandem run's output" >&2; exit 1; }
+            done
+            ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
+            echo "$ratio" >>"$T/ratios"
+            emit "| $(basename "$M" .gguf) | $tok | $r | $(load) | $(awk -v v="${ms[chain]}" 'BEGIN{printf "%.1f", v/1000}') |" \
+                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio |"
+        done
+        emit "| $(basename "$M" .gguf) | $tok | median | | | | **$(sort -n "$T/ratios" | awk '{ a[NR] = $1 } END { printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')** |"
+    done
+    stop_all
 done

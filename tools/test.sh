@@ -117,7 +117,7 @@ if [ "${PIPESTATUS[0]}" = 2 ]; then
 else
     part macos build/macos.log
 fi
-# The CUDA build: all of its targets compile and link; on a machine without
+# The CUDA build: tandem and the tests below compile and link; on a machine without
 # a CUDA device test_backend_ops checks the device code's host versions and
 # counts "skipped: cuda: no CUDA device" for the rest, as the goldens on the
 # CUDA backend and the CUDA-prefill handoff do (counted skips, in the
@@ -140,7 +140,14 @@ if [ -x "$NVCC" ]; then
     if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then
         echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
         cuda_build_fail=0
-        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" all ||
+        # build/'s objects where -DTANDEM_CUDA changes nothing (Makefile, seed_objs):
+        # the C library is not compiled a second time, only the sources that name it
+        make seed-cuda || echo "make seed-cuda failed: build-cuda compiles every object"
+        # tandem and the three tests run below (and by the self-test's CUDA part):
+        # the other tests' sources are build/'s (none names TANDEM_CUDA) and
+        # tandem links the whole library against cuBLAS as they would
+        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" build-cuda/tandem \
+            build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff ||
             { echo "FAIL cuda: make CUDA=1 failed"; cuda_build_fail=1; }
         # on a GPU machine the whole check (tools/cuda_check.sh has it with benchmarks)
         { TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \

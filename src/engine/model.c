@@ -11,6 +11,8 @@
 #include "engine/fingerprint.h"
 #include "engine/model_internal.h"
 #include "engine/quant.h"
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* ==== Architectures ==== */
 
@@ -195,7 +197,10 @@ static int model_read_hparams(model *m, char *err, size_t errlen) {
  * must agree (token_embd and output rows are checked against it at binding). */
 static int model_check_vocab(model *m, char *err, size_t errlen) {
     model_hparams *h = &m->hp;
-    int nv = tokenizer_n_vocab(m->tok);
+    gguf_arr toks;
+    int nv = m->tok ? tokenizer_n_vocab(m->tok)
+             : gguf_get_arr(m->gf, "tokenizer.ggml.tokens", &toks) || toks.elem_type != GGUF_VT_STR ? 0
+             : toks.n > (uint64_t)MODEL_MAX_VOCAB ? MODEL_MAX_VOCAB + 1 : (int)toks.n;
     if (nv < 1 || nv > MODEL_MAX_VOCAB) {
         snprintf(err, errlen, "tokenizer.ggml.tokens has %d entries (must be 1..%d)", nv, MODEL_MAX_VOCAB);
         return -1;
@@ -429,6 +434,18 @@ static int model_load_weights(model *m, const model_opts *o, char *err, size_t e
 
 /* ==== Load / free ==== */
 
+/* A slice has read the metadata (hparams, the vocabulary's count, the
+ * fingerprint's hash) and has no tokenizer pointing into it: the pages of
+ * the metadata section leave its resident set (MADV_DONTNEED on the
+ * read-only file mapping; a later read faults them back from the page
+ * cache). For Qwen's vocabulary and merges that is about 7 MiB. */
+static void model_drop_meta_pages(model *m) {
+    long pg = sysconf(_SC_PAGESIZE);
+    uintptr_t base = (uintptr_t)gguf_get_base(m->gf);
+    uintptr_t end = (base + (uintptr_t)gguf_get_data_offset(m->gf)) & ~((uintptr_t)(pg > 0 ? pg : 1) - 1);
+    if (pg > 0 && base && end > base) madvise((void *)base, end - base, MADV_DONTNEED);
+}
+
 /* Every load error names the file once: gguf_open_file's already do. */
 static void model_name_error(const char *path, char *err, size_t errlen) {
     size_t pl = strlen(path);
@@ -449,7 +466,10 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
     m->fp->n_threads = nth;
     if (gguf_open_file(&m->gf, path, err, errlen)) goto fail;
     if (model_read_hparams(m, err, errlen)) goto fail;
-    if (tokenizer_load(&m->tok, m->gf, err, errlen)) goto fail;
+    /* A slice never tokenizes (the decode node sends token ids; later
+     * slices get hidden states): it counts the vocabulary and skips the
+     * tokenizer's tables (about 8 MiB for Qwen's 151,936 tokens). */
+    if (!(o && o->layer_hi > 0) && tokenizer_load(&m->tok, m->gf, err, errlen)) goto fail;
     if (model_check_vocab(m, err, errlen)) goto fail;
     if (model_set_slice(m, o, err, errlen)) goto fail;
     if (model_bind_weights(m, err, errlen)) goto fail;
@@ -464,6 +484,7 @@ int model_load(model **out, const char *path, const model_opts *o, char *err, si
         char d[200];
         (void)model_fingerprint(m, fp, d, sizeof d);   /* a failure is retried at first use */
     }
+    if (m->sliced) model_drop_meta_pages(m);
     if (model_load_weights(m, o, err, errlen)) goto fail;
     *out = m;
     return 0;

@@ -80,7 +80,7 @@ typedef struct {
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
 void model_free(model *m);
 const model_hparams *model_get_hparams(const model *m);
-const tokenizer *model_get_tokenizer(const model *m);
+const tokenizer *model_get_tokenizer(const model *m);   /* NULL for a slice (model_opts.layer_hi): it never tokenizes */
 const gguf_file *model_get_gguf(const model *m);
 backend *model_get_backend(model *m);
 int model_get_n_batch(const model *m);       /* rows per forward pass */

@@ -7,6 +7,7 @@
  */
 #include "router/router_internal.h"
 #include "router/router_nodes.h"
+#include "router/router_chain.h"
 
 /* ==== Other endpoints ==== */
 
@@ -22,11 +23,43 @@ static int rt_served_models_locked(router *r, const char **ids) {
     return n;
 }
 
+/* A model object of api_render_model(s) with its layer-split prefill chains
+ * (docs/layer-split.md) added as "prefill_chains": [{"chain": SPEC, "up":
+ * bool, "desc": the members' slices}], only where the model has one: the
+ * OpenAI shape is unchanged otherwise. Caller holds mu. */
+static void rt_model_add_chains_locked(router *r, json_t *model) {
+    const char *id = json_string_value(json_object_get(model, "id"));
+    json_t *arr = NULL;
+    for (int i = 0; id && i < r->n_nodes; i++) {
+        const rt_node *n = &r->nodes[i];
+        if (n->cfg.role != ROUTER_NODE_PREFILL || !rt_chain_is_spec(n->cfg.addr) || strcmp(n->cfg.model, id)) continue;
+        if (!arr) arr = json_array();
+        json_array_append_new(arr, json_pack("{s:s, s:b, s:s}", "chain", n->cfg.addr, "up", n->up, "desc", n->desc));
+    }
+    if (arr) json_object_set_new(model, "prefill_chains", arr);
+}
+
+/* body (api_render_models' list or api_render_model's object) with every
+ * model's chains; body itself where it cannot be parsed. Caller holds mu. */
+static char *rt_models_with_chains_locked(router *r, char *body) {
+    json_t *j = body ? json_loads(body, 0, NULL) : NULL;
+    if (!j) return body;
+    json_t *data = json_object_get(j, "data");
+    if (json_is_array(data))
+        for (size_t i = 0; i < json_array_size(data); i++) rt_model_add_chains_locked(r, json_array_get(data, i));
+    else rt_model_add_chains_locked(r, j);
+    char *out = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (!out) return body;
+    free(body);
+    return out;
+}
+
 enum MHD_Result rt_models(router *r, struct MHD_Connection *c) {
     const char *ids[ROUTER_MAX_NODES];
     pthread_mutex_lock(&r->mu);
     int n = rt_served_models_locked(r, ids);
-    char *body = api_render_models(ids, n, r->started_unix);
+    char *body = rt_models_with_chains_locked(r, api_render_models(ids, n, r->started_unix));
     pthread_mutex_unlock(&r->mu);
     rt_count_request(r, RT_EP_MODELS, 200);
     return rt_send(c, 200, "application/json", body);
@@ -39,7 +72,7 @@ enum MHD_Result rt_model_one(router *r, struct MHD_Connection *c, const char *id
     pthread_mutex_lock(&r->mu);
     int n = rt_served_models_locked(r, ids);
     for (int i = 0; i < n && !body; i++)
-        if (!strcmp(ids[i], id)) body = api_render_model(id, r->started_unix);
+        if (!strcmp(ids[i], id)) body = rt_models_with_chains_locked(r, api_render_model(id, r->started_unix));
     pthread_mutex_unlock(&r->mu);
     if (!body) {
         api_error e;
