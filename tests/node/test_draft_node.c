@@ -329,7 +329,7 @@ static void test_kill(const char *dir, const char *sf) {
 
 /* ==== A fake draft node ==== */
 
-enum { FAKE_GOOD, FAKE_VOCAB, FAKE_EXCHANGE, FAKE_TAMPER, FAKE_TOO_MANY, FAKE_REPLAY, FAKE_MODES };
+enum { FAKE_GOOD, FAKE_VOCAB, FAKE_EXCHANGE, FAKE_TAMPER, FAKE_TOO_MANY, FAKE_REPLAY, FAKE_MODES, FAKE_SLOW };
 static const char *const fake_names[] = { "good", "token outside the vocabulary", "another exchange's number",
                                           "tampered seal", "more drafts than asked", "replayed answer" };
 
@@ -354,6 +354,7 @@ static int fake_answer(fake_node *f, wire_conn *c, const wire_header *h, wire_bu
     char err[256];
     if (wire_draft_decode_ask(c->rx.data, c->rx.len, nv, a, &n_seq, err, sizeof err)) return -1;
     int mode = f->mode;
+    if (mode == FAKE_SLOW) sleep_ms(300);
     wire_buf_reset(fb);
     wire_draft_begin(fb, n_seq);
     for (uint32_t i = 0; i < n_seq; i++) {
@@ -474,6 +475,29 @@ static void test_fake_node(const char *dir, const char *sf) {
             CHECK(req_same(&ref, &r), "fake: request after the faults exact");
         }
         CHECK(f.exchanges > ex, "fake: no exchange after reconnecting");
+    }
+    CHECK(stop_proc(p2, 20000) == 0, "fake: exit status");
+    /* a slow draft node (300 ms an answer) and a 20 ms deadline: the
+     * stream does not wait for it (waiting would take 60 x 300 ms) */
+    f.mode = FAKE_SLOW;
+    char *slow[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "512", "--listen", "127.0.0.1:0", "--secret-file",
+                     (char *)sf, "--draft-node", addr, "--draft-fixed", "--draft-timeout-ms", "20", NULL };
+    int so;
+    p2 = start_serve(dir, "fake-slow", slow, 1, &so);
+    if (pl > 0 && so > 0) {
+        req ref = { .port = pl, .prompt = ps.ids[1], .n_prompt = ps.n[1], .max_tokens = 60 }, r = ref;
+        req_run(&ref);
+        r.port = so;
+        double t0 = now_ms();
+        req_run(&r);
+        double ms = now_ms() - t0;
+        json_t *o = stats(so);
+        long long late = o ? jint(o, "draft_node", "late") : -1;
+        json_decref(o);
+        CHECK(req_same(&ref, &r), "slow: tokens exact");
+        CHECK(ms < 3000 && late > 0, "slow: 60 tokens took %.0f ms (%lld late answers)", ms, late);
+        printf("slow draft node (300 ms an answer, 20 ms deadline): 60 tokens exact in %.0f ms, %lld late answers\n", ms,
+               late);
     }
     CHECK(stop_proc(p1, 20000) == 0 && stop_proc(p2, 20000) == 0, "fake: exit status");
     f.stop = 1;
