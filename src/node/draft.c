@@ -24,9 +24,9 @@
 /* A draft model's step beyond its share of weight bytes: its own pass's
  * fixed costs (norms, attention, threads waking) relative to the target's. */
 #define DRAFT_MODEL_OVERHEAD 0.02
-/* A draft node's drafts, as a fraction of a decode step: no compute here,
- * the exchange's round trip (tens of microseconds on a LAN) beside a step
- * of milliseconds, and its share of frame sealing. */
+/* A draft node's drafts, as a fraction of a decode step, until the
+ * exchanges are timed (draft_remote_cost): no compute here, the round trip
+ * (tens of microseconds on a LAN) beside a step of milliseconds. */
 #define DRAFT_NODE_COST 0.02
 
 /* ==== State ==== */
@@ -147,7 +147,8 @@ int draft_k_max(const draft_src *d) {
 }
 double draft_cost(const draft_src *d, double row_cost) {
     if (!d) return 1.0;
-    return d->fixed ? 0.0 : row_cost + d->model_cost;
+    if (d->fixed) return 0.0;
+    return row_cost + (d->remote ? draft_remote_cost(d->remote, DRAFT_NODE_COST) : d->model_cost);
 }
 double draft_row_prior(void) { return DRAFT_ROW_COST; }
 

@@ -28,6 +28,11 @@
 #define DRAFT_REMOTE_BACKOFF_MAX_MS 10000
 /* connect + handshake deadline (the connector thread's; never the scheduler's) */
 #define DRAFT_REMOTE_CONNECT_MS 2000
+/* The cost estimate's moving averages: weight of a new step; a step that
+ * took more than this many times the average is the scheduler waking from
+ * idle, not a step, and is left out. */
+#define DRAFT_REMOTE_EWMA 0.05
+#define DRAFT_REMOTE_IDLE_X 4.0
 /* the connector's idle wake-up, to notice stop */
 #define DRAFT_REMOTE_TICK_MS 200
 
@@ -68,6 +73,9 @@ struct draft_remote {
     uint32_t ask_seq[WIRE_DRAFT_MAX_SEQ], ask_k[WIRE_DRAFT_MAX_SEQ], ask_keep[WIRE_DRAFT_MAX_SEQ],
         ask_n[WIRE_DRAFT_MAX_SEQ];
     wire_draft_reply rep[WIRE_DRAFT_MAX_SEQ];
+    /* what a draft costs (draft_remote_cost): steps timed by the calls */
+    double last_step, ex_ms, plain_ms, per_draft_ms;
+    int ex_drafts;
 };
 
 /* ==== Connector thread ==== */
@@ -269,6 +277,8 @@ static int dr_recv(draft_remote *r, int ms, wire_header *h, char *err, size_t er
 
 /* ==== Exchanges ==== */
 
+static void dr_exchange(draft_remote *r, draft_ask *asks, int n_asks);
+
 static int dr_seq_hold(dr_seq *s, const int32_t *hist, int c, int n) {
     if (n > s->cap) {
         int cap = s->cap ? s->cap : 256;
@@ -369,7 +379,7 @@ static int dr_catch_up(draft_remote *r) {
     return -1;
 }
 
-void draft_remote_propose(draft_remote *r, draft_ask *asks, int n_asks) {
+static void dr_exchange(draft_remote *r, draft_ask *asks, int n_asks) {
     if (!dr_take(r)) return;
     if (r->late && dr_catch_up(r)) return;
     char err[600];
@@ -381,6 +391,7 @@ void draft_remote_propose(draft_remote *r, draft_ask *asks, int n_asks) {
         dr_drop(r, err);
         return;
     }
+    for (uint32_t i = 0; i < r->n_asked; i++) r->ex_drafts += (int)r->ask_k[i];
     wire_header h;
     int rc = dr_recv(r, r->timeout_ms, &h, err, sizeof err);
     pthread_mutex_lock(&r->mu);
@@ -390,4 +401,27 @@ void draft_remote_propose(draft_remote *r, draft_ask *asks, int n_asks) {
     if (rc == 0) { r->late = 1; return; }
     /* dr_apply checks the whole answer before it gives any draft */
     if (rc < 0 || dr_apply(r, &h, asks, err, sizeof err)) dr_drop(r, err);
+}
+
+/* ==== What a draft costs ==== */
+
+double draft_remote_cost(draft_remote *r, double prior) {
+    double now = gen_now_ms(), dt = r->last_step > 0 ? now - r->last_step : -1;
+    r->last_step = now;
+    double plain = dt - r->ex_ms;
+    if (dt > 0 && plain > 0 && (r->plain_ms <= 0 || plain < DRAFT_REMOTE_IDLE_X * r->plain_ms))
+        r->plain_ms = r->plain_ms > 0 ? r->plain_ms + DRAFT_REMOTE_EWMA * (plain - r->plain_ms) : plain;
+    if (r->ex_drafts > 0) {
+        double pd = r->ex_ms / r->ex_drafts;
+        r->per_draft_ms = r->per_draft_ms > 0 ? r->per_draft_ms + DRAFT_REMOTE_EWMA * (pd - r->per_draft_ms) : pd;
+    }
+    r->ex_ms = 0;
+    r->ex_drafts = 0;
+    return r->plain_ms > 0 && r->per_draft_ms > 0 ? r->per_draft_ms / r->plain_ms : prior;
+}
+
+void draft_remote_propose(draft_remote *r, draft_ask *asks, int n_asks) {
+    double t0 = gen_now_ms();
+    dr_exchange(r, asks, n_asks);
+    r->ex_ms += gen_now_ms() - t0;
 }

@@ -60,6 +60,12 @@ void draft_remote_free(draft_remote *r);
  * drafts while there is no usable connection. */
 void draft_remote_propose(draft_remote *r, draft_ask *asks, int n_asks);
 
+/* A draft's cost as a fraction of a decode step (draft.h's draft_cost),
+ * measured: called once per scheduler step, it times the steps and the
+ * exchanges between them (the round trip and the draft node's passes, per
+ * draft asked), moving averages of both; prior until both are known. */
+double draft_remote_cost(draft_remote *r, double prior);
+
 typedef struct {
     uint64_t exchanges, late, failures, connects;
     int connected;
