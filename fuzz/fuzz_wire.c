@@ -1,6 +1,6 @@
 /* fuzz_wire.c - libFuzzer target for everything that parses bytes from a peer:
  * wire_header_decode (both modes), every wire_decode_* payload decoder (the
- * ACT frame's too), and
+ * ACT frame's and the DRAFT/DRAFTS frames' too), and
  * wire_recv's frame path (header checks, CRC32C, the AES-256-GCM seal, zstd
  * decompression) over a socketpair.
  *
@@ -31,6 +31,7 @@
 #include "net/prefill_rate.h"
 #include "net/wire.h"
 #include "net/wire_act.h"
+#include "net/wire_draft.h"
 
 static void decode_all(const uint8_t *p, size_t n) {
     char err[256];
@@ -71,6 +72,22 @@ static void decode_all(const uint8_t *p, size_t n) {
         float *f = malloc(sizeof(float) * (size_t)act.n * act.dim);
         if (f) { wire_act_rows_f32(&act, f); free(f); }
     }
+    static wire_draft_ask da[WIRE_DRAFT_MAX_SEQ];
+    static wire_draft_reply dr[WIRE_DRAFT_MAX_SEQ];
+    uint32_t ns = 0;
+    if (wire_draft_decode_ask(p, n, 1000, da, &ns, err, sizeof err) == 0)
+        for (uint32_t s = 0; s < ns; s++) {
+            /* every entry's tokens inside the payload, below the vocabulary */
+            if (da[s].k < 1 || da[s].k > WIRE_DRAFT_MAX_K || da[s].tokens + 4 * (size_t)da[s].n > p + n) abort();
+            for (uint32_t i = 0; i < da[s].n; i++)
+                if (wire_draft_token(da[s].tokens, i) >= 1000) abort();
+        }
+    if (wire_draft_decode_reply(p, n, 1000, dr, &ns, err, sizeof err) == 0)
+        for (uint32_t s = 0; s < ns; s++) {
+            if (dr[s].n > WIRE_DRAFT_MAX_K || dr[s].tokens + 4 * (size_t)dr[s].n > p + n) abort();
+            for (uint32_t i = 0; i < dr[s].n; i++)
+                if (wire_draft_token(dr[s].tokens, i) >= 1000) abort();
+        }
     (void)wire_decode_done(p, n, &d, err, sizeof err);
     if (wire_decode_error(p, n, &e, err, sizeof err) == 0 && strnlen(e.message, sizeof e.message) == sizeof e.message)
         abort();

@@ -45,6 +45,8 @@ typedef struct {
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
     int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
+    const char *draft_model;  /* prefill role: --draft-model FILE (a draft node: draft_serve.h) */
+    int draft_slots;          /* --draft-slots N */
     uint32_t kv_dtype;
     char *secret;
     size_t secret_len;
@@ -91,7 +93,12 @@ static void serve_usage(FILE *f) {
         "  --kv-cache-ram BYTES, --kv-cache-dir DIR, --kv-cache-disk BYTES  a KV prefix store as on\n"
         "                       decode nodes: a repeated prefix is loaded, not recomputed\n"
         "  --layers A:B         serve blocks A..B-1 only (end exclusive; a slice of a layer-split\n"
-        "                       prefill chain: docs/layer-split.md)\n");
+        "                       prefill chain: docs/layer-split.md)\n"
+        "  --draft-model FILE   also a draft node: decode nodes started with --draft-node HOST:PORT\n"
+        "                       get speculative drafts of this model (same tokenizer as -m) over\n"
+        "                       the wire protocol (docs/wire-protocol.md 4.10)\n"
+        "  --draft-slots N      sequences the draft node keeps at once, one draft KV cache each\n"
+        "                       (1-64, default 8; the least recently asked gives way)\n");
     cliopt_usage_backend(f, 20);
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
@@ -166,6 +173,8 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--kv-cache-disk")) bad = cliopt_u64(SERVE, a, v, 1, UINT64_C(1) << 60, &o->kv_cache_disk);
         else if (!strcmp(a, "--kv-cache-dir")) bad = cliopt_str(SERVE, a, v, &o->kv_cache_dir);
         else if (!strcmp(a, "--layers")) bad = serve_layers(a, v, o);
+        else if (!strcmp(a, "--draft-model")) bad = cliopt_str(SERVE, a, v, &o->draft_model);
+        else if (!strcmp(a, "--draft-slots")) bad = serve_int(a, v, 1, 64, &o->draft_slots);
         else if (!strcmp(a, "--debug-act-stall")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_act_stall);
         else if (!strcmp(a, "--drain-timeout")) bad = serve_int(a, v, 0, 3600000, &o->drain_timeout_ms);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
@@ -183,7 +192,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
 
 /* ==== Roles ==== */
 
-static int serve_prefill(model *m, const serve_opts *o) {
+static int serve_prefill(model *m, model *dm, const serve_opts *o) {
     static volatile int port;
     node_register *reg = NULL;
     char err[512], name[128];
@@ -205,7 +214,7 @@ static int serve_prefill(model *m, const serve_opts *o) {
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
         .model_name = o->model_name, .model_path = o->model, .debug_act_stall = o->debug_act_stall,
         .kv_cache_ram = o->kv_cache_ram, .kv_cache_dir = o->kv_cache_dir, .kv_cache_disk = o->kv_cache_disk,
-        .drain_timeout_ms = o->drain_timeout_ms, .reg = reg,
+        .drain_timeout_ms = o->drain_timeout_ms, .reg = reg, .draft_model = dm, .draft_slots = o->draft_slots,
     };
     int rc = 0;
     if (prefill_node_run(m, &po, err, sizeof err)) { log_error(NULL, "%s", err); rc = 1; }
@@ -266,10 +275,15 @@ int cli_serve(int argc, char **argv) {
     o.stop = cliopt_stop_on_signals();
     model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device,
                       .layer_lo = o.layer_lo, .layer_hi = o.layer_hi };
-    model *m = NULL;
+    model *m = NULL, *dm = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {   /* err names the file */
         log_error(NULL, "%s", err);
+        goto out;
+    }
+    model_opts dmo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device };
+    if (o.draft_model && model_load(&dm, o.draft_model, &dmo, err, sizeof err)) {
+        log_error(NULL, "draft model: %s", err);
         goto out;
     }
     int train = model_get_hparams(m)->n_ctx_train;
@@ -277,7 +291,7 @@ int cli_serve(int argc, char **argv) {
     else if (train > 0 && o.n_ctx > train)
         log_warn(NULL, "-c %d is beyond the model's trained context of %d tokens", o.n_ctx, train);
     switch (o.role) {
-    case SERVE_PREFILL: rc = serve_prefill(m, &o); break;
+    case SERVE_PREFILL: rc = serve_prefill(m, dm, &o); break;
     case SERVE_DECODE:
     case SERVE_LOCAL:
         fprintf(stderr, "tandem serve: role %s is not available in this build\n", o.role == SERVE_DECODE ? "decode" : "local");
@@ -285,6 +299,7 @@ int cli_serve(int argc, char **argv) {
         break;
     }
 out:
+    model_free(dm);
     model_free(m);
     free(o.secret);
     return rc;

@@ -29,6 +29,7 @@
 
 #include "engine/gguf.h"
 #include "base/platform.h"
+#include "net/wire_draft.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
@@ -80,7 +81,7 @@ static uint64_t get_u64(const uint8_t *p) {
 
 const char *wire_type_name(uint32_t type) {
     static const char *const names[] = {
-        "unknown", "HELLO", "AUTH", "REQUEST", "KV", "DONE", "ERROR", "CANCEL", "PING", "PONG", "ACT",
+        "unknown", "HELLO", "AUTH", "REQUEST", "KV", "DONE", "ERROR", "CANCEL", "PING", "PONG", "ACT", "DRAFT", "DRAFTS",
     };
     return type < sizeof names / sizeof names[0] ? names[type] : "unknown";
 }
@@ -113,11 +114,13 @@ uint32_t wire_type_max_payload(uint32_t type) {
     case WIRE_CANCEL: return 0;
     case WIRE_PING: case WIRE_PONG: return WIRE_PING_MAX;
     case WIRE_ACT: return WIRE_MAX_PAYLOAD;
+    case WIRE_DRAFT: return WIRE_DRAFT_MAX_BYTES;
+    case WIRE_DRAFTS: return WIRE_DRAFTS_MAX_BYTES;
     default: return 0;
     }
 }
 
-static int wire_type_known(uint32_t type) { return type >= WIRE_HELLO && type <= WIRE_ACT; }
+static int wire_type_known(uint32_t type) { return type >= WIRE_HELLO && type <= WIRE_DRAFTS; }
 
 /* ==== CRC32C ==== */
 /* Castagnoli polynomial, bit-reflected (the form iSCSI, ext4 and SSE4.2 use). */
@@ -458,7 +461,7 @@ int wire_decode_hello(const uint8_t *p, size_t n, wire_hello *h, char *err, size
         return -1;
     }
     /* Unknown capability bits are ignored (a newer peer may offer more). */
-    x.caps &= WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16 | WIRE_CAP_SLICE;
+    x.caps &= WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16 | WIRE_CAP_SLICE | WIRE_CAP_DRAFT;
     if (get_fixed_str(p + 76, sizeof x.node_id, x.node_id, "HELLO node_id", err, errlen)) return -1;
     if (get_fixed_str(p + 140, sizeof x.model_desc, x.model_desc, "HELLO model_desc", err, errlen))
         return -1;

@@ -48,6 +48,8 @@ enum wire_type {
     WIRE_PING = 8,       /* liveness, echoed as PONG */
     WIRE_PONG = 9,
     WIRE_ACT = 10,       /* slice -> decode -> next slice: a chunk's hidden states (net/wire_act.h) */
+    WIRE_DRAFT = 11,     /* decode -> draft node: histories, drafts wanted (net/wire_draft.h) */
+    WIRE_DRAFTS = 12,    /* draft node -> decode: the drafts */
 };
 
 enum wire_flag { WIRE_FLAG_ZSTD = 1u };
@@ -124,8 +126,10 @@ void wire_buf_reset(wire_buf *b);        /* len = 0, keeps the memory */
  * return 0, or -1 on out-of-memory or a value the format cannot carry. */
 
 enum wire_role { WIRE_ROLE_PREFILL = 1, WIRE_ROLE_DECODE = 2, WIRE_ROLE_ROUTER = 3 };
-/* SLICE: I speak ACT frames and layer-split prefill (docs/wire-protocol.md 4.9). */
-enum wire_caps { WIRE_CAP_ZSTD = 1u, WIRE_CAP_Q8_0 = 2u, WIRE_CAP_BF16 = 4u, WIRE_CAP_SLICE = 8u };
+/* SLICE: I speak ACT frames and layer-split prefill (docs/wire-protocol.md 4.9).
+ * DRAFT: I speak DRAFT/DRAFTS frames (4.10); a prefill node sets it only
+ * when it has a draft model. */
+enum wire_caps { WIRE_CAP_ZSTD = 1u, WIRE_CAP_Q8_0 = 2u, WIRE_CAP_BF16 = 4u, WIRE_CAP_SLICE = 8u, WIRE_CAP_DRAFT = 16u };
 
 typedef struct {
     uint32_t role;               /* enum wire_role */

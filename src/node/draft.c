@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
+#include "node/draft_remote.h"
 
 /* ==== Constants ==== */
 
@@ -23,6 +24,10 @@
 /* A draft model's step beyond its share of weight bytes: its own pass's
  * fixed costs (norms, attention, threads waking) relative to the target's. */
 #define DRAFT_MODEL_OVERHEAD 0.02
+/* A draft node's drafts, as a fraction of a decode step, until the
+ * exchanges are timed (draft_remote_cost): no compute here, the round trip
+ * (tens of microseconds on a LAN) beside a step of milliseconds. */
+#define DRAFT_NODE_COST 0.02
 
 /* ==== State ==== */
 
@@ -34,6 +39,7 @@ typedef struct {
 struct draft_src {
     int lookup, draft_max, n_slots, n_ctx, n_vocab;
     model *dm;
+    struct draft_remote *remote;   /* --draft-node (draft_remote.h) */
     double model_cost;       /* a draft model's step, as a fraction of the target's */
     int fixed;
     draft_slot *slots;
@@ -45,6 +51,20 @@ struct draft_src {
 };
 
 /* ==== Set-up ==== */
+
+void draft_free(draft_src *d);
+
+/* --draft-node: the client, started (it connects in the background);
+ * frees d on failure. */
+static int draft_node_create(draft_src *d, model *target, const draft_opts *o, char *err, size_t errlen) {
+    draft_remote_opts ro = { .hostport = o->node, .secret = o->secret, .secret_len = o->secret_len,
+                             .node_id = o->node_id, .kv_dtype = o->kv_dtype, .n_slots = o->n_slots,
+                             .timeout_ms = o->node_timeout_ms };
+    d->model_cost = DRAFT_NODE_COST;
+    if (draft_remote_create(&d->remote, target, &ro, err, errlen) == 0) return 0;
+    draft_free(d);
+    return -1;
+}
 
 /* 0 when the two tokenizers have the same tokens (bytes and types) and the
  * same end-of-generation ids; else -1 naming the first difference. */
@@ -68,7 +88,7 @@ static int draft_same_vocab(const tokenizer *a, const tokenizer *b, char *err, s
 
 int draft_create(draft_src **out, model *target, const draft_opts *o, char *err, size_t errlen) {
     *out = NULL;
-    if (o->lookup <= 0 && !o->dm) return 0;
+    if (o->lookup <= 0 && !o->dm && !o->node) return 0;
     if (o->dm && draft_same_vocab(model_get_tokenizer(target), model_get_tokenizer(o->dm), err, errlen)) return -1;
     draft_src *d = calloc(1, sizeof *d);
     if (!d) goto oom;
@@ -80,7 +100,9 @@ int draft_create(draft_src **out, model *target, const draft_opts *o, char *err,
     d->n_ctx = o->n_ctx;
     d->n_vocab = model_get_hparams(target)->n_vocab;
     d->fixed = o->fixed;
-    snprintf(d->kind, sizeof d->kind, "%s", d->lookup && d->dm ? "lookup+model" : d->dm ? "model" : "lookup");
+    snprintf(d->kind, sizeof d->kind, "%s%s%s", d->lookup ? "lookup" : "", d->lookup && (d->dm || o->node) ? "+" : "",
+             d->dm ? "model" : o->node ? "node" : "");
+    if (o->node && !d->dm && draft_node_create(d, target, o, err, errlen)) return -1;
     if (d->dm) {
         uint64_t tb = model_weight_bytes_per_token(target), db = model_weight_bytes_per_token(d->dm);
         d->model_cost = (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
@@ -105,6 +127,7 @@ oom:
 
 void draft_free(draft_src *d) {
     if (!d) return;
+    draft_remote_free(d->remote);
     for (int i = 0; d->slots && i < d->n_slots; i++) {
         session_free(d->slots[i].s);
         free(d->slots[i].tokens);
@@ -120,11 +143,12 @@ void draft_free(draft_src *d) {
 const char *draft_kind(const draft_src *d) { return d ? d->kind : "none"; }
 int draft_k_max(const draft_src *d) {
     if (!d) return 0;
-    return d->dm && d->draft_max > d->lookup ? d->draft_max : d->lookup;
+    return (d->dm || d->remote) && d->draft_max > d->lookup ? d->draft_max : d->lookup;
 }
 double draft_cost(const draft_src *d, double row_cost) {
     if (!d) return 1.0;
-    return d->fixed ? 0.0 : row_cost + d->model_cost;
+    if (d->fixed) return 0.0;
+    return row_cost + (d->remote ? draft_remote_cost(d->remote, DRAFT_NODE_COST) : d->model_cost);
 }
 double draft_row_prior(void) { return DRAFT_ROW_COST; }
 
@@ -199,4 +223,11 @@ void draft_propose(draft_src *d, draft_ask *asks, int n_asks) {
             if (asks[a].k > d->draft_max) asks[a].k = d->draft_max;
         draft_model_propose(d, asks, n_asks);
     }
+    if (d->remote) {
+        for (int a = 0; a < n_asks; a++)
+            if (asks[a].k > d->draft_max) asks[a].k = d->draft_max;
+        draft_remote_propose(d->remote, asks, n_asks);
+    }
 }
+
+struct draft_remote *draft_get_remote(const draft_src *d) { return d ? d->remote : NULL; }

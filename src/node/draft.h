@@ -27,6 +27,7 @@
 #include "engine/model.h"
 
 typedef struct draft_src draft_src;
+struct draft_remote;
 
 typedef struct {
     int lookup;              /* drafts per step from prompt lookup, 0: off */
@@ -36,6 +37,13 @@ typedef struct {
     uint32_t kv_dtype;       /* the draft sessions' cache type */
     int fixed;               /* 1: every step asks for the most drafts (draft_cost 0, no
                               * adaptation): tests and benchmarks of the mechanism */
+    /* --draft-node HOST:PORT: drafts from a draft node (draft_remote.h; not
+     * with dm), draft_max per step */
+    const char *node;
+    const void *secret;
+    size_t secret_len;
+    const char *node_id;
+    int node_timeout_ms;     /* an exchange's deadline (0: DRAFT_REMOTE_TIMEOUT_MS) */
 } draft_opts;
 
 /* NULL *out (and 0) when neither source is on. -1 with a message when the
@@ -43,7 +51,7 @@ typedef struct {
 int draft_create(draft_src **out, model *target, const draft_opts *o, char *err, size_t errlen);
 void draft_free(draft_src *d);
 
-/* "lookup", "model", "lookup+model". */
+/* "lookup", "model", "lookup+model", "node", "lookup+node". */
 const char *draft_kind(const draft_src *d);
 /* The most drafts a step may carry. */
 int draft_k_max(const draft_src *d);
@@ -68,5 +76,7 @@ typedef struct {
 /* Fills every ask; a source that fails leaves 0 drafts (decoding goes on
  * without them) and logs why. */
 void draft_propose(draft_src *d, draft_ask *asks, int n_asks);
+/* The draft node's client (draft_remote.h), or NULL. */
+struct draft_remote *draft_get_remote(const draft_src *d);
 
 #endif

@@ -135,6 +135,11 @@ typedef struct {
     int debug_act_stall;        /* a slice: send nothing more after the Nth ACT frame of a request */
     int drain_timeout_ms;           /* on stop: handoffs in flight may finish this long (node_drain.h) */
     struct node_register *reg;      /* the registration to take back when draining (NULL: none) */
+    /* --draft-model: a draft node too (draft_serve.h): DRAFT frames are
+     * answered with this model's drafts, draft_slots sequences at once
+     * (default 8); its HELLO then carries the DRAFT capability */
+    model *draft_model;
+    int draft_slots;
 } prefill_node_opts;
 
 /* Serves until *o->stop is set; 0 on clean shutdown, -1 with a message. */

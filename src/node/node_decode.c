@@ -49,6 +49,7 @@
 #include "base/logsafe.h"
 #include "base/metrics.h"
 #include "node/draft.h"
+#include "node/draft_remote.h"
 #include "node/spec_report.h"
 #include "net/node_auth.h"
 #include "net/node_register.h"
@@ -1037,6 +1038,7 @@ static enum MHD_Result dn_handle_stats(dnode *n, struct MHD_Connection *c) {
     json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
     if (n->prefix_ok) json_object_set_new(o, "prefix", dn_prefix_json(n));
     spec_stats_json(o, draft_kind(n->draft), &ss);
+    draft_remote_stats_json(o, draft_get_remote(n->draft));
     return dn_send_json(c, 200, o);
 }
 
@@ -1746,7 +1748,9 @@ static int dn_start(dnode *n, char *err, size_t errlen) {
                  o->kv_cache_dir ? ", directory " : "", o->kv_cache_dir ? o->kv_cache_dir : "");
     }
     draft_opts dro = { .lookup = n->o->lookup, .dm = n->o->draft_model, .draft_max = n->o->draft_max,
-                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype, .fixed = n->o->draft_fixed };
+                       .n_slots = n->n_slots, .n_ctx = n->n_ctx, .kv_dtype = n->kv_dtype, .fixed = n->o->draft_fixed,
+                       .node = n->o->draft_node, .secret = n->o->secret, .secret_len = n->o->secret_len,
+                       .node_id = n->o->node_id, .node_timeout_ms = n->o->draft_timeout_ms };
     if (draft_create(&n->draft, n->m, &dro, err, errlen)) return -1;
     sched_opts so = { .n_slots = n->n_slots, .queue_max = n->queue_max, .n_ctx = n->n_ctx,
                       .kv_dtype = n->kv_dtype, .prefill_budget = n->o->prefill_budget,

@@ -102,6 +102,8 @@ typedef struct {
     model *draft_model;          /* --draft-model: loaded by the caller, freed after decode_node_run */
     int draft_max;               /* --draft-max: drafts per step from the draft model (default 8) */
     int draft_fixed;             /* --draft-fixed: always the most drafts (no adaptation) */
+    const char *draft_node;      /* --draft-node HOST:PORT: drafts from a draft node (draft_remote.h) */
+    int draft_timeout_ms;        /* --draft-timeout-ms: a draft node exchange's deadline (default 100) */
     int queue_max;               /* requests that may wait for the model (default 16) */
     int min_split_tokens;        /* "auto" uses a prefill node from this prompt length (default 32) */
     int max_body_bytes;          /* request body limit (default 8 MiB) */

@@ -47,6 +47,11 @@ void decode_node_usage(FILE *f) {
         "                            copied from the prompt and text so far (1-16; default off)\n"
         "  --draft-model FILE        speculative decoding with a draft model (same tokenizer)\n"
         "  --draft-max N             drafts per step from the draft model (1-16, default 8)\n"
+        "  --draft-node HOST:PORT    speculative decoding with drafts from a draft node (a prefill node\n"
+        "                            started with --draft-model; needs --secret-file; not with\n"
+        "                            --draft-model here); up to --draft-max drafts per step\n"
+        "  --draft-timeout-ms N      a draft node exchange's deadline: later, the step goes on without\n"
+        "                            drafts (default 100)\n"
         "  --draft-fixed             always the most drafts, whatever their acceptance (benchmarks,\n"
         "                            tests; default: each sequence's draft length adapts to it)\n"
         "  --node-id NAME            our name towards prefill nodes\n"
@@ -188,6 +193,8 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
         else if (!strcmp(a, "--lookup")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.lookup);
         else if (!strcmp(a, "--draft-model")) bad = cliopt_str(DN_CMD, a, v, &c->draft_model);
+        else if (!strcmp(a, "--draft-node")) bad = cliopt_str(DN_CMD, a, v, &c->o.draft_node);
+        else if (!strcmp(a, "--draft-timeout-ms")) bad = dn_cli_int(a, v, 1, 60000, &c->o.draft_timeout_ms);
         else if (!strcmp(a, "--draft-max")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.draft_max);
         else if (!strcmp(a, "--router")) bad = cliopt_str(DN_CMD, a, v, &c->router);
         else if (!strcmp(a, "--model-name")) bad = cliopt_str(DN_CMD, a, v, &c->model_name);
@@ -209,6 +216,12 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
     char perr[600];
     if ((c->o.listen && cliopt_check_hostport("--listen", c->o.listen, 1, perr, sizeof perr)) ||
         dn_cli_check_nodes(c, perr, sizeof perr)) {
+        fprintf(stderr, DN_CMD ": %s\n", perr);
+        return -1;
+    }
+    if (c->o.draft_node && (cliopt_check_hostport("--draft-node", c->o.draft_node, 0, perr, sizeof perr) ||
+                            (c->draft_model && snprintf(perr, sizeof perr, "--draft-node and --draft-model exclude "
+                                                        "each other (the draft model runs on one node)") > 0))) {
         fprintf(stderr, DN_CMD ": %s\n", perr);
         return -1;
     }

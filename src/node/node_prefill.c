@@ -17,6 +17,7 @@
 #include "node/kvstore.h"
 #include "node/handoff.h"
 #include "node/chain.h"
+#include "node/draft_serve.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -123,6 +124,7 @@ struct pnode {
     volatile int cut;             /* the drain timeout passed: requests in flight stop */
     model *m;
     const prefill_node_opts *o;
+    draft_server *drafter;        /* --draft-model: DRAFT frames answered (draft_serve.h), or NULL */
     wire_hello hello;             /* fingerprint computed once; nonce renewed per connection */
     kvstore *store;               /* KV prefix store, or NULL */
     kvstore_metrics kvm;
@@ -1069,6 +1071,12 @@ static void pn_conn_loop(pn_conn *pc) {
         if (h.type == WIRE_REQUEST) {
             if (pn_request(pc, h.req_id)) return;
             since = gen_now_ms();
+        } else if (h.type == WIRE_DRAFT && pc->node->drafter && (pc->caps & WIRE_CAP_DRAFT)) {
+            if (draft_server_answer(pc->node->drafter, pc->id, &pc->conn, &h, err, sizeof err)) {
+                log_warn(NULL, "conn %u (%s): draft: %s, closing", pc->id, pc->peer, err);
+                return;
+            }
+            since = gen_now_ms();
         } else if (h.type == WIRE_PING) {
             wire_send(&pc->conn, WIRE_PONG, h.req_id, 0, pc->conn.rx.data, pc->conn.rx.len, err, sizeof err);
         } else if (h.type == WIRE_CANCEL || h.type == WIRE_PONG) {
@@ -1206,6 +1214,7 @@ static void *pn_conn_main(void *arg) {
     }
     session_free(pc.s);
     free(pc.prev);
+    draft_server_conn_gone(node->drafter, pc.id);
     /* done before close: the shutdown path only touches fds of slots not
      * done, under the same lock, so it never sees a closed (reused) fd */
     pthread_mutex_lock(&node->mu);
@@ -1330,6 +1339,25 @@ static int pn_write_port(const char *path, int lfd, char *err, size_t errlen) {
     return port;
 }
 
+/* --draft-model: the draft server, and DRAFT in our HELLO's caps. */
+static int pn_drafter_start(pnode *node, char *err, size_t errlen) {
+    int lo, hi;
+    if (model_get_layers(node->m, &lo, &hi)) {
+        snprintf(err, errlen, "--draft-model needs the whole model, not a slice (--layers)");
+        return -1;
+    }
+    char e2[400];
+    int slots = node->o->draft_slots > 0 ? node->o->draft_slots : 8;
+    if (draft_server_create(&node->drafter, node->m, node->o->draft_model, slots, node->o->n_ctx, node->o->kv_dtype,
+                            e2, sizeof e2)) {
+        snprintf(err, errlen, "draft model: %s", e2);
+        return -1;
+    }
+    node->hello.caps |= WIRE_CAP_DRAFT;
+    log_info(NULL, "draft node: %d sequences of up to %d tokens", slots, node->o->n_ctx);
+    return 0;
+}
+
 int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t errlen) {
     pnode node = { .m = m, .o = o };
     prefill_node_opts oo = *o;
@@ -1343,6 +1371,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
     int lo, hi;
+    if (o->draft_model && pn_drafter_start(&node, err, errlen)) return -1;
     if (model_get_layers(m, &lo, &hi)) {   /* a slice names its layers (chain.h reads them) */
         snprintf(node.base_desc, sizeof node.base_desc, "%.200s; layers %d:%d", node.hello.model_desc, lo, hi);
         snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", node.base_desc);
@@ -1358,11 +1387,11 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
      * dropped handshakes still on their way out */
     node.n_slots = node.max_authed + 2 * (node.max_preauth + node.max_trusted_preauth);
     node.slots = calloc((size_t)node.n_slots, sizeof *node.slots);
-    if (!node.slots) { snprintf(err, errlen, "out of memory"); return -1; }
+    if (!node.slots) { snprintf(err, errlen, "out of memory"); draft_server_free(node.drafter); return -1; }
     int lfd = wire_listen(o->listen ? o->listen : "127.0.0.1:0", err, errlen);
-    if (lfd < 0) { free(node.slots); return -1; }
+    if (lfd < 0) { free(node.slots); draft_server_free(node.drafter); return -1; }
     int port = pn_write_port(o->port_file, lfd, err, errlen);
-    if (port < 0) { close(lfd); free(node.slots); return -1; }
+    if (port < 0) { close(lfd); free(node.slots); draft_server_free(node.drafter); return -1; }
     pthread_mutex_init(&node.mu, NULL);
     pthread_mutex_init(&node.turn_mu, NULL);
     pthread_cond_init(&node.turn_cv, NULL);
@@ -1371,6 +1400,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
         if (kvstore_open(&node.store, m, oo.kv_dtype, oo.n_ctx, &ko, err, errlen)) {
             close(lfd);
             free(node.slots);
+            draft_server_free(node.drafter);
             return -1;
         }
     }
@@ -1384,6 +1414,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
         pthread_mutex_destroy(&node.turn_mu);
         pthread_cond_destroy(&node.turn_cv);
         free(node.slots);
+        draft_server_free(node.drafter);
         return -1;
     }
     if (o->port_out) *o->port_out = port;
@@ -1416,5 +1447,12 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     pthread_mutex_destroy(&node.turn_mu);
     pthread_cond_destroy(&node.turn_cv);
     free(node.slots);
+    if (node.drafter) {
+        uint64_t ex, nd;
+        draft_server_counts(node.drafter, &ex, &nd);
+        log_info(NULL, "draft node: %llu exchanges answered, %llu drafts sent", (unsigned long long)ex,
+                 (unsigned long long)nd);
+    }
+    draft_server_free(node.drafter);
     return 0;
 }

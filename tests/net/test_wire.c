@@ -323,8 +323,8 @@ static void test_header(void) {
           strstr(err, "protocol version mismatch: peer speaks version 1, this node speaks 2"), "version 1: %s", err);
     memcpy(m, b, sizeof m); m[6] = 0;
     CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "unknown frame type"), "type 0");
-    memcpy(m, b, sizeof m); m[6] = 11;   /* 10 is ACT (layer-split prefill) */
-    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "type 11");
+    memcpy(m, b, sizeof m); m[6] = 13;   /* 10 is ACT (layer-split prefill), 11 and 12 DRAFT(S) */
+    CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0, "type 13");
     memcpy(m, b, sizeof m); m[8] = 3;
     CHECK(wire_header_decode(m, 1, &d, err, sizeof err) < 0 && strstr(err, "flags"), "unknown flag");
     /* Sealed: len counts the tag; uncompressed means raw_len = len - 16. */
