@@ -399,7 +399,7 @@ static double rc_plan_locked(rt_req *q, int d, int *pidx, router_decision *dec) 
  * requests ahead of ours per slot times the time a request holds a slot
  * (a node's capacity, not its queue length alone). */
 static double rc_wait_ms(const rt_node *n, double hold_ms) {
-    int load = rt_node_load(n), slots = rt_node_slots(n);
+    int load = rc_ahead(n, 0), slots = rt_node_slots(n);
     if (load < slots) return 0;
     return (double)(load - slots + 1) / slots * hold_ms;
 }
@@ -435,7 +435,13 @@ int rc_choose_locked(rt_req *q, const int *skip, int with_plan, int *pidx, route
         int p = -1;
         router_decision dd;
         memset(&dd, 0, sizeof dd);
+        double wait = t;
         if (with_plan) t += rc_plan_locked(q, i, &p, &dd);
+        if (!r->cfg.quiet && log_enabled(LOGL_DEBUG))
+            log_debug(q->rid, "pick: decode %s wait %.1f ms (ahead %d, %d slots, hold %.0f ms) + plan %.1f ms "
+                      "(held %d of %d, %s%s) = %.1f ms", n->cfg.addr, wait, rc_ahead(n, 0), rt_node_slots(n), hold,
+                      t - wait, with_plan ? rc_match_locked(q, i, NULL) : 0, q->n_prompt, dd.split ? "split" : "local",
+                      p >= 0 ? " via prefill" : "", t);
         if (best < 0 || rc_better(t, n, best_t, &r->nodes[best])) { best = i; best_t = t; best_p = p; best_dec = dd; }
     }
     if (with_plan && best >= 0) { *pidx = best_p; *dec = best_dec; }

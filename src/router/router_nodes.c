@@ -32,6 +32,10 @@ void router_decide(const router_cost_in *in, router_decision *d) {
      * cost; requests queued on the prefill node are served before ours. */
     double exposed = (transfer > compute ? transfer - compute : 0) + in->handoff_overhead_ms;
     d->est_split_ms = compute * (1 + in->prefill_queue) + exposed;
+    /* a decode node that holds the whole prompt computes its last position
+     * and asks the prefill node for nothing (outcome "cached"): a split plan
+     * costs it what the local one does, not the prefill node's queue */
+    if (cd >= n - 1 && n > 1) d->est_split_ms = d->est_local_ms;
     if (in->policy == ROUTER_SPLIT_NEVER) {
         d->key = "policy";
         snprintf(d->reason, sizeof d->reason, "local: split policy is \"never\"");
