@@ -41,6 +41,12 @@ void router_decide(const router_cost_in *in, router_decision *d) {
         snprintf(d->reason, sizeof d->reason, "local: split policy is \"never\"");
         return;
     }
+    if (!in->have_prefill && in->prefill_too_short) {
+        d->key = "prefill_context";
+        snprintf(d->reason, sizeof d->reason, "local: prompt %d tokens (%s) is longer than every healthy prefill "
+                 "node's context", n, cnt);
+        return;
+    }
     if (!in->have_prefill) {
         d->key = "no_prefill_node";
         snprintf(d->reason, sizeof d->reason, "local: no healthy prefill node serves this model");
@@ -334,6 +340,7 @@ static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
             if (p->ok) {
                 snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
                 p->prefill_tps = prefill_rate_parse(hello.model_desc);   /* its measured rate (prefill_rate.h) */
+                p->n_ctx = prefill_ctx_parse(hello.model_desc);          /* its context: no longer split goes there */
             }
             else snprintf(err, errlen, "a %s node, not a prefill node", wire_role_name(hello.role));
         }

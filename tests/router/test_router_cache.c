@@ -35,6 +35,8 @@
 #define TC_SUFFIX 24
 #define TC_BURST 16
 #define TC_BURST_LEN 200   /* tokens of each burst prompt: 3 full blocks */
+#define TC_PF_CTX_S "600"  /* the prefill nodes' context: the suffix prompts (536) fit */
+#define TC_LONG 700        /* a prompt longer than that (the decode nodes take 1024) */
 
 static char tc_secret_path[] = TC_DIR "/secret";
 static const char tc_secret[] = "7f3c9a1e5b2d8f4a6c0e9b3d7a1f5c8e2b6d0a4f8c3e7b1d5a9f2c6e0b4d8a3f";
@@ -233,6 +235,45 @@ static void test_repeat_burst(tc_cluster *c) {
     }
 }
 
+/* A prompt longer than every prefill node's context (which the router
+ * learns from their HELLOs) is not split to them (--split always): planned
+ * local, so no fallback and no prefill node marked down. */
+static void test_prefill_ctx(tc_cluster *c) {
+    char *h = NULL;
+    http(c->rport, "GET", "/health", NULL, &h);
+    json_t *ho = h ? json_loads(h, 0, NULL) : NULL, *nodes = json_object_get(ho, "nodes");
+    int learned = 0;
+    for (size_t k = 0; k < json_array_size(nodes); k++) {
+        json_t *n = json_array_get(nodes, k);
+        learned += !strcmp(jstr(n, "role", NULL) ? jstr(n, "role", NULL) : "", "prefill") &&
+                   json_integer_value(json_object_get(n, "n_ctx")) == atoi(TC_PF_CTX_S);
+    }
+    json_decref(ho);
+    free(h);
+    CHECK(learned == 2, "the router learned both prefill nodes' context (%s) from their HELLOs: %d", TC_PF_CTX_S, learned);
+    char *log0 = slurp(TC_DIR "/rt.log");
+    size_t from = log0 ? strlen(log0) : 0;   /* what the router logs from here on */
+    free(log0);
+    char *body = tc_body(0, 6000, TC_LONG, 2, 0), *raw = NULL;
+    int st = http_raw(c->rport, "POST", "/v1/completions", NULL, body, &raw);
+    free(body);
+    char plan[16], pn[64], outcome[32];
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Plan", plan, sizeof plan);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Node", pn, sizeof pn);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Outcome", outcome, sizeof outcome);
+    free(raw);
+    sleep_ms(100);   /* its log line */
+    char *log = slurp(TC_DIR "/rt.log");
+    const char *since = log && strlen(log) >= from ? log + from : NULL;
+    printf("test_router_cache: a %d-token prompt: HTTP %d plan %s outcome %s prefill node '%s'\n", TC_LONG, st, plan, outcome,
+           pn);
+    CHECK(st == 200 && !strcmp(plan, "local") && !pn[0] && !strcmp(outcome, "local") && since &&
+          strstr(since, "reason=prefill_context") && !strstr(since, "marked down"),
+          "a prompt longer than every prefill node's context is planned local (plan %s, outcome %s), none marked down",
+          plan, outcome);
+    free(log);
+}
+
 /* Every prefill node killed: the split falls back, the stream says so, the
  * router logs each "marked down" and counts failed checks. */
 static void test_fallback(tc_cluster *c) {
@@ -286,7 +327,7 @@ static void test_cluster(void) {
         snprintf(mf_name[i], sizeof mf_name[i], "pm%d", i);
         snprintf(pf_port[i], sizeof pf_port[i], TC_DIR "/pf%d.port", i);
         snprintf(pf_mport[i], sizeof pf_mport[i], TC_DIR "/pm%d.port", i);
-        char *a[] = {b, "serve", "--role", "prefill", "-m", model, "-t", "1", "--secret-file", tc_secret_path,
+        char *a[] = {b, "serve", "--role", "prefill", "-m", model, "-t", "1", "-c", TC_PF_CTX_S, "--secret-file", tc_secret_path,
                      "--metrics-listen", "127.0.0.1:0", "--metrics-port-file", pf_mport[i], "--port-file", pf_port[i], NULL};
         c.pport[i] = tc_start(&c.pf[i], a, pf_name[i]);
         c.mport[i] = wait_port(pf_mport[i], c.pf[i], 10000);
@@ -309,6 +350,7 @@ static void test_cluster(void) {
     if (c.rport > 0) {
         test_suffixes(&c);
         test_repeat_burst(&c);
+        test_prefill_ctx(&c);
         test_fallback(&c);
     }
     pid_t all[] = {c.rt, c.dn[0], c.dn[1], c.pf[0], c.pf[1]};
