@@ -49,6 +49,9 @@ static void decode_all(const uint8_t *p, size_t n) {
          * none, or within its bounds. */
         double tps = prefill_rate_parse(h.model_desc);
         if (tps != -1 && !(tps > 0 && tps < 1e9)) abort();
+        /* and its context: none (0), or within its bounds */
+        int ctx = prefill_ctx_parse(h.model_desc);
+        if (ctx < 0 || ctx > PREFILL_CTX_MAX) abort();
     }
     (void)wire_decode_auth(p, n, &a, err, sizeof err);
     if (wire_decode_request(p, n, &r, err, sizeof err) == 0) {

@@ -10,6 +10,8 @@
 # Defaults: build/models/qwen3-mini-F16.gguf, 2 rounds (off, on, off, on), a
 # class of 16. Env: SPLIT (auto), PARALLEL (decode slots, 4), GRADE_PAR (4),
 # TOKENS (max_tokens of analysis and feedback, 32: the prompts are the point).
+# Each line ends with the 1-minute load average; the router logs at debug
+# level, so $dir/MODE.ROUND/rt.log has each pick's terms ("pick:" lines).
 set -u
 model=${1:-build/models/qwen3-mini-F16.gguf}
 rounds=${2:-2}
@@ -58,7 +60,7 @@ run_one() {   # mode (on|off) -> one result line
     "$bin" serve --role router --listen 127.0.0.1:0 --secret-file "$dir/secret" --split "$split" --cache-aware "$mode" \
         --decode "q=127.0.0.1:${dp[0]}" --decode "q=127.0.0.1:${dp[1]}" \
         --prefill "q=127.0.0.1:${pp[0]}" --prefill "q=127.0.0.1:${pp[1]}" \
-        --port-file "$d/rt.port" > "$d/rt.log" 2>&1 &
+        --log-level debug --port-file "$d/rt.port" > "$d/rt.log" 2>&1 &
     pids+=($!)
     local rp; rp=$(wait_port "$d/rt.port")
     local out
@@ -75,8 +77,9 @@ run_one() {   # mode (on|off) -> one result line
     prompt=$(grep ' done status=200' "$d/rt.log" | grep -o ' prompt=[0-9]*' | awk -F= '{s+=$2} END {printf "%d", s}')
     done=$(grep -c ' done status=200' "$d/rt.log")
     local sph; sph=$(printf '%s\n' "$out" | sed -n 's/.*wall time \([0-9.]*\) s, \([0-9.]*\) submissions\/hour.*/\1 \2/p')
-    printf '%-4s requests %3d  prompt positions %8d  computed %8d (prefill nodes %8d, decode nodes %7d)  wall s / subm per hour: %s\n' \
-        "$mode" "$done" "$prompt" "$((pf + dl))" "$pf" "$dl" "${sph:-?}"
+    local load; load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
+    printf '%-4s requests %3d  prompt positions %8d  computed %8d (prefill nodes %8d, decode nodes %7d)  wall s / subm per hour: %s  load %s\n' \
+        "$mode" "$done" "$prompt" "$((pf + dl))" "$pf" "$dl" "${sph:-?}" "$load"
 }
 
 for r in $(seq 1 "$rounds"); do

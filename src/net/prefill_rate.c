@@ -52,3 +52,20 @@ double prefill_rate_parse(const char *desc) {
     if (!end || strcmp(end, " t/s") || !(v > 0) || !(v < 1e9)) return -1;
     return v;
 }
+
+void prefill_ctx_format(char *out, size_t outlen, const char *base, int n_ctx) {
+    if (n_ctx > 0 && n_ctx <= PREFILL_CTX_MAX) snprintf(out, outlen, "%s" PREFILL_CTX_TAG "%d", base, n_ctx);
+    else snprintf(out, outlen, "%s", base);
+}
+
+int prefill_ctx_parse(const char *desc) {
+    const char *p = desc ? strstr(desc, PREFILL_CTX_TAG) : NULL, *last = NULL;
+    while (p) { last = p; p = strstr(p + 1, PREFILL_CTX_TAG); }
+    if (!last) return 0;
+    const char *d = last + strlen(PREFILL_CTX_TAG);
+    if (*d < '1' || *d > '9') return 0;
+    char *end = NULL;
+    long v = strtol(d, &end, 10);
+    if (!end || (*end && *end != ';') || v < 1 || v > PREFILL_CTX_MAX) return 0;
+    return (int)v;
+}

@@ -46,4 +46,15 @@ void prefill_rate_format(char *out, size_t outlen, const char *base, double tps)
  * outside (0, 1e9) is no rate). */
 double prefill_rate_parse(const char *desc);
 
+/* A prefill node's context (the longest prompt it takes) rides in the same
+ * description, before the rate: "...; ctx 4096; prefill 2345 t/s". The
+ * router plans no split of a longer prompt to it (docs/router.md). */
+#define PREFILL_CTX_TAG "; ctx "
+/* base + "; ctx N" into out (base alone when n_ctx <= 0). */
+void prefill_ctx_format(char *out, size_t outlen, const char *base, int n_ctx);
+/* The context in a description, or 0 when it carries none (bounded: a
+ * value outside 1..PREFILL_CTX_MAX, or one not ending its clause, is none). */
+#define PREFILL_CTX_MAX (1 << 24)
+int prefill_ctx_parse(const char *desc);
+
 #endif

@@ -1370,10 +1370,15 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     node.o = &oo;
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;
+    {   /* its context, for the router's plan (prefill_rate.h) */
+        char d[sizeof node.hello.model_desc];
+        prefill_ctx_format(d, sizeof d, node.hello.model_desc, oo.n_ctx);
+        snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", d);
+    }
     int lo, hi;
     if (o->draft_model && pn_drafter_start(&node, err, errlen)) return -1;
     if (model_get_layers(m, &lo, &hi)) {   /* a slice names its layers (chain.h reads them) */
-        snprintf(node.base_desc, sizeof node.base_desc, "%.200s; layers %d:%d", node.hello.model_desc, lo, hi);
+        snprintf(node.base_desc, sizeof node.base_desc, "%.220s; layers %d:%d", node.hello.model_desc, lo, hi);
         snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", node.base_desc);
     } else {
         snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);

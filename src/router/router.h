@@ -86,7 +86,8 @@ typedef struct {
     double handoff_overhead_ms;  /* measured fixed cost of a split (connect, last layer, ...) */
     int decode_queue;            /* requests ahead on the decode node */
     int prefill_queue;           /* requests ahead on the prefill node */
-    int have_prefill;            /* a healthy prefill node serves the model */
+    int have_prefill;            /* a healthy prefill node serves the model (and takes a prompt this long) */
+    int prefill_too_short;       /* with have_prefill 0: one serves it, but its context is below n_prompt */
     int policy;                  /* enum router_split */
     int min_split_tokens;
     /* prompt positions already held (router_cache.c; 0 = none known): by the
@@ -98,7 +99,7 @@ typedef struct {
 typedef struct {
     int split;                   /* 1: prefill on the prefill node */
     double est_local_ms, est_split_ms;
-    const char *key;             /* short reason for metrics: policy, short_prompt, no_prefill_node, cost */
+    const char *key;             /* short reason for metrics: policy, short_prompt, no_prefill_node, prefill_context, cost */
     char reason[320];
 } router_decision;
 

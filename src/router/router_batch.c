@@ -265,7 +265,10 @@ static int rt_batch_stream_end(rt_batch *b) {
         api_resp_meta m;
         rt_meta(p, &m);
         m.cached_tokens = cached;
-        if (p->req.include_usage) s = api_render_usage_chunk(p->req.kind, &m, prompt, completion);
+        /* api_concat takes no NULL: the usage chunk, or nothing */
+        s = p->req.include_usage ? api_render_usage_chunk(p->req.kind, &m, prompt, completion) : strdup("");
+        /* where each prompt was prefilled, in prompt order (rt_prefill_comment) */
+        for (int k = 0; k < b->n; k++) s = api_concat(s, rt_prefill_comment(b->kid[k]));
         s = api_concat(s, strdup("data: [DONE]\n\n"));
         p->status = 200;
     }

@@ -359,34 +359,50 @@ void rc_cost_in_locked(rt_req *q, int d, int p, int ours_counted, router_cost_in
 #define RC_TIE_MS 1.0
 #define RC_TIE_FRAC 0.02
 
+/* Do estimates a and b tie? */
+static int rc_tie(double a, double b) {
+    double lo = a < b ? a : b, tol = lo * RC_TIE_FRAC > RC_TIE_MS ? lo * RC_TIE_FRAC : RC_TIE_MS;
+    return fabs(a - b) <= tol;
+}
+
 /* Is estimate a (node na) better than b (node nb)? */
 static int rc_better(double a, const rt_node *na, double b, const rt_node *nb) {
-    double lo = a < b ? a : b, tol = lo * RC_TIE_FRAC > RC_TIE_MS ? lo * RC_TIE_FRAC : RC_TIE_MS;
-    if (a < b - tol) return 1;
-    if (a > b + tol) return 0;
+    if (!rc_tie(a, b)) return a < b;
     return rt_node_better(na, nb);
+}
+
+int rc_prefill_fits(const rt_node *p, const rt_req *q) {
+    return p->n_ctx <= 0 || q->n_prompt <= p->n_ctx;
 }
 
 /* The best plan for q on decode node d: its estimated prefill time, the
  * prefill node in *pidx (-1: local) and the decision in *dec. */
 static double rc_plan_locked(rt_req *q, int d, int *pidx, router_decision *dec) {
     router *r = q->r;
-    int best = -1;
+    int best = -1, too_short = 0, best_cp = 0;
     double best_e = 0;
     router_decision bd;
     for (int i = 0; i < r->n_nodes; i++) {
         rt_node *p = &r->nodes[i];
         if (p->cfg.role != ROUTER_NODE_PREFILL || !p->up || strcmp(p->cfg.model, q->req.model)) continue;
+        if (!rc_prefill_fits(p, q)) { too_short = 1; continue; }
         router_cost_in in;
         router_decision dd;
         rc_cost_in_locked(q, d, i, 0, &in);
         router_decide(&in, &dd);
         double e = dd.split ? dd.est_split_ms : dd.est_local_ms;
-        if (best < 0 || rc_better(e, p, best_e, &r->nodes[best])) { best = i; best_e = e; bd = dd; }
+        /* on a tie, the prefill node that holds more of the prompt: a decode
+         * node whose every full block matches may still lack the tail past
+         * them (a prompt's last partial block has no hash), and then asks
+         * the prefill node for it */
+        int better = best < 0 || (rc_tie(e, best_e) && in.cached_prefill != best_cp ? in.cached_prefill > best_cp
+                                                                                     : rc_better(e, p, best_e, &r->nodes[best]));
+        if (better) { best = i; best_e = e; bd = dd; best_cp = in.cached_prefill; }
     }
     if (best < 0) {
         router_cost_in in;
         rc_cost_in_locked(q, d, -1, 0, &in);
+        in.prefill_too_short = too_short;
         router_decide(&in, &bd);
         best_e = bd.est_local_ms;
     }
@@ -399,7 +415,7 @@ static double rc_plan_locked(rt_req *q, int d, int *pidx, router_decision *dec) 
  * requests ahead of ours per slot times the time a request holds a slot
  * (a node's capacity, not its queue length alone). */
 static double rc_wait_ms(const rt_node *n, double hold_ms) {
-    int load = rt_node_load(n), slots = rt_node_slots(n);
+    int load = rc_ahead(n, 0), slots = rt_node_slots(n);
     if (load < slots) return 0;
     return (double)(load - slots + 1) / slots * hold_ms;
 }
@@ -435,7 +451,13 @@ int rc_choose_locked(rt_req *q, const int *skip, int with_plan, int *pidx, route
         int p = -1;
         router_decision dd;
         memset(&dd, 0, sizeof dd);
+        double wait = t;
         if (with_plan) t += rc_plan_locked(q, i, &p, &dd);
+        if (!r->cfg.quiet && log_enabled(LOGL_DEBUG))
+            log_debug(q->rid, "pick: decode %s wait %.1f ms (ahead %d, %d slots, hold %.0f ms) + plan %.1f ms "
+                      "(held %d of %d, %s%s) = %.1f ms", n->cfg.addr, wait, rc_ahead(n, 0), rt_node_slots(n), hold,
+                      t - wait, with_plan ? rc_match_locked(q, i, NULL) : 0, q->n_prompt, dd.split ? "split" : "local",
+                      p >= 0 ? " via prefill" : "", t);
         if (best < 0 || rc_better(t, n, best_t, &r->nodes[best])) { best = i; best_t = t; best_p = p; best_dec = dd; }
     }
     if (with_plan && best >= 0) { *pidx = best_p; *dec = best_dec; }

@@ -39,6 +39,10 @@
 
 typedef struct rc_report rc_report;
 
+/* Prefill node p takes q's prompt: its context (its HELLO's "; ctx N",
+ * prefill_rate.h) is unknown or at least the prompt's count. */
+int rc_prefill_fits(const rt_node *p, const rt_req *q);
+
 /* Parses a decode node's "prefix" object (hostile input: every count and
  * string bounded); NULL when absent or malformed (the node is then treated
  * as reporting nothing). No lock needed. */

@@ -92,6 +92,7 @@ static json_t *rt_node_json(const rt_node *n) {
     json_object_set_new(o, "hold_ms", json_real(n->hold_ms));
     json_object_set_new(o, "probe_ms", json_real(n->probe_ms));
     json_object_set_new(o, "slots", json_integer(n->slots));
+    json_object_set_new(o, "n_ctx", json_integer(n->n_ctx));
     return o;
 }
 

@@ -79,7 +79,7 @@ typedef struct {
     double kv_bytes_per_token, link_Bps, overhead_ms;
     double bytes_per_token;      /* prompt bytes per token (decode nodes), to estimate prompt length */
     char chat_format[16];        /* the decode node's template family (its /health), for tool calls */
-    int n_ctx;                   /* the decode node's context (its /health "n_ctx"); 0 = not reported */
+    int n_ctx;                   /* the node's context (a decode node's /health "n_ctx", a prefill node's HELLO "; ctx N"); 0 = not reported */
     unsigned long long requests, failures, checks_failed;
     char desc[400];
     double hold_ms;              /* how long a request holds a slot here (moving average; 0 = not yet measured) */

@@ -32,9 +32,19 @@ void router_decide(const router_cost_in *in, router_decision *d) {
      * cost; requests queued on the prefill node are served before ours. */
     double exposed = (transfer > compute ? transfer - compute : 0) + in->handoff_overhead_ms;
     d->est_split_ms = compute * (1 + in->prefill_queue) + exposed;
+    /* a decode node that holds the whole prompt computes its last position
+     * and asks the prefill node for nothing (outcome "cached"): a split plan
+     * costs it what the local one does, not the prefill node's queue */
+    if (cd >= n - 1 && n > 1) d->est_split_ms = d->est_local_ms;
     if (in->policy == ROUTER_SPLIT_NEVER) {
         d->key = "policy";
         snprintf(d->reason, sizeof d->reason, "local: split policy is \"never\"");
+        return;
+    }
+    if (!in->have_prefill && in->prefill_too_short) {
+        d->key = "prefill_context";
+        snprintf(d->reason, sizeof d->reason, "local: prompt %d tokens (%s) is longer than every healthy prefill "
+                 "node's context", n, cnt);
         return;
     }
     if (!in->have_prefill) {
@@ -330,6 +340,7 @@ static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
             if (p->ok) {
                 snprintf(p->desc, sizeof p->desc, "%s: %s", hello.node_id, hello.model_desc);
                 p->prefill_tps = prefill_rate_parse(hello.model_desc);   /* its measured rate (prefill_rate.h) */
+                p->n_ctx = prefill_ctx_parse(hello.model_desc);          /* its context: no longer split goes there */
             }
             else snprintf(err, errlen, "a %s node, not a prefill node", wire_role_name(hello.role));
         }

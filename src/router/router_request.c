@@ -217,6 +217,16 @@ static void rt_count_first(rt_req *q) {
     if (d >= 0) snprintf(addr, sizeof addr, "%s", r->nodes[d].cfg.addr);
     pthread_mutex_unlock(&r->mu);
     if (d < 0) return;
+    /* a forced tool call's assistant prefix (that node's template) is part
+     * of the prompt the node evaluates: counted too (rt_tools_prepare makes
+     * it again for the node chosen) */
+    if (api_tools_active(&q->req)) {
+        api_error e;
+        int was = q->decode_idx;
+        q->decode_idx = d;
+        rt_tools_prepare(q, &e);   /* a template without tool calls: refused after the pick */
+        q->decode_idx = was;
+    }
     rt_count_prompt(q, addr, d);
     q->counted = 1;
 }
@@ -252,9 +262,15 @@ static void rt_plan(rt_req *q) {
     pthread_mutex_lock(&r->mu);
     int p = q->prefill_idx;
     if (!q->planned) {
-        p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, NULL);
+        /* no split of a prompt longer than a prefill node's context to it */
+        int skip[ROUTER_MAX_NODES] = {0}, too_short = 0;
+        for (int i = 0; i < r->n_nodes; i++)
+            if (r->nodes[i].cfg.role == ROUTER_NODE_PREFILL && r->nodes[i].up && !rc_prefill_fits(&r->nodes[i], q))
+                skip[i] = too_short = 1;
+        p = rt_pick_locked(r, ROUTER_NODE_PREFILL, q->req.model, skip);
         router_cost_in in;
         rc_cost_in_locked(q, q->decode_idx, p, 1, &in);
+        in.prefill_too_short = p < 0 && too_short;
         router_decide(&in, &q->dec);
     }
     q->planned = 0;   /* a retry plans again */

@@ -511,8 +511,9 @@ static char *rt_stream_choice_end(rt_req *q, rt_choice *c, const api_resp_meta *
  * and can only name the plan, while the outcome (a split that fell back to
  * the decode node, its reason) is known from the final line:
  *   : tandem prefill=fallback plan=split decode=H:P prefill_node=H:P reason="..."
- * NULL when out of memory. */
-static char *rt_prefill_comment(const rt_req *q) {
+ * One prompt of several (a prompt array) says which: prompt_index=k after
+ * prefill=. NULL when out of memory. */
+char *rt_prefill_comment(const rt_req *q) {
     const api_upstream_line *f = &q->fin;
     const char *pf = !q->have_fin || !f->prefill_mode[0] ? "-" : f->fallback_reason[0] ? "fallback"
                    : rt_pf_names[rt_prefill_outcome(f)];
@@ -523,7 +524,9 @@ static char *rt_prefill_comment(const rt_req *q) {
         if (*c == '\r' || *c == '\n' || *c == '"') *c = ' ';
     char *s = malloc(800);
     if (!s) return NULL;
-    snprintf(s, 800, ": tandem prefill=%s plan=%s decode=%s%s%s%s%s%s\n\n", pf, q->dec.split ? "split" : "local",
+    char part[32] = "";
+    if (q->batch) snprintf(part, sizeof part, " prompt_index=%d", rt_kid_index(q));
+    snprintf(s, 800, ": tandem prefill=%s%s plan=%s decode=%s%s%s%s%s%s\n\n", pf, part, q->dec.split ? "split" : "local",
              q->decode_addr, q->dec.split ? " prefill_node=" : "", q->dec.split ? q->prefill_addr : "",
              why[0] ? " reason=\"" : "", why, why[0] ? "\"" : "");
     return s;

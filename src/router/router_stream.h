@@ -19,6 +19,7 @@ enum MHD_Result rt_reply_json(struct MHD_Connection *c, const rt_req *q, const c
 enum MHD_Result rt_run_blocking(rt_req *q, struct MHD_Connection *c);
 int rt_out_set(rt_req *q, char *s);
 int rt_stream_produce(rt_req *q);
+char *rt_prefill_comment(const rt_req *q);
 ssize_t rt_out_take(rt_req *q, char *buf, size_t max);
 void rt_sse_headers(struct MHD_Response *resp);
 enum MHD_Result rt_run_stream(rt_req *q, struct MHD_Connection *c);

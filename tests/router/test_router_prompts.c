@@ -235,6 +235,27 @@ static void test_greedy(rp_env *e) {
               s.finish[k]);
     CHECK(s.usage_prompt == psum && s.usage_completion == 24, "streamed usage %d %d", s.usage_prompt, s.usage_completion);
 
+    /* streamed without the usage chunk: where each prompt was prefilled,
+     * one final SSE comment per prompt (in prompt order), then [DONE] */
+    snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":[\"%s\",\"%s\",\"%s\"],\"max_tokens\":4,\"temperature\":0,"
+             "\"stream\":true}", rp_prompts[0], rp_prompts[1], rp_prompts[2]);
+    out = NULL;
+    st = http(e->prouter, "POST", "/v1/completions", body, &out);
+    const char *done = out ? strstr(out, "data: [DONE]") : NULL, *last = out;
+    int comments = 0;
+    for (int k = 0; k < 3 && last; k++) {   /* prefill= split or cached (--split always; prompts seen before) */
+        const char *at = strstr(last, "\n: tandem prefill=");
+        char want[32], line[300] = "";
+        snprintf(want, sizeof want, " prompt_index=%d plan=split ", k);
+        if (at) snprintf(line, sizeof line, "%.*s", (int)strcspn(at + 1, "\n"), at + 1);
+        comments += at && done && at < done && strstr(line, want);
+        if (k == 0) printf("test_router_prompts: %s\n", line);
+        last = at ? at + 1 : NULL;
+    }
+    CHECK(st == 200 && done && comments == 3, "a streamed prompt array ends with a prefill comment per prompt, in order, "
+          "before [DONE] (%d of 3)", comments);
+    free(out);
+
     /* echo: each choice starts with its own prompt */
     snprintf(body, sizeof body, "{\"model\":\"stories\",\"prompt\":[\"%s\",\"%s\"],\"max_tokens\":4,\"temperature\":0,"
              "\"echo\":true}", rp_prompts[0], rp_prompts[1]);

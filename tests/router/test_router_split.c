@@ -80,6 +80,17 @@ static void test_rate_desc(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         CHECK(prefill_rate_parse(bad[i]) == -1, "no rate in \"%s\"", bad[i]);
     CHECK(prefill_rate_parse("a; prefill 5 t/s; prefill 7 t/s") == 7, "the last clause counts");
+    /* its context rides before the rate */
+    char c[256];
+    prefill_ctx_format(c, sizeof c, "m.gguf (qwen3, 4 layers), KV F16", 600);
+    prefill_rate_format(d, sizeof d, c, 1887.6);
+    CHECK(!strcmp(d, "m.gguf (qwen3, 4 layers), KV F16; ctx 600; prefill 1888 t/s") && prefill_ctx_parse(d) == 600 &&
+          prefill_rate_parse(d) == 1888, "context and rate round trip: %s", d);
+    CHECK(prefill_ctx_parse("m.gguf; layers 0:2; prefill 5 t/s") == 0, "no context clause: 0");
+    static const char *const badc[] = {"m; ctx 0", "m; ctx -5", "m; ctx 99999999999", "m; ctx 12x", "m; ctx ", "m; ctx 0x10",
+                                       "m; ctx 16777217"};
+    for (size_t i = 0; i < sizeof badc / sizeof badc[0]; i++)
+        CHECK(prefill_ctx_parse(badc[i]) == 0, "no context in \"%s\"", badc[i]);
     double avg = 0;
     prefill_rate_update(&avg, 8, 10);
     CHECK(avg == 0, "a request of 8 positions is not counted");

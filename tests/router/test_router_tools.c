@@ -285,6 +285,24 @@ static void test_tools_http(tt_env *e) {
     const char *args = tt_s(tc, "function", "arguments");
     CHECK(st == 200 && !strcmp(jstr(tc, "function", "name"), "get_weather") && args && json_array_size(json_object_get(tt_msg(o), "tool_calls")) == 1,
           "named get_weather call (%d)", st);
+    {   /* the count made before the pick includes the forced call's assistant
+         * prefix: the router's log line has counted= what the node evaluated */
+        char want[128], *log = NULL;
+        snprintf(want, sizeof want, " id=%s ", jstr(o, "id", NULL) ? jstr(o, "id", NULL) : "?");
+        double t0 = now_ms();
+        const char *at = NULL;
+        while (now_ms() - t0 < 3000) {
+            free(log);
+            log = slurp(TT_DIR "/router.log");
+            if (log && (at = strstr(log, want))) break;
+            sleep_ms(50);
+        }
+        const char *c = at ? strstr(at, " counted=") : NULL, *p = at ? strstr(at, " prompt=") : NULL;
+        int counted = c ? atoi(c + 9) : -1, prompt = p ? atoi(p + 8) : -2;
+        CHECK(counted == prompt && prompt > 0 && (c && !strncmp(strchr(c, '(') ? strchr(c, '(') : "", "(exact)", 7)),
+              "a forced call's prompt counted with its assistant prefix: counted %d, the node's prompt %d", counted, prompt);
+        free(log);
+    }
     char id[64], name[64], sargs[1024], finish[32];
     int shape;
     tt_stream_call(e, named, id, name, sargs, sizeof sargs, finish, &shape);
