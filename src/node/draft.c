@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "engine/sampler.h"
 #include "engine/spec.h"
+#include "engine/spec_sample.h"
 
 /* ==== Constants ==== */
 
@@ -118,6 +119,7 @@ void draft_free(draft_src *d) {
 }
 
 const char *draft_kind(const draft_src *d) { return d ? d->kind : "none"; }
+int draft_has_model(const draft_src *d) { return d && d->dm; }
 int draft_k_max(const draft_src *d) {
     if (!d) return 0;
     return d->dm && d->draft_max > d->lookup ? d->draft_max : d->lookup;
@@ -170,7 +172,10 @@ static void draft_model_propose(draft_src *d, draft_ask *asks, int n_asks) {
         int nn = 0;
         for (int i = 0; i < ni; i++) {
             draft_ask *q = &asks[d->item_ask[i]];
-            int32_t t = sampler_argmax(d->logits + (size_t)i * d->n_vocab, d->n_vocab);
+            const float *lg = d->logits + (size_t)i * d->n_vocab;
+            int32_t t = q->smp ? spec_draft_sample(q->smp, lg, q->q + (size_t)q->n_out * d->n_vocab)
+                               : sampler_argmax(lg, d->n_vocab);
+            q->sampled = q->smp != NULL;
             q->out[q->n_out++] = t;
             if (q->n_out >= q->k) continue;
             /* the draft is fed next: its row joins the session's tokens */
@@ -191,6 +196,7 @@ void draft_propose(draft_src *d, draft_ask *asks, int n_asks) {
     for (int a = 0; a < n_asks; a++) {
         draft_ask *q = &asks[a];
         q->n_out = 0;
+        q->sampled = 0;
         int k = q->k < d->lookup ? q->k : d->lookup;
         if (k > 0) q->n_out = spec_lookup(q->hist, q->n, k, q->out);
     }

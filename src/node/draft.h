@@ -13,8 +13,10 @@
  *     prefix with what it evaluated last, so a rejected draft's row is
  *     dropped and a new request starting with the same text reuses it),
  *     then decodes greedily, all slots in one batched pass per draft.
- * Drafts are always proposed deterministically (greedy), so q is a point
- * mass (spec.h says why that keeps the target's distribution exactly).
+ * Greedy sequences' drafts are proposed deterministically (a point mass:
+ * spec.h); a sampled sequence's draft-model drafts are drawn from the
+ * draft model's distribution q with its draft sampler, and verified with
+ * the speculative-sampling rule (engine/spec_sample.h).
  *
  * Threading: used by the scheduler thread only.
  */
@@ -25,6 +27,7 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "engine/sampler.h"
 
 typedef struct draft_src draft_src;
 
@@ -45,6 +48,8 @@ void draft_free(draft_src *d);
 
 /* "lookup", "model", "lookup+model". */
 const char *draft_kind(const draft_src *d);
+/* 1 when a draft model is on (its drafts may be sampled). */
+int draft_has_model(const draft_src *d);
 /* The most drafts a step may carry. */
 int draft_k_max(const draft_src *d);
 /* One more verified row plus one draft, as a fraction of a sequence's
@@ -63,6 +68,13 @@ typedef struct {
     int k;
     int32_t *out;
     int n_out;
+    /* a sampled sequence's draft sampler (engine/spec_sample.h), NULL when
+     * greedy: the draft model then draws each draft from its distribution,
+     * written to q[i * n_vocab ...] for draft i, and sets sampled (lookup's
+     * drafts stay point masses: sampled 0) */
+    sampler *smp;
+    float *q;
+    int sampled;
 } draft_ask;
 
 /* Fills every ask; a source that fails leaves 0 drafts (decoding goes on
