@@ -12,7 +12,11 @@
  *     slot's history (rows it already holds are kept: the longest common
  *     prefix with what it evaluated last, so a rejected draft's row is
  *     dropped and a new request starting with the same text reuses it),
- *     then decodes greedily, all slots in one batched pass per draft.
+ *     then decodes greedily, all slots in one batched pass per draft. A
+ *     slot far behind (a new prompt) catches up in chunks over several
+ *     steps (a bounded cost per step, shared by the slots) and drafts
+ *     nothing until it has caught up, so no step stalls the other streams
+ *     for a whole prompt in the draft model.
  * Greedy sequences' drafts are proposed deterministically (a point mass:
  * spec.h); a sampled sequence's draft-model drafts are drawn from the
  * draft model's distribution q with its draft sampler, and verified with
@@ -48,6 +52,9 @@ void draft_free(draft_src *d);
 
 /* "lookup", "model", "lookup+model". */
 const char *draft_kind(const draft_src *d);
+/* The most rows the draft model was fed for one slot in one step (catch-up
+ * is chunked: draft.c, DRAFT_CATCHUP_TARGET_ROWS). */
+int draft_max_fed(const draft_src *d);
 /* 1 when a draft model is on (its drafts may be sampled). */
 int draft_has_model(const draft_src *d);
 /* The most drafts a step may carry. */

@@ -172,6 +172,30 @@ static void test_greedy_cache(model *m, const char *name, draft_src *d, const in
     sched_destroy(spec);
 }
 
+/* The adaptive draft length turns drafts off where they do not pay: a draft
+ * model that is never right (the poor one), a draft as costly as the target
+ * (the F16 copy of the F32 model: a draft costs half a step, more than the
+ * step it could save at the prior's acceptance). Drafts stay at the
+ * probes' rate: one every 8 steps or less. (Prompt lookup on text with
+ * nothing to copy finds no n-gram and proposes nothing: test_lookup_units.) */
+static void test_adaptive_off(model *m, model *poor, model *f16, const int32_t *ids, int np) {
+    struct { const char *name; model *dm; } cs[] = { { "poor draft", poor }, { "F16 draft", f16 } };
+    for (int c = 0; c < 2; c++) {
+        draft_src *d = new_draft(m, 0, cs[c].dm, 0, 1);
+        sched *spec = d ? new_sched(m, d, 1) : NULL;
+        gen_out b;
+        sampler_params sp = sampler_defaults();
+        int ok = spec && !sched_gen(spec, ids, np, 150, &sp, &b);
+        CHECK(ok, "adaptive off, %s: generation", cs[c].name);
+        /* the prior's first steps, then a probe every 8 steps at most */
+        CHECK(!ok || b.drafted <= 150 / 8 + 8, "adaptive off, %s: %d drafts in 150 tokens (%d kept)", cs[c].name,
+              b.drafted, b.accepted);
+        if (ok) printf("adaptive off, %s: %d drafted, %d accepted in 150 tokens\n", cs[c].name, b.drafted, b.accepted);
+        sched_destroy(spec);
+        draft_free(d);
+    }
+}
+
 /* Same seed, same tokens, under every sampling control: as plain decoding
  * (point-mass drafts: lookup), or (sampled drafts from a draft model, at a
  * fixed draft length) as the same run again. */
@@ -383,6 +407,49 @@ static void test_chi_square(model *m, model *poor, const int32_t *ids, int np) {
     draft_free(d);
 }
 
+/* Catch-up in chunks: a long prompt (the story three times) decoded with a
+ * draft model asked on every step, beside a stream already decoding: the
+ * draft model is never fed more than a chunk for one slot in one step (its
+ * whole prompt at once before), both streams' greedy tokens equal plain
+ * decoding's, and drafts start once the slot has caught up. */
+static void test_catchup(model *m, model *dm, const int32_t *ids, int np) {
+    int32_t big[768];
+    int nb = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = r ? 1 : 0; i < np && nb < 768; i++) big[nb++] = ids[i];   /* one BOS */
+    draft_src *d = new_draft(m, 0, dm, 1, 2);
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 2);
+    if (!plain || !spec || !d) { CHECK(0, "catch-up: set-up"); goto out; }
+    sampler_params sp = sampler_defaults();
+    gen_out a, b;
+    /* another stream first, so the long prompt arrives beside a decoding one */
+    sched_req r;
+    memset(&r, 0, sizeof r);
+    r.prompt = malloc(sizeof(int32_t) * (size_t)np);
+    memcpy(r.prompt, ids, sizeof(int32_t) * (size_t)np);
+    r.n_prompt = np;
+    r.max_tokens = 100;
+    r.ignore_eos = 1;
+    r.sp = sp;
+    sched_job *other;
+    int ok = !sched_submit(spec, &r, &other);
+    if (ok) sched_wait(spec, other, 5, 10000);
+    ok = ok && !sched_gen(plain, big, nb, 60, &sp, &a) && !sched_gen(spec, big, nb, 60, &sp, &b);
+    if (ok) sched_release(spec, other);
+    CHECK(ok && a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n),
+          "catch-up: greedy tokens differ from plain decoding's");
+    CHECK(b.drafted > 0, "catch-up: the long prompt's slot never drafted");
+    int fed = draft_max_fed(d);
+    CHECK(fed > 0 && fed < nb / 2, "catch-up: the draft model was fed %d rows for one slot in one step (prompt %d)",
+          fed, nb);
+    printf("catch-up: prompt %d tokens, at most %d draft rows per slot per step; %d drafted, %d accepted\n", nb, fed,
+           b.drafted, b.accepted);
+out:
+    sched_destroy(plain);
+    sched_destroy(spec);
+    draft_free(d);
+}
+
 /* A job released while its steps draft: the next job on the slot is exact. */
 static void test_cancel(model *m, model *dm, const int32_t *ids, int np) {
     draft_src *d = new_draft(m, 4, dm, 1, 1);
@@ -440,19 +507,21 @@ static void test_in_process(const char *dir) {
     }
     int32_t ids[256];
     int np = encode(m, STORY, ids, 256);
-    draft_src *dl = new_draft(m, 8, NULL, 0, 1), *dm = new_draft(m, 0, f16, 0, 1), *dp = new_draft(m, 0, pm, 1, 1);
+    draft_src *dl = new_draft(m, 8, NULL, 0, 1), *dm = new_draft(m, 0, f16, 1, 1), *dp = new_draft(m, 0, pm, 1, 1);
     draft_src *dlf = new_draft(m, 8, NULL, 1, 1);
     CHECK(dl && dm && dp && dlf, "draft sources");
     if (dl && dm && dp && dlf) {
         test_greedy_cache(m, "lookup", dl, ids, np);
         test_greedy_cache(m, "lookup (every step)", dlf, ids, np);
-        test_greedy_cache(m, "draft F16", dm, ids, np);
+        test_greedy_cache(m, "draft F16 (every step)", dm, ids, np);
+        test_adaptive_off(m, pm, f16, ids, np);
         test_greedy_cache(m, "poor draft (every step)", dp, ids, np);
         test_sampling_identity(m, "sampling, poor draft", dp, ids, np, 1);
         test_sampling_identity(m, "sampling, lookup", dlf, ids, np, 0);
         test_rule_units(m, pm, ids, np);
         test_chi_square(m, pm, ids, np);
         test_cancel(m, pm, ids, np);
+        test_catchup(m, f16, ids, np);
     }
     draft_free(dl);
     draft_free(dm);
