@@ -11,7 +11,8 @@
  * two of a stream's tokens after its first, over streams and rounds (a
  * stalled step shows there). Each stream gets the same prompt
  * with its own last token (no prefix is shared between slots beyond the
- * prompt's body), generates exactly -n tokens (end-of-generation ignored).
+ * prompt's body; every run changes the prompt's second token so that no
+ * cache holds it), generates exactly -n tokens (end-of-generation ignored).
  */
 #include "cmd/bench_spec.h"
 
@@ -155,6 +156,9 @@ typedef struct {
     int runs;
 } bs_row;
 
+/* Runs so far (each run's prompts differ: bs_run). */
+static int bs_run_no;
+
 /* n streams at once on sc; adds to row. */
 static int bs_run(sched *sc, const int32_t *ids, int np, const bs_opts *o, int n, bs_row *row, char *err,
                   size_t errlen) {
@@ -167,7 +171,10 @@ static int bs_run(sched *sc, const int32_t *ids, int np, const bs_opts *o, int n
         memset(&r, 0, sizeof r);
         if (!(r.prompt = malloc(sizeof(int32_t) * (size_t)np))) { rc = -1; break; }
         memcpy(r.prompt, ids, sizeof(int32_t) * (size_t)np);
-        r.prompt[np - 1] = ids[(np - 1 + i) % np];   /* streams differ by their last token */
+        /* every run's prompts are new to the caches (as a new request's
+         * are: the draft model catches up on them), streams differ too */
+        r.prompt[np - 1] = ids[(np - 1 + i) % np];
+        if (np > 2) r.prompt[1] = ids[1 + (bs_run_no * 131 + i * 17) % (np - 1)];
         r.n_prompt = np;
         r.max_tokens = o->n_gen;
         r.ignore_eos = 1;
@@ -179,6 +186,7 @@ static int bs_run(sched *sc, const int32_t *ids, int np, const bs_opts *o, int n
         if (pthread_create(&th[i], NULL, bs_stream_wait, &st[i])) { sched_release(sc, st[i].j); rc = -1; break; }
         started++;
     }
+    bs_run_no++;
     double first = 0, last = 0;
     long tokens = 0;
     for (int i = 0; i < started; i++) {
