@@ -35,6 +35,7 @@
 #endif
 
 #include "base/cliopt.h"
+#include "cmd/bench_spec.h"
 #include "engine/gguf.h"
 #include "base/hugemap.h"
 #include "engine/kvcache.h"
@@ -90,7 +91,9 @@ static void bench_usage(FILE *f) {
         "  --no-bounds    skip the bandwidth / compute bounds table (with cuda: the cuBLAS ceiling)\n"
         "  -o FMT         md (default: markdown tables, bounds included), json (an array of\n"
         "                 one object per test) or csv (a header line, then one line per test);\n"
-        "                 json and csv carry the speed tests only and are printed at the end\n");
+        "                 json and csv carry the speed tests only and are printed at the end\n"
+        "  --draft-model FILE | --lookup N   speculative mode: plain and speculative\n"
+        "                 decoding side by side (tandem bench --lookup 1 --help)\n");
     cliopt_usage_backend(f, 14);
 }
 
@@ -980,6 +983,7 @@ out:
 int cli_bench(int argc, char **argv) {
     bench_opts o;
     if (argc == 0) { bench_usage(stderr); return CLI_EXIT_USAGE; }
+    if (bench_spec_wanted(argc, argv)) return bench_spec_main(argc, argv);
     int pr = bench_parse(argc, argv, &o);
     if (pr) return pr > 0 ? CLI_EXIT_OK : CLI_EXIT_USAGE;
     bench_result res[4 * BENCH_MAX_LIST * BENCH_MAX_LIST];

@@ -479,3 +479,59 @@ int32_t sampler_sample(sampler *s, const float *logits) {
     if (p->top_p >= 1.0f && p->min_p <= 0.0f) return sampler_pick_softmax(s, logits, u);
     return sampler_pick_prefix(s, logits, u);
 }
+
+/* ==== Distributions (speculative sampling) ==== */
+
+double sampler_unit(sampler *s) { return sampler_next_unit(s); }
+
+/* probs over rank-sorted candidates c[0..n): the reference's cuts, then the
+ * softmax at temperature; the rest of the vocabulary stays 0. */
+static void sampler_probs_sorted(const sampler_params *p, const cand *c, int n, float *probs) {
+    float mx = c[0].logit;
+    if (p->top_p < 1.0f) {
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) sum += exp(c[i].logit - mx);
+        int close = 0, keep = sampler_cut_top_p(c, n, mx, sum, p->top_p, 0.0, &close);
+        if (keep <= n) n = keep;
+    }
+    if (p->min_p > 0.0f) n = sampler_cut_min_p(c, n, mx, p->min_p);
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += exp((c[i].logit - mx) / p->temp);
+    for (int i = 0; i < n; i++) probs[c[i].id] = (float)(exp((c[i].logit - mx) / p->temp) / sum);
+}
+
+void sampler_probs(sampler *s, const float *logits, float *probs) {
+    const sampler_params *p = &s->p;
+    int n = s->n_vocab;
+    if (s->adj) logits = sampler_adjust(s, logits);
+    memset(probs, 0, sizeof(float) * (size_t)n);
+    if (p->temp <= 0.0f) { probs[sampler_argmax(logits, n)] = 1.0f; return; }
+    float mx = sampler_max(logits, n);
+    if (!(mx > -INFINITY)) { probs[sampler_argmax(logits, n)] = 1.0f; return; }   /* all masked or NaN */
+    if (p->top_k <= 0 && p->top_p >= 1.0f && p->min_p <= 0.0f) {
+        double sum = 0.0;
+        for (int i = 0; i < n; i++) sum += exp((logits[i] - mx) / p->temp);
+        for (int i = 0; i < n; i++) probs[i] = (float)(exp((logits[i] - mx) / p->temp) / sum);
+        return;
+    }
+    /* top-k selects its k; top-p / min-p alone sort the vocabulary (the
+     * reference's arithmetic: a draft model's rows only) */
+    int k = sampler_select(s, logits, p->top_k > 0 && p->top_k < n ? p->top_k : n);
+    sampler_probs_sorted(p, s->c, k, probs);
+}
+
+int32_t sampler_draw(sampler *s, const float *probs) {
+    double r = sampler_next_unit(s), sum = 0.0, acc = 0.0;
+    int n = s->n_vocab, last = -1;
+    for (int i = 0; i < n; i++) sum += probs[i];
+    r *= sum;
+    for (int i = 0; i < n; i++) {
+        if (!(probs[i] > 0.0f)) continue;
+        acc += probs[i];
+        last = i;
+        if (r < acc) return i;
+    }
+    return last >= 0 ? last : 0;   /* rounding past the end: the last token with mass */
+}
+
+int sampler_n_vocab(const sampler *s) { return s->n_vocab; }

@@ -69,6 +69,20 @@ int32_t sampler_sample(sampler *s, const float *logits);
 void sampler_accept(sampler *s, int32_t id, int generated);
 int32_t sampler_argmax(const float *logits, int n);
 
+/* Speculative sampling (engine/spec_sample.h): the distribution
+ * sampler_sample draws from, for these logits in this state (bias,
+ * penalties, top-k, top-p, min-p, temperature; a point mass on the argmax
+ * when greedy), written to probs[n_vocab] (0 outside the kept set); the
+ * state is not advanced. top-p or min-p without top-k sorts the whole
+ * vocabulary. */
+void sampler_probs(sampler *s, const float *logits, float *probs);
+int sampler_n_vocab(const sampler *s);
+/* One uniform in [0, 1) from the sequence's generator. */
+double sampler_unit(sampler *s);
+/* A draw from probs[n_vocab] (any non-negative weights, normalised here)
+ * with one uniform from the generator. */
+int32_t sampler_draw(sampler *s, const float *probs);
+
 /* A fresh seed from the kernel's generator (getrandom), in [0, 2^63) so that
  * it can be given back as a JSON integer or a --seed to replay the output. */
 uint64_t sampler_fresh_seed(void);

@@ -10,10 +10,10 @@
  * (or row k) gives the target's own token, and the cache keeps the rows up
  * to the last accepted draft (session_reset drops the others).
  *
- * Every draft source here proposes drafts deterministically from the
- * context (prompt lookup copies a continuation, a draft model decodes
- * greedily), so the draft distribution q is a point mass on the proposed
- * token. For a point mass the speculative-sampling rule (accept x with
+ * Prompt lookup, and a draft model for a greedy sequence, propose drafts
+ * deterministically from the context, so the draft distribution q is a
+ * point mass on the proposed token (a draft model for a sampled sequence
+ * draws its drafts from its own q instead: engine/spec_sample.h). For a point mass the speculative-sampling rule (accept x with
  * probability min(1, p(x)/q(x)) = p(x); on rejection draw from
  * norm(max(0, p - q)), which is p without x) gives the same joint law as
  * drawing t ~ p with the sequence's sampler and accepting iff t == x: that is

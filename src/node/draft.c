@@ -9,6 +9,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "node/draft_remote.h"
+#include "engine/spec_sample.h"
 
 /* ==== Constants ==== */
 
@@ -28,6 +29,16 @@
  * exchanges are timed (draft_remote_cost): no compute here, the round trip
  * (tens of microseconds on a LAN) beside a step of milliseconds. */
 #define DRAFT_NODE_COST 0.02
+/* A slot's catch-up (the draft session behind its history: a new prompt, a
+ * probe after a long stretch without drafts) is fed in chunks that cost at
+ * most this many target rows per step in all (draft rows scaled by the
+ * draft's relative size), so the shared step never stalls for a whole
+ * prompt in the draft model: about two decode steps' work on a CPU. The
+ * slot drafts once it has caught up. */
+#define DRAFT_CATCHUP_TARGET_ROWS 16
+/* Rows a slot may need per step without being behind: the accepted drafts,
+ * the bonus token and the next one (never held back). */
+#define DRAFT_STEADY_ROWS (SPEC_MAX_DRAFT + 2)
 
 /* ==== State ==== */
 
@@ -41,6 +52,8 @@ struct draft_src {
     model *dm;
     struct draft_remote *remote;   /* --draft-node (draft_remote.h) */
     double model_cost;       /* a draft model's step, as a fraction of the target's */
+    int catchup_rows;        /* draft rows of catch-up per step, all slots together */
+    int max_fed;             /* the most rows one slot was fed in one step (a report) */
     int fixed;
     draft_slot *slots;
     float *logits;           /* [n_slots][n_vocab] */
@@ -106,6 +119,8 @@ int draft_create(draft_src **out, model *target, const draft_opts *o, char *err,
     if (d->dm) {
         uint64_t tb = model_weight_bytes_per_token(target), db = model_weight_bytes_per_token(d->dm);
         d->model_cost = (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
+        d->catchup_rows = (int)(DRAFT_CATCHUP_TARGET_ROWS / d->model_cost);
+        if (d->catchup_rows < DRAFT_STEADY_ROWS) d->catchup_rows = DRAFT_STEADY_ROWS;
         d->slots = calloc((size_t)d->n_slots, sizeof *d->slots);
         d->logits = malloc(sizeof(float) * (size_t)d->n_slots * (size_t)d->n_vocab);
         d->items = calloc((size_t)d->n_slots, sizeof *d->items);
@@ -141,6 +156,8 @@ void draft_free(draft_src *d) {
 }
 
 const char *draft_kind(const draft_src *d) { return d ? d->kind : "none"; }
+int draft_has_model(const draft_src *d) { return d && d->dm; }
+int draft_max_fed(const draft_src *d) { return d ? d->max_fed : 0; }
 int draft_k_max(const draft_src *d) {
     if (!d) return 0;
     return (d->dm || d->remote) && d->draft_max > d->lookup ? d->draft_max : d->lookup;
@@ -158,7 +175,7 @@ double draft_row_prior(void) { return DRAFT_ROW_COST; }
  * (the longest prefix it already holds is kept), and the item that feeds
  * the rest; returns the item count. */
 static int draft_model_sync(draft_src *d, draft_ask *asks, int n_asks) {
-    int ni = 0;
+    int ni = 0, budget = d->catchup_rows;
     for (int a = 0; a < n_asks; a++) {
         draft_ask *q = &asks[a];
         if (q->n_out > 0 || q->k <= 0 || q->n < 1 || q->n + q->k > d->n_ctx + 1 || q->slot < 0 ||
@@ -167,11 +184,18 @@ static int draft_model_sync(draft_src *d, draft_ask *asks, int n_asks) {
         draft_slot *sl = &d->slots[q->slot];
         int have = session_pos(sl->s), c = 0;
         while (c < have && c < q->n - 1 && sl->tokens[c] == q->hist[c]) c++;
+        int need = q->n - c, feed = need;
+        if (need > DRAFT_STEADY_ROWS) {         /* catching up: a chunk, no drafts yet */
+            feed = need < budget ? need : budget;
+            budget -= feed;
+            if (feed <= 0) continue;
+        }
         session_reset(sl->s, c);
-        memcpy(sl->tokens + c, q->hist + c, sizeof(int32_t) * (size_t)(q->n - c));
-        d->items[ni] = (model_batch_item){ .s = sl->s, .ids = sl->tokens + c, .n = q->n - c,
-                                           .logits = d->logits + (size_t)ni * d->n_vocab };
-        d->item_ask[ni++] = a;
+        memcpy(sl->tokens + c, q->hist + c, sizeof(int32_t) * (size_t)feed);
+        d->items[ni] = (model_batch_item){ .s = sl->s, .ids = sl->tokens + c, .n = feed,
+                                           .logits = feed == need ? d->logits + (size_t)ni * d->n_vocab : NULL };
+        d->item_ask[ni++] = feed == need ? a : -1;
+        if (feed > d->max_fed) d->max_fed = feed;
     }
     return ni;
 }
@@ -185,16 +209,19 @@ static void draft_model_propose(draft_src *d, draft_ask *asks, int n_asks) {
         if (model_eval_batch(d->dm, d->items, ni, err, sizeof err)) {
             log_warn(NULL, "draft model: %s (this step goes without drafts)", err);
             for (int i = 0; i < ni; i++) {
-                draft_slot *sl = &d->slots[asks[d->item_ask[i]].slot];
-                session_reset(sl->s, 0);
-                asks[d->item_ask[i]].n_out = 0;
+                session_reset(d->items[i].s, 0);
+                if (d->item_ask[i] >= 0) asks[d->item_ask[i]].n_out = 0;
             }
             return;
         }
         int nn = 0;
         for (int i = 0; i < ni; i++) {
+            if (d->item_ask[i] < 0) continue;   /* a catch-up chunk */
             draft_ask *q = &asks[d->item_ask[i]];
-            int32_t t = sampler_argmax(d->logits + (size_t)i * d->n_vocab, d->n_vocab);
+            const float *lg = d->logits + (size_t)i * d->n_vocab;
+            int32_t t = q->smp ? spec_draft_sample(q->smp, lg, q->q + (size_t)q->n_out * d->n_vocab)
+                               : sampler_argmax(lg, d->n_vocab);
+            q->sampled = q->smp != NULL;
             q->out[q->n_out++] = t;
             if (q->n_out >= q->k) continue;
             /* the draft is fed next: its row joins the session's tokens */
@@ -215,6 +242,7 @@ void draft_propose(draft_src *d, draft_ask *asks, int n_asks) {
     for (int a = 0; a < n_asks; a++) {
         draft_ask *q = &asks[a];
         q->n_out = 0;
+        q->sampled = 0;
         int k = q->k < d->lookup ? q->k : d->lookup;
         if (k > 0) q->n_out = spec_lookup(q->hist, q->n, k, q->out);
     }

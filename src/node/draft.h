@@ -12,9 +12,15 @@
  *     slot's history (rows it already holds are kept: the longest common
  *     prefix with what it evaluated last, so a rejected draft's row is
  *     dropped and a new request starting with the same text reuses it),
- *     then decodes greedily, all slots in one batched pass per draft.
- * Drafts are always proposed deterministically (greedy), so q is a point
- * mass (spec.h says why that keeps the target's distribution exactly).
+ *     then decodes greedily, all slots in one batched pass per draft. A
+ *     slot far behind (a new prompt) catches up in chunks over several
+ *     steps (a bounded cost per step, shared by the slots) and drafts
+ *     nothing until it has caught up, so no step stalls the other streams
+ *     for a whole prompt in the draft model.
+ * Greedy sequences' drafts are proposed deterministically (a point mass:
+ * spec.h); a sampled sequence's draft-model drafts are drawn from the
+ * draft model's distribution q with its draft sampler, and verified with
+ * the speculative-sampling rule (engine/spec_sample.h).
  *
  * Threading: used by the scheduler thread only.
  */
@@ -25,6 +31,7 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "engine/sampler.h"
 
 typedef struct draft_src draft_src;
 struct draft_remote;
@@ -53,6 +60,11 @@ void draft_free(draft_src *d);
 
 /* "lookup", "model", "lookup+model", "node", "lookup+node". */
 const char *draft_kind(const draft_src *d);
+/* The most rows the draft model was fed for one slot in one step (catch-up
+ * is chunked: draft.c, DRAFT_CATCHUP_TARGET_ROWS). */
+int draft_max_fed(const draft_src *d);
+/* 1 when a draft model is on (its drafts may be sampled). */
+int draft_has_model(const draft_src *d);
 /* The most drafts a step may carry. */
 int draft_k_max(const draft_src *d);
 /* One more verified row plus one draft, as a fraction of a sequence's
@@ -71,6 +83,13 @@ typedef struct {
     int k;
     int32_t *out;
     int n_out;
+    /* a sampled sequence's draft sampler (engine/spec_sample.h), NULL when
+     * greedy: the draft model then draws each draft from its distribution,
+     * written to q[i * n_vocab ...] for draft i, and sets sampled (lookup's
+     * drafts stay point masses: sampled 0) */
+    sampler *smp;
+    float *q;
+    int sampled;
 } draft_ask;
 
 /* Fills every ask; a source that fails leaves 0 drafts (decoding goes on

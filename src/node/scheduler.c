@@ -27,6 +27,7 @@
 #include "engine/generate.h"
 #include "base/log.h"
 #include "base/prefix_hash.h"
+#include "engine/spec_sample.h"
 #include "engine/tokenizer.h"
 
 /* ==== Constants ==== */
@@ -35,6 +36,9 @@
 #define SCHED_FLUSH_BYTES 32
 /* How long the idle scheduler sleeps before looking at the stop flag again. */
 #define SCHED_IDLE_MS 200
+/* A sampled sequence's draft sampler seed: the request's seed with these
+ * bits flipped, so the draft's draws do not repeat the verifier's. */
+#define SCHED_DRAFT_SEED_XOR 0x6a09e667f3bcc908ULL
 
 /* ==== State ==== */
 
@@ -84,6 +88,13 @@ struct sched_job {
     int n_draft;
     int32_t spec_ids[1 + SPEC_MAX_DRAFT];
     spec_adapt sa;
+    /* sampled drafts (engine/spec_sample.h): the draft sampler (NULL when
+     * greedy or without a draft model), whether this step's drafts were
+     * drawn from q, and the row being verified's draft and q (NULL: plain) */
+    sampler *dsmp;
+    int spec_sampled;
+    int32_t spec_x;
+    const float *spec_q;
 };
 
 struct sched {
@@ -115,6 +126,8 @@ struct sched {
     draft_ask *asks;         /* [n_slots] */
     int *ask_item;           /* [n_slots] */
     spec_cost cost;          /* passes timed against their rows (scheduler thread) */
+    float *spec_q;           /* [n_slots][spec_rows - 1][n_vocab] sampled drafts' q, or NULL */
+    float *spec_p;           /* [n_vocab] the verified row's p */
     uint64_t spec_steps, spec_tokens, spec_drafted, spec_accepted;   /* (mu) */
 };
 
@@ -127,6 +140,7 @@ static void sched_job_free(sched_job *j) {
     grammar_state_free(j->gs);
     grammar_free(j->r.grammar);
     sampler_free(j->smp);
+    sampler_free(j->dsmp);
     free(j->gen);
     free(j->piece_end);
     free(j->stable_end);
@@ -152,6 +166,12 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
     j->stable_end = malloc(sizeof(size_t) * (size_t)(j->cap + 1));
     j->text = malloc(j->text_cap);
     j->smp = sampler_new(&j->r.sp, s->n_vocab);
+    if (j->r.sp.temp > 0.0f && s->spec_q) {
+        /* the draft sampler: the same transforms, its own random stream */
+        sampler_params dp = j->r.sp;
+        dp.seed ^= SCHED_DRAFT_SEED_XOR;
+        if (!(j->dsmp = sampler_new(&dp, s->n_vocab))) { sched_job_free(j); return NULL; }
+    }
     if (j->r.logprobs > 1 + SCHED_MAX_TOP_LOGPROBS) j->r.logprobs = 1 + SCHED_MAX_TOP_LOGPROBS;
     if (j->r.logprobs > 0) j->lp = malloc(sizeof(sched_logprob) * (size_t)(j->cap + 1));
     if (!j->gen || !j->piece_end || !j->stable_end || !j->text || !j->smp || (j->r.logprobs > 0 && !j->lp)) {
@@ -161,7 +181,10 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
     j->v.lp = j->lp;
     if (j->r.grammar && (!j->r.gvocab || !(j->gs = grammar_state_new(j->r.grammar)))) { sched_job_free(j); return NULL; }
     /* the repetition penalty's window starts in the prompt */
-    for (int i = j->r.n_prompt > 64 ? j->r.n_prompt - 64 : 0; i < j->r.n_prompt; i++) sampler_accept(j->smp, j->r.prompt[i], 0);
+    for (int i = j->r.n_prompt > 64 ? j->r.n_prompt - 64 : 0; i < j->r.n_prompt; i++) {
+        sampler_accept(j->smp, j->r.prompt[i], 0);
+        if (j->dsmp) sampler_accept(j->dsmp, j->r.prompt[i], 0);
+    }
     j->refs = 2;
     j->v.gen = j->gen;
     j->v.piece_end = j->piece_end;
@@ -511,7 +534,8 @@ static sched_sample sched_job_sample(sched *s, sched_job *j) {
         }
     }
     if (j->v.n_gen < j->r.min_tokens) sched_mask_end(s, j);
-    r.id = sampler_sample(j->smp, j->logits);
+    r.id = j->spec_q ? spec_verify_sample(j->smp, j->logits, j->spec_x, j->spec_q, s->spec_p)
+                     : sampler_sample(j->smp, j->logits);
     if (j->gs && grammar_accept_token(j->gs, j->r.gvocab, r.id) && !tokenizer_is_eog(s->tok, r.id)) {
         r.finish = "stop";   /* cannot happen: the mask allowed it */
         r.id = -1;
@@ -521,6 +545,7 @@ static sched_sample sched_job_sample(sched *s, sched_job *j) {
     for (int i = 0; i < j->r.n_stop_ids; i++)
         if (r.id == j->r.stop_ids[i]) { r.finish = "stop"; r.id = -1; return r; }
     sampler_accept(j->smp, r.id, 1);
+    if (j->dsmp) sampler_accept(j->dsmp, r.id, 1);
     if (j->lp) sched_logprob_fill(j->logits, s->n_vocab, r.id, j->r.logprobs - 1, &j->lp[j->v.n_gen]);
     r.stop_hit = sched_job_text(s, j, r.id, &r.keep);
     if (r.stop_hit) r.finish = "stop";
@@ -585,6 +610,11 @@ static int sched_build_batch(sched *s) {
 /* Drafts for this step's decoding items (scheduler thread, without the
  * lock): each item of a job whose controller wants k > 0 drafts and that
  * gets some becomes next_tok + drafts, with logits for every row. */
+static float *sched_spec_q(sched *s, const sched_slot *sl) {
+    if (!s->spec_q) return NULL;
+    return s->spec_q + (size_t)(sl - s->slots) * (size_t)(s->spec_rows - 1) * (size_t)s->n_vocab;
+}
+
 static void sched_spec_draft(sched *s, int ni) {
     if (!s->o.draft) return;
     int na = 0, n_dec = 0;
@@ -593,6 +623,7 @@ static void sched_spec_draft(sched *s, int ni) {
     for (int k = 0; k < ni; k++) {
         sched_job *j = s->item_job[k];
         j->n_draft = 0;
+        j->spec_sampled = 0;
         if (j->v.state != SJ_DECODE) continue;
         sched_slot *sl = j->slot;
         /* the step's tokens must fit the context and max_tokens */
@@ -603,7 +634,7 @@ static void sched_spec_draft(sched *s, int ni) {
         if (want <= 0) continue;
         sl->tokens[sl->n] = j->next_tok;   /* sl->n < n_ctx: sched_build_batch checked */
         s->asks[na] = (draft_ask){ .slot = (int)(sl - s->slots), .hist = sl->tokens, .n = sl->n + 1, .k = want,
-                                   .out = j->spec_ids + 1 };
+                                   .out = j->spec_ids + 1, .smp = j->dsmp, .q = sched_spec_q(s, sl) };
         s->ask_item[na++] = k;
     }
     if (!na) return;
@@ -613,6 +644,7 @@ static void sched_spec_draft(sched *s, int ni) {
         sched_job *j = s->item_job[k];
         if (s->asks[a].n_out <= 0) continue;
         j->n_draft = s->asks[a].n_out;
+        j->spec_sampled = s->asks[a].sampled && j->dsmp;
         j->spec_ids[0] = j->next_tok;
         s->items[k].ids = j->spec_ids;
         s->items[k].n = s->items[k].n_logits = 1 + j->n_draft;
@@ -634,7 +666,10 @@ static void sched_spec_accept(sched *s, int k) {
     int produced = 0;
     for (int i = 0;; i++) {
         j->logits = base + (size_t)i * (size_t)s->n_vocab;
+        j->spec_x = i < nd ? it->ids[i + 1] : -1;
+        j->spec_q = j->spec_sampled && i < nd ? sched_spec_q(s, sl) + (size_t)i * (size_t)s->n_vocab : NULL;
         sched_sample r = sched_job_sample(s, j);
+        j->spec_q = NULL;
         int last = r.finish || r.id < 0 || i == nd || r.id != it->ids[i + 1];
         produced += r.id >= 0;
         pthread_mutex_lock(&s->mu);
@@ -778,6 +813,11 @@ int sched_create(sched **out, model *m, const sched_opts *o, char *err, size_t e
     s->logits = malloc(sizeof(float) * (size_t)s->n_vocab * (size_t)s->o.n_slots * (size_t)s->spec_rows);
     s->asks = calloc((size_t)s->o.n_slots, sizeof *s->asks);
     s->ask_item = calloc((size_t)s->o.n_slots, sizeof *s->ask_item);
+    if (draft_has_model(s->o.draft)) {
+        s->spec_q = malloc(sizeof(float) * (size_t)s->n_vocab * (size_t)s->o.n_slots * (size_t)(s->spec_rows - 1));
+        s->spec_p = malloc(sizeof(float) * (size_t)s->n_vocab);
+        if (!s->spec_q || !s->spec_p) { snprintf(err, errlen, "out of memory"); sched_destroy(s); return -1; }
+    }
     if (!s->slots || !s->items || !s->item_job || !s->samples || !s->logits || !s->asks || !s->ask_item) {
         snprintf(err, errlen, "out of memory");
         sched_destroy(s);
@@ -839,6 +879,8 @@ void sched_destroy(sched *s) {
     free(s->samples);
     free(s->logits);
     free(s->asks);
+    free(s->spec_q);
+    free(s->spec_p);
     free(s->ask_item);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv_work);

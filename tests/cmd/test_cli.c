@@ -267,6 +267,27 @@ static void test_bench_formats(const char *model) {
     r = RUN(NULL, 30, "bench", "-m", (char *)model, "-o", "xml");
     CHECK(r.status == 2 && strstr(r.err, "-o: 'xml' is not one of md|json|csv"), "bench -o xml: %d '%s'", r.status, r.err);
     tc_free(&r);
+    /* the speculative mode: plain and lookup rows side by side, drafts counted
+     * (stories260K on a story that repeats, 1 and 2 streams, every step drafting) */
+    char story[1024];
+    t_fixture_path(story, sizeof story, "models/stories260K.gguf");
+    if (!t_need(story)) return;
+    r = RUN(NULL, 300, "bench", "-m", story, "--lookup", "4", "--fixed", "-np", "1,2", "-n", "16", "-r", "1", "-t", "1",
+            "-p", "Once upon a time, there was a little girl named Lily. She liked to play. Once upon a time, there was a");
+    int rows = count_str(r.out, "\n| plain | "), spec_rows = count_str(r.out, "\n| lookup | ");
+    char *l1 = strstr(r.out, "\n| lookup | 1 | ");
+    long drafted = -1;
+    if (l1) {   /* | lookup | 1 | TPOT | t/s | gap | drafted | */
+        char *c = l1 + 1;
+        for (int f = 0; c && f < 5; f++) c = strchr(c + 1, '|');
+        if (c) drafted = strtol(c + 1, NULL, 10);
+    }
+    CHECK(r.status == 0 && rows == 2 && spec_rows == 2 && drafted > 0, "bench --lookup: exit %d, %d/%d rows, %ld drafted: '%.600s' '%.200s'",
+          r.status, rows, spec_rows, drafted, r.out, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "bench", "-m", (char *)model, "--lookup", "4", "-np", "0");
+    CHECK(r.status == 2 && strstr(r.err, "-np: a list of 1..64"), "bench --lookup -np 0: %d '%s'", r.status, r.err);
+    tc_free(&r);
 }
 
 /* ==== run: stdin, context full ==== */

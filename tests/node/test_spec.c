@@ -26,6 +26,7 @@
 
 #include "engine/model.h"
 #include "engine/spec.h"
+#include "engine/spec_sample.h"
 #include "node/draft.h"
 #include "node/scheduler.h"
 
@@ -171,9 +172,35 @@ static void test_greedy_cache(model *m, const char *name, draft_src *d, const in
     sched_destroy(spec);
 }
 
-/* Same seed, same tokens, under every sampling control. */
-static void test_sampling_identity(model *m, const char *name, draft_src *d, const int32_t *ids, int np) {
-    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
+/* The adaptive draft length turns drafts off where they do not pay: a draft
+ * model that is never right (the poor one), a draft as costly as the target
+ * (the F16 copy of the F32 model: a draft costs half a step, more than the
+ * step it could save at the prior's acceptance). Drafts stay at the
+ * probes' rate: one every 8 steps or less. (Prompt lookup on text with
+ * nothing to copy finds no n-gram and proposes nothing: test_lookup_units.) */
+static void test_adaptive_off(model *m, model *poor, model *f16, const int32_t *ids, int np) {
+    struct { const char *name; model *dm; } cs[] = { { "poor draft", poor }, { "F16 draft", f16 } };
+    for (int c = 0; c < 2; c++) {
+        draft_src *d = new_draft(m, 0, cs[c].dm, 0, 1);
+        sched *spec = d ? new_sched(m, d, 1) : NULL;
+        gen_out b;
+        sampler_params sp = sampler_defaults();
+        int ok = spec && !sched_gen(spec, ids, np, 150, &sp, &b);
+        CHECK(ok, "adaptive off, %s: generation", cs[c].name);
+        /* the prior's first steps, then a probe every 8 steps at most */
+        CHECK(!ok || b.drafted <= 150 / 8 + 8, "adaptive off, %s: %d drafts in 150 tokens (%d kept)", cs[c].name,
+              b.drafted, b.accepted);
+        if (ok) printf("adaptive off, %s: %d drafted, %d accepted in 150 tokens\n", cs[c].name, b.drafted, b.accepted);
+        sched_destroy(spec);
+        draft_free(d);
+    }
+}
+
+/* Same seed, same tokens, under every sampling control: as plain decoding
+ * (point-mass drafts: lookup), or (sampled drafts from a draft model, at a
+ * fixed draft length) as the same run again. */
+static void test_sampling_identity(model *m, const char *name, draft_src *d, const int32_t *ids, int np, int sampled) {
+    sched *plain = sampled ? new_sched(m, d, 1) : new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
     if (!plain || !spec) { CHECK(0, "%s: schedulers", name); sched_destroy(plain); sched_destroy(spec); return; }
     sampler_bias bias[] = { { 13, 2.0f }, { 300, -INFINITY } };
     int same = 0, runs = 0, drafted = 0, accepted = 0;
@@ -193,9 +220,11 @@ static void test_sampling_identity(model *m, const char *name, draft_src *d, con
             accepted += b.accepted;
         }
     }
-    CHECK(same == runs, "%s: %d of %d seeded samplings equal with drafts", name, same, runs);
+    CHECK(same == runs, "%s: %d of %d seeded samplings equal %s", name, same, runs,
+          sampled ? "when run again" : "with drafts");
     CHECK(drafted > 0, "%s: sampling drafted nothing", name);
-    printf("%s: %d/%d seeded samplings equal; %d drafted, %d accepted\n", name, same, runs, drafted, accepted);
+    printf("%s: %d/%d seeded samplings equal %s; %d drafted, %d accepted\n", name, same, runs,
+           sampled ? "when run again" : "plain decoding's", drafted, accepted);
     sched_destroy(plain);
     sched_destroy(spec);
 }
@@ -206,35 +235,12 @@ static double chi2_crit(int df) {
     return df * c * c * c;
 }
 
-/* The distribution of token 3 over N seeds: plain (seeds 1..N) vs drafts on
- * every step (seeds N+1..2N): prompt lookup where the history has a
- * recurring n-gram, else the poor draft model. */
-static void test_chi_square(model *m, model *poor, const int32_t *ids, int np) {
-    enum { N = 600, POS = 3 };
-    draft_src *d = new_draft(m, 4, poor, 1, 1);
-    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1);
-    int V = model_get_hparams(m)->n_vocab;
-    int *ca = calloc((size_t)V, sizeof(int)), *cb = calloc((size_t)V, sizeof(int));
-    int ok = plain && spec && ca && cb, drafted = 0, accepted = 0;
-    for (int i = 0; ok && i < N; i++) {
-        sampler_params sp = sampler_defaults();
-        sp.temp = 1.0f;
-        gen_out a, b;
-        sp.seed = (uint64_t)(1 + i);
-        ok = !sched_gen(plain, ids, np, POS + 1, &sp, &a);
-        sp.seed = (uint64_t)(N + 1 + i);
-        ok = ok && !sched_gen(spec, ids, np, POS + 1, &sp, &b);
-        if (!ok) break;
-        ca[a.tok[POS]]++;
-        cb[b.tok[POS]]++;
-        drafted += b.drafted;
-        accepted += b.accepted;
-    }
-    CHECK(ok, "chi-square: generations failed");
-    /* categories with at least 10 in both together; the rest pooled */
+/* Two-sample chi-square of counts a and b over V tokens: categories with at
+ * least 10 in both together, the rest pooled. *df receives the degrees. */
+static double chi2_two(const int *ca, const int *cb, int V, int *df) {
     double stat = 0;
     int cats = 0, ra = 0, rb = 0;
-    for (int t = 0; ok && t < V; t++) {
+    for (int t = 0; t < V; t++) {
         int s = ca[t] + cb[t];
         if (s == 0) continue;
         if (s < 10) { ra += ca[t]; rb += cb[t]; continue; }
@@ -242,16 +248,203 @@ static void test_chi_square(model *m, model *poor, const int32_t *ids, int np) {
         cats++;
     }
     if (ra + rb > 0) { stat += (double)(ra - rb) * (ra - rb) / (ra + rb); cats++; }
-    int df = cats - 1;
-    CHECK(ok && df >= 3, "chi-square: %d categories (too few to test)", cats);
-    CHECK(df < 1 || stat < chi2_crit(df), "chi-square: %.1f over %d df (0.1%% point %.1f): distributions differ", stat, df,
-          df >= 1 ? chi2_crit(df) : 0.0);
+    *df = cats - 1;
+    return stat;
+}
+
+/* Goodness of fit of counts (n draws) to the law p over V tokens: cells
+ * expecting fewer than 5 pooled. */
+static double chi2_fit(const int *c, const float *p, int V, int n, int *df) {
+    double stat = 0, pe = 0;
+    int cats = 0, pc = 0;
+    for (int t = 0; t < V; t++) {
+        double e = (double)p[t] * n;
+        if (e < 5) { pe += e; pc += c[t]; continue; }
+        stat += (c[t] - e) * (c[t] - e) / e;
+        cats++;
+    }
+    if (pe > 0) { stat += (pc - pe) * (pc - pe) / pe; cats++; }
+    else if (pc > 0) stat += 1e9;   /* draws where p has no mass */
+    *df = cats - 1;
+    return stat;
+}
+
+/* The rule on one row (engine/spec_sample.h), against the exact target law:
+ * the target's logits after the story, drafts drawn from q, verified: the
+ * tokens' counts fit p; the drafts themselves ("accept always") and a
+ * rejection that draws from p instead of the residual do not (the test can
+ * fail). q: the poor draft model's logits at temperature 2 (a random model:
+ * it overlaps p only when both are flat), then a closer draft (the target's
+ * logits with the poor model's added at half weight) under top-k, top-p and
+ * a repetition penalty at temperature 0.8. */
+static void test_rule_units(model *m, model *poor, const int32_t *ids, int np) {
+    enum { N = 20000 };
+    int V = model_get_hparams(m)->n_vocab;
+    session *st = NULL, *sd = NULL;
+    char err[256];
+    float *lt = malloc(sizeof(float) * (size_t)V), *ld = malloc(sizeof(float) * (size_t)V);
+    float *p = malloc(sizeof(float) * (size_t)V), *q = malloc(sizeof(float) * (size_t)V);
+    float *scratch = malloc(sizeof(float) * (size_t)V);
+    int *good = calloc((size_t)V, sizeof(int)), *always = calloc((size_t)V, sizeof(int)), *fromp = calloc((size_t)V, sizeof(int));
+    int ok = lt && ld && p && q && scratch && good && always && fromp &&
+             !session_new(&st, m, 512, kv_dtype_parse("f16"), err, sizeof err) &&
+             !session_new(&sd, poor, 512, kv_dtype_parse("f16"), err, sizeof err) &&
+             !model_eval(m, st, ids, np, lt, NULL, NULL, err, sizeof err) &&
+             !model_eval(poor, sd, ids, np, ld, NULL, NULL, err, sizeof err);
+    CHECK(ok, "rule: set-up: %s", err);
+    for (int cfg = 0; ok && cfg < 2; cfg++) {
+        if (cfg == 1)
+            for (int t = 0; t < V; t++) ld[t] = lt[t] + 0.5f * ld[t];
+        memset(good, 0, sizeof(int) * (size_t)V);
+        memset(always, 0, sizeof(int) * (size_t)V);
+        memset(fromp, 0, sizeof(int) * (size_t)V);
+        sampler_params sp = sampler_defaults();
+        sp.temp = cfg ? 0.8f : 2.0f;
+        if (!cfg) { sp.top_k = 0; sp.top_p = 1.0f; sp.min_p = 0.0f; }
+        else { sp.top_k = 30; sp.top_p = 0.95f; sp.min_p = 0.0f; sp.repeat_penalty = 1.3f; }
+        int acc = 0;
+        for (int i = 0; i < N; i++) {
+            sp.seed = (uint64_t)(i + 1);
+            sampler *s = sampler_new(&sp, V), *w = sampler_new(&sp, V);
+            sp.seed = (uint64_t)(i + 1) ^ 0x6a09e667f3bcc908ULL;   /* the draft's own stream */
+            sampler *ds = sampler_new(&sp, V);
+            for (int k = np > 64 ? np - 64 : 0; k < np; k++) {
+                sampler_accept(s, ids[k], 0);
+                sampler_accept(ds, ids[k], 0);
+                sampler_accept(w, ids[k], 0);
+            }
+            int32_t x = spec_draft_sample(ds, ld, q);
+            int32_t t = spec_verify_sample(s, lt, x, q, scratch);
+            good[t]++;
+            always[x]++;
+            acc += t == x;
+            /* the wrong residual: on rejection, a fresh draw from p */
+            sampler_probs(w, lt, p);
+            double u = sampler_unit(w);
+            fromp[u * q[x] < p[x] ? x : sampler_draw(w, p)]++;
+            sampler_free(s);
+            sampler_free(ds);
+            sampler_free(w);
+        }
+        sampler *s = sampler_new(&sp, V);
+        for (int k = np > 64 ? np - 64 : 0; k < np; k++) sampler_accept(s, ids[k], 0);
+        sampler_probs(s, lt, p);
+        sampler_free(s);
+        int dg, da, dp;
+        double xg = chi2_fit(good, p, V, N, &dg), xa = chi2_fit(always, p, V, N, &da), xp = chi2_fit(fromp, p, V, N, &dp);
+        CHECK(dg >= 3 && xg < chi2_crit(dg), "rule %d: verified tokens %.1f over %d df (0.1%% point %.1f): not p", cfg,
+              xg, dg, chi2_crit(dg));
+        CHECK(da >= 1 && xa > chi2_crit(da), "rule %d: accept-always fits p (%.1f over %d df): the test has no power", cfg,
+              xa, da);
+        CHECK(dp >= 1 && xp > chi2_crit(dp), "rule %d: residual-from-p fits p (%.1f over %d df): the test has no power",
+              cfg, xp, dp);
+        CHECK(acc > N / 20 && acc < N - N / 20, "rule %d: %d of %d drafts accepted (not a partial draft)", cfg, acc, N);
+        printf("rule %d (%d draws, %d accepted): verified %.1f / %d df (0.1%% point %.1f); accept-always %.0f / %d; "
+               "residual-from-p %.0f / %d\n", cfg, N, acc, xg, dg, chi2_crit(dg), xa, da, xp, dp);
+    }
+    session_free(st);
+    session_free(sd);
+    free(lt); free(ld); free(p); free(q); free(scratch); free(good); free(always); free(fromp);
+}
+
+/* The distribution of tokens 1-3 over N seeds at temperature 2 (where the
+ * random draft overlaps the target): plain (seeds 1..N) vs a poor draft
+ * model's sampled drafts on every step (seeds N+1..2N; 4 tokens: the step
+ * after the first token verifies 2 drafts, token 3 is its bonus row or a
+ * later step's). And the power check: the poor model decoding plainly
+ * itself (what accepting every draft would give at token 1) differs. */
+static void test_chi_square(model *m, model *poor, const int32_t *ids, int np) {
+    enum { N = 600, NPOS = 3 };
+    draft_src *d = new_draft(m, 0, poor, 1, 1);
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 1), *qs = new_sched(poor, NULL, 1);
+    int V = model_get_hparams(m)->n_vocab;
+    int *ca = calloc((size_t)V * NPOS, sizeof(int)), *cb = calloc((size_t)V * NPOS, sizeof(int));
+    int *cq = calloc((size_t)V, sizeof(int));
+    int ok = plain && spec && qs && ca && cb && cq, drafted = 0, accepted = 0;
+    for (int i = 0; ok && i < N; i++) {
+        sampler_params sp = sampler_defaults();
+        sp.temp = 2.0f;
+        sp.top_k = 0;
+        sp.top_p = 1.0f;
+        sp.min_p = 0.0f;
+        gen_out a, b, c;
+        sp.seed = (uint64_t)(1 + i);
+        ok = !sched_gen(plain, ids, np, NPOS + 1, &sp, &a);
+        sp.seed = (uint64_t)(N + 1 + i);
+        ok = ok && !sched_gen(spec, ids, np, NPOS + 1, &sp, &b) && !sched_gen(qs, ids, np, 2, &sp, &c);
+        if (!ok) break;
+        for (int k = 0; k < NPOS; k++) {
+            ca[k * V + a.tok[k + 1]]++;
+            cb[k * V + b.tok[k + 1]]++;
+        }
+        cq[c.tok[1]]++;
+        drafted += b.drafted;
+        accepted += b.accepted;
+    }
+    CHECK(ok, "chi-square: generations failed");
+    for (int k = 0; ok && k < NPOS; k++) {
+        int df;
+        double stat = chi2_two(ca + k * V, cb + k * V, V, &df);
+        CHECK(df >= 3, "chi-square: token %d: %d df (too few to test)", k + 1, df);
+        CHECK(df < 1 || stat < chi2_crit(df), "chi-square: token %d: %.1f over %d df (0.1%% point %.1f): distributions differ",
+              k + 1, stat, df, df >= 1 ? chi2_crit(df) : 0.0);
+        printf("chi-square token %d (%d seeds each, sampled poor drafts: %d of %d kept): %.1f over %d df, 0.1%% point %.1f\n",
+               k + 1, N, accepted, drafted, stat, df, df >= 1 ? chi2_crit(df) : 0.0);
+    }
+    int dq;
+    double sq = chi2_two(ca, cq, V, &dq);
+    CHECK(ok && dq >= 1 && sq > chi2_crit(dq), "chi-square: the poor draft's own law passes as the target's (%.1f over %d df)",
+          sq, dq);
+    printf("chi-square power: token 1 of the poor draft decoding alone vs plain: %.1f over %d df\n", sq, dq);
     CHECK(drafted > 0 && accepted > 0 && accepted < drafted, "chi-square: drafts not exercised (%d of %d kept)",
           accepted, drafted);
-    printf("chi-square (token %d, %d seeds each, lookup + poor draft: %d of %d drafts kept): %.1f over %d df, 0.1%% point %.1f\n",
-           POS, N, accepted, drafted, stat, df, df >= 1 ? chi2_crit(df) : 0.0);
     free(ca);
     free(cb);
+    free(cq);
+    sched_destroy(plain);
+    sched_destroy(spec);
+    sched_destroy(qs);
+    draft_free(d);
+}
+
+/* Catch-up in chunks: a long prompt (the story three times) decoded with a
+ * draft model asked on every step, beside a stream already decoding: the
+ * draft model is never fed more than a chunk for one slot in one step (its
+ * whole prompt at once before), both streams' greedy tokens equal plain
+ * decoding's, and drafts start once the slot has caught up. */
+static void test_catchup(model *m, model *dm, const int32_t *ids, int np) {
+    int32_t big[768];
+    int nb = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = r ? 1 : 0; i < np && nb < 768; i++) big[nb++] = ids[i];   /* one BOS */
+    draft_src *d = new_draft(m, 0, dm, 1, 2);
+    sched *plain = new_sched(m, NULL, 1), *spec = new_sched(m, d, 2);
+    if (!plain || !spec || !d) { CHECK(0, "catch-up: set-up"); goto out; }
+    sampler_params sp = sampler_defaults();
+    gen_out a, b;
+    /* another stream first, so the long prompt arrives beside a decoding one */
+    sched_req r;
+    memset(&r, 0, sizeof r);
+    r.prompt = malloc(sizeof(int32_t) * (size_t)np);
+    memcpy(r.prompt, ids, sizeof(int32_t) * (size_t)np);
+    r.n_prompt = np;
+    r.max_tokens = 100;
+    r.ignore_eos = 1;
+    r.sp = sp;
+    sched_job *other;
+    int ok = !sched_submit(spec, &r, &other);
+    if (ok) sched_wait(spec, other, 5, 10000);
+    ok = ok && !sched_gen(plain, big, nb, 60, &sp, &a) && !sched_gen(spec, big, nb, 60, &sp, &b);
+    if (ok) sched_release(spec, other);
+    CHECK(ok && a.n == b.n && !memcmp(a.tok, b.tok, sizeof(int32_t) * (size_t)a.n),
+          "catch-up: greedy tokens differ from plain decoding's");
+    CHECK(b.drafted > 0, "catch-up: the long prompt's slot never drafted");
+    int fed = draft_max_fed(d);
+    CHECK(fed > 0 && fed < nb / 2, "catch-up: the draft model was fed %d rows for one slot in one step (prompt %d)",
+          fed, nb);
+    printf("catch-up: prompt %d tokens, at most %d draft rows per slot per step; %d drafted, %d accepted\n", nb, fed,
+           b.drafted, b.accepted);
+out:
     sched_destroy(plain);
     sched_destroy(spec);
     draft_free(d);
@@ -314,18 +507,21 @@ static void test_in_process(const char *dir) {
     }
     int32_t ids[256];
     int np = encode(m, STORY, ids, 256);
-    draft_src *dl = new_draft(m, 8, NULL, 0, 1), *dm = new_draft(m, 0, f16, 0, 1), *dp = new_draft(m, 0, pm, 1, 1);
+    draft_src *dl = new_draft(m, 8, NULL, 0, 1), *dm = new_draft(m, 0, f16, 1, 1), *dp = new_draft(m, 0, pm, 1, 1);
     draft_src *dlf = new_draft(m, 8, NULL, 1, 1);
     CHECK(dl && dm && dp && dlf, "draft sources");
     if (dl && dm && dp && dlf) {
         test_greedy_cache(m, "lookup", dl, ids, np);
         test_greedy_cache(m, "lookup (every step)", dlf, ids, np);
-        test_greedy_cache(m, "draft F16", dm, ids, np);
+        test_greedy_cache(m, "draft F16 (every step)", dm, ids, np);
+        test_adaptive_off(m, pm, f16, ids, np);
         test_greedy_cache(m, "poor draft (every step)", dp, ids, np);
-        test_sampling_identity(m, "sampling, poor draft", dp, ids, np);
-        test_sampling_identity(m, "sampling, lookup", dlf, ids, np);
+        test_sampling_identity(m, "sampling, poor draft", dp, ids, np, 1);
+        test_sampling_identity(m, "sampling, lookup", dlf, ids, np, 0);
+        test_rule_units(m, pm, ids, np);
         test_chi_square(m, pm, ids, np);
         test_cancel(m, pm, ids, np);
+        test_catchup(m, f16, ids, np);
     }
     draft_free(dl);
     draft_free(dm);
