@@ -782,6 +782,8 @@ extern "C" backend *backend_mlx_create(int n_threads, char *err, size_t errlen) 
     return be;
 }
 
+extern "C" int backend_mlx_linked(void) { return 1; }
+
 extern "C" const char *backend_mlx_device(void) {
     std::lock_guard<std::mutex> lk(g_mlx_mu);
     return mx::default_device().type == mx::Device::gpu ? "gpu" : "cpu";
