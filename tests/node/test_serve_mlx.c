@@ -13,7 +13,10 @@
  *     computes from start_pos >= 48, and two arriving together with a
  *     shared 96-token prefix compute it once; the CPU's tokens each time;
  *   - speculative verification (`--lookup 8`): the CPU's greedy tokens,
- *     alone and 6 at once, with drafts verified.
+ *     alone and 6 at once, with drafts verified; the same prompts alone
+ *     on the node without lookup;
+ *   - the first request a fresh MLX node evaluates (after its start-up
+ *     calibration pass, made on another thread) gets the CPU's tokens.
  * Without the MLX object (every other build) it checks that `serve
  * --backend mlx` refuses at start-up with the message naming the MLX build.
  */
@@ -209,10 +212,12 @@ static void check_lookup(int spec_port, int cpu_port, int plain_port) {
         ref[i] = ref_of(&r[i], cpu_port);
     }
     int alone = 0, together = 0;
-    /* The node's first request ever: on MLX (0.32.4, CPU backend) this one
-     * came out wrong (first token 266 where the CPU gives 331, a logprob
-     * gap of 0.59, no near-tie) while the same prompt after any earlier
-     * request is right; held here as its own check (docs/mlx.md, open). */
+    /* The node's first request ever: it follows the node's start-up
+     * calibration pass (prefill_rate_calibrate, on the main thread, no
+     * logits read), whose results MLX left lazy on the main thread's
+     * stream; evaluated later from the scheduler thread they came out one
+     * pass behind (the first token wrong, the CPU's then a step late)
+     * until backend_mlx.cpp computed on one stream for all threads. */
     req first = r[0];
     first.stream = 0;
     for (int j = 0; j < first.n_prompt; j++) first.prompt[j] = r[0].prompt[first.n_prompt - 1 - j];   /* no prefix of r[0] */
