@@ -36,7 +36,10 @@ ifeq ($(PORTABLE),1)
 CFLAGS   += -DTANDEM_PORTABLE
 endif
 
-LIB_SRC  := $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) $(wildcard src/backend/cpu/*.c)
+# (and src/backend/mlx/backend_mlx_absent.c: the MLX entry points of a build
+# without MLX, which `make MLX=1 mlx` replaces at link time; see below)
+LIB_SRC  := $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) $(wildcard src/backend/cpu/*.c) \
+            src/backend/mlx/backend_mlx_absent.c
 # every header, for the objects' dependencies
 HDRS     := $(wildcard src/*/*.h src/backend/*/*.h)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
@@ -83,29 +86,43 @@ $(BUILD)/obj/cuda/%.o: src/backend/cuda/%.cu $(HDRS) | $(BUILD)/obj
 	@mkdir -p $(BUILD)/obj/cuda
 	$(NVCC) $(NVFLAGS) $(CUDA_ARCHS) -c $< -o $@
 endif
-# MLX backend (src/backend/mlx): `tools/mlx_build.sh && make MLX=1
-# BUILD=build-mlx`. C++20 against MLX's own C++ API and libmlx from
-# MLX_DIR (default build/mlx, which tools/mlx_build.sh fills from the
-# pinned mlx-cpu wheel; on a Mac the pip-installed mlx package's folder).
-# The default build neither needs nor uses it.
+# MLX backend (src/backend/mlx): `tools/mlx_build.sh && make MLX=1 mlx`.
+# The backend is chosen at run time (`--backend mlx`), so the library is
+# compiled once: every build's libtandem.a holds backend_mlx_absent.c (the
+# MLX entry points saying "no MLX in this build"), and `make MLX=1 mlx`
+# compiles only the C++20 object against MLX's own C++ API (libmlx from
+# MLX_DIR: default build/mlx, which tools/mlx_build.sh fills from the pinned
+# mlx-cpu wheel; on a Mac the pip-installed mlx package's folder) into
+# MLX_BUILD and links the command and MLX_TESTS there with that object
+# ahead of $(BUILD)/libtandem.a, whose absent member it then replaces.
+# The default build neither needs nor uses MLX.
+MLX_BUILD  ?= build-mlx
+MLX_TESTS  := test_backend_ops test_golden test_handoff test_serve_mlx
 ifeq ($(MLX),1)
+ifeq ($(MLX_BUILD),$(BUILD))
+$(error MLX=1: MLX_BUILD ($(MLX_BUILD)) must differ from BUILD, whose library it links)
+endif
 MLX_DIR    ?= build/mlx
-CXX        ?= g++
 MLXFLAGS   ?= -std=c++20 -O2 -g -Wall -Wno-unused-parameter -ffp-contract=off -D_GNU_SOURCE -Isrc -I$(MLX_DIR)/include
-CFLAGS     += -DTANDEM_MLX
 ifeq ($(shell uname -s),Darwin)
-LDLIBS     += -L$(MLX_DIR)/lib -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lc++
+MLX_LIBS   := -L$(MLX_DIR)/lib -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lc++
 else
 # DT_RPATH (not RUNPATH) so that libmlx.so finds the wheel's BLAS/LAPACK beside it
-LDLIBS     += -L$(MLX_DIR)/lib -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lstdc++
+MLX_LIBS   := -L$(MLX_DIR)/lib -Wl,--disable-new-dtags -Wl,-rpath,$(abspath $(MLX_DIR)/lib) -lmlx -lstdc++
 endif
-MLX_SRC    := $(wildcard src/backend/mlx/*.cpp)
-MLX_OBJ    := $(MLX_SRC:src/backend/mlx/%.cpp=$(BUILD)/obj/mlx/%.o)
-LIB_OBJ    += $(MLX_OBJ)
+MLX_OBJ    := $(patsubst src/backend/mlx/%.cpp,$(MLX_BUILD)/obj/mlx/%.o,$(wildcard src/backend/mlx/*.cpp))
 
-$(BUILD)/obj/mlx/%.o: src/backend/mlx/%.cpp $(HDRS) | $(BUILD)/obj
-	@mkdir -p $(BUILD)/obj/mlx
+$(MLX_BUILD)/obj/mlx/%.o: src/backend/mlx/%.cpp $(HDRS)
+	@mkdir -p $(dir $@)
 	$(CXX) $(MLXFLAGS) -c $< -o $@
+$(MLX_BUILD)/tandem: src/cmd/main.c $(MLX_OBJ) $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) $< $(MLX_OBJ) $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) $(MLX_LIBS) -o $@
+$(MLX_BUILD)/test_%: test_%.c $(wildcard tests/*.h) $(MLX_OBJ) $(BUILD)/libtandem.a
+	$(CC) $(CFLAGS) -Itests $< $(MLX_OBJ) $(BUILD)/libtandem.a $(LDFLAGS) $(LDLIBS) $(MLX_LIBS) -o $@
+mlx: $(MLX_BUILD)/tandem $(addprefix $(MLX_BUILD)/,$(MLX_TESTS))
+else
+mlx:
+	@echo "mlx: the MLX build is make MLX=1 mlx (after tools/mlx_build.sh; docs/mlx.md)"; exit 1
 endif
 # Per-file instruction sets of the x86-64 kernel sets (quant_kernels.h).
 # (Not in the fuzz build: its targets parse and run tiny models on the
@@ -147,7 +164,7 @@ FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models portable layers seed-cuda
+.PHONY: all test check asan fuzz clean models portable layers seed-cuda mlx
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj

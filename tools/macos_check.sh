@@ -106,7 +106,7 @@ MACOS_CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -O2 -We
 if [ $# -gt 0 ]; then
     FILES=("$@")
 else
-    mapfile -t FILES < <(ls src/*/*.c src/backend/cpu/*.c tests/test_*.c tests/*/test_*.c fuzz/fuzz_*.c 2>/dev/null | sort -u)
+    mapfile -t FILES < <(ls src/*/*.c src/backend/cpu/*.c src/backend/mlx/*.c tests/test_*.c tests/*/test_*.c fuzz/fuzz_*.c 2>/dev/null | sort -u)
 fi
 # file_flags TARGET FILE: the per-file instruction-set flags of the Makefile
 # (same sets, same files) and -Itests for the tests. zig cc takes no

@@ -4,13 +4,13 @@
 # sha256, which carries libmlx.so (MLX's CPU backend for Linux x86-64),
 # its C++ headers and the BLAS/LAPACK it was linked with. Nothing is
 # compiled here: the backend is C++ against MLX's own C++ API (see
-# src/backend/mlx/README.md for why not mlx-c), built by `make MLX=1`.
+# docs/mlx.md for why not mlx-c), built by `make MLX=1 mlx`.
 #
 #   tools/mlx_build.sh            # build/mlx/{include,lib} (about 35 MB)
-#   make MLX=1 BUILD=build-mlx    # then the backend
+#   make MLX=1 mlx                # then the backend (build-mlx/)
 #
 # On a Mac: `pip install mlx==$MLX_VERSION` brings libmlx.dylib, the headers
-# and mlx.metallib; `make MLX=1 MLX_DIR=$(python3 -c 'import mlx,os;
+# and mlx.metallib; `make MLX=1 mlx MLX_DIR=$(python3 -c 'import mlx,os;
 # print(os.path.dirname(mlx.__file__))')` builds against them (docs/mlx.md).
 #
 # Exit 0 with build/mlx/ ready; 1 with a message when the wheel cannot be

@@ -2,13 +2,19 @@
 # tools/mlx_check.sh - the MLX backend's checks on this machine (MLX's CPU
 # backend on Linux x86-64; on a Mac with MLX_DIR set, Metal):
 #   1. tools/mlx_build.sh (the pinned mlx-cpu wheel into build/mlx/)
-#   2. make MLX=1 BUILD=build-mlx (the MLX backend beside the CPU's)
+#   2. make MLX=1 mlx: the one MLX object, linked with build/libtandem.a
+#      (the default build's library, made first if missing: the backend is
+#      chosen at run time, so nothing else is compiled for MLX) into
+#      build-mlx/tandem and build-mlx/test_*
 #   3. test_backend_ops: every op of backend.h against the CPU backend by NMSE
 #   4. test_golden on the MLX backend (TANDEM_BACKEND=mlx): every golden
 #      file within its tolerances
 #   5. test_handoff with CPU prefill nodes and an MLX decode side
 #      (TANDEM_DECODE_BACKEND=mlx): F16/F32 files give the CPU-only greedy
 #      tokens exactly, quantized files agree above the floor
+#   6. test_serve_mlx: serving nodes with --backend mlx (a router before
+#      one, continuous batching, prefix sharing, --lookup) against a CPU
+#      node's greedy tokens, on stories260K-F16
 # MLX_QUICK=1: test_golden and test_handoff on the stories260K files only
 # (F32 and F16; what tools/test.sh runs: MLX's CPU backend is slow, the
 # rest takes most of an hour here).
@@ -25,11 +31,11 @@ if [ -z "${MLX_DIR:-}" ]; then
     MLX_DIR=build/mlx
 fi
 make models >/dev/null   # build/models: the generated F16 fixtures the suite uses
-make "$JOBS" MLX=1 MLX_DIR="$MLX_DIR" BUILD=build-mlx build-mlx/tandem build-mlx/test_backend_ops \
-    build-mlx/test_golden build-mlx/test_handoff >/dev/null ||
+make "$JOBS" build/libtandem.a >/dev/null &&
+    make "$JOBS" MLX=1 MLX_DIR="$MLX_DIR" mlx >/dev/null ||
     { echo "FAIL mlx: make MLX=1 failed"; echo "0 passed, 1 failed, 0 skipped"; exit 1; }
 quick=()
 [ "${MLX_QUICK:-0}" = 1 ] && quick=(TANDEM_GOLDEN=stories260K TANDEM_HANDOFF_ONLY=stories260K)
 # the runs set every TANDEM_* variable the tests read
 env -u TANDEM_PREFILL_BACKEND -u TANDEM_GOLDEN -u TANDEM_HANDOFF_ONLY "${quick[@]}" TANDEM_MODELS=build/models TANDEM_BIN=build-mlx/tandem TANDEM_BACKEND=mlx \
-    TANDEM_DECODE_BACKEND=mlx tests/run.sh build-mlx/test_backend_ops build-mlx/test_golden build-mlx/test_handoff
+    TANDEM_DECODE_BACKEND=mlx tests/run.sh build-mlx/test_backend_ops build-mlx/test_golden build-mlx/test_handoff build-mlx/test_serve_mlx

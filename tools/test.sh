@@ -167,10 +167,11 @@ else
     then part_counts cuda 0 0 1; else part_counts cuda 0 1 0; fi
 fi
 # The MLX backend (src/backend/mlx; docs/mlx.md): tools/mlx_check.sh fetches
-# the pinned mlx-cpu wheel (10.5 MB, about a second), builds make MLX=1
-# BUILD=build-mlx (the library again, 3-4 minutes on 2 cores) and runs
-# test_backend_ops (MLX vs CPU), test_golden on MLX and the handoff with an
-# MLX decode side. MLX_QUICK=1 (the default here) holds test_golden and the
+# the pinned mlx-cpu wheel (10.5 MB, about a second), builds make MLX=1 mlx
+# (the one MLX object linked with the suite's build/libtandem.a: 9 s of CPU,
+# where compiling the library again with -DTANDEM_MLX took 67 s) and runs
+# test_backend_ops (MLX vs CPU), test_golden on MLX, the handoff with an
+# MLX decode side and test_serve_mlx (serving nodes on MLX). MLX_QUICK=1 (the default here) holds test_golden and the
 # handoff to the stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
 # reference BLAS, so the other golden files take most of an hour; the full
 # run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):

@@ -95,7 +95,7 @@ int cliopt_backend(const char *cmd, const char *v, const char **out) {
 }
 
 void cliopt_usage_backend(FILE *f, int width) {
-    fprintf(f, "  %-*s compute on cpu (default), cuda (make CUDA=1) or mlx (make MLX=1)\n", width, "--backend B");
+    fprintf(f, "  %-*s compute on cpu (default), cuda (make CUDA=1) or mlx (make MLX=1 mlx)\n", width, "--backend B");
     fprintf(f, "  %-*s CUDA device, 0..63 (default 0)\n", width, "--device N");
 }
 

@@ -146,11 +146,15 @@ void backend_cpu_set_moe_scratch(backend *be, size_t bytes);
  * cannot start. n_threads is kept for host-side work (none yet). */
 backend *backend_cuda_create(int device, int n_threads, char *err, size_t errlen);
 
-/* Backend on Apple's MLX (backend/mlx/backend_mlx.cpp, built with make
- * MLX=1; undefined otherwise, so only TANDEM_MLX code calls it): Metal on
- * a Mac, MLX's CPU backend on Linux. NULL with a message starting "MLX
- * backend: " when MLX cannot start. */
+/* Backend on Apple's MLX (backend/mlx/backend_mlx.cpp, linked by make MLX=1
+ * mlx into build-mlx/; every other build links backend_mlx_absent.c's
+ * versions, which say so): Metal on a Mac, MLX's CPU backend on Linux.
+ * NULL with a message starting "MLX backend: " when MLX cannot start, or
+ * naming `make MLX=1 mlx` in a build without it. backend_mlx_linked(): 1
+ * where the MLX object is linked, else 0 (the choice is made at run time,
+ * so the library is compiled once for both builds). */
 backend *backend_mlx_create(int n_threads, char *err, size_t errlen);
+int backend_mlx_linked(void);
 
 /* ==== Shared helpers (plain C; every backend uses the same routing math) ==== */
 /* Softmax over n router logits, pick the top k (ties -> lower index), and

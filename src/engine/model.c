@@ -391,14 +391,8 @@ static backend *model_create_backend(const model_opts *o, int nth, char *err, si
         if (!be) snprintf(err, errlen, "cannot create CPU backend with %d threads", nth);
         return be;
     }
-    if (!strcmp(name, "mlx")) {
-#ifdef TANDEM_MLX
-        return backend_mlx_create(nth, err, errlen);
-#else
-        snprintf(err, errlen, "this build has no MLX backend (tools/mlx_build.sh, then make MLX=1)");
-        return NULL;
-#endif
-    }
+    /* linked or not, decided at link time (backend_mlx_absent.c) */
+    if (!strcmp(name, "mlx")) return backend_mlx_create(nth, err, errlen);
     if (strcmp(name, "cuda")) {
         snprintf(err, errlen, "unknown backend '%.32s' (cpu, cuda or mlx)", name);
         return NULL;
@@ -580,6 +574,11 @@ void session_free(session *s) {
 kvcache *session_kv(session *s) { return s->kv; }
 model *session_model(session *s) { return s->m; }
 int session_pos(const session *s) { return kv_used(s->kv); }
+void session_rows_written(session *s, int pos) {
+    backend *be = s->m->be;
+    if (be->ops->kv_forget) be->ops->kv_forget(be, s->kv, pos < 0 ? 0 : pos);
+}
+
 void session_reset(session *s, int pos) {
     if (pos >= kv_used(s->kv)) return;
     kv_set_used(s->kv, pos);

@@ -96,6 +96,10 @@ kvcache *session_kv(session *s);
 model *session_model(session *s);
 int session_pos(const session *s);          /* tokens in the cache */
 void session_reset(session *s, int pos);    /* forget positions >= pos */
+/* The host cache's rows from pos on were written behind the backend's back
+ * (kv_copy_prefix from another slot): a backend that mirrors the cache
+ * (MLX's arrays) drops its copies of them. The rows and kv_used stay. */
+void session_rows_written(session *s, int pos);
 
 /* Called after layer `layer` has written K/V for positions [pos0, pos0+n). */
 typedef int (*layer_hook)(void *ud, int layer, int pos0, int n);

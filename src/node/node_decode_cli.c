@@ -76,6 +76,7 @@ void decode_node_usage(FILE *f) {
         "  --drain-timeout MS        on SIGTERM/SIGINT: deregister, stop accepting, let requests in flight\n"
         "                            finish this long (default 20000), then end them with an error\n"
         "  --log-level LEVEL         error, warn, info (default) or debug; or env TANDEM_LOG_LEVEL\n");
+    cliopt_usage_backend(f, 25);   /* --backend, --device: the model's and the draft model's */
 }
 
 static void dn_usage(void) { decode_node_usage(stderr); }
@@ -109,8 +110,8 @@ static int dn_cli_act(const char *opt, const char *v, uint32_t *out) {
 typedef struct {
     decode_node_opts o;
     const char *model, *kv, *wire, *secret_file, *draft_model;
-    const char *router, *model_name, *advertise, *chat_template;
-    int threads, batch;
+    const char *router, *model_name, *advertise, *chat_template, *backend;
+    int threads, batch, device;
 } dn_cli;
 
 /* A template file is text of a few KiB (Qwen3's is 4 KiB): a bigger file is
@@ -186,6 +187,8 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "-t")) bad = dn_cli_int(a, v, 1, 256, &c->threads);
         else if (!strcmp(a, "-c")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.n_ctx);
         else if (!strcmp(a, "-b")) bad = dn_cli_int(a, v, 1, 1 << 16, &c->batch);
+        else if (!strcmp(a, "--backend")) bad = cliopt_backend(DN_CMD, v, &c->backend);
+        else if (!strcmp(a, "--device")) bad = dn_cli_int(a, v, 0, 63, &c->device);
         else if (!strcmp(a, "--parallel") || !strcmp(a, "--sessions")) bad = dn_cli_int(a, v, 1, 256, &c->o.n_sessions);
         else if (!strcmp(a, "--prefill-budget")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.prefill_budget);
         else if (!strcmp(a, "--queue")) bad = dn_cli_int(a, v, 1, 4096, &c->o.queue_max);
@@ -276,7 +279,7 @@ int decode_node_cli(int argc, char **argv, int local_only) {
     c.o.model_path = c.model;
     c.o.model_name = c.model_name;
     c.o.stop = cliopt_stop_on_signals();
-    model_opts mo = { .n_threads = c.threads, .n_batch = c.batch };
+    model_opts mo = { .n_threads = c.threads, .n_batch = c.batch, .backend = c.backend, .device = c.device };
     model *m = NULL;
     int rc = 1;
     static volatile int port;

@@ -13,9 +13,10 @@
  *     skipped; any other start-up failure is a failure with its cause;
  *     the host versions of the CUDA block decoders and KV encoders are
  *     still checked bit for bit against quant.c.
- *   - built with MLX=1 (and not CUDA): the MLX backend (src/backend/mlx: MLX's
- *     CPU backend on Linux, Metal on a Mac); a build with MLX that cannot
- *     start it is a failure with its cause.
+ *   - linked with the MLX object (make MLX=1 mlx, backend_mlx_linked(); not
+ *     CUDA): the MLX backend (src/backend/mlx: MLX's CPU backend on Linux,
+ *     Metal on a Mac); a build with MLX that cannot start it is a failure
+ *     with its cause.
  *   - built without CUDA: the same cases compare the CPU backend's vector kernels against its plain
  *     C reference kernels (which keeps this harness itself tested).
  * Also: selecting an unavailable backend gives a clear error.
@@ -566,12 +567,12 @@ static void check_selection(void) {
     o.backend = "mlx";
     o.device = 0;
     rc = model_load(&m, path, &o, err, sizeof err);
-#ifdef TANDEM_MLX
-    CHECK(rc == 0, "mlx backend loads %s: %s", path, err);
-    if (!rc) model_free(m);
-#else
-    CHECK(rc != 0 && strstr(err, "make MLX=1"), "no MLX in this build: %s", err);
-#endif
+    if (backend_mlx_linked()) {
+        CHECK(rc == 0, "mlx backend loads %s: %s", path, err);
+        if (!rc) model_free(m);
+    } else {
+        CHECK(rc != 0 && strstr(err, "make MLX=1 mlx"), "no MLX in this build: %s", err);
+    }
 }
 
 #ifdef TANDEM_CUDA
@@ -659,19 +660,22 @@ int main(void) {
         ref_be->ops->destroy(ref_be);
         return t_done("backend_ops");
     }
-#elif defined(TANDEM_MLX)
-    char err[512];
-    test_be = backend_mlx_create(2, err, sizeof err);
-    CHECK(test_be != NULL, "the MLX backend cannot start: %s", err);
-    if (!test_be) { ref_be->ops->destroy(ref_be); return t_done("backend_ops"); }
-    printf("(comparing the MLX backend with the CPU backend)\n");
 #else
-    /* not a skip: the same cases run, on the CPU's two kernel sets */
-    printf("(built without CUDA: comparing the CPU backend's vector kernels with its reference kernels)\n");
-    cpu_vs_ref = 1;
-    test_be = backend_cpu_create(2);
-    CHECK(test_be != NULL, "second CPU backend");
-    if (!test_be) return t_done("backend_ops");
+    if (backend_mlx_linked()) {
+        /* the same binary linked with the MLX object (make MLX=1 mlx) */
+        char err[512];
+        test_be = backend_mlx_create(2, err, sizeof err);
+        CHECK(test_be != NULL, "the MLX backend cannot start: %s", err);
+        if (!test_be) { ref_be->ops->destroy(ref_be); return t_done("backend_ops"); }
+        printf("(comparing the MLX backend with the CPU backend)\n");
+    } else {
+        /* not a skip: the same cases run, on the CPU's two kernel sets */
+        printf("(built without CUDA or MLX: comparing the CPU backend's vector kernels with its reference kernels)\n");
+        cpu_vs_ref = 1;
+        test_be = backend_cpu_create(2);
+        CHECK(test_be != NULL, "second CPU backend");
+        if (!test_be) return t_done("backend_ops");
+    }
 #endif
     run_cases();
 #ifdef TANDEM_CUDA

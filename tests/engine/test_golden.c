@@ -19,8 +19,10 @@
  * qwen2-mini-Q4_0 0.278 keeps its tighter 0.30). A bar is never raised to
  * make tandem pass; where tandem's worst step is above it, that is a
  * finding (see there). Every step of every file is held to its bar, except
- * qwen3moe-mini-Q4_K_M's listed excursions and qwen3moe-mini-F16's one
- * (a free-running near-tie), each printed with its distance and reason.
+ * qwen3moe-mini-Q4_K_M's listed excursions (with TANDEM_BACKEND=mlx, MLX's
+ * own list of measured router near-ties instead of the CPU's) and
+ * qwen3moe-mini-F16's one (a free-running near-tie), each printed with its
+ * distance and reason.
  * Also: stories260K's 200-token greedy story from BOS, exactly.
  * TANDEM_BACKEND=cuda (a build with CUDA=1) runs it all on the CUDA backend;
  * without a CUDA device that is a counted "skipped: cuda: ..." line; a CUDA
@@ -60,6 +62,7 @@ typedef struct {
     int exact;          /* free-running must match all 32 tokens (up to a 0.005 near-tie) */
     const golden_excursion *excursions;   /* NULL-prompt-terminated, or NULL */
     float l2_rel;       /* the L2 norm's relative share of its tolerance (0: 0.25%, see check_step) */
+    const golden_excursion *mlx_excursions;   /* with TANDEM_BACKEND=mlx, instead of excursions, or NULL */
 } golden_case;
 
 /* qwen3moe-mini-Q4_K_M's known excursions: the steps (of 256) where tandem
@@ -143,6 +146,55 @@ static const golden_excursion MOE_Q4_EXCURSIONS[] = {
     { NULL, 0, NULL },
 };
 
+/* qwen3moe-mini-Q4_K_M on the MLX backend (TANDEM_BACKEND=mlx, MLX's CPU
+ * backend, 2026-11-29): MLX multiplies unrounded activations where the CPU
+ * rounds them to 8-bit blocks as the oracle does, so it tips other router
+ * near-ties and the CPU's list does not apply; this list replaces it there.
+ * 29 of 256 steps are over 0.60 on MLX. A step is listed only where a
+ * router near-tie explains it, by the CPU list's evidence and threshold:
+ * the smallest gap between the 2nd and 3rd expert's router logit over the
+ * 4 layers at the step's token below 0.05, measured on the MLX run or on
+ * the CPU run of the same teacher-forced tokens (avx512 set; temporary
+ * prints in moe_select_experts, tests/data/README.md, "Tolerances"). 21 of
+ * the 29 have one on the MLX run, 5 more on the CPU run (2 where MLX picks
+ * other experts than the CPU at that token, 3 where it picks the CPU's and
+ * the CPU is off by as much, on its own list). The other 3 are NOT listed
+ * and fail: 03_unicode_emoji_cjk 22 (smallest gap MLX 0.120, CPU 0.199),
+ * 05_digits 28 (0.085, 0.068), 06_chatml_chat 10 (0.084, 0.070); cause not
+ * established. For scale: at 71 of the 220 steps within 0.60 (steps 1-31)
+ * one of the two runs has a gap below 0.05 too. Every step the CPU list
+ * names but MLX keeps within 0.60 is held on MLX. Metal rounds otherwise
+ * again: there the list is to be measured anew. */
+static const golden_excursion MOE_Q4_MLX_EXCURSIONS[] = {
+    { "00_short_english", 8, "MLX |dlogit| 0.97; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0018 (layers 0.311 0.133 0.068 0.002)" },
+    { "00_short_english", 13, "MLX |dlogit| 5.19; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0112 (layers 0.167 0.011 0.697 0.954)" },
+    { "00_short_english", 27, "MLX |dlogit| 7.53 (CPU 7.74, on its list); router near-tie at this token on the CPU run, 2nd/3rd expert logit gap 0.0340 (layer 0; MLX's smallest 0.058), and MLX picks the CPU's experts at every layer" },
+    { "01_python_bug", 11, "MLX |dlogit| 9.10; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0384 (layers 0.489 0.038 0.058 0.541)" },
+    { "01_python_bug", 15, "MLX |dlogit| 1.10; router near-tie at this token on the CPU run, 2nd/3rd expert logit gap 0.0032 (layer 3; MLX's 0.071 there), where MLX picks other experts than the CPU" },
+    { "01_python_bug", 31, "MLX |dlogit| 1.90; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0336 (layers 0.204 0.595 0.530 0.034)" },
+    { "02_rubric_paragraph", 9, "MLX |dlogit| 1.28; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0133 (layers 0.403 0.013 1.235 0.108)" },
+    { "02_rubric_paragraph", 14, "MLX |dlogit| 8.02 (CPU 0.38); router near-tie at this token on the CPU run, 2nd/3rd expert logit gap 0.0023 (layer 1; MLX's 0.075 there), where MLX picks other experts than the CPU" },
+    { "02_rubric_paragraph", 15, "MLX |dlogit| 1.23; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0017 (layers 0.273 1.470 0.458 0.002)" },
+    { "02_rubric_paragraph", 18, "MLX |dlogit| 1.11; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0034 (layers 1.209 0.674 0.781 0.003)" },
+    { "03_unicode_emoji_cjk", 5, "MLX |dlogit| 4.07; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0208 (layers 0.573 0.183 0.498 0.021)" },
+    { "03_unicode_emoji_cjk", 7, "MLX |dlogit| 2.29; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0429 (layers 0.043 0.709 0.427 0.945)" },
+    { "03_unicode_emoji_cjk", 10, "MLX |dlogit| 9.53; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0037 (layers 1.664 0.004 0.347 0.037)" },
+    { "03_unicode_emoji_cjk", 20, "MLX |dlogit| 1.70; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0145 (layers 0.844 0.472 0.401 0.014)" },
+    { "03_unicode_emoji_cjk", 23, "MLX |dlogit| 4.37 (CPU 3.91, on its list); router near-tie at this token on the CPU run, 2nd/3rd expert logit gap 0.0130 (layer 1; MLX's smallest 0.073), and MLX picks the CPU's experts at every layer" },
+    { "03_unicode_emoji_cjk", 28, "MLX |dlogit| 6.36; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0253 (layers 0.177 0.025 2.051 0.600)" },
+    { "04_whitespace_newlines", 0, "MLX |dlogit| 4.34; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0078 (layers 0.796 0.008 0.878 0.052)" },
+    { "04_whitespace_newlines", 1, "MLX |dlogit| 5.86; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0036 (layers 0.533 0.500 0.004 0.097)" },
+    { "04_whitespace_newlines", 2, "MLX |dlogit| 4.37; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0125 (layers 0.589 0.242 0.506 0.012)" },
+    { "05_digits", 15, "MLX |dlogit| 7.98; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0050 (layers 0.188 0.213 0.005 0.710)" },
+    { "05_digits", 18, "MLX |dlogit| 2.22; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0313 (layers 0.212 0.761 0.499 0.031)" },
+    { "05_digits", 24, "MLX |dlogit| 13.99; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0114 (layers 1.083 0.011 0.038 0.622)" },
+    { "05_digits", 30, "MLX |dlogit| 2.23 (CPU 2.51, on its list); router near-tie at this token on the CPU run, 2nd/3rd expert logit gap 0.0440 (layer 3; MLX's smallest 0.066), and MLX picks the CPU's experts at every layer" },
+    { "06_chatml_chat", 16, "MLX |dlogit| 1.09; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0381 (layers 0.177 0.156 0.038 0.345)" },
+    { "06_chatml_chat", 23, "MLX |dlogit| 12.68; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0036 (layers 0.004 0.050 0.281 0.130)" },
+    { "06_chatml_chat", 24, "MLX |dlogit| 6.79; router near-tie at this token on MLX, 2nd/3rd expert logit gap 0.0374 (layers 0.269 0.526 0.037 0.203)" },
+    { NULL, 0, NULL },
+};
+
 /* qwen3moe-mini-F16's one known excursion, a final-logit near-tie: at
  * 05_digits step 6 the oracle's top two are 0.0063 apart (mainline's
  * golden: 0.0045, the same order), under F16 noise. Since the MoE experts'
@@ -158,10 +210,10 @@ static const golden_excursion MOE_F16_EXCURSIONS[] = {
 };
 
 static const golden_case CASES[] = {
-    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
-    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
-    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
-    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0, NULL },
+    { "golden/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0, NULL },
+    { "golden-mainline/visible/stories260K.jsonl", "fixture", 3e-2f, 1, NULL, 0, NULL },
+    { "golden-mainline/visible/stories260K-F16.jsonl", "fixture", 3e-2f, 1, NULL, 0, NULL },
     /* qwen3 F16: the two oracles are 0.0176 apart at most on qwen3-mini-F16
      * (bar 3e-2 as for every F16 file); on qwen3moe-mini-F16 0.021 at the
      * median but up to 1.64 at router near-ties (4 of 8 prompts part). tandem
@@ -169,10 +221,10 @@ static const golden_case CASES[] = {
      * rounded to F16, 2026-11-28), median 0.0024 p95 0.0050 max 0.0105
      * (avx2/avx512; ref 0.0035 / 0.0077 / 0.0170), was 0.0048 / 0.0093 /
      * 0.0200 unrounded; one free-running near-tie, MOE_F16_EXCURSIONS. */
-    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
-    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, MOE_F16_EXCURSIONS, 0 },
-    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
-    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
+    { "golden/visible/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0, NULL },
+    { "golden/visible/qwen3moe-mini-F16.jsonl", "generated", 3e-2f, 1, MOE_F16_EXCURSIONS, 0, NULL },
+    { "golden/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0, NULL },
+    { "golden-mainline/visible/qwen2-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0, NULL },
     /* Quantised files: each implementation quantises the activations its
      * own way. qwen3-mini-Q8_0: the two oracles are 0.349 apart at most
      * (median 0.167, p95 0.260, 105 steps where their greedy tokens agree;
@@ -180,7 +232,7 @@ static const golden_case CASES[] = {
      * bar is 0.45 (1.25 x 0.349, rounded up to 0.05). tandem's worst step
      * against ik_llama.cpp 0.373 / 0.409 / 0.362 (ref / avx2 /
      * avx512, 2026-11-28); against mainline 0.306 (avx512), 0.303 (avx2). */
-    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0 },
+    { "golden/visible/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0, NULL },
     /* qwen3-mini-Q4_K_M: the two oracles are 0.471 apart at most (median
      * 0.244, p95 0.395, 104 common steps), so the bar is 0.60 (1.25 x
      * 0.471, rounded up to 0.05). It had been raised to 0.65 by 4efe4b2
@@ -192,7 +244,7 @@ static const golden_case CASES[] = {
      * reason to raise it (that step comes after the two oracles part on that
      * prompt, so they give no distance for it), listed in Q4KM_EXCURSIONS.
      * Against mainline 0.475 (avx512), 0.396 (avx2). */
-    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, Q4KM_EXCURSIONS, 0 },
+    { "golden/visible/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, Q4KM_EXCURSIONS, 0, NULL },
     /* MoE + quantised: every step held to 0.60, the bar of the dense file
      * of the same weight type (qwen3-mini-Q4_K_M's oracle evidence), except
      * the listed excursions (MOE_Q4_EXCURSIONS, 47 of 256 steps, worst
@@ -201,20 +253,21 @@ static const golden_case CASES[] = {
      * other on this file: median 0.306 but p95 1.34, max 2.42 over the 52
      * steps before their greedy tokens part (all 8 prompts part, 4 of them
      * by step 5). Was: 75% of steps, checked only with at least 100 steps,
-     * so never under the sanitizers. */
-    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS, 0 },
+     * so never under the sanitizers. On MLX: MOE_Q4_MLX_EXCURSIONS (26
+     * near-ties; 3 steps over 0.60 are not near-ties and fail there). */
+    { "golden/visible/qwen3moe-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, MOE_Q4_EXCURSIONS, 0, MOE_Q4_MLX_EXCURSIONS },
     /* qwen2-mini-Q4_0: the two oracles are 0.2775 apart at most (median
      * 0.133, over the 162 steps where their greedy tokens agree; mainline
      * c392e50 and llama-cpp-python 0.3.36 give bit-identical goldens here);
      * tandem's worst step 0.2936 against ik_llama.cpp, 0.2734 against
      * mainline. 0.30 is tighter than the 1.25x rule (0.35) and kept. */
-    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
-    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0 },
+    { "golden/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0, NULL },
+    { "golden-mainline/visible/qwen2-mini-Q4_0.jsonl", "fixture", 0.30f, 0, NULL, 0, NULL },
     /* A real model (tools/models.sh) against mainline llama.cpp (the script
      * beside the file made it), with every kernel set this CPU runs: the
      * same activation quantisation (Q8_1 for Q4_1, Q8_0 for the tied
      * output); see SMOLLM2_TOL. */
-    { "tests/data/oracle/smollm2-Q4_1.jsonl", "real", SMOLLM2_TOL, 0, NULL, SMOLLM2_L2_REL },
+    { "tests/data/oracle/smollm2-Q4_1.jsonl", "real", SMOLLM2_TOL, 0, NULL, SMOLLM2_L2_REL, NULL },
     /* The second oracle on the qwen3 files (mainline llama.cpp through
      * llama-cpp-python 0.3.36, tests/data/oracle/make_goldens.py, the same
      * prompt ids; the models are the fixture set's or the generated ones),
@@ -227,9 +280,9 @@ static const golden_case CASES[] = {
      * follows ik_llama.cpp's choices on F16 (within 0.02) so that against
      * mainline 91 of 256 F16 steps leave 3e-2 (worst 14.4), which would
      * need an excursion list of its own. */
-    { "tests/data/oracle/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0 },
-    { "tests/data/oracle/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0 },
-    { "tests/data/oracle/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, NULL, 0 },
+    { "tests/data/oracle/qwen3-mini-F16.jsonl", "generated", 3e-2f, 1, NULL, 0, NULL },
+    { "tests/data/oracle/qwen3-mini-Q8_0.jsonl", "fixture", 0.45f, 0, NULL, 0, NULL },
+    { "tests/data/oracle/qwen3-mini-Q4_K_M.jsonl", "fixture", 0.60f, 0, NULL, 0, NULL },
 };
 
 static int load_ids(json_t *arr, int32_t *out, int cap) {
@@ -252,9 +305,12 @@ typedef struct {
     float diffs[4096];
 } file_stats;
 
-/* The reason if (prompt, step) is a listed excursion of gc, else NULL. */
+/* The reason if (prompt, step) is a listed excursion of gc (its MLX list
+ * where TANDEM_BACKEND=mlx and it has one), else NULL. */
 static const char *excursion_why(const golden_case *gc, const char *prompt, int k) {
-    for (const golden_excursion *e = gc->excursions; e && e->prompt; e++)
+    const char *b = getenv("TANDEM_BACKEND");
+    const golden_excursion *list = gc->mlx_excursions && b && !strcmp(b, "mlx") ? gc->mlx_excursions : gc->excursions;
+    for (const golden_excursion *e = list; e && e->prompt; e++)
         if (e->step == k && prompt && !strcmp(e->prompt, prompt)) return e->why;
     return NULL;
 }

@@ -97,6 +97,9 @@ typedef struct {
     std::vector<mlx_kv *> kvs;
     std::vector<float> rope_cs;    /* host cos/sin table of the last rope call */
     long n_eval;                   /* evaluations (TANDEM_MLX_STATS=1 prints them at the end) */
+    /* The one stream every entry point computes on, whichever thread calls
+     * it (see ml_run). */
+    std::optional<mx::Stream> stream;
     int failed;
     char err[256];
 } mlx_impl;
@@ -114,6 +117,14 @@ static void ml_fail(mlx_impl *c, const char *what, const char *msg) {
 static int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
     std::lock_guard<std::mutex> lk(g_mlx_mu);
     try {
+        /* MLX's default streams are per thread (0.32): a result left
+         * lazy by one thread (a serving node's start-up calibration pass,
+         * on the main thread) and evaluated from another (its scheduler)
+         * came out stale, one pass behind. Every entry point makes the
+         * backend's own stream, made for use from any thread, the
+         * default of the calling thread first; calls are serialised by
+         * g_mlx_mu. */
+        if (c->stream) mx::set_default_stream(*c->stream);
         body();
         return 0;
     } catch (const std::exception &e) {
@@ -771,6 +782,8 @@ extern "C" backend *backend_mlx_create(int n_threads, char *err, size_t errlen) 
             if (!mx::is_available(d)) throw std::runtime_error("the requested MLX device is not available");
             mx::set_default_device(d);
         }
+        c->stream = mx::new_thread_unsafe_stream(mx::default_device());
+        mx::set_default_stream(*c->stream);
         mx::array probe = mx::sum(mx::arange(0.0f, 4.0f, 1.0f));   /* proves the library runs */
         mx::eval(probe);
         if (probe.item<float>() != 6.0f) throw std::runtime_error("a probe sum came out wrong");
@@ -781,6 +794,8 @@ extern "C" backend *backend_mlx_create(int n_threads, char *err, size_t errlen) 
     }
     return be;
 }
+
+extern "C" int backend_mlx_linked(void) { return 1; }
 
 extern "C" const char *backend_mlx_device(void) {
     std::lock_guard<std::mutex> lk(g_mlx_mu);
