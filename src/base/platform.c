@@ -172,3 +172,12 @@ uint64_t plat_mem_available(void) {
     return 0;
 #endif
 }
+
+void plat_file_advise(int fd, int advice) {
+#if defined(POSIX_FADV_WILLNEED) && defined(POSIX_FADV_DONTNEED)
+    (void)posix_fadvise(fd, 0, 0, advice == PLAT_FILE_WILLNEED ? POSIX_FADV_WILLNEED : POSIX_FADV_DONTNEED);
+#else
+    (void)fd;
+    (void)advice;
+#endif
+}

@@ -48,4 +48,11 @@ int plat_accept(int lfd, int nonblock);
  * MemAvailable, else the free pages sysconf reports; 0 if unknown. */
 uint64_t plat_mem_available(void);
 
+/* Advice on a whole file's pages, never an error: PLAT_FILE_WILLNEED starts
+ * reading them in (asynchronous), PLAT_FILE_DONTNEED drops the clean ones
+ * from the page cache. posix_fadvise where the system has it; macOS has
+ * none, and there nothing is done (a hint lost, not a wrong answer). */
+enum { PLAT_FILE_WILLNEED, PLAT_FILE_DONTNEED };
+void plat_file_advise(int fd, int advice);
+
 #endif

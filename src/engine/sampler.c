@@ -256,8 +256,10 @@ static int32_t sampler_draw_sorted(const cand *c, int n, float mx, float temp, d
     return c[n - 1].id;
 }
 
-/* top-p (mass over the n candidates' own sum), min-p, draw. */
-static int32_t sampler_finish_sorted(const sampler_params *p, const cand *c, int n, double u) {
+/* top-p (mass over the n candidates' own sum), then min-p, over rank-sorted
+ * candidates: how many of them are kept (the draw and the speculative
+ * distributions cut the same way). */
+static int sampler_cut_sorted(const sampler_params *p, const cand *c, int n) {
     float mx = c[0].logit;
     if (p->top_p < 1.0f) {
         double sum = 0.0;
@@ -266,6 +268,13 @@ static int32_t sampler_finish_sorted(const sampler_params *p, const cand *c, int
         if (keep <= n) n = keep;
     }
     if (p->min_p > 0.0f) n = sampler_cut_min_p(c, n, mx, p->min_p);
+    return n;
+}
+
+/* top-p, min-p (sampler_cut_sorted), draw. */
+static int32_t sampler_finish_sorted(const sampler_params *p, const cand *c, int n, double u) {
+    float mx = c[0].logit;
+    n = sampler_cut_sorted(p, c, n);
     return sampler_draw_sorted(c, n, mx, p->temp, u);
 }
 
@@ -488,13 +497,7 @@ double sampler_unit(sampler *s) { return sampler_next_unit(s); }
  * softmax at temperature; the rest of the vocabulary stays 0. */
 static void sampler_probs_sorted(const sampler_params *p, const cand *c, int n, float *probs) {
     float mx = c[0].logit;
-    if (p->top_p < 1.0f) {
-        double sum = 0.0;
-        for (int i = 0; i < n; i++) sum += exp(c[i].logit - mx);
-        int close = 0, keep = sampler_cut_top_p(c, n, mx, sum, p->top_p, 0.0, &close);
-        if (keep <= n) n = keep;
-    }
-    if (p->min_p > 0.0f) n = sampler_cut_min_p(c, n, mx, p->min_p);
+    n = sampler_cut_sorted(p, c, n);
     double sum = 0.0;
     for (int i = 0; i < n; i++) sum += exp((c[i].logit - mx) / p->temp);
     for (int i = 0; i < n; i++) probs[c[i].id] = (float)(exp((c[i].logit - mx) / p->temp) / sum);

@@ -31,6 +31,7 @@
 
 #include "base/hugemap.h"
 #include "base/log.h"
+#include "base/platform.h"
 #include "base/prefix_hash.h"
 #include "engine/fingerprint.h"
 
@@ -507,7 +508,7 @@ static void kvs_disk_readahead(kvstore *st, const uint64_t *h, int from, int to)
         kvs_name(h[i], name);
         int fd = openat(st->dfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) break;            /* the chain stops here */
-        (void)posix_fadvise(fd, 0, 0, POSIX_FADV_WILLNEED);
+        plat_file_advise(fd, PLAT_FILE_WILLNEED);
         close(fd);
     }
 }

@@ -63,7 +63,7 @@ static long long drop_blocks(const char *dir) {
         int fd = open(p, O_RDONLY);
         if (fd < 0) continue;
         fsync(fd);
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        plat_file_advise(fd, PLAT_FILE_DONTNEED);
         close(fd);
         bytes += sb.st_size;
     }
