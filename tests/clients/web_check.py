@@ -239,16 +239,22 @@ def run(a):
         b.type_into("#maxtok", str(a.max_tokens), replace=True)
 
         before = b.screenshot(os.path.join(a.shot, "before.png"))
+        # The page records each text the answer shows while busy: a small
+        # model streams 32 tokens faster than DevTools round trips can poll,
+        # while an observer sees every change the page makes between reads.
+        b.js("""window.seenBusy = new Set(); new MutationObserver(() => {
+            const t = (document.querySelector('.assistant') || {}).textContent || '';
+            if (document.body.dataset.state === 'busy' && t) window.seenBusy.add(t);
+          }).observe(document.getElementById('msgs'), {subtree: true, childList: true, characterData: true}); 1""")
         b.type_into("#in", a.message)
         b.key("Enter", "Enter", 13, "\r")
-        seen, deadline = set(), time.monotonic() + 60
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            st = b.js("[document.body.dataset.state, (document.querySelector('.assistant') || {}).textContent || '']")
-            if st[0] == "busy" and st[1]:
-                seen.add(st[1])
-            if st[0] == "idle" and b.js("document.querySelectorAll('.assistant i').length") > 0:
+            st = b.js("document.body.dataset.state")
+            if st == "idle" and b.js("document.querySelectorAll('.assistant i').length") > 0:
                 break
             time.sleep(0.01)
+        seen = b.js("[...window.seenBusy]")
         answer = b.js("(document.querySelector('.assistant').firstChild || {}).nodeValue || ''")
         chunks = b.js("Number(document.querySelector('.assistant i').dataset.chunks)")
         check("streamed", len(seen) >= 2 and chunks >= 2,
