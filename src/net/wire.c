@@ -1,15 +1,14 @@
-/* wire.c - tandem's node-to-node protocol: framing, checksums, payload
- * codecs, socket I/O with deadlines, the authenticated handshake, and the
- * AES-256-GCM seal on every frame after it.
- * docs/wire-protocol.md is the specification this file implements.
+/* wire.c - tandem's node-to-node protocol: framing, checksums, buffers,
+ * frame I/O with deadlines, and the AES-256-GCM seal on every frame after
+ * the handshake. The payload codecs are in wire_codec.c, the sockets in
+ * wire_tcp.c, the handshake in wire_handshake.c (wire_internal.h between
+ * them). docs/wire-protocol.md is the specification these files implement.
  */
+
 #include "net/wire.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <math.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -27,7 +26,6 @@
 #include <openssl/hmac.h>
 #include <zstd.h>
 
-#include "engine/gguf.h"
 #include "base/platform.h"
 #include "net/wire_draft.h"
 
@@ -35,9 +33,8 @@
 #include <nmmintrin.h>
 #endif
 
-/* Handshake deadline when the connection has no per-frame timeout: long
- * enough for a loaded machine, short enough that a silent peer is dropped. */
-#define WIRE_HANDSHAKE_DEFAULT_MS 10000
+#include "net/wire_internal.h"
+
 /* Payloads smaller than this are never compressed: zstd's frame overhead
  * (~10 bytes) and the CPU time are not worth it. */
 #define WIRE_ZSTD_MIN_BYTES 64u
@@ -49,32 +46,12 @@
 /* First allocation step when reading a payload (see wire_read_payload). */
 #define WIRE_GROW_STEP (1u << 20)
 
-static void wire_errf(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void wire_errf(char *err, size_t errlen, const char *fmt, ...) {
+void wire_errf(char *err, size_t errlen, const char *fmt, ...) {
     if (!err || !errlen) return;
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, errlen, fmt, ap);
     va_end(ap);
-}
-
-/* ==== Little-endian helpers ==== */
-
-static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint16_t get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | ((uint64_t)get_u32(p + 4) << 32);
 }
 
 /* ==== Names ==== */
@@ -376,340 +353,26 @@ static int wire_buf_size(wire_buf *b, size_t n) {
     return 0;
 }
 
-static uint8_t *wire_buf_grow(wire_buf *b, size_t n) {
+uint8_t *wire_buf_grow(wire_buf *b, size_t n) {
     if (wire_buf_reserve(b, n)) return NULL;
     uint8_t *p = b->data + b->len;
     b->len += n;
     return p;
 }
 
-/* ==== Payloads ==== */
-
-/* Copy a C string into a fixed NUL-padded field of `size` bytes (truncating). */
-static void put_fixed_str(uint8_t *p, size_t size, const char *s) {
-    size_t n = s ? strnlen(s, size - 1) : 0;
-    memset(p, 0, size);
-    if (n) memcpy(p, s, n);
-}
-
-/* Read a fixed NUL-padded field: must contain a NUL, no control characters
- * before it, and only zero bytes after it (one canonical encoding). */
-static int get_fixed_str(const uint8_t *p, size_t size, char *out, const char *what,
-                         char *err, size_t errlen) {
-    const uint8_t *nul = memchr(p, 0, size);
-    if (!nul) {
-        wire_errf(err, errlen, "%s is not NUL-terminated within %zu bytes", what, size);
-        return -1;
-    }
-    size_t n = (size_t)(nul - p);
-    for (size_t i = 0; i < n; i++)
-        if (p[i] < 0x20 || p[i] == 0x7F) {
-            wire_errf(err, errlen, "%s contains control character 0x%02x", what, p[i]);
-            return -1;
-        }
-    for (size_t i = n; i < size; i++)
-        if (p[i]) {
-            wire_errf(err, errlen, "%s has non-zero padding", what);
-            return -1;
-        }
-    memcpy(out, p, n + 1);
-    return 0;
-}
-
-static int wire_len_exact(const char *what, size_t n, size_t want, char *err, size_t errlen) {
-    if (n == want) return 0;
-    wire_errf(err, errlen, "%s payload is %zu bytes, expected %zu", what, n, want);
-    return -1;
-}
-
-/* The dtypes a KV frame may carry, and their block size in bytes. */
-static uint32_t wire_dtype_block_bytes(uint32_t dtype) {
-    switch (dtype) {
-    case GGML_TYPE_F16: return 2;
-    case GGML_TYPE_BF16: return 2;
-    case GGML_TYPE_Q8_0: return 34;   /* 32 int8 + one f16 scale */
-    default: return 0;
-    }
-}
-
-/* HELLO: role u32 | caps u32 | nonce[32] | fingerprint[32] | kv_dtype u32 |
- * node_id[64] | model_desc[256]  = 396 bytes. */
-int wire_encode_hello(wire_buf *b, const wire_hello *h) {
-    uint8_t *p = wire_buf_grow(b, WIRE_HELLO_BYTES);
-    if (!p) return -1;
-    put_u32(p + 0, h->role);
-    put_u32(p + 4, h->caps);
-    memcpy(p + 8, h->nonce, 32);
-    memcpy(p + 40, h->fingerprint, 32);
-    put_u32(p + 72, h->kv_dtype);
-    put_fixed_str(p + 76, sizeof h->node_id, h->node_id);
-    put_fixed_str(p + 140, sizeof h->model_desc, h->model_desc);
-    return 0;
-}
-
-int wire_decode_hello(const uint8_t *p, size_t n, wire_hello *h, char *err, size_t errlen) {
-    if (wire_len_exact("HELLO", n, WIRE_HELLO_BYTES, err, errlen)) return -1;
-    wire_hello x;
-    memset(&x, 0, sizeof x);
-    x.role = get_u32(p + 0);
-    x.caps = get_u32(p + 4);
-    memcpy(x.nonce, p + 8, 32);
-    memcpy(x.fingerprint, p + 40, 32);
-    x.kv_dtype = get_u32(p + 72);
-    if (x.role < WIRE_ROLE_PREFILL || x.role > WIRE_ROLE_ROUTER) {
-        wire_errf(err, errlen, "HELLO: unknown role %u", x.role);
-        return -1;
-    }
-    /* Unknown capability bits are ignored (a newer peer may offer more). */
-    x.caps &= WIRE_CAP_ZSTD | WIRE_CAP_Q8_0 | WIRE_CAP_BF16 | WIRE_CAP_SLICE | WIRE_CAP_DRAFT;
-    if (get_fixed_str(p + 76, sizeof x.node_id, x.node_id, "HELLO node_id", err, errlen)) return -1;
-    if (get_fixed_str(p + 140, sizeof x.model_desc, x.model_desc, "HELLO model_desc", err, errlen))
-        return -1;
-    *h = x;
-    return 0;
-}
-
-/* AUTH: mac[32]. */
-int wire_encode_auth(wire_buf *b, const wire_auth *a) {
-    uint8_t *p = wire_buf_grow(b, WIRE_AUTH_BYTES);
-    if (!p) return -1;
-    memcpy(p, a->mac, 32);
-    return 0;
-}
-
-int wire_decode_auth(const uint8_t *p, size_t n, wire_auth *a, char *err, size_t errlen) {
-    if (wire_len_exact("AUTH", n, WIRE_AUTH_BYTES, err, errlen)) return -1;
-    memcpy(a->mac, p, 32);
-    return 0;
-}
-
-/* REQUEST: start_pos u32 | end_pos u32 | wire_dtype u32 | flags u32 |
- * n_tokens u32 | tokens u32[n_tokens]. */
-int wire_encode_request(wire_buf *b, const wire_request *r, const int32_t *tokens) {
-    if (r->n_tokens > (WIRE_MAX_PAYLOAD - WIRE_REQUEST_FIXED) / 4) return -1;
-    for (uint32_t i = 0; i < r->n_tokens; i++)
-        if (tokens[i] < 0) return -1;
-    uint8_t *p = wire_buf_grow(b, WIRE_REQUEST_FIXED + (size_t)r->n_tokens * 4);
-    if (!p) return -1;
-    put_u32(p + 0, r->start_pos);
-    put_u32(p + 4, r->end_pos);
-    put_u32(p + 8, r->wire_dtype);
-    put_u32(p + 12, r->flags);
-    put_u32(p + 16, r->n_tokens);
-    for (uint32_t i = 0; i < r->n_tokens; i++) put_u32(p + 20 + 4 * (size_t)i, (uint32_t)tokens[i]);
-    return 0;
-}
-
-int wire_decode_request(const uint8_t *p, size_t n, wire_request *r, char *err, size_t errlen) {
-    if (n < WIRE_REQUEST_FIXED) {
-        wire_errf(err, errlen, "REQUEST payload is %zu bytes, shorter than its %u-byte head", n,
-                  WIRE_REQUEST_FIXED);
-        return -1;
-    }
-    wire_request x;
-    x.start_pos = get_u32(p + 0);
-    x.end_pos = get_u32(p + 4);
-    x.wire_dtype = get_u32(p + 8);
-    x.flags = get_u32(p + 12);
-    x.n_tokens = get_u32(p + 16);
-    if ((uint64_t)x.n_tokens * 4 != n - WIRE_REQUEST_FIXED) {
-        wire_errf(err, errlen, "REQUEST: %u tokens need %llu bytes, payload has %zu", x.n_tokens,
-                  (unsigned long long)x.n_tokens * 4 + WIRE_REQUEST_FIXED, n);
-        return -1;
-    }
-    if (x.n_tokens == 0) {
-        wire_errf(err, errlen, "REQUEST has no tokens");
-        return -1;
-    }
-    if (x.start_pos > x.end_pos || x.end_pos > x.n_tokens) {
-        wire_errf(err, errlen, "REQUEST span [%u, %u) is not inside the %u-token prompt", x.start_pos,
-                  x.end_pos, x.n_tokens);
-        return -1;
-    }
-    if (!wire_dtype_block_bytes(x.wire_dtype)) {
-        wire_errf(err, errlen, "REQUEST: unsupported wire dtype %u (%s)", x.wire_dtype,
-                  gguf_type_name(x.wire_dtype));
-        return -1;
-    }
-    /* bits 1-2: the ACT dtype of a layer-split request (section 4.9; the
-     * prefill node accepts them only with the SLICE capability) */
-    if (x.flags & ~(uint32_t)7u) {
-        wire_errf(err, errlen, "REQUEST: unknown flags 0x%x", x.flags);
-        return -1;
-    }
-    for (uint32_t i = 0; i < x.n_tokens; i++)
-        if (get_u32(p + 20 + 4 * (size_t)i) > INT32_MAX) {
-            wire_errf(err, errlen, "REQUEST: token %u has id %u, beyond any vocabulary", i,
-                      get_u32(p + 20 + 4 * (size_t)i));
-            return -1;
-        }
-    x.tokens = p + WIRE_REQUEST_FIXED;
-    *r = x;
-    return 0;
-}
-
-uint32_t wire_request_token(const wire_request *r, uint32_t i) {
-    if (!r->tokens || i >= r->n_tokens) return UINT32_MAX;
-    return get_u32(r->tokens + 4 * (size_t)i);
-}
-
-/* Internal consistency of a KV head (shared by the encoder and decoder):
- * known dtype, row_bytes a whole number of blocks, n >= 1, range fits u32,
- * and the payload length 20 + 2 * n * row_bytes fits the frame limit. */
-static int wire_kv_check(const wire_kv *x, uint64_t *body, char *err, size_t errlen) {
-    uint32_t bb = wire_dtype_block_bytes(x->dtype);
-    if (!bb) {
-        wire_errf(err, errlen, "KV frame: unsupported dtype %u (%s)", x->dtype, gguf_type_name(x->dtype));
-        return -1;
-    }
-    if (x->row_bytes == 0 || x->row_bytes % bb) {
-        wire_errf(err, errlen, "KV frame: row_bytes %u is not a whole number of %s blocks", x->row_bytes,
-                  gguf_type_name(x->dtype));
-        return -1;
-    }
-    if (x->n == 0) {
-        wire_errf(err, errlen, "KV frame carries no tokens");
-        return -1;
-    }
-    if ((uint64_t)x->pos0 + x->n > INT32_MAX) {
-        wire_errf(err, errlen, "KV frame: token range [%u, +%u) overflows", x->pos0, x->n);
-        return -1;
-    }
-    uint64_t span = (uint64_t)x->n * x->row_bytes;   /* both < 2^32: no overflow in 64 bits */
-    if (span > (WIRE_MAX_PAYLOAD - WIRE_KV_FIXED) / 2) {
-        wire_errf(err, errlen, "KV frame: %u rows of %u bytes exceed the frame limit", x->n, x->row_bytes);
-        return -1;
-    }
-    *body = span;
-    return 0;
-}
-
-/* KV: layer u32 | pos0 u32 | n u32 | dtype u32 | row_bytes u32 |
- * K[n * row_bytes] | V[n * row_bytes]. */
-int wire_encode_kv(wire_buf *b, const wire_kv *kv) {
-    uint64_t span;
-    if (wire_kv_check(kv, &span, NULL, 0)) return -1;
-    uint8_t *p = wire_buf_grow(b, WIRE_KV_FIXED + 2 * (size_t)span);
-    if (!p) return -1;
-    put_u32(p + 0, kv->layer);
-    put_u32(p + 4, kv->pos0);
-    put_u32(p + 8, kv->n);
-    put_u32(p + 12, kv->dtype);
-    put_u32(p + 16, kv->row_bytes);
-    memcpy(p + WIRE_KV_FIXED, kv->k, (size_t)span);
-    memcpy(p + WIRE_KV_FIXED + span, kv->v, (size_t)span);
-    return 0;
-}
-
-int wire_decode_kv(const uint8_t *p, size_t n, wire_kv *kv, char *err, size_t errlen) {
-    if (n < WIRE_KV_FIXED) {
-        wire_errf(err, errlen, "KV payload is %zu bytes, shorter than its %u-byte head", n, WIRE_KV_FIXED);
-        return -1;
-    }
-    wire_kv x;
-    x.layer = get_u32(p + 0);
-    x.pos0 = get_u32(p + 4);
-    x.n = get_u32(p + 8);
-    x.dtype = get_u32(p + 12);
-    x.row_bytes = get_u32(p + 16);
-    uint64_t span;
-    if (wire_kv_check(&x, &span, err, errlen)) return -1;
-    if (n - WIRE_KV_FIXED != 2 * span) {
-        wire_errf(err, errlen, "KV frame size mismatch: %u rows of %u bytes need %llu bytes of K+V, payload has %zu",
-                  x.n, x.row_bytes, (unsigned long long)(2 * span), n - WIRE_KV_FIXED);
-        return -1;
-    }
-    x.k = p + WIRE_KV_FIXED;
-    x.v = p + WIRE_KV_FIXED + span;
-    *kv = x;
-    return 0;
-}
-
-/* DONE: n_positions u32 | n_computed u32 | prefill_ms f64 | kv_bytes u64 | wire_bytes u64. */
-int wire_encode_done(wire_buf *b, const wire_done *d) {
-    uint8_t *p = wire_buf_grow(b, WIRE_DONE_BYTES);
-    if (!p) return -1;
-    uint64_t ms;
-    memcpy(&ms, &d->prefill_ms, 8);
-    put_u32(p + 0, d->n_positions);
-    put_u32(p + 4, d->n_computed);
-    put_u64(p + 8, ms);
-    put_u64(p + 16, d->kv_bytes);
-    put_u64(p + 24, d->wire_bytes);
-    return 0;
-}
-
-int wire_decode_done(const uint8_t *p, size_t n, wire_done *d, char *err, size_t errlen) {
-    if (wire_len_exact("DONE", n, WIRE_DONE_BYTES, err, errlen)) return -1;
-    wire_done x;
-    uint64_t ms = get_u64(p + 8);
-    x.n_positions = get_u32(p + 0);
-    x.n_computed = get_u32(p + 4);
-    memcpy(&x.prefill_ms, &ms, 8);
-    x.kv_bytes = get_u64(p + 16);
-    x.wire_bytes = get_u64(p + 24);
-    if (!isfinite(x.prefill_ms) || x.prefill_ms < 0) {
-        wire_errf(err, errlen, "DONE: prefill_ms is not a finite non-negative number");
-        return -1;
-    }
-    *d = x;
-    return 0;
-}
-
-/* ERROR: code u32 | msg_len u32 | msg[msg_len] (UTF-8, no NUL). */
-int wire_encode_error(wire_buf *b, const wire_error *e) {
-    size_t ml = strnlen(e->message, WIRE_ERROR_MAX_MSG);
-    uint8_t *p = wire_buf_grow(b, WIRE_ERROR_FIXED + ml);
-    if (!p) return -1;
-    put_u32(p + 0, e->code);
-    put_u32(p + 4, (uint32_t)ml);
-    memcpy(p + 8, e->message, ml);
-    return 0;
-}
-
-int wire_decode_error(const uint8_t *p, size_t n, wire_error *e, char *err, size_t errlen) {
-    if (n < WIRE_ERROR_FIXED) {
-        wire_errf(err, errlen, "ERROR payload is %zu bytes, shorter than its %u-byte head", n,
-                  WIRE_ERROR_FIXED);
-        return -1;
-    }
-    uint32_t code = get_u32(p), ml = get_u32(p + 4);
-    if (ml > WIRE_ERROR_MAX_MSG || ml != n - WIRE_ERROR_FIXED) {
-        wire_errf(err, errlen, "ERROR: message length %u does not match the %zu-byte payload (max %u)", ml,
-                  n, WIRE_ERROR_MAX_MSG);
-        return -1;
-    }
-    if (code == 0) {
-        wire_errf(err, errlen, "ERROR: code 0 is not an error");
-        return -1;
-    }
-    if (memchr(p + 8, 0, ml)) {
-        wire_errf(err, errlen, "ERROR: message contains a NUL byte");
-        return -1;
-    }
-    e->code = code;
-    /* Control characters become '?': the text ends up in logs and terminals. */
-    for (uint32_t i = 0; i < ml; i++) {
-        uint8_t ch = p[8 + i];
-        e->message[i] = (char)(ch < 0x20 || ch == 0x7F ? '?' : ch);
-    }
-    e->message[ml] = 0;
-    return 0;
-}
-
 /* ==== Connection ==== */
 
-static int64_t wire_now_ms(void) {
+int64_t wire_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Absolute deadline for an operation allowed to take timeout_ms (<= 0: none). */
-static int64_t wire_deadline(int timeout_ms) { return timeout_ms > 0 ? wire_now_ms() + timeout_ms : -1; }
+int64_t wire_deadline(int timeout_ms) { return timeout_ms > 0 ? wire_now_ms() + timeout_ms : -1; }
 
 /* Wait for fd readiness until the deadline. 1 ready, 0 timed out, -1 error. */
-static int wire_poll(int fd, short events, int64_t deadline) {
+int wire_poll(int fd, short events, int64_t deadline) {
     for (;;) {
         int wait = -1;
         if (deadline >= 0) {
@@ -945,8 +608,8 @@ static int wire_send_check(wire_conn *c, uint16_t type, size_t len, char *err, s
     return 0;
 }
 
-static int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
-                            const void *payload, size_t len, int64_t deadline, char *err, size_t errlen) {
+int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
+                     const void *payload, size_t len, int64_t deadline, char *err, size_t errlen) {
     if (wire_send_check(c, type, len, err, errlen)) return -1;
     const void *body = payload;
     size_t blen = len;
@@ -1156,416 +819,4 @@ int wire_recv(wire_conn *c, wire_header *h, char *err, size_t errlen) {
     }
     *h = x;
     return 0;
-}
-
-/* ==== TCP ==== */
-
-/* Split "host:port", ":port", "port" or "[v6]:port" into host (default
- * 127.0.0.1) and port. */
-static int wire_split_hostport(const char *hp, char *host, size_t hostlen, char *port, size_t portlen,
-                               char *err, size_t errlen) {
-    if (!hp || !*hp) {
-        wire_errf(err, errlen, "empty address");
-        return -1;
-    }
-    const char *h = NULL, *p;
-    size_t hl = 0;
-    if (hp[0] == '[') {
-        const char *rb = strchr(hp, ']');
-        if (!rb || rb[1] != ':') {
-            wire_errf(err, errlen, "bad address '%s' (expected [ipv6]:port)", hp);
-            return -1;
-        }
-        h = hp + 1;
-        hl = (size_t)(rb - h);
-        p = rb + 2;
-    } else {
-        const char *colon = strrchr(hp, ':');
-        if (colon && strchr(hp, ':') != colon) {
-            wire_errf(err, errlen, "bad address '%s' (write IPv6 addresses as [addr]:port)", hp);
-            return -1;
-        }
-        if (colon) {
-            h = hp;
-            hl = (size_t)(colon - hp);
-            p = colon + 1;
-        } else {
-            p = hp;
-        }
-    }
-    if (!hl) {
-        h = "127.0.0.1";
-        hl = strlen(h);
-    }
-    size_t pl = strlen(p);
-    if (hl >= hostlen || !pl || pl >= portlen || strspn(p, "0123456789") != pl || atol(p) > 65535) {
-        wire_errf(err, errlen, "bad address '%s' (expected host:port with port 0-65535)", hp);
-        return -1;
-    }
-    memcpy(host, h, hl);
-    host[hl] = 0;
-    memcpy(port, p, pl + 1);
-    return 0;
-}
-
-static int wire_resolve(const char *hostport, int passive, struct addrinfo **res, char *err, size_t errlen) {
-    char host[256], port[16];
-    if (wire_split_hostport(hostport, host, sizeof host, port, sizeof port, err, errlen)) return -1;
-    struct addrinfo hints;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = passive ? AI_PASSIVE : 0;
-    /* "*" (listen only): every local address. */
-    int any = passive && !strcmp(host, "*");
-    int rc = getaddrinfo(any ? NULL : host, port, &hints, res);
-    if (rc) {
-        wire_errf(err, errlen, "cannot resolve '%s': %s", hostport, gai_strerror(rc));
-        return -1;
-    }
-    return 0;
-}
-
-static void wire_set_nodelay(int fd) {
-    int one = 1;
-    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-/* Connections the kernel queues before accept: under a connection flood
- * a short queue overflows and a legitimate peer's SYN is dropped (then
- * retried after a second); the prefill node drains the queue at tens of
- * thousands a second (a flood's newcomers past their share are closed
- * unread), so a long one only delays a peer by milliseconds. The kernel
- * caps it at net.core.somaxconn. */
-#define WIRE_LISTEN_BACKLOG 4096
-
-int wire_listen(const char *hostport, char *err, size_t errlen) {
-    struct addrinfo *res;
-    if (wire_resolve(hostport, 1, &res, err, errlen)) return -1;
-    int fd = -1, last = 0;
-    for (struct addrinfo *a = res; a; a = a->ai_next) {
-        fd = plat_socket(a->ai_family, a->ai_socktype, a->ai_protocol, 0);
-        if (fd < 0) { last = errno; continue; }
-        int one = 1;
-        (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        wire_set_nodelay(fd);   /* inherited by accepted sockets on Linux */
-        if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, WIRE_LISTEN_BACKLOG) == 0) break;
-        last = errno;
-        close(fd);
-        fd = -1;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) wire_errf(err, errlen, "cannot listen on %s: %s", hostport, strerror(last));
-    return fd;
-}
-
-int wire_local_port(int fd) {
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl)) return -1;
-    if (ss.ss_family == AF_INET) return ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    if (ss.ss_family == AF_INET6) return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    return -1;
-}
-
-int wire_accept(int lfd, int timeout_ms, char *err, size_t errlen) {
-    int64_t deadline = wire_deadline(timeout_ms);
-    for (;;) {
-        int pr = wire_poll(lfd, POLLIN, deadline);
-        if (pr == 0) return -2;
-        if (pr < 0) {
-            wire_errf(err, errlen, "poll on listening socket failed: %s", strerror(errno));
-            return -1;
-        }
-        int fd = plat_accept(lfd, 1);
-        if (fd >= 0) {
-            /* Back to blocking: our I/O polls with deadlines and uses MSG_DONTWAIT. */
-            int fl = fcntl(fd, F_GETFL);
-            if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-            wire_set_nodelay(fd);
-            return fd;
-        }
-        /* A connection that vanished before accept, or a signal: try again. */
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED ||
-            errno == EPROTO)
-            continue;
-        wire_errf(err, errlen, "accept failed: %s", strerror(errno));
-        return -1;
-    }
-}
-
-/* Non-blocking connect to one address with a deadline. fd or -1 (errno set). */
-static int wire_connect_one(const struct addrinfo *a, int64_t deadline, int *timed_out) {
-    int fd = plat_socket(a->ai_family, a->ai_socktype, a->ai_protocol, 1);
-    if (fd < 0) return -1;
-    if (connect(fd, a->ai_addr, a->ai_addrlen) < 0) {
-        if (errno != EINPROGRESS) goto fail;
-        int pr = wire_poll(fd, POLLOUT, deadline);
-        if (pr <= 0) {
-            if (pr == 0) { *timed_out = 1; errno = ETIMEDOUT; }
-            goto fail;
-        }
-        int soerr = 0;
-        socklen_t sl = sizeof soerr;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0) goto fail;
-        if (soerr) { errno = soerr; goto fail; }
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl >= 0) (void)fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
-    wire_set_nodelay(fd);
-    return fd;
-fail:;
-    int e = errno;
-    close(fd);
-    errno = e;
-    return -1;
-}
-
-int wire_connect(const char *hostport, int timeout_ms, char *err, size_t errlen) {
-    struct addrinfo *res;
-    if (wire_resolve(hostport, 0, &res, err, errlen)) return -1;
-    int64_t deadline = wire_deadline(timeout_ms);
-    int fd = -1, last = 0, timed_out = 0;
-    for (struct addrinfo *a = res; a && fd < 0; a = a->ai_next) {
-        fd = wire_connect_one(a, deadline, &timed_out);
-        if (fd < 0) last = errno;
-        if (timed_out) break;
-    }
-    freeaddrinfo(res);
-    if (fd < 0) {
-        if (timed_out)
-            wire_errf(err, errlen, "cannot connect to %s: timed out after %d ms", hostport, timeout_ms);
-        else
-            wire_errf(err, errlen, "cannot connect to %s: %s", hostport, strerror(last));
-    }
-    return fd;
-}
-
-/* ==== Handshake ==== */
-
-static void wire_hex(const uint8_t *p, size_t n, char *out) {
-    static const char hx[] = "0123456789abcdef";
-    for (size_t i = 0; i < n; i++) {
-        out[2 * i] = hx[p[i] >> 4];
-        out[2 * i + 1] = hx[p[i] & 15];
-    }
-    out[2 * n] = 0;
-}
-
-/* Handshake labels (docs/wire-protocol.md section 5); a change to any of
- * them is a protocol version change. */
-#define WIRE_HS_TRANSCRIPT "tandem-v2 transcript"
-#define WIRE_HS_AUTH_I "tandem-v2 auth initiator"
-#define WIRE_HS_AUTH_R "tandem-v2 auth responder"
-#define WIRE_HS_KEY_I2R "tandem-v2 key initiator to responder"
-#define WIRE_HS_KEY_R2I "tandem-v2 key responder to initiator"
-
-/* What both ends derive from the secret and the two HELLO payloads. */
-typedef struct {
-    uint8_t auth_i[32], auth_r[32];   /* the initiator's and the responder's AUTH */
-    uint8_t k_i2r[32], k_r2i[32];     /* session keys, one per direction */
-} wire_hs_keys;
-
-/* th = SHA-256(label || HELLO_initiator || HELLO_responder) (payload bytes
- * exactly as sent); PRK = HKDF-Extract(salt = th, IKM = secret); each output
- * is HKDF-Expand(PRK, its label, 32). */
-static int wire_hs_derive(const void *secret, size_t secret_len, const uint8_t *hello_i, const uint8_t *hello_r,
-                          wire_hs_keys *k) {
-    uint8_t th[32], msg[sizeof WIRE_HS_TRANSCRIPT - 1 + 2 * WIRE_HELLO_BYTES];
-    size_t ll = sizeof WIRE_HS_TRANSCRIPT - 1;
-    unsigned int thl = sizeof th;
-    memcpy(msg, WIRE_HS_TRANSCRIPT, ll);
-    memcpy(msg + ll, hello_i, WIRE_HELLO_BYTES);
-    memcpy(msg + ll + WIRE_HELLO_BYTES, hello_r, WIRE_HELLO_BYTES);
-    if (EVP_Digest(msg, sizeof msg, th, &thl, EVP_sha256(), NULL) != 1) return -1;
-    struct { const char *label; uint8_t *out; } outs[] = {
-        { WIRE_HS_AUTH_I, k->auth_i }, { WIRE_HS_AUTH_R, k->auth_r },
-        { WIRE_HS_KEY_I2R, k->k_i2r }, { WIRE_HS_KEY_R2I, k->k_r2i },
-    };
-    int rc = 0;
-    for (int i = 0; i < 4 && !rc; i++)
-        rc = wire_hkdf_sha256(th, sizeof th, secret, secret_len, outs[i].label, strlen(outs[i].label), outs[i].out, 32);
-    return rc;
-}
-
-/* Receive one frame of the expected type before the deadline; a peer's
- * ERROR frame becomes "peer <id> refused the handshake: <msg>". */
-static int wire_hs_recv(wire_conn *c, uint16_t want, int64_t deadline, const char *peer_id,
-                        uint32_t *peer_code, char *err, size_t errlen) {
-    *peer_code = 0;
-    int saved = c->timeout_ms;
-    int64_t left = deadline - wire_now_ms();
-    if (left <= 0) {
-        wire_errf(err, errlen, "handshake timed out");
-        return -1;
-    }
-    c->timeout_ms = (int)(left > INT32_MAX ? INT32_MAX : left);
-    wire_header h;
-    char e2[512];
-    int r = wire_recv(c, &h, e2, sizeof e2);
-    c->timeout_ms = saved;
-    if (r) {
-        wire_errf(err, errlen, "handshake with %s failed: %s", peer_id, e2);
-        /* Tell the peer why (best effort; a closed socket just fails quietly). */
-        if (!strstr(e2, "closed by peer"))
-            wire_send_error(c, 0, strstr(e2, "timed out") ? WERR_TIMEOUT : WERR_PROTOCOL, err);
-        return -1;
-    }
-    if (h.type == WIRE_ERROR) {
-        wire_error we;
-        if (wire_decode_error(c->rx.data, c->rx.len, &we, e2, sizeof e2)) {
-            wire_errf(err, errlen, "handshake with %s failed: bad ERROR frame: %s", peer_id, e2);
-            return -1;
-        }
-        wire_errf(err, errlen, "peer %s refused the handshake: %s", peer_id, we.message);
-        *peer_code = we.code;
-        return -1;
-    }
-    if (h.type != want) {
-        wire_errf(err, errlen, "handshake with %s failed: expected a %s frame, got %s", peer_id,
-                  wire_type_name(want), wire_type_name(h.type));
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
-        return -1;
-    }
-    if (h.req_id != 0 || (h.flags & WIRE_FLAG_ZSTD)) {
-        wire_errf(err, errlen, "handshake with %s failed: %s frame must have req_id 0 and no compression",
-                  peer_id, wire_type_name(want));
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
-        return -1;
-    }
-    return 0;
-}
-
-static int wire_hs_send(wire_conn *c, uint16_t type, const wire_buf *b, int64_t deadline,
-                        char *err, size_t errlen) {
-    char e2[256];
-    pthread_mutex_lock(&c->send_lock);
-    int r = wire_send_locked(c, type, 0, 0, b->data, b->len, deadline, e2, sizeof e2);
-    pthread_mutex_unlock(&c->send_lock);
-    if (r) wire_errf(err, errlen, "handshake failed sending %s: %s", wire_type_name(type), e2);
-    return r;
-}
-
-/* Same model and the same KV cache type, or an ERROR naming both sides. */
-static int wire_hs_compare(wire_conn *c, const wire_hello *me, const wire_hello *peer, char *err,
-                           size_t errlen) {
-    char fa[17], fb[17];
-    wire_hex(me->fingerprint, 8, fa);
-    wire_hex(peer->fingerprint, 8, fb);
-    if (memcmp(me->fingerprint, peer->fingerprint, 32) != 0) {
-        wire_errf(err, errlen, "model mismatch: this node serves %s (fingerprint %s..), peer serves %s (fingerprint %s..)",
-                  me->model_desc, fa, peer->model_desc, fb);
-        wire_send_error(c, 0, WERR_MODEL, err);
-        return -1;
-    }
-    if (me->kv_dtype != peer->kv_dtype) {
-        wire_errf(err, errlen, "KV cache type mismatch: this node stores %s for %s, peer %s stores %s",
-                  gguf_type_name(me->kv_dtype), me->model_desc, peer->node_id, gguf_type_name(peer->kv_dtype));
-        wire_send_error(c, 0, WERR_MODEL, err);
-        return -1;
-    }
-    return 0;
-}
-
-/* The responder's half of the proofs: verify the initiator's AUTH first,
- * only then send ours. The initiator's: send ours, then verify theirs. */
-static int wire_hs_auth(wire_conn *c, int initiator, const wire_hello *me, const wire_hello *them,
-                        const wire_hs_keys *k, int64_t deadline, char *err, size_t errlen) {
-    wire_auth mine, theirs;
-    wire_buf b = { 0 };
-    uint32_t code;
-    char e2[384];
-    int rc = -1;
-    memcpy(mine.mac, initiator ? k->auth_i : k->auth_r, 32);
-    if (initiator && (wire_encode_auth(&b, &mine) || wire_hs_send(c, WIRE_AUTH, &b, deadline, err, errlen))) goto out;
-    if (wire_hs_recv(c, WIRE_AUTH, deadline, them->node_id, &code, err, errlen)) {
-        if (code == WERR_AUTH && initiator)
-            wire_errf(err, errlen, "authentication failed: peer %s rejected this node's proof (different shared secret)",
-                      them->node_id);
-        goto out;
-    }
-    if (wire_decode_auth(c->rx.data, c->rx.len, &theirs, e2, sizeof e2)) {
-        wire_errf(err, errlen, "handshake with %s failed: %s", them->node_id, e2);
-        goto out;
-    }
-    if (CRYPTO_memcmp(initiator ? k->auth_r : k->auth_i, theirs.mac, 32) != 0) {
-        wire_errf(err, errlen, "authentication failed: peer %s does not know the shared secret", them->node_id);
-        char msg[256];
-        snprintf(msg, sizeof msg, "authentication failed: %s rejected this node's AUTH (different shared secret)",
-                 me->node_id);
-        wire_send_error(c, 0, WERR_AUTH, msg);
-        goto out;
-    }
-    if (!initiator && (wire_encode_auth(&b, &mine) || wire_hs_send(c, WIRE_AUTH, &b, deadline, err, errlen))) goto out;
-    rc = 0;
-out:
-    OPENSSL_cleanse(&mine, sizeof mine);
-    wire_buf_free(&b);
-    return rc;
-}
-
-/* Sends our HELLO, receives and checks the peer's; both payloads as sent
- * are kept for the transcript. */
-static int wire_hs_hellos(wire_conn *c, wire_hello *me, wire_hello *them, uint8_t raw_me[WIRE_HELLO_BYTES],
-                          uint8_t raw_them[WIRE_HELLO_BYTES], wire_hello *peer, int64_t deadline,
-                          char *err, size_t errlen) {
-    wire_buf b = { raw_me, 0, WIRE_HELLO_BYTES };   /* fits: encode never reallocates */
-    uint32_t code;
-    char e2[384];
-    if (wire_encode_hello(&b, me) || wire_hs_send(c, WIRE_HELLO, &b, deadline, err, errlen)) return -1;
-    /* HELLO and AUTH have no req_id: a peer that says nothing is named by address-less "peer". */
-    if (wire_hs_recv(c, WIRE_HELLO, deadline, "peer", &code, err, errlen)) return -1;
-    memcpy(raw_them, c->rx.data, WIRE_HELLO_BYTES);   /* wire_hs_recv: exactly a HELLO's size */
-    if (wire_decode_hello(raw_them, WIRE_HELLO_BYTES, them, e2, sizeof e2)) {
-        wire_errf(err, errlen, "handshake failed: bad HELLO from peer: %s", e2);
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
-        return -1;
-    }
-    if (peer) *peer = *them;   /* for the caller's logs, even if we refuse it below */
-    if (them->role == me->role || !memcmp(them->nonce, me->nonce, 32)) {
-        wire_errf(err, errlen, "handshake with %s failed: peer claims this node's own role (%s) or nonce",
-                  them->node_id, wire_role_name(me->role));
-        wire_send_error(c, 0, WERR_PROTOCOL, err);
-        return -1;
-    }
-    return wire_hs_compare(c, me, them, err, errlen);
-}
-
-int wire_handshake(wire_conn *c, const wire_hello *mine, const void *secret, size_t secret_len,
-                   wire_hello *peer, char *err, size_t errlen) {
-    int timeout = c->timeout_ms > 0 ? c->timeout_ms : WIRE_HANDSHAKE_DEFAULT_MS;
-    int64_t deadline = wire_now_ms() + timeout;
-    wire_hello me = *mine, them;
-    uint8_t raw_me[WIRE_HELLO_BYTES], raw_them[WIRE_HELLO_BYTES];
-    wire_hs_keys k;
-    memset(&k, 0, sizeof k);
-    me.node_id[sizeof me.node_id - 1] = 0;
-    me.model_desc[sizeof me.model_desc - 1] = 0;
-    if (c->sealed) {
-        wire_errf(err, errlen, "handshake on a connection that already has session keys");
-        return -1;
-    }
-    if (wire_random(me.nonce, sizeof me.nonce)) {
-        wire_errf(err, errlen, "handshake failed: no randomness for the nonce: %s", strerror(errno));
-        return -1;
-    }
-    if (wire_hs_hellos(c, &me, &them, raw_me, raw_them, peer, deadline, err, errlen)) return -1;
-    int rc = -1;
-    if (!secret || !secret_len) {
-        wire_errf(err, errlen, "authentication failed: this node (%s) has no shared secret", me.node_id);
-        wire_send_error(c, 0, WERR_AUTH, err);
-        goto out;
-    }
-    /* The end with the higher role number initiates (proves first): a
-     * prefill node, which accepts strangers' connections, never does. */
-    int initiator = me.role > them.role;
-    if (wire_hs_derive(secret, secret_len, initiator ? raw_me : raw_them, initiator ? raw_them : raw_me, &k)) {
-        wire_errf(err, errlen, "handshake failed: key derivation failed (OpenSSL)");
-        goto out;
-    }
-    if (wire_hs_auth(c, initiator, &me, &them, &k, deadline, err, errlen)) goto out;
-    rc = wire_conn_seal(c, initiator ? k.k_i2r : k.k_r2i, initiator ? k.k_r2i : k.k_i2r, err, errlen);
-out:
-    OPENSSL_cleanse(&k, sizeof k);
-    return rc;
 }
