@@ -104,64 +104,83 @@ static int wd_count(const uint8_t *p, size_t n, const char *what, uint32_t *n_se
     return 0;
 }
 
-int wire_draft_decode_ask(const uint8_t *p, size_t n, uint32_t n_vocab, wire_draft_ask *out, uint32_t *n_seq,
-                          char *err, size_t errlen) {
-    if (n > WIRE_DRAFT_MAX_BYTES) { wd_errf(err, errlen, "DRAFT payload of %zu bytes is too large", n); return -1; }
-    if (wd_count(p, n, "DRAFT", n_seq, err, errlen)) return -1;
+/* One entry's fixed part at h (entry s of out): parsed and checked; its
+ * token count into *n_tok and where its token pointer goes into *tokens. */
+typedef int (*wd_entry_fn)(const uint8_t *h, uint32_t s, void *out, uint32_t *n_tok, const uint8_t ***tokens,
+                           char *err, size_t errlen);
+
+/* The walk both decoders share: the payload's size cap, the sequence
+ * count, then n_seq entries of a `head`-byte fixed part (entry) and its
+ * token ids below n_vocab, and nothing after the last. */
+static int wd_decode(const uint8_t *p, size_t n, size_t max, const char *what, size_t head, wd_entry_fn entry,
+                     uint32_t n_vocab, void *out, uint32_t *n_seq, char *err, size_t errlen) {
+    if (n > max) { wd_errf(err, errlen, "%s payload of %zu bytes is too large", what, n); return -1; }
+    if (wd_count(p, n, what, n_seq, err, errlen)) return -1;
     size_t off = 4;
     for (uint32_t s = 0; s < *n_seq; s++) {
-        if (n - off < 16) { wd_errf(err, errlen, "DRAFT: entry %u is cut short", s); return -1; }
-        wire_draft_ask *a = &out[s];
-        a->seq = wire_draft_token(p + off, 0);
-        a->keep = wire_draft_token(p + off, 1);
-        a->k = wire_draft_token(p + off, 2);
-        a->n = wire_draft_token(p + off, 3);
-        off += 16;
-        if (a->k < 1 || a->k > WIRE_DRAFT_MAX_K) {
-            wd_errf(err, errlen, "DRAFT: sequence %u asks for %u drafts (1..%u)", a->seq, a->k, WIRE_DRAFT_MAX_K);
-            return -1;
-        }
-        if (a->keep == 0 && a->n == 0) {
-            wd_errf(err, errlen, "DRAFT: sequence %u opens with no tokens", a->seq);
-            return -1;
-        }
-        if (a->keep > WIRE_DRAFT_MAX_TOKENS || a->n > WIRE_DRAFT_MAX_TOKENS - a->keep) {
-            wd_errf(err, errlen, "DRAFT: sequence %u's history of %u + %u tokens is too long", a->seq, a->keep, a->n);
-            return -1;
-        }
-        for (uint32_t j = 0; j < s; j++)
-            if (out[j].seq == a->seq) {
-                wd_errf(err, errlen, "DRAFT: sequence %u appears twice", a->seq);
-                return -1;
-            }
-        if (wd_tokens_ok(p, n, off, a->n, n_vocab, "DRAFT", err, errlen)) return -1;
-        a->tokens = p + off;
-        off += 4 * (size_t)a->n;
+        if (n - off < head) { wd_errf(err, errlen, "%s: entry %u is cut short", what, s); return -1; }
+        uint32_t n_tok;
+        const uint8_t **tokens;
+        if (entry(p + off, s, out, &n_tok, &tokens, err, errlen)) return -1;
+        off += head;
+        if (wd_tokens_ok(p, n, off, n_tok, n_vocab, what, err, errlen)) return -1;
+        *tokens = p + off;
+        off += 4 * (size_t)n_tok;
     }
-    if (off != n) { wd_errf(err, errlen, "DRAFT: %zu bytes after the last entry", n - off); return -1; }
+    if (off != n) { wd_errf(err, errlen, "%s: %zu bytes after the last entry", what, n - off); return -1; }
+    return 0;
+}
+
+static int wd_ask_entry(const uint8_t *h, uint32_t s, void *outv, uint32_t *n_tok, const uint8_t ***tokens,
+                        char *err, size_t errlen) {
+    wire_draft_ask *out = outv, *a = &out[s];
+    a->seq = wire_draft_token(h, 0);
+    a->keep = wire_draft_token(h, 1);
+    a->k = wire_draft_token(h, 2);
+    a->n = wire_draft_token(h, 3);
+    if (a->k < 1 || a->k > WIRE_DRAFT_MAX_K) {
+        wd_errf(err, errlen, "DRAFT: sequence %u asks for %u drafts (1..%u)", a->seq, a->k, WIRE_DRAFT_MAX_K);
+        return -1;
+    }
+    if (a->keep == 0 && a->n == 0) {
+        wd_errf(err, errlen, "DRAFT: sequence %u opens with no tokens", a->seq);
+        return -1;
+    }
+    if (a->keep > WIRE_DRAFT_MAX_TOKENS || a->n > WIRE_DRAFT_MAX_TOKENS - a->keep) {
+        wd_errf(err, errlen, "DRAFT: sequence %u's history of %u + %u tokens is too long", a->seq, a->keep, a->n);
+        return -1;
+    }
+    for (uint32_t j = 0; j < s; j++)
+        if (out[j].seq == a->seq) {
+            wd_errf(err, errlen, "DRAFT: sequence %u appears twice", a->seq);
+            return -1;
+        }
+    *n_tok = a->n;
+    *tokens = &a->tokens;
+    return 0;
+}
+
+int wire_draft_decode_ask(const uint8_t *p, size_t n, uint32_t n_vocab, wire_draft_ask *out, uint32_t *n_seq,
+                          char *err, size_t errlen) {
+    return wd_decode(p, n, WIRE_DRAFT_MAX_BYTES, "DRAFT", 16, wd_ask_entry, n_vocab, out, n_seq, err, errlen);
+}
+
+static int wd_reply_entry(const uint8_t *h, uint32_t s, void *outv, uint32_t *n_tok, const uint8_t ***tokens,
+                          char *err, size_t errlen) {
+    wire_draft_reply *r = &((wire_draft_reply *)outv)[s];
+    r->seq = wire_draft_token(h, 0);
+    r->status = wire_draft_token(h, 1);
+    r->n = wire_draft_token(h, 2);
+    if (r->status > WIRE_DRAFT_FULL || r->n > WIRE_DRAFT_MAX_K || (r->status && r->n)) {
+        wd_errf(err, errlen, "DRAFTS: sequence %u has status %u and %u drafts", r->seq, r->status, r->n);
+        return -1;
+    }
+    *n_tok = r->n;
+    *tokens = &r->tokens;
     return 0;
 }
 
 int wire_draft_decode_reply(const uint8_t *p, size_t n, uint32_t n_vocab, wire_draft_reply *out, uint32_t *n_seq,
                             char *err, size_t errlen) {
-    if (n > WIRE_DRAFTS_MAX_BYTES) { wd_errf(err, errlen, "DRAFTS payload of %zu bytes is too large", n); return -1; }
-    if (wd_count(p, n, "DRAFTS", n_seq, err, errlen)) return -1;
-    size_t off = 4;
-    for (uint32_t s = 0; s < *n_seq; s++) {
-        if (n - off < 12) { wd_errf(err, errlen, "DRAFTS: entry %u is cut short", s); return -1; }
-        wire_draft_reply *r = &out[s];
-        r->seq = wire_draft_token(p + off, 0);
-        r->status = wire_draft_token(p + off, 1);
-        r->n = wire_draft_token(p + off, 2);
-        off += 12;
-        if (r->status > WIRE_DRAFT_FULL || r->n > WIRE_DRAFT_MAX_K || (r->status && r->n)) {
-            wd_errf(err, errlen, "DRAFTS: sequence %u has status %u and %u drafts", r->seq, r->status, r->n);
-            return -1;
-        }
-        if (wd_tokens_ok(p, n, off, r->n, n_vocab, "DRAFTS", err, errlen)) return -1;
-        r->tokens = p + off;
-        off += 4 * (size_t)r->n;
-    }
-    if (off != n) { wd_errf(err, errlen, "DRAFTS: %zu bytes after the last entry", n - off); return -1; }
-    return 0;
+    return wd_decode(p, n, WIRE_DRAFTS_MAX_BYTES, "DRAFTS", 12, wd_reply_entry, n_vocab, out, n_seq, err, errlen);
 }
