@@ -755,6 +755,77 @@ PROC_FN json_t *parse_stream(char *body, int32_t *ids, int cap, int *n) {
     return done;
 }
 
+/* ==== Generation requests ==== */
+
+/* POST /v1/generate q (taken) at port, streamed (NDJSON) when stream is
+ * set: up to cap generated tokens into tok (*n_tok), the status (-1: no
+ * answer) in *status. Returns the final object (the stream's "done" line,
+ * or the whole answer; NULL when none came); the caller frees it. */
+PROC_FN json_t *gen_tokens(int port, json_t *q, int stream, int32_t *tok, int cap, int *n_tok, int *status) {
+    json_t *o = NULL;
+    *n_tok = 0;
+    if (stream) {
+        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
+        json_decref(q);
+        *status = http(port, "POST", "/v1/generate", s, &body);
+        free(s);
+        if (body) o = parse_stream(body, tok, cap, n_tok);
+        free(body);
+    } else {
+        o = post_json(port, q, status);
+        json_t *a = json_object_get(o, "tokens");
+        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && *n_tok < cap; i++)
+            tok[(*n_tok)++] = (int32_t)json_integer_value(json_array_get(a, i));
+    }
+    return o;
+}
+
+/* A top-level integer of a node's GET /v1/stats (-1 when it does not answer). */
+PROC_FN long long stat_int(int port, const char *key) {
+    char *body = NULL;
+    int st = http(port, "GET", "/v1/stats", NULL, &body);
+    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
+    long long v = o ? jint(o, key, NULL) : -1;
+    json_decref(o);
+    free(body);
+    return v;
+}
+
+/* A golden file's prompts (its "prompt_ids", at most 200 tokens each, after
+ * the header line) and, last, a long one: all of them `reps` times over, at
+ * most long_cap tokens (<= 512). */
+#define PROMPT_SET_MAX 9
+typedef struct {
+    int32_t ids[PROMPT_SET_MAX][512];
+    int n[PROMPT_SET_MAX];
+    int count;
+} prompt_set;
+
+PROC_FN int load_prompts(const char *golden, prompt_set *ps, int reps, int long_cap) {
+    char *text = read_text(golden);
+    if (!text) return -1;
+    ps->count = 0;
+    int line = 0;
+    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && ps->count < PROMPT_SET_MAX - 1; l = strtok_r(NULL, "\n", &save)) {
+        if (line++ == 0) continue;
+        json_t *o = json_loads(l, 0, NULL);
+        json_t *a = json_object_get(o, "prompt_ids");
+        int n = 0;
+        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && n < 200; i++)
+            ps->ids[ps->count][n++] = (int32_t)json_integer_value(json_array_get(a, i));
+        if (n > 0) ps->n[ps->count++] = n;
+        json_decref(o);
+    }
+    free(text);
+    int L = ps->count, n = 0;
+    for (int rep = 0; rep < reps; rep++)
+        for (int p = 0; p < L; p++)
+            for (int i = 0; i < ps->n[p] && n < long_cap; i++) ps->ids[L][n++] = ps->ids[p][i];
+    ps->n[L] = n;
+    ps->count = L + 1;
+    return 0;
+}
+
 /* ==== Source addresses ==== */
 
 /* A TCP connection to 127.0.0.1:port from the loopback address src

@@ -31,7 +31,7 @@
 
 #define MAX_GEN 200
 #define N_REQ 8
-#define N_PROMPT 9
+#define N_PROMPT PROMPT_SET_MAX
 #define SECRET "0f3c5a99e1d24b6b8a4e7c2d91f05b3a6e8d7c4b2a19f0e3d5c7b9a1e2f4d6c8"   /* 32 random bytes in hex */
 
 static node_auth_key key;
@@ -47,22 +47,8 @@ typedef struct {
 } req;
 
 static void req_run(req *r) {
-    json_t *o = NULL;
-    r->n_tok = 0;
-    json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL);
-    char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
-    json_decref(q);
-    r->status = http(r->port, "POST", "/v1/generate", s, &body);
-    free(s);
-    if (r->stream && body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
-    else if (body) {
-        o = json_loads(body, 0, NULL);
-        json_t *a = json_object_get(o, "tokens");
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
-            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
-    }
-    json_decref(o);
-    free(body);
+    json_decref(gen_tokens(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL), r->stream, r->tok,
+                           MAX_GEN, &r->n_tok, &r->status));
 }
 
 static void *req_thread(void *arg) { req_run(arg); return NULL; }
@@ -70,37 +56,6 @@ static void *req_thread(void *arg) { req_run(arg); return NULL; }
 static int req_same(const req *a, const req *b) {
     return a->status == 200 && b->status == 200 && a->n_tok == b->n_tok && a->n_tok > 0 &&
            !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n_tok);
-}
-
-typedef struct {
-    int32_t ids[N_PROMPT][512];
-    int n[N_PROMPT];
-    int count;
-} prompt_set;
-
-/* The golden file's prompts and a long one made of them all. */
-static int load_prompts(const char *golden, prompt_set *ps) {
-    char *text = read_text(golden);
-    if (!text) return -1;
-    ps->count = 0;
-    int line = 0;
-    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && ps->count < N_PROMPT - 1; l = strtok_r(NULL, "\n", &save)) {
-        if (line++ == 0) continue;
-        json_t *o = json_loads(l, 0, NULL);
-        json_t *a = json_object_get(o, "prompt_ids");
-        int n = 0;
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && n < 200; i++)
-            ps->ids[ps->count][n++] = (int32_t)json_integer_value(json_array_get(a, i));
-        if (n > 0) ps->n[ps->count++] = n;
-        json_decref(o);
-    }
-    free(text);
-    int L = ps->count, n = 0;
-    for (int p = 0; p < L; p++)
-        for (int i = 0; i < ps->n[p] && n < 300; i++) ps->ids[L][n++] = ps->ids[p][i];
-    ps->n[L] = n;
-    ps->count = L + 1;
-    return 0;
 }
 
 static json_t *stats(int port) {
@@ -188,7 +143,7 @@ static void test_identity(const char *dir, const char *sf) {
         t_fixture_path(gp, sizeof gp, rel);
         if (!t_need(mp) || !t_need(dp) || !t_need(gp)) continue;
         static prompt_set ps;
-        if (load_prompts(gp, &ps)) { CHECK(0, "%s: prompts", gp); continue; }
+        if (load_prompts(gp, &ps, 1, 300)) { CHECK(0, "%s: prompts", gp); continue; }
         int dn, pl, lo, sp;
         pid_t p0 = start_draft_node(dir, "draftnode", mp, dp, sf, "127.0.0.1:0", &dn);
         snprintf(addr, sizeof addr, "127.0.0.1:%d", dn);
@@ -265,7 +220,7 @@ static void test_kill(const char *dir, const char *sf) {
     t_fixture_path(gp, sizeof gp, "golden/visible/stories260K.jsonl");
     if (!t_need(mp) || !t_need(dp) || !t_need(gp)) return;
     static prompt_set ps;
-    if (load_prompts(gp, &ps)) { CHECK(0, "kill: prompts"); return; }
+    if (load_prompts(gp, &ps, 1, 300)) { CHECK(0, "kill: prompts"); return; }
     int dn, pl, lo;
     pid_t p0 = start_draft_node(dir, "kill-draftnode", mp, dp, sf, "127.0.0.1:0", &dn);
     snprintf(addr, sizeof addr, "127.0.0.1:%d", dn);
@@ -428,7 +383,7 @@ static void test_fake_node(const char *dir, const char *sf) {
     t_fixture_path(gp, sizeof gp, "golden/visible/stories260K.jsonl");
     if (!t_need(mp) || !t_need(gp)) return;
     static prompt_set ps;
-    if (load_prompts(gp, &ps)) { CHECK(0, "fake: prompts"); return; }
+    if (load_prompts(gp, &ps, 1, 300)) { CHECK(0, "fake: prompts"); return; }
     static fake_node f;
     char err[512];
     model_opts mo = { .n_threads = 1 };

@@ -39,22 +39,8 @@ typedef struct {
 
 static void req_run(req *r) {
     if (r->delay_ms) sleep_ms(r->delay_ms);
-    json_t *o = NULL;
-    r->n_tok = 0;
-    if (r->stream) {
-        json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, 1, r->prefill);
-        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
-        json_decref(q);
-        r->status = http(r->port, "POST", "/v1/generate", s, &body);
-        free(s);
-        if (body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
-        free(body);
-    } else {
-        o = post_json(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, 0, r->prefill), &r->status);
-        json_t *a = json_object_get(o, "tokens");
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
-            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
-    }
+    json_t *o = gen_tokens(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, r->prefill), r->stream,
+                           r->tok, MAX_GEN, &r->n_tok, &r->status);
     snprintf(r->finish, sizeof r->finish, "%s", jstr(o, "finish_reason", NULL));
     snprintf(r->mode, sizeof r->mode, "%s", jstr(o, "prefill", "mode"));
     r->start_pos = (int)jint(o, "prefill", "start_pos");
@@ -84,16 +70,6 @@ static void make_reqs(req *r, int port, uint32_t seed, int lo, int hi, const cha
         r[i].delay_ms = (int)(rng(&seed) % 5) * 40;
         r[i].prefill = prefill;
     }
-}
-
-static long long stat_int(int port, const char *key) {
-    char *body = NULL;
-    int st = http(port, "GET", "/v1/stats", NULL, &body);
-    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
-    long long v = o ? jint(o, key, NULL) : -1;
-    json_decref(o);
-    free(body);
-    return v;
 }
 
 /* Waits until no slot is busy (a cancelled job is dropped at the next step). */

@@ -41,22 +41,8 @@ typedef struct {
 
 static void req_run(req *r) {
     if (r->delay_ms) sleep_ms(r->delay_ms);
-    json_t *o = NULL;
-    r->n_tok = 0;
-    json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL);
-    if (r->stream) {
-        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
-        json_decref(q);
-        r->status = http(r->port, "POST", "/v1/generate", s, &body);
-        free(s);
-        if (body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
-        free(body);
-    } else {
-        o = post_json(r->port, q, &r->status);
-        json_t *a = json_object_get(o, "tokens");
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
-            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
-    }
+    json_t *o = gen_tokens(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL), r->stream, r->tok,
+                           MAX_GEN, &r->n_tok, &r->status);
     r->start_pos = (int)jint(o, "prefill", "start_pos");
     json_decref(o);
 }
@@ -82,16 +68,6 @@ static req ref_of(const req *r, int cpu_port) {
 static int same_tokens(const req *a, const req *b) {
     return a->status == 200 && b->status == 200 && a->n_tok == a->max_tokens && a->n_tok == b->n_tok &&
            !memcmp(a->tok, b->tok, sizeof(int32_t) * (size_t)a->n_tok);
-}
-
-static long long stat_int(int port, const char *key) {
-    char *body = NULL;
-    int st = http(port, "GET", "/v1/stats", NULL, &body);
-    json_t *o = st == 200 && body ? json_loads(body, 0, NULL) : NULL;
-    long long v = o ? jint(o, key, NULL) : -1;
-    json_decref(o);
-    free(body);
-    return v;
 }
 
 static uint32_t rng(uint32_t *s) { *s = *s * 1664525u + 1013904223u; return *s >> 8; }

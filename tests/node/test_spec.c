@@ -547,7 +547,7 @@ out:
 /* ==== Real processes ==== */
 
 #define N_REQ 8
-#define N_PROMPT 9
+#define N_PROMPT PROMPT_SET_MAX
 
 typedef struct {
     int port;
@@ -558,58 +558,11 @@ typedef struct {
 } req;
 
 static void req_run(req *r) {
-    json_t *o = NULL;
-    r->n_tok = 0;
-    json_t *q = gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL);
-    if (r->stream) {
-        char *s = json_dumps(q, JSON_COMPACT), *body = NULL;
-        json_decref(q);
-        r->status = http(r->port, "POST", "/v1/generate", s, &body);
-        free(s);
-        if (body) o = parse_stream(body, r->tok, MAX_GEN, &r->n_tok);
-        free(body);
-    } else {
-        o = post_json(r->port, q, &r->status);
-        json_t *a = json_object_get(o, "tokens");
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && r->n_tok < MAX_GEN; i++)
-            r->tok[r->n_tok++] = (int32_t)json_integer_value(json_array_get(a, i));
-    }
-    json_decref(o);
+    json_decref(gen_tokens(r->port, gen_req(r->prompt, r->n_prompt, r->max_tokens, r->stream, NULL), r->stream, r->tok,
+                           MAX_GEN, &r->n_tok, &r->status));
 }
 
 static void *req_thread(void *arg) { req_run(arg); return NULL; }
-
-typedef struct {
-    int32_t ids[N_PROMPT][512];
-    int n[N_PROMPT];
-    int count;
-} prompt_set;
-
-/* The golden file's prompts, and a long one: all of them twice over. */
-static int load_prompts(const char *golden, prompt_set *ps) {
-    char *text = read_text(golden);
-    if (!text) return -1;
-    ps->count = 0;
-    int line = 0;
-    for (char *save = NULL, *l = strtok_r(text, "\n", &save); l && ps->count < N_PROMPT - 1; l = strtok_r(NULL, "\n", &save)) {
-        if (line++ == 0) continue;
-        json_t *o = json_loads(l, 0, NULL);
-        json_t *a = json_object_get(o, "prompt_ids");
-        int n = 0;
-        for (size_t i = 0; json_is_array(a) && i < json_array_size(a) && n < 200; i++)
-            ps->ids[ps->count][n++] = (int32_t)json_integer_value(json_array_get(a, i));
-        if (n > 0) ps->n[ps->count++] = n;
-        json_decref(o);
-    }
-    free(text);
-    int L = ps->count, n = 0;
-    for (int rep = 0; rep < 2; rep++)
-        for (int p = 0; p < L; p++)
-            for (int i = 0; i < ps->n[p] && n < 400; i++) ps->ids[L][n++] = ps->ids[p][i];
-    ps->n[L] = n;
-    ps->count = L + 1;
-    return 0;
-}
 
 /* Each prompt alone on the plain node (the references). */
 static void run_refs(int plain_port, const prompt_set *ps, int max_tokens, req *ref) {
@@ -693,7 +646,7 @@ static void test_processes(const char *dir) {
         t_fixture_path(gp, sizeof gp, rel);
         if (!t_need(mp) || !t_need(dp) || !t_need(gp)) continue;
         static prompt_set ps;
-        if (load_prompts(gp, &ps)) { CHECK(0, "%s: prompts", gp); continue; }
+        if (load_prompts(gp, &ps, 2, 400)) { CHECK(0, "%s: prompts", gp); continue; }
         int pp, lp, mport;
         char *base[] = { "--role", "local", "-m", mp, "-t", "1", "-c", "1024", "--parallel", "8", "--listen", "127.0.0.1:0",
                          NULL };
@@ -734,7 +687,7 @@ static void test_split(const char *dir) {
     t_fixture_path(gp, sizeof gp, "golden/visible/qwen3-mini-F16.jsonl");
     if (!t_need(mp) || !t_need(gp)) return;
     static prompt_set ps;
-    if (load_prompts(gp, &ps)) { CHECK(0, "split: prompts"); return; }
+    if (load_prompts(gp, &ps, 2, 400)) { CHECK(0, "split: prompts"); return; }
     static node_auth_key key;
     node_auth_derive(&key, SPEC_SECRET, strlen(SPEC_SECRET), NODE_AUTH_LABEL_DECODE_API);
     char sf[512];
