@@ -715,10 +715,12 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 
 /* ==== Q4_1 / Q5_1 x Q8_1 ====
  * The levels are unsigned (0..15, 0..31), which is what maddubs / dpbusd
- * take as their first operand: no sign trick and no offset correction. Per
- * block, d_w d_a * dot goes into a vector accumulator and m_w * s_a into a
- * scalar one. One ymm tile for all three x86 sets (older files' formats:
- * not worth a zmm or packed walk). */
+ * take as their first operand: no sign trick and no offset correction.
+ * The avx512 set puts 16 weight rows across the lanes and replays the
+ * reference's arithmetic (quant_avx512_b32u.h: a verification step of 2-8
+ * rows costs 1.1-1.4x a one-row step there, where this tile's cost 1.8-2.3x).
+ * The avx2 and avxvnni sets use the ymm tile below: per block, d_w d_a * dot
+ * goes into a vector accumulator and m_w * s_a into a scalar one. */
 QA_INLINE __m256i qa_decode_b32u(uint32_t type, const uint8_t *blk, float *d, float *m) {
     if (type == GGML_TYPE_Q4_1) {
         const block_q4_1 *b = (const block_q4_1 *)blk;
@@ -787,10 +789,20 @@ QA_INLINE void qa_tile_b32u(uint32_t type, int RW, int RA, int64_t nb, const uin
 QA_TILE_B32U(Q4_1)
 QA_TILE_B32U(Q5_1)
 
+#if defined(QA_ZMM)
+#include "quant_avx512_b32u.h"   /* qa_mul_mat_u16: 16 rows across the lanes */
+#endif
+
 static void qa_mul_mat_b32u(uint32_t type, int64_t n, const void *w, size_t w_stride, int nw,
                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     void (*fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_1 *const *, float *) =
         type == GGML_TYPE_Q4_1 ? qa_tile_b32u_Q4_1 : qa_tile_b32u_Q5_1;
+#if defined(QA_ZMM)
+    if (w_stride <= (size_t)INT32_MAX / 16) {   /* the gather's offsets */
+        qa_mul_mat_u16(type, n, (const uint8_t *)w, w_stride, nw, (const uint8_t *)a, a_stride, na, out, out_stride);
+        return;
+    }
+#endif
     const int64_t nb = n / 32;
     float res[2 * QA_ROWS];
     for (int j0 = 0; j0 < na; j0 += QA_ROWS) {
