@@ -19,14 +19,15 @@
  * and cost 14.8 against 10.5 ms for 8 rows in the measure below). The
  * levels, scales (one gather of d and m) and mins are decoded once per
  * block for up to QA_U16_ACTS activation rows, whose d and s are converted
- * to f32 once per pass (the ymm tile converted them per weight row pair).
+ * to f32 once per pass (the ymm tile this replaced, one or two weight rows
+ * against up to four activation rows, converted them per weight row pair).
  * Each block step prefetches the next 16 rows' bytes, 16 blocks' worth: a
  * sequential stream one group ahead, without which the 16 rows read side by
  * side ran at half the rate (one decode step's Q4_1 matrices of SmolLM2,
  * one thread of a Zen 4, CPU time: 10.6 against 5.2 ms; 4096 bytes further
  * ahead no better). That scratch program (30 layers' q, k, v, o, gate, up,
  * down in their own memory, 64-row calls as backend_cpu.c makes them), CPU
- * ms per step at 1 / 2 / 4 / 8 activation rows, load 10-14: the ymm tile
+ * ms per step at 1 / 2 / 4 / 8 activation rows, load 10-14: that ymm tile
  * 6.6-7.5 / 9.9-10.2 / 15.0-15.8 / 28.5-28.9, this walk 5.2-5.6 /
  * 5.7-6.2 / 7.1-8.5 / 10.5-10.7; with the weights in cache (one layer's)
  * 6.5 / 8.0 / 13.4 / 26.6 against 3.1 / 4.0 / 6.5 / 10.5. */
