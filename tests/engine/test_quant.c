@@ -518,6 +518,54 @@ static void test_q8_many_rows(void) {
     free(tmp); free(w); free(a);
 }
 
+/* Q4_1 / Q5_1 tiles of few and many rows: every set equal to the
+ * reference bit for bit (the x86 sets put 16 or 8 weight rows across the
+ * lanes and replay its per-block arithmetic, the NEON sets replay it per
+ * row), tails of the row groups included (1, 5, 17 and 37 rows), so a
+ * verification step's rows equal the one-row decode; 4, 5, 8 and 9
+ * activation rows cross the walks' 4 and 8, 130 blocks the 128-block pass. */
+static void test_b32u_rows_type(uint32_t wt) {
+    enum { NW = 37, NA = 70 };
+    const int64_t lens[3] = { 32, 576, 130 * 32 };
+    const int nws[4] = { 1, 5, 17, NW };
+    const int nas[9] = { 1, 2, 3, 4, 5, 8, 9, 17, NA };
+    int64_t nmax = lens[2];
+    size_t wrb = row_bytes(wt, nmax) + 24, arb = row_bytes(GGML_TYPE_Q8_1, nmax) + 36;
+    float *tmp = malloc(sizeof(float) * nmax * NA);
+    uint8_t *w = malloc(wrb * NW), *a = malloc(arb * NA);
+    static float out[NA * (NW + 3)], ref[NA * (NW + 3)];
+    int ok = 1;
+    for (int li = 0; li < 3; li++) {
+        int64_t n = lens[li];
+        for (int64_t i = 0; i < n * NW; i++) tmp[i] = rng_normal() + 0.5f;   /* mins away from zero */
+        for (int i = 0; i < NW; i++) quant_quantize_weight_rows(wt, tmp + i * n, w + wrb * i, 1, n);
+        for (int64_t i = 0; i < n * NA; i++) tmp[i] = rng_normal();
+        for (int r = 0; r < NA; r++) quant_ref_quantize_act_row(GGML_TYPE_Q8_1, tmp + r * n, a + arb * r, n);
+        for (int c = 0; c < 9 * 4; c++) {
+            int na = nas[c % 9], nw = nws[c / 9];
+            size_t os = NW + 3;
+            for (size_t k = 0; k < sizeof out / sizeof out[0]; k++) out[k] = ref[k] = -999.0f;
+            quant_mul_mat_tile(wt, n, w, wrb, nw, a, arb, na, out, os);
+            quant_ref_mul_mat_tile(wt, n, w, wrb, nw, a, arb, na, ref, os);
+            for (int j = 0; j < NA; j++)
+                for (int i = 0; i < (int)os; i++) {
+                    float f = out[j * os + i], r = ref[j * os + i];
+                    int good = f == r;
+                    if (!good && ok) fprintf(stderr, "  %s %d rows x %d n=%lld [%d,%d]: %.9g vs %.9g\n", tname(wt), nw,
+                                             na, (long long)n, j, i, f, r);
+                    ok &= good;
+                }
+        }
+    }
+    CHECK(ok, "%s %s tiles of 1-%d rows x 1-%d equal the reference bit for bit", quant_kernel_name(), tname(wt), NW, NA);
+    free(tmp); free(w); free(a);
+}
+
+static void test_b32u_rows(void) {
+    test_b32u_rows_type(GGML_TYPE_Q4_1);
+    test_b32u_rows_type(GGML_TYPE_Q5_1);
+}
+
 /* Packed weights (quant.h): packing round-trips, and every set's product
  * over packed rows equals the reference on the plain rows bit for bit, for
  * decode (1-3 activation rows) and prefill shapes; the longest Q8_0 row
@@ -618,6 +666,7 @@ static void test_kernels(void) {
         test_act_quant();
         test_kernel_set();
         test_q8_many_rows();
+        test_b32u_rows();
         test_packed();
     }
     quant_force_reference(1);

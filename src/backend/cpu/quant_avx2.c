@@ -715,96 +715,29 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 
 /* ==== Q4_1 / Q5_1 x Q8_1 ====
  * The levels are unsigned (0..15, 0..31), which is what maddubs / dpbusd
- * take as their first operand: no sign trick and no offset correction. Per
- * block, d_w d_a * dot goes into a vector accumulator and m_w * s_a into a
- * scalar one. One ymm tile for all three x86 sets (older files' formats:
- * not worth a zmm or packed walk). */
-QA_INLINE __m256i qa_decode_b32u(uint32_t type, const uint8_t *blk, float *d, float *m) {
-    if (type == GGML_TYPE_Q4_1) {
-        const block_q4_1 *b = (const block_q4_1 *)blk;
-        *d = qa_h2f(b->d);
-        *m = qa_h2f(b->m);
-        return qa_nibbles(b->qs);
-    }
-    const block_q5_1 *b = (const block_q5_1 *)blk;
-    uint32_t qh;
-    memcpy(&qh, b->qh, 4);
-    *d = qa_h2f(b->d);
-    *m = qa_h2f(b->m);
-    return _mm256_or_si256(qa_nibbles(b->qs), _mm256_and_si256(qa_bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-}
+ * take as their first operand: no sign trick and no offset correction.
+ * Weight rows lie across the lanes, 16 (avx512, quant_avx512_b32u.h) or 8
+ * (avx2, avxvnni: quant_avx2_b32u.h), each lane replaying the reference's
+ * per-block arithmetic bit for bit, the levels decoded once per block for
+ * several activation rows: a verification step of 2-8 rows costs 1.1-2.2x
+ * a one-row step (the one- and two-row tile before it: 1.5-4.3x). */
+#if defined(QA_ZMM)
+#include "quant_avx512_b32u.h"
+#else
+#include "quant_avx2_b32u.h"
+#endif
 
-QA_INLINE void qa_tile_b32u(uint32_t type, int RW, int RA, int64_t nb, const uint8_t *w, size_t w_stride,
-                            const block_q8_1 *const *a, float *res) {
-    __m256 acc[2][QA_ROWS];
-    float accm[2][QA_ROWS];
-    QA_UNROLL
-    for (int i = 0; i < RW; i++)
-        QA_UNROLL
-        for (int r = 0; r < RA; r++) { acc[i][r] = _mm256_setzero_ps(); accm[i][r] = 0.0f; }
-    const size_t bs = type == GGML_TYPE_Q4_1 ? sizeof(block_q4_1) : sizeof(block_q5_1);
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i q[2];
-        float dw[2], mw[2];
-        QA_UNROLL
-        for (int i = 0; i < RW; i++) {
-            q[i] = qa_decode_b32u(type, w + (size_t)i * w_stride + (size_t)b * bs, &dw[i], &mw[i]);
-            if (RA == 1 && (b & 1) == 0)   /* see QA_PF_ROW */
-                _mm_prefetch((const char *)w + (size_t)i * w_stride + (size_t)b * bs + QA_PF_ROW, _MM_HINT_T0);
-        }
-        QA_UNROLL
-        for (int r = 0; r < RA; r++) {
-            __m256i y = _mm256_loadu_si256((const __m256i *)a[r][b].qs);
-            float dy = qa_h2f(a[r][b].d), sy = qa_h2f(a[r][b].s);
-            QA_UNROLL
-            for (int i = 0; i < RW; i++) {
-                __m256i dot = qa_dot_u8s8(_mm256_setzero_si256(), q[i], y);
-                acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw[i] * dy), acc[i][r]);
-                accm[i][r] += mw[i] * sy;
-            }
-        }
-    }
-    QA_UNROLL
-    for (int i = 0; i < RW; i++)
-        QA_UNROLL
-        for (int r = 0; r < RA; r++) res[r * RW + i] = qa_hsum_ps(acc[i][r]) + accm[i][r];
-}
-
-#define QA_TILE_B32U(T)                                                                            \
-    static void qa_tile_b32u_##T(int RW, int RA, int64_t nb, const uint8_t *w, size_t ws,          \
-                                 const block_q8_1 *const *a, float *res) {                         \
-        switch (RW * 8 + RA) {                                                                     \
-        case 9: qa_tile_b32u(GGML_TYPE_##T, 1, 1, nb, w, ws, a, res); break;                       \
-        case 10: qa_tile_b32u(GGML_TYPE_##T, 1, 2, nb, w, ws, a, res); break;                      \
-        case 11: qa_tile_b32u(GGML_TYPE_##T, 1, 3, nb, w, ws, a, res); break;                      \
-        case 12: qa_tile_b32u(GGML_TYPE_##T, 1, 4, nb, w, ws, a, res); break;                      \
-        case 17: qa_tile_b32u(GGML_TYPE_##T, 2, 1, nb, w, ws, a, res); break;                      \
-        case 18: qa_tile_b32u(GGML_TYPE_##T, 2, 2, nb, w, ws, a, res); break;                      \
-        case 19: qa_tile_b32u(GGML_TYPE_##T, 2, 3, nb, w, ws, a, res); break;                      \
-        default: qa_tile_b32u(GGML_TYPE_##T, 2, 4, nb, w, ws, a, res); break;                      \
-        }                                                                                          \
-    }
-QA_TILE_B32U(Q4_1)
-QA_TILE_B32U(Q5_1)
-
-static void qa_mul_mat_b32u(uint32_t type, int64_t n, const void *w, size_t w_stride, int nw,
-                            const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
-    void (*fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_1 *const *, float *) =
-        type == GGML_TYPE_Q4_1 ? qa_tile_b32u_Q4_1 : qa_tile_b32u_Q5_1;
-    const int64_t nb = n / 32;
-    float res[2 * QA_ROWS];
-    for (int j0 = 0; j0 < na; j0 += QA_ROWS) {
-        int RA = na - j0 < QA_ROWS ? na - j0 : QA_ROWS;
-        const block_q8_1 *ar[QA_ROWS];
-        for (int r = 0; r < RA; r++) ar[r] = (const block_q8_1 *)((const char *)a + (size_t)(j0 + r) * a_stride);
-        const int rw_max = RA == 1 ? 1 : 2;   /* decode: one stream (QA_PF_ROW) */
-        for (int i0 = 0; i0 < nw; i0 += rw_max) {
-            int RW = nw - i0 < rw_max ? nw - i0 : rw_max;
-            fn(RW, RA, nb, (const uint8_t *)w + (size_t)i0 * w_stride, w_stride, ar, res);
-            for (int r = 0; r < RA; r++)
-                for (int i = 0; i < RW; i++) out[(size_t)(j0 + r) * out_stride + (size_t)(i0 + i)] = res[r * RW + i];
-        }
-    }
+/* 0 where a row is too long for the gathers' 32-bit offsets: the reference */
+static int qa_mul_mat_b32u(uint32_t type, int64_t n, const void *w, size_t w_stride, int nw,
+                           const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+#if defined(QA_ZMM)
+    if (w_stride > (size_t)INT32_MAX / 16) return 0;
+    qa_mul_mat_u16(type, n, (const uint8_t *)w, w_stride, nw, (const uint8_t *)a, a_stride, na, out, out_stride);
+#else
+    if (w_stride > (size_t)INT32_MAX / 8) return 0;
+    qa_mul_mat_u8(type, n, (const uint8_t *)w, w_stride, nw, (const uint8_t *)a, a_stride, na, out, out_stride);
+#endif
+    return 1;
 }
 
 /* ==== K-quants (Q4_K, Q5_K, Q6_K) x Q8_K ==== */
@@ -1527,8 +1460,7 @@ static int qa_mul_mat_tile(uint32_t wtype, int64_t n, const void *w, size_t w_st
         qa_mul_mat_b32(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
         return 1;
     case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1:
-        qa_mul_mat_b32u(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
-        return 1;
+        return qa_mul_mat_b32u(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
         qa_mul_mat_k(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
         return 1;
