@@ -26,11 +26,16 @@ static void fuzz_walk_arr(const gguf_arr *a)
     static const uint64_t es[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
     uint64_t acc = a->n;
     if (a->elem_type == GGUF_VT_STR) {
-        for (uint64_t j = 0; j < a->n; j++) {
-            gguf_str s;
-            if (gguf_arr_str(a, j, &s) == 0 && s.len)
+        gguf_str_iter it;
+        gguf_str_iter_init(&it, a);
+        gguf_str s;
+        while (gguf_str_iter_next(&it, &s) == 0)
+            if (s.len)
                 acc += (unsigned char)s.ptr[0] + (unsigned char)s.ptr[s.len - 1];
-        }
+        /* and at random: the first, the last, one in the middle */
+        for (uint64_t j = 0; a->n && j < 3; j++)
+            if (gguf_arr_str(a, j == 0 ? 0 : j == 1 ? a->n - 1 : a->n / 2, &s) == 0 && s.len)
+                acc += (unsigned char)s.ptr[s.len - 1];
     } else if (a->elem_type < sizeof es / sizeof es[0] && a->n) {
         uint64_t bytes = a->n * es[a->elem_type];
         acc += a->data[0] + a->data[bytes - 1];

@@ -8,6 +8,17 @@ weight bytes (its blocks' tensors, plus token_embd for the first slice: what
 it maps and keeps; the output head is the decode node's). A measurement,
 not a test.
 
+The expected figure is the share alone: a loaded slice holds no buffers
+(activations, scratch and KV caches are allocated by the first request;
+the breakdown shows it: all anonymous memory but the packed weights is the
+heap's and the libraries' few hundred KiB). Beside RSS (VmRSS, what the
+kernel counts) it prints PSS (shared library pages divided among the
+processes mapping them) and where the RSS is, from /proc/PID/smaps:
+"anon" (the packed weights' arena and any other anonymous mapping), "file"
+(the model file's mapping: the first slice's embedding rows, norms),
+"libs" (shared libraries, relocated data included), "bin" (the tandem
+binary), "heap".
+
 usage: tools/slice_rss.py MODEL.gguf [--slices 2,4] [--bin build/tandem]
 """
 import argparse, os, re, struct, subprocess, sys, tempfile, time
@@ -73,6 +84,24 @@ def share(tensors, lo, hi):
     return b
 
 
+def smaps_parts(pid, model, binary):
+    """PSS and the RSS by kind of mapping (bytes), from /proc/PID/smaps."""
+    model, binary = os.path.realpath(model), os.path.realpath(binary)
+    parts = {c: 0 for c in ('anon', 'file', 'libs', 'bin', 'heap', 'other')}
+    pss, kind = 0, 'other'
+    for line in open(f'/proc/{pid}/smaps'):
+        f = line.split()
+        if re.match(r'^[0-9a-f]+-[0-9a-f]+ ', line):
+            path = f[5] if len(f) > 5 else ''
+            kind = ('anon' if not path else 'heap' if path == '[heap]' else 'file' if path == model
+                    else 'bin' if path == binary else 'libs' if '.so' in os.path.basename(path) else 'other')
+        elif f[0] == 'Rss:':
+            parts[kind] += int(f[1]) * 1024
+        elif f[0] == 'Pss:':
+            pss += int(f[1]) * 1024
+    return pss, parts
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('model')
@@ -85,8 +114,8 @@ def main():
     sec = os.path.join(tmp, 'secret')
     open(sec, 'w').write(os.urandom(32).hex())   # 32 random bytes: nodes refuse less
     print(f'{os.path.basename(a.model)}: {nl} layers, {sum(b for _, b in tensors) / 2**20:.1f} MiB of tensors')
-    print('| chain | slice | weight share MiB | RSS after load MiB | RSS / share |')
-    print('|---|---|---:|---:|---:|')
+    print('| chain | slice | weight share MiB | RSS after load MiB | RSS / share | PSS MiB | anon / file / libs / bin / heap MiB |')
+    print('|---|---|---:|---:|---:|---:|---|')
     for k in [int(x) for x in a.slices.split(',')]:
         for i in range(k):
             lo, hi = i * nl // k, (i + 1) * nl // k
@@ -102,10 +131,13 @@ def main():
             for line in open(f'/proc/{p.pid}/status'):
                 if line.startswith('VmRSS:'):
                     rss = int(line.split()[1]) * 1024
+            pss, parts = smaps_parts(p.pid, a.model, a.bin)
             p.terminate()
             p.wait()
             sh = share(tensors, lo, hi)
-            print(f'| {k} slices | {lo}:{hi} | {sh / 2**20:.1f} | {rss / 2**20:.1f} | {rss / sh:.2f} |')
+            where = ' / '.join(f'{parts[c] / 2**20:.1f}' for c in ('anon', 'file', 'libs', 'bin', 'heap'))
+            print(f'| {k} slices | {lo}:{hi} | {sh / 2**20:.1f} | {rss / 2**20:.1f} | {rss / sh:.3f} | '
+                  f'{pss / 2**20:.1f} | {where} |')
             sys.stdout.flush()
 
 

@@ -17,6 +17,12 @@
  * zeroed and backed only as pages are touched; huge pages are a hint
  * (without THP they stay small). NULL if the mapping failed. */
 void *hugemap_alloc(size_t size, size_t *mapped);
+/* The pages of [p + used, p + mapped) go back to the system, the bytes
+ * before p + used kept (the last huge page partly used moves to small
+ * pages): a filled mapping's untouched tail costs nothing, but the huge
+ * page its last bytes touched holds up to 2 MiB of zeros. Bytes past used
+ * read as zeros afterwards. */
+void hugemap_trim(void *p, size_t mapped, size_t used);
 /* p and *mapped from hugemap_alloc; NULL is ignored */
 void hugemap_free(void *p, size_t mapped);
 

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #if defined(__linux__) && !defined(TANDEM_PORTABLE)
@@ -179,5 +180,18 @@ void plat_file_advise(int fd, int advice) {
 #else
     (void)fd;
     (void)advice;
+#endif
+}
+
+void plat_map_drop(const void *p, size_t n) {
+#if defined(MADV_DONTNEED)
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || !p) return;
+    uintptr_t lo = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~((uintptr_t)pg - 1);
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)p;
+    (void)n;
 #endif
 }

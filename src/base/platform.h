@@ -55,4 +55,11 @@ uint64_t plat_mem_available(void);
 enum { PLAT_FILE_WILLNEED, PLAT_FILE_DONTNEED };
 void plat_file_advise(int fd, int advice);
 
+/* The whole pages of [p, p + n) leave this process's resident set, never an
+ * error. Only for a read-only file mapping (MAP_PRIVATE, never written):
+ * a later read faults the page back from the file (or the page cache), so
+ * nothing is lost. On anonymous or written memory the contents would be:
+ * never call it there. madvise(MADV_DONTNEED) where the system has it. */
+void plat_map_drop(const void *p, size_t n);
+
 #endif

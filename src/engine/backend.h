@@ -101,7 +101,7 @@ typedef struct {
     /* y[t] = MoE FFN of x[t] */
     int (*moe_ffn)(backend *be, const be_moe *m, const float *x, int n_tok, float *y);
 
-    /* ==== Optional: NULL where a backend has no use for them (the CPU has only load_weight) ==== */
+    /* ==== Optional: NULL where a backend has no use for them ==== */
     /* Copies w to the backend once, at load (sets w->dev): device memory, or
      * the CPU's packed rows (it never fails for want of them); 0 or -1 with a message. */
     int (*load_weight)(backend *be, be_weight *w, char *err, size_t errlen);
@@ -125,6 +125,10 @@ typedef struct {
     /* Rows of one forward pass where the caller names none (0: 512, the
      * CPU's, whose products gain nothing from more). */
     int pass_rows;
+    /* Optional (NULL where nothing is to do): every weight is loaded; what
+     * loading reserved and did not fill may go back (the CPU: the unfilled
+     * tail of its last packed-weights arena's last huge page). */
+    void (*load_done)(backend *be);
 } backend_ops;
 
 struct backend {

@@ -2,6 +2,7 @@
  * its KV cache (see fingerprint.h for what is covered and why).
  */
 #include "engine/fingerprint.h"
+#include "base/platform.h"
 #include "engine/model_internal.h"
 
 #include <inttypes.h>
@@ -12,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <openssl/evp.h>
@@ -105,8 +105,10 @@ static void fp_kv_value(fp_ctx *c, const gguf_file *f, const char *key, uint32_t
         fp_u64(c, a.elem_type);
         fp_u64(c, a.n);
         if (a.elem_type == GGUF_VT_STR) {
+            gguf_str_iter it;
+            gguf_str_iter_init(&it, &a);
             for (uint64_t i = 0; i < a.n; i++) {
-                if (gguf_arr_str(&a, i, &s) == 0) fp_blob(c, s.ptr, s.len);
+                if (gguf_str_iter_next(&it, &s) == 0) fp_blob(c, s.ptr, s.len);
                 else fp_line(c, "unreadable");
             }
         } else {
@@ -161,17 +163,11 @@ typedef struct {
 /* A slice node hashes the whole file (its fingerprint must be the whole
  * model's, which every node of a chain and the decode node agree on) but
  * holds only its own layers: the pages of a tensor it does not use leave
- * its resident set once hashed (MADV_DONTNEED on a read-only file mapping
- * drops them from this process; the page cache keeps them). Pages shared
- * with a neighbour tensor are kept (rounded inward). */
-static void fp_drop_pages(const void *data, uint64_t bytes) {
-    long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0) return;
-    uintptr_t lo = ((uintptr_t)data + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-    uintptr_t hi = ((uintptr_t)data + (uintptr_t)bytes) & ~((uintptr_t)pg - 1);
-    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
-}
-
+ * its resident set once hashed (plat_map_drop on the read-only file
+ * mapping drops them from this process; the page cache keeps them), so the
+ * hashing never holds the whole file. Pages shared with a neighbour tensor
+ * are kept (rounded inward); model_drop_unused_pages sweeps those, and the
+ * pages a neighbour's fault mapped again, once every thread is done. */
 static void fp_hash_run(fp_hash_job *j) {
     for (;;) {
         int64_t k = atomic_fetch_add(&j->next, 1);
@@ -180,7 +176,7 @@ static void fp_hash_run(fp_hash_job *j) {
         const gguf_tensor *t = gguf_get_tensor(j->f, i);
         if (!t) continue;
         XXH128_canonicalFromHash(&j->out[i], XXH3_128bits(t->data, (size_t)t->nbytes));
-        if (j->m->sliced && !model_tensor_bound(j->m, t->name.ptr, t->name.len)) fp_drop_pages(t->data, t->nbytes);
+        if (j->m->sliced && !model_tensor_bound(j->m, t->name.ptr, t->name.len)) plat_map_drop(t->data, (size_t)t->nbytes);
     }
 }
 
@@ -306,6 +302,7 @@ static int fp_compute(const model *m, uint8_t out[32], char *desc, size_t desc_l
         return -1;
     }
     if (desc && desc_len) fp_describe(m, desc, desc_len);
+    model_drop_unused_pages(m);   /* a slice: what the hashing and the description left resident */
     return 0;
 }
 

@@ -297,7 +297,7 @@ static int gguf_parse_str_arr(gguf_cursor *c, gguf_arr *a)
     a->data = a->base;
     if (a->n == 0)
         return 0;
-    uint64_t *off = malloc(a->n * sizeof *off);
+    uint64_t *off = malloc((a->n + GGUF_STR_STRIDE - 1) / GGUF_STR_STRIDE * sizeof *off);
     if (!off) {
         gguf_set_err(c->err, c->errlen, "out of memory: %s", c->what);
         return -1;
@@ -305,7 +305,8 @@ static int gguf_parse_str_arr(gguf_cursor *c, gguf_arr *a)
     uint64_t start = c->pos;
     for (uint64_t i = 0; i < a->n; i++) {
         gguf_str s;
-        off[i] = c->pos - start;
+        if (i % GGUF_STR_STRIDE == 0)
+            off[i / GGUF_STR_STRIDE] = c->pos - start;
         if (cur_str(c, &s)) {
             size_t l = strlen(c->err ? c->err : "");
             gguf_set_err(c->err ? c->err + l : NULL, c->errlen > l ? c->errlen - l : 0,
@@ -891,9 +892,31 @@ int gguf_arr_str(const gguf_arr *a, uint64_t i, gguf_str *out)
 {
     if (!a || a->elem_type != GGUF_VT_STR || i >= a->n || !a->str_off || !a->base)
         return -1;
-    const uint8_t *p = a->base + a->str_off[i];
+    /* every string was bounds-checked at open: walking from the nearest
+     * indexed one stays inside the array */
+    const uint8_t *p = a->base + a->str_off[i / GGUF_STR_STRIDE];
+    for (uint64_t k = i % GGUF_STR_STRIDE; k > 0; k--)
+        p += 8 + gguf_load_u64(p);
     out->len = gguf_load_u64(p);
     out->ptr = (const char *)p + 8;
+    return 0;
+}
+
+void gguf_str_iter_init(gguf_str_iter *it, const gguf_arr *a)
+{
+    *it = (gguf_str_iter){ a, 0, 0 };
+}
+
+int gguf_str_iter_next(gguf_str_iter *it, gguf_str *out)
+{
+    const gguf_arr *a = it->a;
+    if (!a || a->elem_type != GGUF_VT_STR || it->i >= a->n || !a->str_off || !a->base)
+        return -1;
+    const uint8_t *p = a->base + it->off;   /* checked at open, as every string */
+    out->len = gguf_load_u64(p);
+    out->ptr = (const char *)p + 8;
+    it->off += 8 + out->len;
+    it->i++;
     return 0;
 }
 

@@ -60,6 +60,12 @@ struct model {
  * the other layers' tensors unbound and unread after the fingerprint). */
 int model_tensor_bound(const model *m, const char *name, size_t len);
 
+/* A slice: the pages of its file mapping that it no longer reads (every
+ * page but its bound weights' not copied by the backend) leave its
+ * resident set. Called once loaded and after the fingerprint's hashing;
+ * nothing for a whole model. */
+void model_drop_unused_pages(const model *m);
+
 struct session {
     model *m;
     kvcache *kv;

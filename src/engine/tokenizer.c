@@ -207,8 +207,10 @@ static int tok_copy_strings(const gguf_arr *a, char **arena, uint32_t **off, uin
 {
     uint64_t total = 0;
     gguf_str s;
+    gguf_str_iter it;
+    gguf_str_iter_init(&it, a);
     for (uint64_t i = 0; i < a->n; i++) {
-        if (gguf_arr_str(a, i, &s)) {
+        if (gguf_str_iter_next(&it, &s)) {
             tok_set_err(err, errlen, "tokenizer: bad string %llu in array", (unsigned long long)i);
             return -1;
         }
@@ -230,8 +232,9 @@ static int tok_copy_strings(const gguf_arr *a, char **arena, uint32_t **off, uin
         return -1;
     }
     uint32_t pos = 0;
+    gguf_str_iter_init(&it, a);
     for (uint64_t i = 0; i < a->n; i++) {
-        gguf_arr_str(a, i, &s);
+        gguf_str_iter_next(&it, &s);
         (*off)[i] = pos;
         if (s.len == 0 && empty_placeholder) {
             /* llama.cpp renames empty tokens so that they cannot match text. */

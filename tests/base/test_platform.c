@@ -7,8 +7,10 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <time.h>
 
+#include "base/hugemap.h"
 #include "base/platform.h"
 #include "t.h"
 #include "base/threadpool.h"
@@ -160,11 +162,97 @@ static void check_memory(void) {
           (unsigned long long)phys);
 }
 
+/* Pages of this process's mapping [p, p + n pages) that are resident in its
+ * own page tables: /proc/self/pagemap's present bit (Linux); -1 elsewhere. */
+static int map_resident_pages(const uint8_t *p, int n, long pg) {
+#if defined(__linux__)
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    if (fd < 0) return -1;
+    int count = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t e = 0;
+        if (pread(fd, &e, 8, (off_t)(((uintptr_t)p / (uintptr_t)pg + (uintptr_t)i) * 8)) != 8) { count = -1; break; }
+        count += (int)(e >> 63);
+    }
+    close(fd);
+    return count;
+#else
+    (void)p; (void)n; (void)pg;
+    return -1;
+#endif
+}
+
+/* plat_map_drop on a read-only file mapping: the whole pages inside the
+ * range leave the resident set (where the system says which are), the
+ * partial ones at its edges stay, and every byte reads back the same. */
+static void check_map_drop(void) {
+    long pg = sysconf(_SC_PAGESIZE);
+    char path[] = "/tmp/test_platform_map_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && pg > 0, "mkstemp: %s", strerror(errno));
+    if (fd < 0 || pg <= 0) return;
+    unlink(path);
+    enum { NPG = 8 };
+    size_t n = (size_t)pg * NPG;
+    uint8_t *want = malloc(n);
+    for (size_t i = 0; want && i < n; i++) want[i] = (uint8_t)(i * 131 + i / 4096);
+    int ok = want && write(fd, want, n) == (ssize_t)n;
+    CHECK(ok, "write: %s", strerror(errno));
+    const uint8_t *m = ok ? mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (m == MAP_FAILED) { free(want); CHECK(0, "mmap: %s", strerror(errno)); return; }
+    for (size_t i = 0; i < n; i += (size_t)pg) (void)*(const volatile uint8_t *)(m + i);   /* touch each page */
+    int before = map_resident_pages(m, NPG, pg);
+    /* from the middle of page 1 to the middle of page 6: pages 2..5 go */
+    plat_map_drop(m + pg + pg / 2, (size_t)pg * 5);
+    int after = map_resident_pages(m, NPG, pg);
+    printf("  map drop: %d resident pages of %d before, %d after\n", before, NPG, after);
+    if (before >= 0) {
+        CHECK(before == NPG, "%d of %d touched pages resident", before, NPG);
+        CHECK(after == NPG - 4, "%d pages resident after dropping 4 of %d", after, NPG);
+        CHECK(map_resident_pages(m + pg, 1, pg) == 1 && map_resident_pages(m + 6 * pg, 1, pg) == 1,
+              "a partially covered page left");
+    }
+    CHECK(memcmp(m, want, n) == 0, "contents changed after plat_map_drop");
+    plat_map_drop(m, 0);   /* nothing, not an error */
+    munmap((void *)m, n);
+    free(want);
+}
+
+/* hugemap_trim: the bytes before `used` are kept, the pages past it leave
+ * the resident set (where the system says which are) and read as zeros. */
+static void check_hugemap_trim(void) {
+    long pg = sysconf(_SC_PAGESIZE);
+    size_t mapped = 0, used = 2 * HUGEMAP_PAGE + 100;   /* into the third huge page */
+    uint8_t *p = hugemap_alloc(5 * HUGEMAP_PAGE, &mapped);
+    CHECK(p && mapped == 5 * HUGEMAP_PAGE && pg > 0, "hugemap_alloc: %p, %zu bytes", (void *)p, mapped);
+    if (!p || pg <= 0) return;
+    for (size_t i = 0; i < 4 * HUGEMAP_PAGE; i++) p[i] = (uint8_t)(i * 7 + 1);   /* past used too */
+    hugemap_trim(p, mapped, used);
+    size_t lo = (used + (size_t)pg - 1) / (size_t)pg;   /* first page past used */
+    int kept = map_resident_pages(p, (int)lo, pg);
+    int left = map_resident_pages(p + lo * (size_t)pg, (int)(mapped / (size_t)pg - lo), pg);
+    printf("  hugemap trim: %d of %zu pages before used resident, %d after\n", kept, lo, left);
+    if (kept >= 0) {
+        CHECK(kept == (int)lo, "%d of the %zu pages before used resident", kept, lo);
+        CHECK(left == 0, "%d pages past used still resident", left);
+    }
+    size_t bad = 0;
+    for (size_t i = 0; i < used; i++) bad += p[i] != (uint8_t)(i * 7 + 1);
+    for (size_t i = used; i < mapped; i++) bad += p[i] != 0;
+    CHECK(bad == 0, "%zu bytes wrong after hugemap_trim", bad);
+    hugemap_trim(p, mapped, mapped);   /* nothing to give back: no change */
+    CHECK(p[0] == 1 && p[mapped - 1] == 0, "a full trim changed bytes");
+    hugemap_free(p, mapped);
+}
+
 int main(void) {
     check_name();
     check_random();
     check_wait();
     check_sockets();
     check_memory();
+    check_map_drop();
+    check_hugemap_trim();
     return t_done("platform");
 }

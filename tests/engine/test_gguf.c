@@ -82,14 +82,17 @@ static void check_invariants(const gguf_file *f, const char *path)
         gguf_arr a;
         if (gguf_kv_type(f, i) == GGUF_VT_ARR && gguf_get_arr(f, key, &a) == 0
             && a.elem_type == GGUF_VT_STR) {
+            /* in order and at random: the same string, inside the file */
+            gguf_str_iter it;
+            gguf_str_iter_init(&it, &a);
             for (uint64_t j = 0; j < a.n; j++) {
-                gguf_str s;
-                if (gguf_arr_str(&a, j, &s) || (const unsigned char *)s.ptr < base
-                    || (const unsigned char *)s.ptr + s.len > base + size)
+                gguf_str s, r;
+                if (gguf_str_iter_next(&it, &s) || gguf_arr_str(&a, j, &r) || r.ptr != s.ptr || r.len != s.len
+                    || (const unsigned char *)s.ptr < base || (const unsigned char *)s.ptr + s.len > base + size)
                     bad++;
             }
             gguf_str s;
-            if (gguf_arr_str(&a, a.n, &s) == 0)
+            if (gguf_arr_str(&a, a.n, &s) == 0 || gguf_str_iter_next(&it, &s) == 0)
                 bad++;
         }
     }
@@ -806,12 +809,63 @@ static void test_writer_copy_model(void)
     gguf_writer_free(w);
 }
 
+/* String arrays are indexed one string in GGUF_STR_STRIDE: every element
+ * of arrays around and across the stride reads back (in reverse order, so
+ * each lookup walks from its own indexed string), lengths 0 and long
+ * included; one past the end is refused. */
+static void test_str_stride(void)
+{
+    static const uint64_t ns[] = { 1, 100, GGUF_STR_STRIDE - 1, GGUF_STR_STRIDE, GGUF_STR_STRIDE + 1,
+                                   2 * GGUF_STR_STRIDE + 1 };
+    for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+        uint64_t n = ns[c];
+        bbuf b = {0};
+        b_put(&b, "GGUF", 4);
+        b_u32(&b, 3);
+        b_u64(&b, 0);   /* tensors */
+        b_u64(&b, 1);   /* kvs */
+        b_str(&b, "k.strs");
+        b_u32(&b, GGUF_VT_ARR);
+        b_u32(&b, GGUF_VT_STR);
+        b_u64(&b, n);
+        char want[64];
+        for (uint64_t i = 0; i < n; i++) {
+            size_t len = (size_t)(i * 7 % 41);   /* 0 .. 40 bytes */
+            for (size_t k = 0; k < len; k++) want[k] = (char)('a' + (i + k) % 26);
+            b_u64(&b, len);
+            b_put(&b, want, len);
+        }
+        char err[256];
+        gguf_file *f = NULL;
+        gguf_arr a;
+        gguf_str s;
+        int bad = gguf_open_memory(&f, b.p, b.n, err, sizeof err) != 0 || gguf_get_arr(f, "k.strs", &a) != 0 || a.n != n;
+        for (uint64_t i = n; !bad && i-- > 0;) {
+            size_t len = (size_t)(i * 7 % 41);
+            for (size_t k = 0; k < len; k++) want[k] = (char)('a' + (i + k) % 26);
+            bad = gguf_arr_str(&a, i, &s) != 0 || s.len != len || memcmp(s.ptr, want, len) != 0;
+        }
+        gguf_str_iter it;
+        gguf_str_iter_init(&it, &a);
+        for (uint64_t i = 0; !bad && i < n; i++) {
+            size_t len = (size_t)(i * 7 % 41);
+            for (size_t k = 0; k < len; k++) want[k] = (char)('a' + (i + k) % 26);
+            bad = gguf_str_iter_next(&it, &s) != 0 || it.i != i + 1 || s.len != len || memcmp(s.ptr, want, len) != 0;
+        }
+        CHECK(!bad && gguf_arr_str(&a, n, &s) == -1 && gguf_str_iter_next(&it, &s) == -1,
+              "string array of %llu: every element at random and in order, none past the end", (unsigned long long)n);
+        gguf_close(f);
+        free(b.p);
+    }
+}
+
 int main(void)
 {
     test_types();
     test_every_fixture();
     test_known_metadata();
     test_handmade_valid();
+    test_str_stride();
     test_corrupt_headers();
     test_corrupt_real();
     test_truncation();

@@ -7,6 +7,9 @@
  * fixtures (stories260K, the qwen mini models). Each must be refused with a
  * message naming the bad key or tensor. The untouched files, and a rewrite
  * that changes nothing, load and run a token to finite logits.
+ *
+ * A slice (model_opts.layer_hi) keeps resident only pages of its own
+ * layers' tensors once loaded, its fingerprint hashed at load or later.
  */
 #include <math.h>
 #include <stdint.h>
@@ -15,7 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <fcntl.h>
+
 #include "cmd/cli.h"
+#include "engine/fingerprint.h"
 #include "engine/gguf.h"
 #include "engine/model.h"
 #include "t.h"
@@ -403,6 +409,67 @@ static void test_fixtures(void) {
     }
 }
 
+/* ==== Slice residency ==== */
+
+/* Resident pages of the model file's mapping outside every page that holds
+ * some of blocks [lo, hi)' tensors (/proc/self/pagemap's present bit); -1
+ * where the system cannot say. *inside gets those inside. The tensors are
+ * found in a second mapping of the file (path): reading their names in the
+ * model's own would map those pages again. */
+static long slice_foreign_pages(const model *m, const char *path, int lo, int hi, long *inside) {
+    const gguf_file *f = model_get_gguf(m);
+    gguf_file *g = NULL;
+    char err[256];
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || gguf_open_file(&g, path, err, sizeof err)) return -1;
+    int fd = open("/proc/self/pagemap", O_RDONLY);
+    uintptr_t base = (uintptr_t)gguf_get_base(f);
+    size_t npg = (size_t)((gguf_get_size(f) + (uint64_t)pg - 1) / (uint64_t)pg);
+    uint8_t *own = fd >= 0 ? calloc(npg, 1) : NULL;
+    for (int64_t i = 0; own && i < gguf_count_tensors(g); i++) {
+        const gguf_tensor *t = gguf_get_tensor(g, i);
+        int blk = -1;
+        if (!t || sscanf(t->name.ptr, "blk.%d.", &blk) != 1 || blk < lo || blk >= hi || !t->nbytes) continue;
+        uint64_t off = gguf_get_data_offset(g) + t->offset;
+        for (uint64_t k = off / (uint64_t)pg; k <= (off + t->nbytes - 1) / (uint64_t)pg && k < npg; k++) own[k] = 1;
+    }
+    long foreign = own ? 0 : -1;
+    *inside = 0;
+    for (size_t k = 0; own && k < npg; k++) {
+        uint64_t e = 0;
+        if (pread(fd, &e, 8, (off_t)((base / (uintptr_t)pg + k) * 8)) != 8) { foreign = -1; break; }
+        if (e >> 63) { if (own[k]) (*inside)++; else foreign++; }
+    }
+    if (fd >= 0) close(fd);
+    free(own);
+    gguf_close(g);
+    return foreign;
+}
+
+/* A middle slice of the Q8_0 fixture (packed by the CPU backend), hashed at
+ * load and, the second time, at its first fingerprint: no page of the
+ * metadata or of another layer stays resident, nor a page another layer
+ * shares with nothing of the slice. */
+static void test_slice_residency(void) {
+    char path[512];
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    if (!t_need(path)) return;
+    for (int later = 0; later < 2; later++) {
+        model_opts o = { .n_threads = 2, .layer_lo = 1, .layer_hi = 2, .fingerprint_later = later };
+        model *m = NULL;
+        char err[512] = "";
+        CHECK(model_load(&m, path, &o, err, sizeof err) == 0, "slice 1:2 of %s: %s", path, err);
+        if (!m) continue;
+        uint8_t fp[32];
+        if (later) CHECK(model_fingerprint(m, fp, NULL, 0) == 0, "slice fingerprint");
+        long inside = 0, foreign = slice_foreign_pages(m, path, 1, 2, &inside);
+        printf("slice 1:2 (fingerprint %s): %ld resident pages of the file outside its layer, %ld inside\n",
+               later ? "later" : "at load", foreign, inside);
+        if (foreign >= 0) CHECK(foreign == 0, "slice 1:2: %ld pages of the file outside its layer resident", foreign);
+        model_free(m);
+    }
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/tandem-test-model-load-%d", (int)getpid());
     char cmd[300];
@@ -428,5 +495,6 @@ int main(void) {
     test_fixtures();
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
+    test_slice_residency();
     return t_done("test_model_load");
 }
