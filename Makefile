@@ -136,7 +136,13 @@ ifneq ($(filter x86_64-% amd64-%,$(shell $(CC) -dumpmachine)),)
 # 250-259 t/s as linked, 501-506 with loops aligned, the build before it
 # (whose walk fell 0x590 bytes earlier) 491-546.
 KALIGN   := -falign-loops=64
-KAVX2    := -mavx2 -mfma -mf16c $(KALIGN)
+# KDEBUG: the kernel sets' debug level, after -g. make asan-build sets
+# -gline-tables-only: a sanitizer's report has the same stack (functions,
+# inlined frames, files and lines), without the variables' locations, which
+# were over a fifth of clang's time on these files there (quant_avx2.c under
+# ASan+UBSan: 13.5 CPU-seconds with -g, 10.5 with line tables only).
+KDEBUG   ?=
+KAVX2    := -mavx2 -mfma -mf16c $(KALIGN) $(KDEBUG)
 $(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAGS += $(KAVX2)
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
 $(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
@@ -145,8 +151,8 @@ endif
 # quant.c uses them when the hwcaps say the CPU has the dot-product (and
 # int8 matrix-multiply) instructions.
 ifneq ($(filter aarch64-% arm64-%,$(shell $(CC) -dumpmachine)),)
-$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod
-$(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: CFLAGS += -march=armv8.2-a+dotprod+i8mm
+$(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod $(KDEBUG)
+$(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: CFLAGS += -march=armv8.2-a+dotprod+i8mm $(KDEBUG)
 endif
 endif
 # quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names,
@@ -164,7 +170,7 @@ FUZZERS  := $(patsubst fuzz/%.c,$(BUILD)/%,$(wildcard fuzz/fuzz_*.c))
 FIX      ?= $(or $(TANDEM_FIXTURES),../shared/fixtures)
 MODELS   := $(BUILD)/models/qwen3-mini-F16.gguf $(BUILD)/models/qwen3moe-mini-F16.gguf $(BUILD)/models/qwen2-mini-F16.gguf
 
-.PHONY: all test check asan fuzz clean models portable layers seed-cuda mlx
+.PHONY: all test check asan asan-build fuzz clean models portable portable-build layers seed-cuda mlx
 all: $(BUILD)/tandem $(TESTS)
 
 $(BUILD)/obj/%.o: src/%.c $(HDRS) | $(BUILD)/obj
@@ -218,21 +224,35 @@ PORTABLE_TESTS := test_platform test_runtime test_sampler test_wire test_wire_at
 # $(call seed_objs,MACRO,DIR) copies $(BUILD)/obj (and gen) into DIR with the files'
 # times (so make takes them as built) less those sources' objects, which DIR's
 # make compiles again; where a header tests MACRO it copies nothing. A whole
-# library build less for make portable and for CI's CUDA build.
+# library build less for make portable and for CI's CUDA build. DIR/.seeded
+# marks the copy as made from this library: a second make (tools/test.sh runs
+# portable-build in the background, then portable) copies nothing again.
 seed_hdr = $(shell grep -lwE '^[[:space:]]*\#[[:space:]]*(if|ifdef|ifndef|elif).*$(1)' $(HDRS))
 seed_src = $(shell grep -lw $(1) $(LIB_SRC))
 seed_objs = $(if $(call seed_hdr,$(1)),@echo "$(2): a header tests $(1): every object is compiled",mkdir -p $(2) && cp -a $(BUILD)/obj $(BUILD)/gen $(2)/ && rm -f $(patsubst src/%.c,$(2)/obj/%.o,$(call seed_src,$(1))))
-portable: all models
+# portable-build builds them only (tools/test.sh starts it in the
+# background while the suite runs); portable builds what is missing and runs them.
+build-portable/.seeded: $(BUILD)/libtandem.a
 	$(call seed_objs,TANDEM_PORTABLE,build-portable)
+	mkdir -p $(dir $@) && touch $@
+portable-build: all build-portable/.seeded
 	$(MAKE) PORTABLE=1 BUILD=build-portable build-portable/tandem $(addprefix build-portable/,$(PORTABLE_TESTS))
+portable: portable-build models
 	TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-portable/tandem tests/run.sh $(addprefix build-portable/,$(PORTABLE_TESTS))
 # CI's CUDA build (tools/test.sh) starts from this build's objects.
-seed-cuda: all
+build-cuda/.seeded: $(BUILD)/libtandem.a
 	$(call seed_objs,TANDEM_CUDA,build-cuda)
+	mkdir -p $(dir $@) && touch $@
+seed-cuda: all build-cuda/.seeded
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
-asan:
-	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 \
+# asan-build builds it only (tools/test.sh starts it in the background
+# while the suite runs: over 300 CPU-seconds, most of them clang on the
+# AVX-512 kernel set, UBSan's pointer-overflow checks about half of that);
+# asan builds what is missing and runs it.
+asan-build:
+	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 KDEBUG=-gline-tables-only \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+asan: asan-build
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
 	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
 

