@@ -6,6 +6,8 @@
  * stream chunks (SSE) and errors. No I/O and no globals here, so that the
  * whole request path can be unit-tested and fuzzed (fuzz/fuzz_http_api.c).
  * All strings returned as char * are malloc'd; the caller frees them.
+ * http_api.c parses requests, http_api_upstream.c builds the decode node's
+ * body and reads its lines, http_api_render.c renders responses.
  */
 #ifndef TANDEM_HTTP_API_H
 #define TANDEM_HTTP_API_H

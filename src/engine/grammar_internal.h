@@ -1,8 +1,10 @@
-/* grammar_internal.h - what grammar.c (the schema compiler: JSON Schema ->
- * rules) and grammar_match.c (the runtime: the string lexer, stack sets,
- * states, the vocabulary trie, masks) share: the limits, the element
- * encoding, the grammar itself. Private to these two files (like
- * model_internal.h). */
+/* grammar_internal.h - what the byte grammar's files share: grammar.c (the
+ * builder, shared rules, the left-recursion check, finishing a grammar),
+ * grammar_range.c (numeric bounds as digit rules), grammar_schema.c (JSON
+ * Schema -> rules), grammar_lower.c (regular expressions and GBNF -> rules)
+ * and grammar_match.c (the runtime: the string lexer, stack sets, states,
+ * the vocabulary trie, masks): the limits, the element encoding, the grammar
+ * itself, the builder. Private to these files (like model_internal.h). */
 #ifndef TANDEM_GRAMMAR_INTERNAL_H
 #define TANDEM_GRAMMAR_INTERNAL_H
 
@@ -141,6 +143,19 @@ int64_t rule_ws(gctx *c);
 int64_t rule_string(gctx *c);
 int64_t rule_value(gctx *c);
 int64_t rule_literal(gctx *c, const char *z);
+/* The shared rules the schema compiler and the ranges build on (grammar.c):
+ * the set [0-9], an optional fraction, any JSON number or integer, an
+ * object with any string keys and values of rule val, an array of val. */
+int64_t digit_set(gctx *c);
+int64_t rule_frac_any(gctx *c);
+int64_t rule_number(gctx *c);
+int64_t rule_integer(gctx *c);
+int64_t rule_map(gctx *c, int64_t val);
+int64_t rule_list_any(gctx *c, int64_t val);
+/* grammar_range.c: integers lo..hi (lo <= hi); decimals lo..hi (no
+ * exponent), each side inclusive or strict (lo_ex, hi_ex). */
+int64_t rule_int_range(gctx *c, int64_t lo, int64_t hi);
+int64_t rule_dec_range(gctx *c, double lo, int lo_ex, double hi, int hi_ex);
 
 /* A compile context over g (root: the schema $ref resolves in, or NULL). */
 void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen);

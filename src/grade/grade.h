@@ -7,7 +7,12 @@
  * writes prose to the student. Results land in one JSON file per submission
  * and a class report (Markdown + self-contained HTML).
  *
- *   grade.c         options, submissions, the OpenAI client, scheduling, summary
+ *   grade.c         options, the class, scheduling, setup (grade_internal.h: the
+ *                   types and functions its files share)
+ *   grade_files.c   the output folder, reading and writing files, submissions
+ *   grade_call.c    the OpenAI client: one streamed chat request, retries
+ *   grade_summary.c progress, the router's counters, the summary
+ *   grade_bench.c   the synthetic class of --bench
  *   grade_rubric.c  rubric parsing, the derived JSON schema, the schema validator,
  *                   prompt templates (pure functions: unit-tested and fuzzed)
  *   grade_report.c  the class report (Markdown, HTML with an inline SVG chart)
@@ -105,7 +110,7 @@ char *grade_utf8_clean(const char *s, size_t len);
 /* Output file stem for a submission name: [A-Za-z0-9._-], others '_'. */
 void grade_file_stem(const char *name, char *out, size_t outlen);
 
-/* ==== Output files (grade.c) ==== */
+/* ==== Output files (grade_files.c) ==== */
 
 /* Creates (truncates) path for writing with O_NOFOLLOW: a symbolic link
  * planted at an output name is refused, never written through. NULL with

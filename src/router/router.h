@@ -9,7 +9,7 @@
  * cost model whether the prompt is prefilled on that decode node ("local")
  * or on a prefill node ("split"), and forwards the request to the decode
  * node's POST /v1/generate (libcurl), turning its NDJSON stream into
- * OpenAI responses or SSE (http_api.c). HTTP via libmicrohttpd.
+ * OpenAI responses or SSE (http_api_render.c). HTTP via libmicrohttpd.
  * docs/router.md describes the config file, endpoints, metrics and the
  * cost model.
  */
