@@ -30,12 +30,15 @@
  * (tens of microseconds on a LAN) beside a step of milliseconds. */
 #define DRAFT_NODE_COST 0.02
 /* A slot's catch-up (the draft session behind its history: a new prompt, a
- * probe after a long stretch without drafts) is fed in chunks that cost at
- * most this many target rows per step in all (draft rows scaled by the
- * draft's relative size), so the shared step never stalls for a whole
- * prompt in the draft model: about two decode steps' work on a CPU. The
- * slot drafts once it has caught up. */
-#define DRAFT_CATCHUP_TARGET_ROWS 16
+ * probe after a long stretch without drafts) is fed in chunks: per step, the
+ * caller's room for prompt work in target rows (the scheduler's prefill
+ * budget less its own prompt rows that step: draft_propose), draft rows
+ * scaled by the draft's relative cost, so the draft catches up about as
+ * fast as the target prefilled and a step never carries more prompt work
+ * than the target alone would. The slot drafts once it has caught up. When
+ * the caller gives no room (a draft node answering exchanges), this many
+ * target rows: the scheduler's default prefill budget. */
+#define DRAFT_CATCHUP_DEFAULT_ROWS 256
 /* Rows a slot may need per step without being behind: the accepted drafts,
  * the bonus token and the next one (never held back). */
 #define DRAFT_STEADY_ROWS (SPEC_MAX_DRAFT + 2)
@@ -52,7 +55,6 @@ struct draft_src {
     model *dm;
     struct draft_remote *remote;   /* --draft-node (draft_remote.h) */
     double model_cost;       /* a draft model's step, as a fraction of the target's */
-    int catchup_rows;        /* draft rows of catch-up per step, all slots together */
     int max_fed;             /* the most rows one slot was fed in one step (a report) */
     int fixed;
     draft_slot *slots;
@@ -119,8 +121,6 @@ int draft_create(draft_src **out, model *target, const draft_opts *o, char *err,
     if (d->dm) {
         uint64_t tb = model_weight_bytes_per_token(target), db = model_weight_bytes_per_token(d->dm);
         d->model_cost = (tb ? (double)db / (double)tb : 1.0) + DRAFT_MODEL_OVERHEAD;
-        d->catchup_rows = (int)(DRAFT_CATCHUP_TARGET_ROWS / d->model_cost);
-        if (d->catchup_rows < DRAFT_STEADY_ROWS) d->catchup_rows = DRAFT_STEADY_ROWS;
         d->slots = calloc((size_t)d->n_slots, sizeof *d->slots);
         d->logits = malloc(sizeof(float) * (size_t)d->n_slots * (size_t)d->n_vocab);
         d->items = calloc((size_t)d->n_slots, sizeof *d->items);
@@ -171,11 +171,20 @@ double draft_row_prior(void) { return DRAFT_ROW_COST; }
 
 /* ==== The draft model ==== */
 
+/* Draft rows of catch-up this step, all slots together, for target_rows of
+ * room (<= 0: the default): never fewer than one steady step's rows. */
+static int draft_catchup_rows(const draft_src *d, int target_rows) {
+    double t = target_rows > 0 ? target_rows : DRAFT_CATCHUP_DEFAULT_ROWS;
+    double rows = t / (d->model_cost > 0 ? d->model_cost : 1.0);
+    if (rows > d->n_ctx) rows = d->n_ctx;
+    return rows < DRAFT_STEADY_ROWS ? DRAFT_STEADY_ROWS : (int)rows;
+}
+
 /* Every ask's slot session made to hold its history but the last token
  * (the longest prefix it already holds is kept), and the item that feeds
  * the rest; returns the item count. */
-static int draft_model_sync(draft_src *d, draft_ask *asks, int n_asks) {
-    int ni = 0, budget = d->catchup_rows;
+static int draft_model_sync(draft_src *d, draft_ask *asks, int n_asks, int target_rows) {
+    int ni = 0, budget = draft_catchup_rows(d, target_rows);
     for (int a = 0; a < n_asks; a++) {
         draft_ask *q = &asks[a];
         if (q->n_out > 0 || q->k <= 0 || q->n < 1 || q->n + q->k > d->n_ctx + 1 || q->slot < 0 ||
@@ -202,9 +211,9 @@ static int draft_model_sync(draft_src *d, draft_ask *asks, int n_asks) {
 
 /* Greedy drafts: the first from the synced histories' logits, then one
  * batched pass per further draft over the asks that want more. */
-static void draft_model_propose(draft_src *d, draft_ask *asks, int n_asks) {
+static void draft_model_propose(draft_src *d, draft_ask *asks, int n_asks, int target_rows) {
     char err[256];
-    int ni = draft_model_sync(d, asks, n_asks);
+    int ni = draft_model_sync(d, asks, n_asks, target_rows);
     while (ni > 0) {
         if (model_eval_batch(d->dm, d->items, ni, err, sizeof err)) {
             log_warn(NULL, "draft model: %s (this step goes without drafts)", err);
@@ -238,7 +247,7 @@ static void draft_model_propose(draft_src *d, draft_ask *asks, int n_asks) {
 
 /* ==== Asking ==== */
 
-void draft_propose(draft_src *d, draft_ask *asks, int n_asks) {
+void draft_propose(draft_src *d, draft_ask *asks, int n_asks, int target_rows) {
     for (int a = 0; a < n_asks; a++) {
         draft_ask *q = &asks[a];
         q->n_out = 0;
@@ -249,7 +258,7 @@ void draft_propose(draft_src *d, draft_ask *asks, int n_asks) {
     if (d->dm) {
         for (int a = 0; a < n_asks; a++)
             if (asks[a].k > d->draft_max) asks[a].k = d->draft_max;
-        draft_model_propose(d, asks, n_asks);
+        draft_model_propose(d, asks, n_asks, target_rows);
     }
     if (d->remote) {
         for (int a = 0; a < n_asks; a++)

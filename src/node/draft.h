@@ -14,9 +14,13 @@
  *     dropped and a new request starting with the same text reuses it),
  *     then decodes greedily, all slots in one batched pass per draft. A
  *     slot far behind (a new prompt) catches up in chunks over several
- *     steps (a bounded cost per step, shared by the slots) and drafts
- *     nothing until it has caught up, so no step stalls the other streams
- *     for a whole prompt in the draft model.
+ *     steps and drafts nothing until it has caught up: per step, shared by
+ *     the slots, the caller's room for prompt work (draft_propose's
+ *     target_rows: what the target itself prefills per step, less its own
+ *     prompt rows of that step) in draft rows scaled by the draft's
+ *     relative cost, so the draft catches up about as fast as the target
+ *     prefilled and no step stalls the other streams for a whole prompt in
+ *     the draft model.
  * Greedy sequences' drafts are proposed deterministically (a point mass:
  * spec.h); a sampled sequence's draft-model drafts are drawn from the
  * draft model's distribution q with its draft sampler, and verified with
@@ -61,7 +65,7 @@ void draft_free(draft_src *d);
 /* "lookup", "model", "lookup+model", "node", "lookup+node". */
 const char *draft_kind(const draft_src *d);
 /* The most rows the draft model was fed for one slot in one step (catch-up
- * is chunked: draft.c, DRAFT_CATCHUP_TARGET_ROWS). */
+ * is chunked: draft_propose's target_rows). */
 int draft_max_fed(const draft_src *d);
 /* 1 when a draft model is on (its drafts may be sampled). */
 int draft_has_model(const draft_src *d);
@@ -93,8 +97,12 @@ typedef struct {
 } draft_ask;
 
 /* Fills every ask; a source that fails leaves 0 drafts (decoding goes on
- * without them) and logs why. */
-void draft_propose(draft_src *d, draft_ask *asks, int n_asks);
+ * without them) and logs why. target_rows: the step's room for a draft
+ * model's catch-up, in the target's rows (its prefill budget less the
+ * step's own prompt rows; <= 0: a default of 256); the catch-up feeds
+ * target_rows / (draft cost over the target's) draft rows at most, never
+ * fewer than one steady step needs. */
+void draft_propose(draft_src *d, draft_ask *asks, int n_asks, int target_rows);
 /* The draft node's client (draft_remote.h), or NULL. */
 struct draft_remote *draft_get_remote(const draft_src *d);
 

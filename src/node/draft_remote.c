@@ -38,11 +38,35 @@
 
 /* ==== State ==== */
 
+/* DRAFTs sent and not yet answered at most: one. A step reads the
+ * look-ahead's answer before it sends a fresh DRAFT (it decides which
+ * sequences need one), and sends the next look-ahead after the fresh
+ * answer; the queue keeps the order checks in one place should that
+ * change. */
+#define DRAFT_REMOTE_QUEUE 1
+
 typedef struct {
     int32_t *tok;             /* the history the draft node holds of this sequence (as far as we know) */
     int n, cap;
     int full_at;              /* history length the draft node found too long (0: none) */
+    /* the look-ahead (dr_send_ahead): its exchange (0: none), the history
+     * it continued (ahead_len tokens: up to the last draft), and once
+     * answered, the guess of the target's next token and the drafts after */
+    uint64_t ahead_ex;
+    int ahead_len, ahead_in, n_ahead;
+    int32_t ahead[WIRE_DRAFT_MAX_K];
 } dr_seq;
+
+/* One DRAFT sent, not yet answered. */
+typedef struct {
+    uint64_t ex;              /* its exchange number */
+    int ahead;                /* 1: a look-ahead (drafts go to the seqs' ahead buffers) */
+    uint64_t step;            /* the dr_exchange call that sent it */
+    double sent_ms;
+    uint32_t n;               /* entries */
+    int ask_of[WIRE_DRAFT_MAX_SEQ];   /* each entry's draft_ask (a fresh exchange) */
+    uint32_t seq[WIRE_DRAFT_MAX_SEQ], k[WIRE_DRAFT_MAX_SEQ], keep[WIRE_DRAFT_MAX_SEQ], len[WIRE_DRAFT_MAX_SEQ];
+} dr_out;
 
 struct draft_remote {
     char *hostport;
@@ -64,14 +88,12 @@ struct draft_remote {
     /* the scheduler thread's */
     wire_conn *conn;
     uint64_t exchange;        /* number of the last DRAFT sent */
-    int late;                 /* its answer is overdue */
-    double sent_ms;
+    int late;                 /* an answer is overdue */
+    uint64_t steps;           /* dr_exchange calls */
     dr_seq *seqs;             /* [n_slots] */
     wire_buf fb;
-    uint32_t n_asked;
-    int ask_of[WIRE_DRAFT_MAX_SEQ];       /* the draft_ask of each entry of the last DRAFT */
-    uint32_t ask_seq[WIRE_DRAFT_MAX_SEQ], ask_k[WIRE_DRAFT_MAX_SEQ], ask_keep[WIRE_DRAFT_MAX_SEQ],
-        ask_n[WIRE_DRAFT_MAX_SEQ];
+    dr_out q[DRAFT_REMOTE_QUEUE];         /* sent, unanswered, oldest first */
+    int nq;
     wire_draft_reply rep[WIRE_DRAFT_MAX_SEQ];
     /* what a draft costs (draft_remote_cost): steps timed by the calls */
     double last_step, ex_ms, plain_ms, per_draft_ms;
@@ -224,6 +246,9 @@ void draft_remote_stats_json(json_t *o, draft_remote *r) {
     json_object_set_new(d, "exchanges", json_integer((json_int_t)st.exchanges));
     json_object_set_new(d, "late", json_integer((json_int_t)st.late));
     json_object_set_new(d, "failures", json_integer((json_int_t)st.failures));
+    json_object_set_new(d, "ahead_sent", json_integer((json_int_t)st.ahead_sent));
+    json_object_set_new(d, "ahead_used", json_integer((json_int_t)st.ahead_used));
+    json_object_set_new(d, "ahead_missed", json_integer((json_int_t)st.ahead_missed));
     json_object_set_new(o, "draft_node", d);
 }
 
@@ -235,6 +260,7 @@ static void dr_drop(draft_remote *r, const char *why) {
     free(r->conn);
     r->conn = NULL;
     r->late = 0;
+    r->nq = 0;
     pthread_mutex_lock(&r->mu);
     r->need = 1;
     r->st.failures++;
@@ -256,8 +282,12 @@ static int dr_take(draft_remote *r) {
     }
     pthread_mutex_unlock(&r->mu);
     if (!r->conn) return 0;
-    for (int i = 0; i < r->n_slots; i++) r->seqs[i].n = r->seqs[i].full_at = 0;
+    for (int i = 0; i < r->n_slots; i++) {
+        r->seqs[i].n = r->seqs[i].full_at = 0;
+        r->seqs[i].ahead_ex = 0;
+    }
     r->late = 0;
+    r->nq = 0;
     return 1;
 }
 
@@ -275,60 +305,102 @@ static int dr_recv(draft_remote *r, int ms, wire_header *h, char *err, size_t er
     return wire_recv(r->conn, h, err, errlen) ? -1 : 1;
 }
 
+/* An answer past its deadline: this step goes without drafts, and no DRAFT
+ * is sent until it has come. */
+static void dr_count_late(draft_remote *r) {
+    r->late = 1;
+    pthread_mutex_lock(&r->mu);
+    r->st.late++;
+    pthread_mutex_unlock(&r->mu);
+}
+
 /* ==== Exchanges ==== */
 
-static void dr_exchange(draft_remote *r, draft_ask *asks, int n_asks);
+static int dr_seq_room(dr_seq *s, int n) {
+    if (n <= s->cap) return 0;
+    int cap = s->cap ? s->cap : 256;
+    while (cap < n) cap *= 2;
+    int32_t *p = realloc(s->tok, sizeof(int32_t) * (size_t)cap);
+    if (!p) return -1;
+    s->tok = p;
+    s->cap = cap;
+    return 0;
+}
 
+/* What the draft node will hold of s: hist[0, n) (hist[0, c) held already). */
 static int dr_seq_hold(dr_seq *s, const int32_t *hist, int c, int n) {
-    if (n > s->cap) {
-        int cap = s->cap ? s->cap : 256;
-        while (cap < n) cap *= 2;
-        int32_t *p = realloc(s->tok, sizeof(int32_t) * (size_t)cap);
-        if (!p) return -1;
-        s->tok = p;
-        s->cap = cap;
-    }
+    if (dr_seq_room(s, n)) return -1;
     memcpy(s->tok + c, hist + c, sizeof(int32_t) * (size_t)(n - c));
     s->n = n;
     return 0;
 }
 
-/* One ask's entry in the DRAFT being built (0, 1 added, -1 out of memory). */
-static int dr_add(draft_remote *r, draft_ask *q, int a) {
-    if (q->n_out > 0 || q->k <= 0 || q->n < 1 || q->slot < 0 || q->slot >= r->n_slots) return 0;
-    dr_seq *s = &r->seqs[q->slot];
+static int dr_common(const dr_seq *s, const int32_t *hist, int n) {
     int c = 0;
-    while (c < s->n && c < q->n && s->tok[c] == q->hist[c]) c++;
-    if (c < s->n) s->full_at = 0;                 /* another request on the slot */
-    if (s->full_at && q->n >= s->full_at) return 0;
-    uint32_t k = q->k > (int)WIRE_DRAFT_MAX_K ? WIRE_DRAFT_MAX_K : (uint32_t)q->k, i = r->n_asked;
-    if (wire_draft_add_ask(&r->fb, (uint32_t)q->slot, (uint32_t)c, k, (uint32_t)(q->n - c), q->hist + c)) return -1;
-    if (dr_seq_hold(s, q->hist, c, q->n)) return -1;
-    r->ask_of[i] = a;
-    r->ask_seq[i] = (uint32_t)q->slot;
-    r->ask_k[i] = k;
-    r->ask_keep[i] = (uint32_t)c;
-    r->ask_n[i] = (uint32_t)q->n;
-    r->n_asked++;
-    return 1;
+    while (c < s->n && c < n && s->tok[c] == hist[c]) c++;
+    return c;
 }
 
-/* Builds the DRAFT for the asks (n_asked entries after the 4-byte count). */
-static int dr_build(draft_remote *r, draft_ask *asks, int n_asks) {
-    wire_buf_reset(&r->fb);
-    r->n_asked = 0;
-    if (wire_draft_begin(&r->fb, 1)) return -1;   /* the count is patched below */
-    for (int a = 0; a < n_asks && r->n_asked < WIRE_DRAFT_MAX_SEQ; a++)
-        if (dr_add(r, &asks[a], a) < 0) return -1;
-    uint32_t n = r->n_asked;
-    for (int i = 0; i < 4; i++) r->fb.data[i] = (uint8_t)(n >> (8 * i));
+/* One entry of the DRAFT being built (x, the last of the queue): seq holds
+ * s->tok[0, s->n) after it, of which c are kept. */
+static int dr_entry(draft_remote *r, dr_out *x, int slot, int c, uint32_t k, int a) {
+    dr_seq *s = &r->seqs[slot];
+    if (wire_draft_add_ask(&r->fb, (uint32_t)slot, (uint32_t)c, k, (uint32_t)(s->n - c), s->tok + c)) return -1;
+    uint32_t i = x->n++;
+    x->ask_of[i] = a;
+    x->seq[i] = (uint32_t)slot;
+    x->k[i] = k;
+    x->keep[i] = (uint32_t)c;
+    x->len[i] = (uint32_t)s->n;
     return 0;
 }
 
-/* Checks the DRAFTS in conn->rx against the last DRAFT and applies it:
- * statuses to the histories held, drafts to asks (NULL: a late answer,
- * drafts dropped). 0, or -1 with why. */
+/* One ask's entry in a fresh DRAFT (0, 1 added, -1 out of memory). */
+static int dr_add(draft_remote *r, dr_out *x, draft_ask *q, int a) {
+    if (q->n_out > 0 || q->k <= 0 || q->n < 1 || q->slot < 0 || q->slot >= r->n_slots) return 0;
+    dr_seq *s = &r->seqs[q->slot];
+    int c = dr_common(s, q->hist, q->n);
+    if (c < s->n) s->full_at = 0;                 /* another request on the slot, or rejected drafts */
+    if (s->full_at && q->n >= s->full_at) return 0;
+    uint32_t k = q->k > (int)WIRE_DRAFT_MAX_K ? WIRE_DRAFT_MAX_K : (uint32_t)q->k;
+    if (dr_seq_hold(s, q->hist, c, q->n)) return -1;
+    s->ahead_ex = 0;
+    return dr_entry(r, x, q->slot, c, k, a) ? -1 : 1;
+}
+
+/* Starts a DRAFT: the frame's count is patched by dr_send. */
+static dr_out *dr_begin(draft_remote *r, int ahead) {
+    wire_buf_reset(&r->fb);
+    if (r->nq >= DRAFT_REMOTE_QUEUE || wire_draft_begin(&r->fb, 1)) return NULL;
+    dr_out *x = &r->q[r->nq];
+    memset(x, 0, offsetof(dr_out, ask_of));
+    x->ahead = ahead;
+    x->step = r->steps;
+    return x;
+}
+
+/* Sends the DRAFT built in r->fb as the queue's next exchange; 0 also when
+ * it has no entry (nothing sent); -1: the connection was dropped. */
+static int dr_send(draft_remote *r, dr_out *x) {
+    char err[600];
+    if (!x->n) return 0;
+    for (int i = 0; i < 4; i++) r->fb.data[i] = (uint8_t)(x->n >> (8 * i));
+    x->ex = ++r->exchange;
+    x->sent_ms = gen_now_ms();
+    if (wire_send(r->conn, WIRE_DRAFT, x->ex, 0, r->fb.data, r->fb.len, err, sizeof err)) {
+        dr_drop(r, err);
+        return -1;
+    }
+    r->nq++;
+    return 0;
+}
+
+/* Checks the DRAFTS in conn->rx against the queue's oldest exchange and
+ * applies it: statuses to the histories held; a fresh exchange's drafts to
+ * asks when it is this step's (else they are dropped), a look-ahead's to
+ * its sequences' ahead buffers. 0, or -1 with why. */
 static int dr_apply(draft_remote *r, const wire_header *h, draft_ask *asks, char *err, size_t errlen) {
+    const dr_out *x = &r->q[0];
     if (h->type == WIRE_ERROR) {
         wire_error we = { 0 };
         if (wire_decode_error(r->conn->rx.data, r->conn->rx.len, &we, err, errlen) == 0)
@@ -336,71 +408,148 @@ static int dr_apply(draft_remote *r, const wire_header *h, draft_ask *asks, char
         return -1;
     }
     uint32_t n_seq = 0;
-    if (h->type != WIRE_DRAFTS || h->req_id != r->exchange) {
+    if (h->type != WIRE_DRAFTS || h->req_id != x->ex) {
         snprintf(err, errlen, "unexpected %s frame for exchange %llu (waiting for DRAFTS of %llu)",
-                 wire_type_name(h->type), (unsigned long long)h->req_id, (unsigned long long)r->exchange);
+                 wire_type_name(h->type), (unsigned long long)h->req_id, (unsigned long long)x->ex);
         return -1;
     }
     if (wire_draft_decode_reply(r->conn->rx.data, r->conn->rx.len, r->n_vocab, r->rep, &n_seq, err, errlen)) return -1;
-    if (n_seq != r->n_asked) { snprintf(err, errlen, "DRAFTS for %u sequences, %u asked", n_seq, r->n_asked); return -1; }
+    if (n_seq != x->n) { snprintf(err, errlen, "DRAFTS for %u sequences, %u asked", n_seq, x->n); return -1; }
     for (uint32_t i = 0; i < n_seq; i++)
-        if (r->rep[i].seq != r->ask_seq[i] || r->rep[i].n > r->ask_k[i]) {
+        if (r->rep[i].seq != x->seq[i] || r->rep[i].n > x->k[i]) {
             snprintf(err, errlen, "DRAFTS entry %u: sequence %u with %u drafts (asked: sequence %u, at most %u)", i,
-                     r->rep[i].seq, r->rep[i].n, r->ask_seq[i], r->ask_k[i]);
+                     r->rep[i].seq, r->rep[i].n, x->seq[i], x->k[i]);
             return -1;
         }
+    int mine = asks && !x->ahead && x->step == r->steps;
     for (uint32_t i = 0; i < n_seq; i++) {
-        dr_seq *s = &r->seqs[r->ask_seq[i]];
-        if (r->rep[i].status == WIRE_DRAFT_UNKNOWN) s->n = 0;
-        if (r->rep[i].status == WIRE_DRAFT_FULL) {
-            if (s->n > (int)r->ask_keep[i]) s->n = (int)r->ask_keep[i];
-            s->full_at = (int)r->ask_n[i];
+        dr_seq *s = &r->seqs[x->seq[i]];
+        const wire_draft_reply *p = &r->rep[i];
+        if (p->status == WIRE_DRAFT_UNKNOWN) s->n = 0;
+        if (p->status == WIRE_DRAFT_FULL) {
+            if (s->n > (int)x->keep[i]) s->n = (int)x->keep[i];
+            s->full_at = (int)x->len[i];
         }
-        if (!asks) continue;
-        draft_ask *q = &asks[r->ask_of[i]];
-        for (uint32_t t = 0; t < r->rep[i].n; t++) q->out[t] = (int32_t)wire_draft_token(r->rep[i].tokens, t);
-        q->n_out = (int)r->rep[i].n;
+        if (x->ahead && s->ahead_ex == x->ex) {
+            for (uint32_t t = 0; t < p->n; t++) s->ahead[t] = (int32_t)wire_draft_token(p->tokens, t);
+            s->n_ahead = (int)p->n;
+            s->ahead_in = 1;
+        }
+        if (!mine) continue;
+        draft_ask *q = &asks[x->ask_of[i]];
+        for (uint32_t t = 0; t < p->n; t++) q->out[t] = (int32_t)wire_draft_token(p->tokens, t);
+        q->n_out = (int)p->n;
     }
     return 0;
 }
 
-/* The overdue answer if it has come: 0 when there is none outstanding now,
- * 1 still waiting, -1 the connection was dropped. */
-static int dr_catch_up(draft_remote *r) {
+/* Reads answers until the queue is empty or `until` (gen_now_ms) passes:
+ * 0 empty, 1 still waiting, -1 the connection was dropped (a failure, a bad
+ * answer, or an answer missing DRAFT_REMOTE_DEAD_MS past its deadline). */
+static int dr_drain(draft_remote *r, double until, draft_ask *asks) {
     char err[600];
-    wire_header h;
-    int rc = dr_recv(r, 0, &h, err, sizeof err);
-    if (rc == 0) {
-        if (gen_now_ms() - r->sent_ms < r->timeout_ms + DRAFT_REMOTE_DEAD_MS) return 1;
-        snprintf(err, sizeof err, "no answer for %d ms", r->timeout_ms + DRAFT_REMOTE_DEAD_MS);
+    while (r->nq) {
+        wire_header h;
+        int left = (int)(until - gen_now_ms());
+        int rc = dr_recv(r, left > 0 ? left : 0, &h, err, sizeof err);
+        if (rc == 0) {
+            if (gen_now_ms() - r->q[0].sent_ms < r->timeout_ms + DRAFT_REMOTE_DEAD_MS) return 1;
+            snprintf(err, sizeof err, "no answer for %d ms", r->timeout_ms + DRAFT_REMOTE_DEAD_MS);
+        }
+        if (rc <= 0 || dr_apply(r, &h, asks, err, sizeof err)) { dr_drop(r, err); return -1; }
+        memmove(&r->q[0], &r->q[1], sizeof r->q[0] * (size_t)(--r->nq));
     }
-    if (rc > 0 && dr_apply(r, &h, NULL, err, sizeof err) == 0) { r->late = 0; return 0; }
-    dr_drop(r, err);
-    return -1;
+    r->late = 0;
+    return 0;
+}
+
+/* Asks the look-ahead answered for: the history sent with it (the step's
+ * drafts included) and then the draft node's guess of the target's token
+ * after them; its drafts after the guess are this step's. */
+static void dr_use_ahead(draft_remote *r, draft_ask *asks, int n_asks) {
+    uint64_t used = 0, missed = 0;
+    for (int a = 0; a < n_asks; a++) {
+        draft_ask *q = &asks[a];
+        if (q->n_out > 0 || q->k <= 0 || q->slot < 0 || q->slot >= r->n_slots) continue;
+        dr_seq *s = &r->seqs[q->slot];
+        if (!s->ahead_ex) continue;
+        int hit = s->ahead_in && s->n_ahead > 1 && s->n == s->ahead_len && q->n == s->ahead_len + 1 &&
+                  q->hist[s->ahead_len] == s->ahead[0] && dr_common(s, q->hist, q->n) == s->ahead_len;
+        s->ahead_ex = 0;
+        if (!hit) { missed++; continue; }
+        int m = s->n_ahead - 1 < q->k ? s->n_ahead - 1 : q->k;
+        memcpy(q->out, s->ahead + 1, sizeof(int32_t) * (size_t)m);
+        q->n_out = m;
+        used++;
+        r->ex_drafts += m;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->st.ahead_used += used;
+    r->st.ahead_missed += missed;
+    pthread_mutex_unlock(&r->mu);
+}
+
+/* After the step's drafts are in: one DRAFT asking, for every sequence that
+ * got drafts from the draft node, the drafts after them as if all are
+ * accepted: its history and drafts, and one more draft (the guess of the
+ * target's own token after the last draft). The draft node computes while
+ * the target verifies; the next step uses the answer when the guess was
+ * right. */
+static void dr_send_ahead(draft_remote *r, draft_ask *asks, int n_asks, const uint8_t *mine) {
+    dr_out *x = dr_begin(r, 1);
+    if (!x) return;
+    for (int a = 0; a < n_asks && x->n < WIRE_DRAFT_MAX_SEQ; a++) {
+        draft_ask *q = &asks[a];
+        if (!mine[a] || q->n_out <= 0 || q->slot < 0 || q->slot >= r->n_slots) continue;
+        dr_seq *s = &r->seqs[q->slot];
+        int len = q->n + q->n_out;
+        if (s->full_at || len >= (1 << 20)) continue;
+        int c = dr_common(s, q->hist, q->n);
+        if (dr_seq_hold(s, q->hist, c, q->n) || dr_seq_room(s, len)) { dr_drop(r, "out of memory for a DRAFT frame"); return; }
+        memcpy(s->tok + q->n, q->out, sizeof(int32_t) * (size_t)q->n_out);
+        s->n = len;
+        uint32_t k = q->k + 1 > (int)WIRE_DRAFT_MAX_K ? WIRE_DRAFT_MAX_K : (uint32_t)q->k + 1;
+        if (dr_entry(r, x, q->slot, c, k, a)) { dr_drop(r, "out of memory for a DRAFT frame"); return; }
+        s->ahead_ex = r->exchange + 1;
+        s->ahead_len = len;
+        s->ahead_in = 0;
+        s->n_ahead = 0;
+    }
+    if (dr_send(r, x) || !x->n) return;
+    pthread_mutex_lock(&r->mu);
+    r->st.ahead_sent++;
+    pthread_mutex_unlock(&r->mu);
 }
 
 static void dr_exchange(draft_remote *r, draft_ask *asks, int n_asks) {
     if (!dr_take(r)) return;
-    if (r->late && dr_catch_up(r)) return;
-    char err[600];
-    if (dr_build(r, asks, n_asks)) { dr_drop(r, "out of memory for a DRAFT frame"); return; }
-    if (!r->n_asked) return;
-    r->exchange++;
-    r->sent_ms = gen_now_ms();
-    if (wire_send(r->conn, WIRE_DRAFT, r->exchange, 0, r->fb.data, r->fb.len, err, sizeof err)) {
-        dr_drop(r, err);
-        return;
+    r->steps++;
+    /* an answer past its deadline: read it if it came, else no drafts yet */
+    if (r->late && dr_drain(r, gen_now_ms(), NULL)) return;
+    double until = gen_now_ms() + r->timeout_ms;
+    int rc = dr_drain(r, until, NULL);       /* the look-ahead sent last step */
+    if (rc < 0) return;
+    if (rc > 0) { dr_count_late(r); return; }
+    uint8_t mine[WIRE_DRAFT_MAX_SEQ + 1];
+    memset(mine, 0, sizeof mine);
+    for (int a = 0; a < n_asks && a < (int)WIRE_DRAFT_MAX_SEQ; a++) mine[a] = asks[a].n_out == 0;
+    dr_use_ahead(r, asks, n_asks);
+    dr_out *x = dr_begin(r, 0);
+    if (!x) { dr_drop(r, "out of memory for a DRAFT frame"); return; }
+    for (int a = 0; a < n_asks && a < (int)WIRE_DRAFT_MAX_SEQ && x->n < WIRE_DRAFT_MAX_SEQ; a++)
+        if (dr_add(r, x, &asks[a], a) < 0) { dr_drop(r, "out of memory for a DRAFT frame"); return; }
+    for (uint32_t i = 0; i < x->n; i++) r->ex_drafts += (int)x->k[i];
+    int fresh = x->n > 0;
+    if (dr_send(r, x)) return;
+    if (fresh) {
+        pthread_mutex_lock(&r->mu);
+        r->st.exchanges++;
+        pthread_mutex_unlock(&r->mu);
+        rc = dr_drain(r, until, asks);
+        if (rc < 0) return;
+        if (rc > 0) { dr_count_late(r); return; }
     }
-    for (uint32_t i = 0; i < r->n_asked; i++) r->ex_drafts += (int)r->ask_k[i];
-    wire_header h;
-    int rc = dr_recv(r, r->timeout_ms, &h, err, sizeof err);
-    pthread_mutex_lock(&r->mu);
-    r->st.exchanges++;
-    if (rc == 0) r->st.late++;
-    pthread_mutex_unlock(&r->mu);
-    if (rc == 0) { r->late = 1; return; }
-    /* dr_apply checks the whole answer before it gives any draft */
-    if (rc < 0 || dr_apply(r, &h, asks, err, sizeof err)) dr_drop(r, err);
+    dr_send_ahead(r, asks, n_asks < (int)WIRE_DRAFT_MAX_SEQ ? n_asks : (int)WIRE_DRAFT_MAX_SEQ, mine);
 }
 
 /* ==== What a draft costs ==== */

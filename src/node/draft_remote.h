@@ -8,9 +8,20 @@
  * wants drafts is one exchange: a DRAFT frame with, per sequence (its id is
  * the scheduler's slot), the part of its history the draft node does not
  * hold yet (keep = the longest common prefix with what was sent before: the
- * tokens accepted since the last exchange; a rejected draft was never sent,
- * so nothing needs undoing), then the DRAFTS answer, waited for at most the
- * exchange deadline (--draft-timeout-ms).
+ * tokens accepted since the last exchange; drafts sent and then rejected
+ * lie beyond it, so the draft node drops them), then the DRAFTS answer,
+ * waited for at most the exchange deadline (--draft-timeout-ms).
+ *
+ * Look-ahead: once a step's drafts are in, a second DRAFT asks, for each
+ * sequence that got drafts here, k + 1 drafts after its history and those
+ * drafts, sent before the target verifies them: the draft node's first is
+ * its guess of the target's token after the last draft, the rest the next
+ * step's drafts, computed while the target verifies. The next step reads
+ * that answer first (answers come in order) and uses a sequence's drafts
+ * when all its drafts were accepted and the target's token is the guess:
+ * no round trip and no draft-node compute in that step. Else they are
+ * dropped and a fresh exchange asks as before. One DRAFT is outstanding at
+ * a time, as before.
  *
  * Never a stall: an answer later than the deadline leaves that step without
  * drafts and the next steps too until it has come (it is read and dropped:
@@ -68,11 +79,14 @@ double draft_remote_cost(draft_remote *r, double prior);
 
 typedef struct {
     uint64_t exchanges, late, failures, connects;
+    uint64_t ahead_sent, ahead_used, ahead_missed;   /* look-aheads: DRAFTs sent, asks served, not */
     int connected;
 } draft_remote_stats;
 void draft_remote_get_stats(draft_remote *r, draft_remote_stats *st);
 /* /v1/stats: "draft_node": {"address", "connected", "connects", "exchanges",
- * "late" (answers past the deadline), "failures" (connections dropped)};
+ * "late" (answers past the deadline), "failures" (connections dropped),
+ * "ahead_sent" (look-ahead DRAFTs), "ahead_used" / "ahead_missed" (asks a
+ * look-ahead's drafts served / did not: a rejected draft or a wrong guess)};
  * nothing when r is NULL. */
 void draft_remote_stats_json(json_t *o, draft_remote *r);
 

@@ -160,7 +160,7 @@ int draft_server_answer(draft_server *ds, unsigned conn_id, wire_conn *c, const 
         ds->status[i] = ds_apply(ds, conn_id, &ds->asks[i], &ds->dq[na], ds->out[i]);
         ask_of[i] = ds->status[i] == WIRE_DRAFT_OK ? na++ : -1;
     }
-    if (na) draft_propose(ds->src, ds->dq, na);
+    if (na) draft_propose(ds->src, ds->dq, na, 0);   /* catch-up at draft.c's default budget */
     ds->exchanges++;
     int rc = ds_reply(ds, n_seq, ask_of);
     if (rc) snprintf(err, errlen, "out of memory for a DRAFTS frame");

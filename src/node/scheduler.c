@@ -616,6 +616,18 @@ static float *sched_spec_q(sched *s, const sched_slot *sl) {
     return s->spec_q + (size_t)(sl - s->slots) * (size_t)(s->spec_rows - 1) * (size_t)s->n_vocab;
 }
 
+/* The step's room for a draft model's catch-up, in target rows: the
+ * prefill budget less the step's own prompt rows (a step carries no more
+ * prompt work than the target alone would), but never under a quarter of
+ * it, so a run of new prompts does not hold the drafts back for good. */
+static int sched_spec_room(const sched *s, int ni) {
+    int prompt = 0;
+    for (int k = 0; k < ni; k++)
+        if (s->item_job[k]->v.state != SJ_DECODE) prompt += s->items[k].n;
+    int room = s->o.prefill_budget - prompt, floor = s->o.prefill_budget / 4;
+    return room > floor ? room : floor > 0 ? floor : 1;
+}
+
 static void sched_spec_draft(sched *s, int ni) {
     if (!s->o.draft) return;
     int na = 0, n_dec = 0;
@@ -639,7 +651,7 @@ static void sched_spec_draft(sched *s, int ni) {
         s->ask_item[na++] = k;
     }
     if (!na) return;
-    draft_propose(s->o.draft, s->asks, na);
+    draft_propose(s->o.draft, s->asks, na, sched_spec_room(s, ni));
     for (int a = 0; a < na; a++) {
         int k = s->ask_item[a];
         sched_job *j = s->item_job[k];
