@@ -79,6 +79,23 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
                        int start_pos, handoff_stats *st, char *err, size_t errlen);
 
 /* ==== Prefill side ==== */
+/* A slice's rows per chunk for a request computing `span` positions: its
+ * -b (n_batch), halved while that leaves fewer than min_chunks chunks
+ * and the half keeps at least CHAIN_MIN_ROWS rows. A pipeline of k nodes
+ * over c chunks costs about (c + k - 1) / c of its slowest slice's compute
+ * (the bubble: the later slices' last chunks), so more, smaller chunks pay
+ * until their rows no longer fill the matmul tiles. Every slice of a chain
+ * gets the same REQUEST, so slices with the same -b pick the same rows (and
+ * differing ones stay correct: a slice computes a chunk once all its rows
+ * have arrived, however they were cut). */
+#define CHAIN_MIN_CHUNKS 16   /* the default of a slice's --chain-chunks */
+/* Rows below which a chunk loses per-row speed (one core, measured by CPU
+ * seconds of `tandem bench -p 1024`: the Qwen3-0.6B shape Q8_0 the same at
+ * 256 as at 512 rows, the 30B-A3B shape Q4_K_M ~4% dearer at 256 and ~8% at
+ * 128, its 128 experts then seeing ~8 rows each; docs/bench.md). */
+#define CHAIN_MIN_ROWS 128
+int chain_chunk_rows(int n_batch, int span, int min_chunks);
+
 /* The hidden states a slice (layer_lo > 0) has received for a request:
  * rows [p0, end) of dim floats, filled in order. */
 typedef struct {
