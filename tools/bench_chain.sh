@@ -32,14 +32,15 @@
 #
 # Setup: chain = slice 0:L/2 pinned to core 0 and slice L/2:L to core 1
 # (taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
-# -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" (request sent to the
-# first token's logits; the decode side, not pinned, computes the last
-# position itself). Needs 2 cores. Beside it, from the nodes' own log lines
+# -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" less its "connect"
+# (request sent to the first token's logits; the decode side, not pinned,
+# computes the last position itself; the connections are left out: the
+# first HELLO hashes the whole model file, seconds for a large one, which a
+# decode server does once at start). Needs 2 cores. Beside it, from the nodes' own log lines
 # (load-robust-ish): each slice's compute time, the second slice's waits for
 # hidden states after its first frame (later chunks cost more: their
 # attention spans more positions), and the CPU seconds of the decode process
-# (tandem run: model load, KV receive, hidden-state relay). A chain's TTFT
-# counts its connections' handshakes, as the single node's does.
+# (tandem run: model load and fingerprint, KV receive, hidden-state relay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
@@ -173,6 +174,13 @@ for M in "${MODELS[@]}"; do
     start "$M" 0 "0:$H" a "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 1 "$H:$NL" b "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 0 all w "$CTX" "$SINGLE_B"
     CHAIN="$ADDR_P:$(cat "$T/port.a")/0:$H,$ADDR_P:$(cat "$T/port.b")/$H:$NL"
     SINGLE="$ADDR_P:$(cat "$T/port.w")"
+    # one untimed request each first: the weights' pages are in memory and
+    # every process has done its first-request work before the timed runs
+    prompt 256
+    for PN in "$CHAIN" "$SINGLE"; do
+        "${IND[@]}" "$B" run -m "$M" -f "$T/p.256" -n 1 -c "$CTX" -t 1 --secret-file "$T/secret" --prefill-node "$PN" \
+            --timeout-ms 600000 >/dev/null 2>"$T/run.err" || { cat "$T/run.err" >&2; exit 1; }
+    done
     for n in $SIZES; do
         prompt "$n"
         : >"$T/ratios"
@@ -186,6 +194,10 @@ for M in "${MODELS[@]}"; do
                 [ -z "$LOGS" ] || { mkdir -p "$LOGS"; cp "$T/run.err" "$LOGS/$(basename "$M" .gguf).$n.$r.$mode.err"; }
                 read -r tok ms[$mode] < <(sed -n 's/^prompt: \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p' "$T/run.err") ||
                     { cat "$T/run.err" >&2; echo "bench_chain: no prompt time in tandem run's output" >&2; exit 1; }
+                # the request's time: less the connections, whose first HELLO hashes the whole
+                # model file (seconds for a large one; a decode server does it once at start)
+                con=$(sed -n 's/^handoff: .*(connect \([0-9.]*\) ms.*/\1/p' "$T/run.err")
+                ms[$mode]=$(awk -v a="${ms[$mode]}" -v c="${con:-0}" 'BEGIN { printf "%.1f", a - c }')
                 cpu[$mode]=$(awk '/^cpu_s/ { printf "%.1f", $2 + $3 }' "$T/run.cpu")
             done
             ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')

@@ -87,9 +87,15 @@ int chain_desc_layers(const char *desc, int *lo, int *hi) {
 
 /* ==== Prefill side ==== */
 
-int chain_chunk_rows(int n_batch, int span, int min_chunks) {
+int chain_min_rows(int n_expert, int n_used) {
+    if (n_expert <= 1 || n_used < 1 || n_used > n_expert) return CHAIN_MIN_ROWS;
+    long r = (long)CHAIN_MIN_EXPERT_ROWS * n_expert / n_used;
+    return r > CHAIN_MIN_ROWS ? (r > (1 << 20) ? 1 << 20 : (int)r) : CHAIN_MIN_ROWS;
+}
+
+int chain_chunk_rows(int n_batch, int span, int min_chunks, int min_rows) {
     int rows = n_batch > 0 ? n_batch : 1;
-    while (rows / 2 >= CHAIN_MIN_ROWS && (span + rows - 1) / rows < min_chunks) rows /= 2;
+    while (rows / 2 >= min_rows && (span + rows - 1) / rows < min_chunks) rows /= 2;
     return rows;
 }
 

@@ -89,12 +89,20 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
  * differing ones stay correct: a slice computes a chunk once all its rows
  * have arrived, however they were cut). */
 #define CHAIN_MIN_CHUNKS 16   /* the default of a slice's --chain-chunks */
-/* Rows below which a chunk loses per-row speed (one core, measured by CPU
- * seconds of `tandem bench -p 1024`: the Qwen3-0.6B shape Q8_0 the same at
- * 256 as at 512 rows, the 30B-A3B shape Q4_K_M ~4% dearer at 256 and ~8% at
- * 128, its 128 experts then seeing ~8 rows each; docs/bench.md). */
+/* Rows below which a chunk loses per-row speed (one core, CPU seconds of
+ * `tandem bench -p 1024`: the Qwen3-0.6B shape Q8_0 the same at 128, 256
+ * and 512 rows; docs/bench.md). */
 #define CHAIN_MIN_ROWS 128
-int chain_chunk_rows(int n_batch, int span, int min_chunks);
+/* A MoE model's experts each see rows * n_expert_used / n_expert of a
+ * chunk, and every chunk reads every expert's weights: at 128 rows (8 per
+ * expert) the 30B-A3B shape's slices computed 1.7x slower than at 512 in a
+ * chain (docs/bench.md). A slice keeps at least this many rows per expert. */
+#define CHAIN_MIN_EXPERT_ROWS 32
+/* The fewest rows for a model's chunks: CHAIN_MIN_ROWS, or for n_expert
+ * experts of which n_used are picked per row, enough for
+ * CHAIN_MIN_EXPERT_ROWS each. */
+int chain_min_rows(int n_expert, int n_used);
+int chain_chunk_rows(int n_batch, int span, int min_chunks, int min_rows);
 
 /* The hidden states a slice (layer_lo > 0) has received for a request:
  * rows [p0, end) of dim floats, filled in order. */

@@ -632,8 +632,11 @@ static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, d
     int chunk = model_get_n_batch(node->m), rc = 0;
     pn_waiter w;
     *ms = 0;
-    if (r->sliced)   /* the pipeline's chunks */
-        chunk = r->chunk_rows = chain_chunk_rows(chunk, r->end - have, node->o->chain_min_chunks);
+    if (r->sliced) {   /* the pipeline's chunks */
+        const model_hparams *hp = model_get_hparams(node->m);
+        chunk = r->chunk_rows = chain_chunk_rows(chunk, r->end - have, node->o->chain_min_chunks,
+                                                 chain_min_rows(hp->n_expert, hp->n_expert_used));
+    }
     for (int p = have; p < r->end && !rc; p += chunk) {
         int n = r->end - p < chunk ? r->end - p : chunk;
         double tw = gen_now_ms();
