@@ -16,7 +16,8 @@
 #                     it says so and exits 2
 #   --chunk N         fixed rows per chunk of the chain's slice nodes (-b N
 #                     --chain-chunks 1); default: -b 512 and the slices' own
-#                     choice (--chain-chunks 16: 256 rows at 4,096 tokens);
+#                     choice (--chain-chunks 16: 256 rows at 4,096 tokens for
+#                     a dense model; a MoE one keeps 32 rows per expert);
 #                     the pipeline's bubble is one chunk of the second slice
 #   --single-b N      the single node's -b (default 512)
 #   --logs DIR        keep the nodes' logs and each run's stderr in DIR
