@@ -14,6 +14,13 @@
 #                     veth pair shaped to RATE (tc tbf, e.g. 10gbit; the hidden
 #                     states and the KV rows all cross it); needs root, else
 #                     it says so and exits 2
+#   --chunk N         fixed rows per chunk of the chain's slice nodes (-b N
+#                     --chain-chunks 1); default: -b 512 and the slices' own
+#                     choice (--chain-chunks 16: 256 rows at 4,096 tokens for
+#                     a dense model; a MoE one keeps 32 rows per expert);
+#                     the pipeline's bubble is one chunk of the second slice
+#   --single-b N      the single node's -b (default 512)
+#   --logs DIR        keep the nodes' logs and each run's stderr in DIR
 #   -o FILE           also write the table to FILE
 # Without MODEL arguments it benchmarks the issue's two models, generated
 # under build/bench-models/ with `tandem gen-model` when absent (the
@@ -26,19 +33,28 @@
 #
 # Setup: chain = slice 0:L/2 pinned to core 0 and slice L/2:L to core 1
 # (taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
-# -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" (request sent to the
-# first token's logits; the decode side, not pinned, computes the last
-# position itself). Needs 2 cores.
+# -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" less its "connect"
+# (request sent to the first token's logits; the decode side, not pinned,
+# computes the last position itself; the connections are left out: the
+# first HELLO hashes the whole model file, seconds for a large one, which a
+# decode server does once at start). Needs 2 cores. Beside it, from the nodes' own log lines
+# (load-robust-ish): each slice's compute time, the second slice's waits for
+# hidden states after its first frame (later chunks cost more: their
+# attention spans more positions), and the CPU seconds of the decode process
+# (tandem run: model load and fingerprint, KV receive, hidden-state relay).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
-SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=()
+SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=(); CHUNK=""; SINGLE_B=512; LOGS=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
     --net) NET=$2; shift 2 ;;
+    --chunk) CHUNK=$2; shift 2 ;;
+    --single-b) SINGLE_B=$2; shift 2 ;;
+    --logs) LOGS=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "bench_chain: unknown option $1" >&2; exit 2 ;;
@@ -112,11 +128,12 @@ if [ -n "$NET" ]; then
     ip netns exec "$NS_D" tc qdisc replace dev veth-cd root tbf rate "$NET" burst "$burst" latency 100ms
     ADDR_P=10.78.0.1 INP=(ip netns exec "$NS_P") IND=(ip netns exec "$NS_D")
 fi
-start() {  # MODEL CORE LAYERS|all NAME CTX
+start() {  # MODEL CORE LAYERS|all NAME CTX BATCH [OPTIONS...]
     local L=() pid
     [ "$3" = all ] || L=(--layers "$3")
+    L+=("${@:7}")
     rm -f "$T/port.$4"
-    "${INP[@]}" taskset -c "$2" "$B" serve --role prefill -m "$1" --secret-file "$T/secret" -t 1 -b 512 -c "$5" "${L[@]}" \
+    "${INP[@]}" taskset -c "$2" "$B" serve --role prefill -m "$1" --secret-file "$T/secret" -t 1 -b "$6" -c "$5" "${L[@]}" \
         --listen "$ADDR_P:0" --port-file "$T/port.$4" --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 \
         >"$T/log.$4" 2>&1 &
     pid=$!; echo "$pid" >>"$T/pids"
@@ -129,6 +146,7 @@ start() {  # MODEL CORE LAYERS|all NAME CTX
 }
 stop_all() {
     local p
+    if [ -n "$LOGS" ]; then mkdir -p "$LOGS"; for p in a b w; do cp "$T/log.$p" "$LOGS/$(basename "$M" .gguf).$p.log" 2>/dev/null || true; done; fi
     for p in $(cat "$T/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     : >"$T/pids"
@@ -146,32 +164,54 @@ emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
 [ -z "$OUT" ] || : >"$OUT"
 maxn=0; for n in $SIZES; do [ "$n" -gt "$maxn" ] && maxn=$n; done
 CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
-emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1, single = whole model on core 0, -t 1 each"
+emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 (${CHUNK:+-b $CHUNK --chain-chunks 1}${CHUNK:--b 512, rows their choice}), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
 emit ""
-emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain |"
-emit "|---|---:|---:|---:|---:|---:|---:|"
+emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | chunk rows | slice 1 / 2 compute s | slice 2 waits s | decode CPU s chain / single |"
+emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for M in "${MODELS[@]}"; do
     NL=$(layers_of "$M") || { echo "bench_chain: no block_count in $M" >&2; exit 2; }
     H=$((NL / 2))
-    start "$M" 0 "0:$H" a "$CTX"; start "$M" 1 "$H:$NL" b "$CTX"; start "$M" 0 all w "$CTX"
+    SL=(); [ -z "$CHUNK" ] || SL=(--chain-chunks 1)
+    start "$M" 0 "0:$H" a "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 1 "$H:$NL" b "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 0 all w "$CTX" "$SINGLE_B"
     CHAIN="$ADDR_P:$(cat "$T/port.a")/0:$H,$ADDR_P:$(cat "$T/port.b")/$H:$NL"
     SINGLE="$ADDR_P:$(cat "$T/port.w")"
+    # one untimed request each first: the weights' pages are in memory and
+    # every process has done its first-request work before the timed runs
+    prompt 256
+    for PN in "$CHAIN" "$SINGLE"; do
+        "${IND[@]}" "$B" run -m "$M" -f "$T/p.256" -n 1 -c "$CTX" -t 1 --secret-file "$T/secret" --prefill-node "$PN" \
+            --timeout-ms 600000 >/dev/null 2>"$T/run.err" || { cat "$T/run.err" >&2; exit 1; }
+    done
     for n in $SIZES; do
         prompt "$n"
         : >"$T/ratios"
         for r in $(seq 1 "$ROUNDS"); do
-            declare -A ms=()
+            declare -A ms=() cpu=()
             for mode in chain single; do
                 if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
-                "${IND[@]}" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 --secret-file "$T/secret" --prefill-node "$PN" \
-                    --timeout-ms 600000 >/dev/null 2>"$T/run.err" || { cat "$T/run.err" >&2; exit 1; }
+                "${IND[@]}" /usr/bin/time -f "cpu_s %U %S" -o "$T/run.cpu" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 \
+                    --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 >/dev/null 2>"$T/run.err" ||
+                    { cat "$T/run.err" >&2; exit 1; }
+                [ -z "$LOGS" ] || { mkdir -p "$LOGS"; cp "$T/run.err" "$LOGS/$(basename "$M" .gguf).$n.$r.$mode.err"; }
                 read -r tok ms[$mode] < <(sed -n 's/^prompt: \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p' "$T/run.err") ||
                     { cat "$T/run.err" >&2; echo "bench_chain: no prompt time in tandem run's output" >&2; exit 1; }
+                # the request's time: less the connections, whose first HELLO hashes the whole
+                # model file (seconds for a large one; a decode server does it once at start)
+                con=$(sed -n 's/^handoff: .*(connect \([0-9.]*\) ms.*/\1/p' "$T/run.err")
+                ms[$mode]=$(awk -v a="${ms[$mode]}" -v c="${con:-0}" 'BEGIN { printf "%.1f", a - c }')
+                cpu[$mode]=$(awk '/^cpu_s/ { printf "%.1f", $2 + $3 }' "$T/run.cpu")
             done
             ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
             echo "$ratio" >>"$T/ratios"
+            # the slices' last request lines: compute_ms=, act_wait_ms= (waits after the first chunk)
+            ca=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.a" | tail -1)
+            cb=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
+            rows=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* rows=\([0-9]*\).*/\1/p' "$T/log.b" | tail -1)
+            wb=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
             emit "| $(basename "$M" .gguf) | $tok | $r | $(load) | $(awk -v v="${ms[chain]}" 'BEGIN{printf "%.1f", v/1000}') |" \
-                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio |"
+                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | ${rows:-?} |" \
+                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') |" \
+                 "$(awk -v v="${wb:-0}" 'BEGIN{printf "%.1f", v/1000}') | ${cpu[chain]} / ${cpu[single]} |"
         done
         emit "| $(basename "$M" .gguf) | $tok | median | | | | **$(sort -n "$T/ratios" | awk '{ a[NR] = $1 } END { printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')** |"
     done

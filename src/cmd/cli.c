@@ -157,6 +157,8 @@ static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t 
                                      : !strcmp(o->act_dtype, "f16") ? GGML_TYPE_F16 : GGML_TYPE_BF16 };
         rc = cp ? chain_pool_prefill(cp, o->prefill_node, m, kvt, &ho, &co, 0, s, ids, n, 0, &rr->hs, err, errlen) : -1;
         if (!cp) snprintf(err, errlen, "out of memory");
+        /* the connections (handshakes) count as a single node's do */
+        if (!rc) rr->connect_ms = gen_now_ms() - t0 - rr->hs.total_ms;
         chain_pool_free(cp);
         free(secret);
     } else {

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "base/cliopt.h"
+#include "node/chain.h"
 #include "node/handoff.h"
 #include "engine/kvcache.h"
 #include "base/log.h"
@@ -44,6 +45,7 @@ typedef struct {
     int drain_timeout_ms;                                 /* node_drain.h */
     int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
+    int chain_chunks;     /* prefill slice: --chain-chunks (chain.h CHAIN_MIN_CHUNKS) */
     int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
     const char *draft_model;  /* prefill role: --draft-model FILE (a draft node: draft_serve.h) */
     int draft_slots;          /* --draft-slots N */
@@ -94,6 +96,8 @@ static void serve_usage(FILE *f) {
         "                       decode nodes: a repeated prefix is loaded, not recomputed\n"
         "  --layers A:B         serve blocks A..B-1 only (end exclusive; a slice of a layer-split\n"
         "                       prefill chain: docs/layer-split.md)\n"
+        "  --chain-chunks N     (slice) cut a prompt into at least N chunks, halving -b down to\n"
+        "                       128 rows, to shrink the pipeline's bubble (default 16; 1 = -b rows)\n"
         "  --draft-model FILE   also a draft node: decode nodes started with --draft-node HOST:PORT\n"
         "                       get speculative drafts of this model (same tokenizer as -m) over\n"
         "                       the wire protocol (docs/wire-protocol.md 4.10)\n"
@@ -176,6 +180,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--draft-model")) bad = cliopt_str(SERVE, a, v, &o->draft_model);
         else if (!strcmp(a, "--draft-slots")) bad = serve_int(a, v, 1, 64, &o->draft_slots);
         else if (!strcmp(a, "--debug-act-stall")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_act_stall);
+        else if (!strcmp(a, "--chain-chunks")) bad = serve_int(a, v, 1, 4096, &o->chain_chunks);
         else if (!strcmp(a, "--drain-timeout")) bad = serve_int(a, v, 0, 3600000, &o->drain_timeout_ms);
         else { fprintf(stderr, SERVE ": unknown option %s (see tandem serve --help)\n", a); return -1; }
         if (bad) return -1;   /* cliopt said what is wrong */
@@ -213,6 +218,7 @@ static int serve_prefill(model *m, model *dm, const serve_opts *o) {
         .request_ms = o->request_ms, .port_out = &port,
         .metrics_listen = o->metrics_listen, .metrics_port_file = o->metrics_port_file,
         .model_name = o->model_name, .model_path = o->model, .debug_act_stall = o->debug_act_stall,
+        .chain_min_chunks = o->chain_chunks ? o->chain_chunks : CHAIN_MIN_CHUNKS,
         .kv_cache_ram = o->kv_cache_ram, .kv_cache_dir = o->kv_cache_dir, .kv_cache_disk = o->kv_cache_disk,
         .drain_timeout_ms = o->drain_timeout_ms, .reg = reg, .draft_model = dm, .draft_slots = o->draft_slots,
     };

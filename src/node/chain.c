@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "net/wire_act.h"
@@ -86,6 +87,18 @@ int chain_desc_layers(const char *desc, int *lo, int *hi) {
 
 /* ==== Prefill side ==== */
 
+int chain_min_rows(int n_expert, int n_used) {
+    if (n_expert <= 1 || n_used < 1 || n_used > n_expert) return CHAIN_MIN_ROWS;
+    long r = (long)CHAIN_MIN_EXPERT_ROWS * n_expert / n_used;
+    return r > CHAIN_MIN_ROWS ? (r > (1 << 20) ? 1 << 20 : (int)r) : CHAIN_MIN_ROWS;
+}
+
+int chain_chunk_rows(int n_batch, int span, int min_chunks, int min_rows) {
+    int rows = n_batch > 0 ? n_batch : 1;
+    while (rows / 2 >= min_rows && (span + rows - 1) / rows < min_chunks) rows /= 2;
+    return rows;
+}
+
 int chain_act_take(chain_act_in *a, const uint8_t *p, size_t n, char *err, size_t errlen) {
     wire_act x;
     if (wire_decode_act(p, n, &x, err, errlen)) return -1;
@@ -147,6 +160,12 @@ typedef struct {
     int done;
     wire_done d;
     uint64_t in0;
+    /* pipeline figures (the chain's log line), ms since the requests went out */
+    double t_first, t_done;     /* its first frame, its DONE */
+    double busy_ms;             /* reading, opening and storing its frames */
+    double relay_ms, relay_max_ms;   /* sending its hidden states on to the next node */
+    int relay_frames;
+    uint64_t relay_bytes;
 } chain_node;
 
 typedef struct {
@@ -161,6 +180,7 @@ typedef struct {
     float *tmp;
     char failed_node[300];
     uint32_t fail_code;         /* what to tell the node that failed: an ERROR code, 0 = CANCEL */
+    double t0;                  /* gen_now_ms() when the requests went out */
 } chain_run;
 
 static int chain_check_slices(handoff_client **cs, const chain_spec *spec, int n_layer, chain_run *x,
@@ -268,8 +288,14 @@ static int chain_act(chain_run *x, int i, const uint8_t *p, size_t n, int dim, u
     chain_node *to = &x->nd[i + 1];
     /* a next node that held the whole span already finished without them */
     if (to->done) return 0;
+    double t = gen_now_ms();
     if (wire_send(handoff_conn(to->c), WIRE_ACT, to->req, send_flags, p, n, e2, sizeof e2))
         return chain_fail(x, i + 1, 0, err, errlen, "relaying hidden states failed: %s", e2);
+    t = gen_now_ms() - t;
+    nd->relay_ms += t;
+    if (t > nd->relay_max_ms) nd->relay_max_ms = t;
+    nd->relay_frames++;
+    nd->relay_bytes += n;
     return 0;
 }
 
@@ -343,12 +369,31 @@ static int chain_loop(chain_run *x, kvcache *cache, double deadline, int timeout
             if (!(pf[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
             int i = who[k];
             last[i] = gen_now_ms();
+            if (!x->nd[i].t_first) x->nd[i].t_first = last[i] - x->t0;
             int rc = chain_frame(x, i, cache, err, errlen);
+            double t1 = gen_now_ms();
+            x->nd[i].busy_ms += t1 - last[i];
+            if (rc == 1) x->nd[i].t_done = t1 - x->t0;
             if (rc < 0) return -1;
             if (rc == 1) left--;
         }
     }
     return 0;
+}
+
+/* Where a chain prefill's time went, one line per node: when its first
+ * frame and its DONE came, the decode side's time on its frames, and the
+ * relay of its hidden states to the next node. */
+static void chain_log_run(const chain_run *x, const handoff_stats *st) {
+    log_info(NULL, "chain prefill: %d positions over %d nodes in %.1f ms, KV %llu bytes", st->n_sent, x->n, st->total_ms,
+             (unsigned long long)st->kv_bytes);
+    for (int i = 0; i < x->n; i++) {
+        const chain_node *nd = &x->nd[i];
+        log_info(NULL, "chain node %d (layers %d:%d): first frame %.1f ms, done %.1f ms (its compute %.1f ms), "
+                 "frames read in %.1f ms, hidden states relayed %d frames %llu bytes in %.1f ms (max %.1f ms)",
+                 i + 1, nd->lo, nd->hi, nd->t_first, nd->t_done, nd->d.prefill_ms, nd->busy_ms, nd->relay_frames,
+                 (unsigned long long)nd->relay_bytes, nd->relay_ms, nd->relay_max_ms);
+    }
 }
 
 static void chain_end_all(chain_run *x, const char *why) {
@@ -385,7 +430,7 @@ int chain_prefill(handoff_client **cs, const chain_spec *spec, const chain_opts 
     if (x->end <= start_pos) { rc = 0; goto out; }
     if (kv_check_range(cache, 0, 0, n_tok, err, errlen)) goto out;
     if (!(x->got = calloc((size_t)x->n_layer, sizeof *x->got))) { snprintf(err, errlen, "out of memory"); goto out; }
-    double t0 = gen_now_ms();
+    double t0 = x->t0 = gen_now_ms();
     int timeout_ms = handoff_timeout_ms(cs[0]);
     double deadline = t0 + handoff_deadline_ms(cs[0]);
     for (int i = 0; i < x->n; i++) {
@@ -417,6 +462,7 @@ int chain_prefill(handoff_client **cs, const chain_spec *spec, const chain_opts 
     st->prefill_ms_remote = st->total_ms;
     st->transfer_tail_ms = 0.0;
     st->kv_bytes = x->kv_bytes;
+    chain_log_run(x, st);
     rc = 0;
     goto out;
 fail:

@@ -79,6 +79,31 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
                        int start_pos, handoff_stats *st, char *err, size_t errlen);
 
 /* ==== Prefill side ==== */
+/* A slice's rows per chunk for a request computing `span` positions: its
+ * -b (n_batch), halved while that leaves fewer than min_chunks chunks
+ * and the half keeps at least CHAIN_MIN_ROWS rows. A pipeline of k nodes
+ * over c chunks costs about (c + k - 1) / c of its slowest slice's compute
+ * (the bubble: the later slices' last chunks), so more, smaller chunks pay
+ * until their rows no longer fill the matmul tiles. Every slice of a chain
+ * gets the same REQUEST, so slices with the same -b pick the same rows (and
+ * differing ones stay correct: a slice computes a chunk once all its rows
+ * have arrived, however they were cut). */
+#define CHAIN_MIN_CHUNKS 16   /* the default of a slice's --chain-chunks */
+/* Rows below which a chunk loses per-row speed (one core, CPU seconds of
+ * `tandem bench -p 1024`: the Qwen3-0.6B shape Q8_0 the same at 128, 256
+ * and 512 rows; docs/bench.md). */
+#define CHAIN_MIN_ROWS 128
+/* A MoE model's experts each see rows * n_expert_used / n_expert of a
+ * chunk, and every chunk reads every expert's weights: at 128 rows (8 per
+ * expert) the 30B-A3B shape's slices computed 1.7x slower than at 512 in a
+ * chain (docs/bench.md). A slice keeps at least this many rows per expert. */
+#define CHAIN_MIN_EXPERT_ROWS 32
+/* The fewest rows for a model's chunks: CHAIN_MIN_ROWS, or for n_expert
+ * experts of which n_used are picked per row, enough for
+ * CHAIN_MIN_EXPERT_ROWS each. */
+int chain_min_rows(int n_expert, int n_used);
+int chain_chunk_rows(int n_batch, int span, int min_chunks, int min_rows);
+
 /* The hidden states a slice (layer_lo > 0) has received for a request:
  * rows [p0, end) of dim floats, filled in order. */
 typedef struct {

@@ -133,6 +133,7 @@ typedef struct {
     const char *kv_cache_dir;
     uint64_t kv_cache_disk;
     int debug_act_stall;        /* a slice: send nothing more after the Nth ACT frame of a request */
+    int chain_min_chunks;       /* a slice: --chain-chunks, the fewest chunks it cuts a request into (chain_chunk_rows) */
     int drain_timeout_ms;           /* on stop: handoffs in flight may finish this long (node_drain.h) */
     struct node_register *reg;      /* the registration to take back when draining (NULL: none) */
     /* --draft-model: a draft node too (draft_serve.h): DRAFT frames are

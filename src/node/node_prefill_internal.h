@@ -162,6 +162,10 @@ typedef struct {
     float *x_out;                 /* a chunk's hidden states to send (slice_hi < n_layer) */
     wire_buf act_fb;
     int act_frames;
+    /* a slice's pipeline figures (its log line): waits for hidden states
+     * (for the first frame apart: the pipeline filling), sending them */
+    double act_wait_ms, act_first_wait_ms, act_send_ms;
+    int n_chunks, chunk_rows;
 
     /* sender's */
     wire_buf fb;

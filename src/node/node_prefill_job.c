@@ -150,6 +150,21 @@ static int pn_slice_chunk(pn_conn *pc, pn_req *r, const int32_t *tokens, int p, 
                             r->slice_hi < r->n_layer ? r->x_out : NULL, pn_hook, r, err, errlen);
 }
 
+/* One chunk's pipeline figures: its wait for hidden states, its compute
+ * and its send of them (a DEBUG line each; the sums go on the request's
+ * slice line). */
+static void pn_slice_account(pn_req *r, int p, int n, double wait_ms, double compute_ms, double send_ms) {
+    r->act_wait_ms += wait_ms;   /* after pn_slice_start's wait for the first frame */
+    r->n_chunks++;
+    r->act_send_ms += send_ms;
+    if (log_enabled(LOGL_DEBUG)) {
+        char rid[LOG_ID_CHARS + 1];
+        pn_rid(r->req_id, rid);
+        log_debug(rid, "slice %d:%d chunk %d..%d wait_ms=%.1f compute_ms=%.1f act_send_ms=%.1f", r->slice_lo, r->slice_hi,
+                  p, p + n, wait_ms, compute_ms, send_ms);
+    }
+}
+
 /* The chunk's hidden states to the decode node, for the next slice. */
 static int pn_act_out(pn_req *r, int p, int n, char *err, size_t errlen) {
     const prefill_node_opts *o = r->node->o;
@@ -171,9 +186,16 @@ static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, d
     int chunk = model_get_n_batch(node->m), rc = 0;
     pn_waiter w;
     *ms = 0;
+    if (r->sliced) {   /* the pipeline's chunks */
+        const model_hparams *hp = model_get_hparams(node->m);
+        chunk = r->chunk_rows = chain_chunk_rows(chunk, r->end - have, node->o->chain_min_chunks,
+                                                 chain_min_rows(hp->n_expert, hp->n_expert_used));
+    }
     for (int p = have; p < r->end && !rc; p += chunk) {
         int n = r->end - p < chunk ? r->end - p : chunk;
+        double tw = gen_now_ms();
         if (r->slice_lo > 0 && pn_act_wait(r, p + n, err, errlen)) return -1;
+        double waited = gen_now_ms() - tw;
         if (pn_turn_take(r, &w)) {
             snprintf(err, errlen, "gave up waiting for the model");
             return -1;
@@ -182,9 +204,11 @@ static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, d
         double t0 = gen_now_ms();
         if (r->sliced) rc = pn_slice_chunk(pc, r, tokens, p, n, err, errlen);
         else rc = model_eval(node->m, pc->s, tokens + p, n, NULL, pn_hook, r, err, errlen);
-        *ms += gen_now_ms() - t0;
+        double t1 = gen_now_ms();
+        *ms += t1 - t0;
         pn_turn_give(node, &w);
         if (!rc && r->slice_hi < r->n_layer) rc = pn_act_out(r, p, n, err, errlen);
+        if (r->sliced) pn_slice_account(r, p, n, waited, t1 - t0, gen_now_ms() - t1);
     }
     return rc;
 }
@@ -327,6 +351,10 @@ static int pn_request_done(pn_conn *pc, const pn_req *r, int have, double ms, do
                  (unsigned long long)d.wire_bytes, pc->id, (unsigned long long)r->seq);
     else
         log_warn(rid, "request %llu (conn %u): sending DONE failed: %s", (unsigned long long)r->seq, pc->id, err);
+    if (keep && r->sliced && r->n_chunks)   /* where a chain slice's time went: waits for hidden states, sends */
+        log_info(rid, "slice %d:%d chunks=%d rows=%d compute_ms=%.1f act_wait_first_ms=%.1f act_wait_ms=%.1f "
+                 "act_send_ms=%.1f", r->slice_lo, r->slice_hi, r->n_chunks, r->chunk_rows, ms, r->act_first_wait_ms,
+                 r->act_wait_ms, r->act_send_ms);
     return keep;
 }
 
@@ -384,7 +412,9 @@ static int pn_request_failed(pn_conn *pc, const pn_req *r, const char *err, cons
  * sent start: at most the positions it holds (a chain's nodes keep the
  * same prefix; one that holds fewer cannot fill the gap and refuses). */
 static int pn_slice_start(pn_conn *pc, pn_req *r, int *have, char *err, size_t errlen) {
+    double t = gen_now_ms();
     if (pn_act_wait(r, -1, err, errlen)) return -1;
+    r->act_first_wait_ms = gen_now_ms() - t;   /* the pipeline filling up to this slice */
     if (r->act.p0 > *have) {
         snprintf(err, errlen, "hidden states start at position %d but this slice holds only %d", r->act.p0, *have);
         return -1;

@@ -143,6 +143,46 @@ static const char *PROMPT =
 
 static int g_act_n, g_act_same[2], g_act_first[2];
 
+/* chain_chunk_rows: the rule, then a chain of slices at -b 512 picking
+ * their rows for a long prompt (from their log lines) with the tokens of
+ * the local run. */
+static void part_chunk_rows(const char *path, const char *pf, int npred, const int32_t *ref, int nr, int L) {
+    static int once;
+    if (!once++) {
+        int d = chain_min_rows(0, 0), moe = chain_min_rows(128, 8);
+        CHECK(d == 128 && moe == 512 && chain_min_rows(8, 2) == 128 && chain_min_rows(4, 9) == 128,
+              "chain_min_rows: 128 dense, 32 per expert (%d, %d)", d, moe);
+        CHECK(chain_chunk_rows(512, 4096, 16, d) == 256 && chain_chunk_rows(512, 1024, 16, d) == 128 &&
+              chain_chunk_rows(512, 16384, 16, d) == 512 && chain_chunk_rows(512, 4096, 1, d) == 512 &&
+              chain_chunk_rows(16, 1000, 16, d) == 16 && chain_chunk_rows(4096, 4096, 16, d) == 256 &&
+              chain_chunk_rows(512, 100, 16, d) == 128 && chain_chunk_rows(512, 4096, 0, d) == 512 &&
+              chain_chunk_rows(512, 1024, 16, moe) == 512 && chain_chunk_rows(4096, 4096, 16, moe) == 512,
+              "chain_chunk_rows: -b halved to >= 16 chunks, not below the model's fewest rows");
+    }
+    const char *const big[] = { "-b", "512", NULL };
+    snode a, b;
+    if (snode_start(&a, path, 0, 1, big) || snode_start(&b, path, 1, L, big)) {
+        CHECK(0, "slice nodes at -b 512 start");
+        snode_stop(&a); snode_stop(&b);
+        return;
+    }
+    char spec[600];
+    snode *c2[] = { &a, &b };
+    spec_of(spec, sizeof spec, c2, 2);
+    int32_t got[64];
+    char *e = NULL;
+    int ng = run_chain(path, pf, npred, spec, NULL, got, 64, &e, 120000);
+    CHECK(ng == nr && !memcmp(got, ref, sizeof(int32_t) * (size_t)(nr > 0 ? nr : 0)),
+          "long prompt through slices at -b 512 (their own chunk rows) equals the local run (%d tokens): %s", ng, e ? e : "");
+    free(e);
+    snode_stop(&a); snode_stop(&b);
+    char *la = slurp(a.log), *lb = slurp(b.log);
+    const char *ra = la ? strstr(la, " rows=") : NULL, *rb = lb ? strstr(lb, " rows=") : NULL;
+    int rows_a = ra ? atoi(ra + 6) : -1, rows_b = rb ? atoi(rb + 6) : -1;
+    CHECK(rows_a == 128 && rows_b == 128, "both slices cut the long prompt into 128-row chunks (%d, %d)", rows_a, rows_b);
+    free(la); free(lb);
+}
+
 static void part_models(void) {
     const char *names[] = { "stories260K", "stories260K-F16", "qwen3-mini-Q8_0", "qwen3-mini-Q4_K_M", "qwen2-mini-Q4_0",
                             "qwen3moe-mini-Q4_K_M", "qwen3-mini-F16", "qwen2-mini-F16", "qwen3moe-mini-F16" };
@@ -190,6 +230,9 @@ static void part_models(void) {
                       pi ? "long" : "short", ci ? 3 : 2, ci ? "1 + L-2 + 1 layers" : "1 + L-1 layers", ng, e ? e : "");
                 free(e);
             }
+            /* the slices' own chunk rows (chain_chunk_rows): at -b 512 a
+             * ~900-token prompt is cut into 128-row chunks, not 2 of 512 */
+            if (pi == 1) part_chunk_rows(path, pf, npred, ref, nr, L);
             /* lossy hidden states: measured */
             const char *acts[] = { "f16", "bf16" };
             for (int ai = 0; ai < 2 && pi == 0; ai++) {
