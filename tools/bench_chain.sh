@@ -164,7 +164,8 @@ emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
 [ -z "$OUT" ] || : >"$OUT"
 maxn=0; for n in $SIZES; do [ "$n" -gt "$maxn" ] && maxn=$n; done
 CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
-emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 (${CHUNK:+-b $CHUNK --chain-chunks 1}${CHUNK:--b 512, rows their choice}), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
+CHAIN_ROWS="-b 512, rows their choice"; [ -z "$CHUNK" ] || CHAIN_ROWS="-b $CHUNK --chain-chunks 1"
+emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 ($CHAIN_ROWS), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
 emit ""
 emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | chunk rows | slice 1 / 2 compute s | slice 2 waits s | decode CPU s chain / single |"
 emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -190,7 +191,8 @@ for M in "${MODELS[@]}"; do
             for mode in chain single; do
                 if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
                 "${IND[@]}" /usr/bin/time -f "cpu_s %U %S" -o "$T/run.cpu" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 \
-                    --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 >/dev/null 2>"$T/run.err" ||
+                    --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 --deadline-ms 3600000 \
+                    >/dev/null 2>"$T/run.err" ||
                     { cat "$T/run.err" >&2; exit 1; }
                 [ -z "$LOGS" ] || { mkdir -p "$LOGS"; cp "$T/run.err" "$LOGS/$(basename "$M" .gguf).$n.$r.$mode.err"; }
                 read -r tok ms[$mode] < <(sed -n 's/^prompt: \([0-9]*\) tokens in \([0-9.]*\) ms.*/\1 \2/p' "$T/run.err") ||

@@ -25,7 +25,7 @@ typedef struct {
     const char *prefill_node, *secret_file, *wire_dtype;   /* remote prefill */
     const char *act_dtype;   /* a chain's hidden states: f32, f16, bf16 */
     const char *backend;
-    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms, device;
+    int n_predict, n_threads, n_ctx, n_batch, chat, ids, ignore_eos, verbose, zstd, timeout_ms, deadline_ms, device;
     int seed_given;              /* else a fresh seed per run */
     sampler_params sp;
 } run_opts;
@@ -61,7 +61,10 @@ static void cli_usage_run(FILE *f) {
         "  --act-dtype T              hidden states between chain slices (--prefill-node\n"
         "                             HOST:PORT/A:B,...): f32 (default), f16, bf16\n"
         "  --zstd                     compress KV frames\n"
-        "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n");
+        "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n"
+        "  --deadline-ms N            give up when the prefill takes N ms in all (default 300000;\n"
+        "                             a long prompt on a slow node needs more, and so does the\n"
+        "                             prefill node's --request-ms)\n");
 }
 
 #define RUN "tandem run"
@@ -96,6 +99,7 @@ static int cli_parse_run_value(run_opts *o, const char *a, const char *v) {
     if (!strcmp(a, "--prefill-node")) return cliopt_str(RUN, a, v, &o->prefill_node);
     if (!strcmp(a, "--secret-file")) return cliopt_str(RUN, a, v, &o->secret_file);
     if (!strcmp(a, "--timeout-ms")) return cliopt_int(RUN, a, v, 1, 3600000, &o->timeout_ms);
+    if (!strcmp(a, "--deadline-ms")) return cliopt_int(RUN, a, v, 1, 86400000, &o->deadline_ms);
     return 1;   /* not an option with a value */
 }
 
@@ -146,7 +150,7 @@ static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t 
     char *secret = NULL;
     size_t slen = 0;
     if (cliopt_load_secret(o->secret_file, &secret, &slen, err, errlen)) return -1;
-    handoff_opts ho = { .wire_dtype = wdt, .zstd = o->zstd, .timeout_ms = o->timeout_ms,
+    handoff_opts ho = { .wire_dtype = wdt, .zstd = o->zstd, .timeout_ms = o->timeout_ms, .deadline_ms = o->deadline_ms,
                         .secret = secret, .secret_len = slen, .node_id = "tandem-run" };
     handoff_client *c = NULL;
     double t0 = gen_now_ms();
