@@ -721,6 +721,22 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
  * per-block arithmetic bit for bit, the levels decoded once per block for
  * several activation rows: a verification step of 2-8 rows costs 1.1-2.2x
  * a one-row step (the one- and two-row tile before it: 1.5-4.3x). */
+
+/* A pass's activation scales and sums as floats, d and s side by side
+ * (ds[r * row + 2 b], ds[r * row + 2 b + 1]), converted once for every
+ * weight row of the pass: one conversion of four halves per block. Both
+ * walks below start their passes with it. */
+static void qa_b32u_scales(const uint8_t *a0, size_t a_stride, int RA, int64_t b0, int64_t nb, float *ds, size_t row) {
+    for (int r = 0; r < RA; r++) {
+        const block_q8_1 *y = (const block_q8_1 *)(a0 + (size_t)r * a_stride) + b0;
+        for (int64_t b = 0; b < nb; b++) {
+            uint32_t v;
+            memcpy(&v, &y[b], 4);
+            _mm_storel_pi((__m64 *)&ds[(size_t)r * row + 2 * (size_t)b], _mm_cvtph_ps(_mm_cvtsi32_si128((int)v)));
+        }
+    }
+}
+
 #if defined(QA_ZMM)
 #include "quant_avx512_b32u.h"
 #else

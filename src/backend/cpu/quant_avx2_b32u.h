@@ -147,14 +147,7 @@ static void qa_mul_mat_u8(uint32_t type, int64_t n, const uint8_t *w, size_t w_s
         const uint8_t *a0 = a + (size_t)j0 * a_stride;
         for (int64_t b0 = 0; b0 < nbt; b0 += QA_U8_MAXB) {
             const int64_t nb = nbt - b0 < QA_U8_MAXB ? nbt - b0 : QA_U8_MAXB;
-            for (int r = 0; r < RA; r++) {   /* d and s side by side: one conversion of four halves */
-                const block_q8_1 *y = (const block_q8_1 *)(a0 + (size_t)r * a_stride) + b0;
-                for (int64_t b = 0; b < nb; b++) {
-                    uint32_t v;
-                    memcpy(&v, &y[b], 4);
-                    _mm_storel_pi((__m64 *)&ds[r][2 * b], _mm_cvtph_ps(_mm_cvtsi32_si128((int)v)));
-                }
-            }
+            qa_b32u_scales(a0, a_stride, RA, b0, nb, &ds[0][0], 2 * QA_U8_MAXB);
             for (int i0 = 0; i0 < nw; i0 += 8)
                 walk(RA, nw - i0 < 8 ? nw - i0 : 8, b0, nb, w + (size_t)i0 * w_stride, w_stride, a0, a_stride,
                      (const float (*)[2 * QA_U8_MAXB])ds, b0 == 0, out + (size_t)j0 * out_stride + (size_t)i0,
