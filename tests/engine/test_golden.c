@@ -89,9 +89,11 @@ typedef struct {
  * for layers 1-3. Of the 18 steps that had no near-tie under 0.05 at their
  * token, 12 have one under the bound (at the token or earlier) whose two
  * experts swapped bring tandem itself within 0.60 (each reason names it),
- * 2 more follow from earlier near-ties that the float64 forward with f32
- * activations resolves the oracle's way, 3 are 8-bit rounding noise (the
- * float64 forward as far or further), and 1 (03_unicode_emoji_cjk 22) is
+ * 2 more come mostly from earlier near-ties that the float64 forward
+ * with f32 activations resolves the oracle's way (its choices in tandem's
+ * routing: 3.45 -> 0.73, 2.50 -> 0.72), 3 (0.63-0.92) are 8-bit
+ * rounding noise (within the float64 forward's jittered spread, or its
+ * 0.53 from tandem on the same choices), and 1 (03_unicode_emoji_cjk 22) is
  * the oracle's own: tandem, MLX and every float64 variant agree there. No
  * tandem defect: the float64 forward on tandem's expert choices is within
  * 0.53 of tandem's logits at every step (median 0.21). The second oracle
