@@ -31,7 +31,7 @@ this forward's argmax, the smallest router gap at the step's token, the
 median and max, and the smallest k-th/(k+1)-th router logit gaps over every
 position and layer (a near-tie at an earlier position changes the KV of all
 later steps). Needs numpy (`python3 -m venv build/f64env &&
-build/f64env/bin/pip install numpy`, or the oracle venv of make_goldens.py).
+build/f64env/bin/pip install numpy==2.4.6`, or the oracle venv of make_goldens.py).
 Measurements made with it: tests/data/README.md, "moe-divergence.jsonl" and
 "why tandem parts from the oracles"; moe_ties.py builds on it.
 """
