@@ -217,7 +217,7 @@ layers:
 
 # The tests that go through platform.c (random bytes, the thread pool's
 # waits, sockets, node processes), built with its POSIX fallbacks.
-PORTABLE_TESTS := test_platform test_runtime test_sampler test_wire test_wire_attack test_handoff test_decode_node
+PORTABLE_TESTS := test_platform test_runtime test_sampler test_wire test_wire_attack test_handoff test_handoff_deadline test_decode_node
 # Objects another build can take from $(BUILD): a build that differs only
 # by -DMACRO (PORTABLE=1, CUDA=1) changes only the library sources that name
 # MACRO, unless a header tests it (#if..., then every object may differ).

@@ -62,8 +62,8 @@ static void cli_usage_run(FILE *f) {
         "                             HOST:PORT/A:B,...): f32 (default), f16, bf16\n"
         "  --zstd                     compress KV frames\n"
         "  --timeout-ms N             give up when no frame arrives for N ms (default 10000)\n"
-        "  --deadline-ms N            give up when the prefill takes N ms in all (default 300000;\n"
-        "                             a long prompt on a slow node needs more, and so does the\n"
+        "  --deadline-ms N            give up when the prefill takes N ms in all (default: 300000,\n"
+        "                             or 50 ms per prompt position when that is more, as the\n"
         "                             prefill node's --request-ms)\n");
 }
 

@@ -43,7 +43,7 @@ typedef struct {
     int n_threads, n_ctx, n_batch, timeout_ms, max_conns, device;
     int max_preauth, handshake_ms, idle_ms, request_ms;   /* prefill node limits (0 = default) */
     int drain_timeout_ms;                                 /* node_drain.h */
-    int debug_frame_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
+    int debug_frame_delay_ms, debug_layer_delay_ms, debug_corrupt_frame, debug_tamper_frame;   /* fault injection (tests) */
     int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
     int chain_chunks;     /* prefill slice: --chain-chunks (chain.h CHAIN_MIN_CHUNKS) */
     int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
@@ -87,7 +87,8 @@ static void serve_usage(FILE *f) {
         "                       is dropped for a new one)\n"
         "  --handshake-ms N     handshake deadline (default 2000)\n"
         "  --idle-ms N          close a connection that sends no request for N ms (default 300000)\n"
-        "  --request-ms N       limit on one request, queue wait included (default 300000)\n"
+        "  --request-ms N       limit on one request, queue wait included (default: 300000, or\n"
+        "                       50 ms per position asked for when that is more: 819 s for 16,384)\n"
         "  --drain-timeout MS   on SIGTERM/SIGINT: deregister, stop accepting, let handoffs in flight\n"
         "                       finish this long (default 20000), then cut them\n"
         "  --metrics-listen HOST:PORT  serve GET /metrics (Prometheus text, no authentication) there\n"
@@ -107,6 +108,7 @@ static void serve_usage(FILE *f) {
     fprintf(f,
         "Fault injection for tests (prefill role):\n"
         "  --debug-frame-delay-ms N   sleep N ms before each KV frame\n"
+        "  --debug-layer-delay-ms N   sleep N ms after each layer's computation (a slow node)\n"
         "  --debug-corrupt-frame N    flip a byte of the Nth KV frame of each request after its CRC\n"
         "  --debug-tamper-frame N     flip a sealed byte of the Nth KV frame and fix its CRC\n"
         "  --debug-act-stall N        (slice) stop sending anything after the Nth ACT frame\n");
@@ -167,6 +169,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         else if (!strcmp(a, "--backend")) bad = cliopt_backend(SERVE, v, &o->backend);
         else if (!strcmp(a, "--device")) bad = serve_int(a, v, 0, 63, &o->device);
         else if (!strcmp(a, "--debug-frame-delay-ms")) bad = serve_int(a, v, 0, 60000, &o->debug_frame_delay_ms);
+        else if (!strcmp(a, "--debug-layer-delay-ms")) bad = serve_int(a, v, 0, 60000, &o->debug_layer_delay_ms);
         else if (!strcmp(a, "--debug-corrupt-frame")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_corrupt_frame);
         else if (!strcmp(a, "--debug-tamper-frame")) bad = serve_int(a, v, 0, 1 << 30, &o->debug_tamper_frame);
         else if (!strcmp(a, "--max-preauth")) bad = serve_int(a, v, 1, 256, &o->max_preauth);
@@ -213,6 +216,7 @@ static int serve_prefill(model *m, model *dm, const serve_opts *o) {
         .node_id = o->node_id ? o->node_id : "prefill", .n_ctx = o->n_ctx, .kv_dtype = o->kv_dtype,
         .timeout_ms = o->timeout_ms, .stop = o->stop, .port_file = o->port_file,
         .max_conns = o->max_conns, .debug_frame_delay_ms = o->debug_frame_delay_ms,
+        .debug_layer_delay_ms = o->debug_layer_delay_ms,
         .debug_corrupt_frame = o->debug_corrupt_frame, .debug_tamper_frame = o->debug_tamper_frame,
         .max_preauth = o->max_preauth, .handshake_ms = o->handshake_ms, .idle_ms = o->idle_ms,
         .request_ms = o->request_ms, .port_out = &port,

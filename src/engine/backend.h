@@ -25,6 +25,8 @@ typedef struct {
     const void *data;       /* host copy (the mmap) */
     void *dev;              /* backend-owned copy, if any (CPU: rows packed for its kernels) */
     int rows_only;          /* read only by get_rows (the embedding table): no copy for mul_mat */
+    int file_mapped;        /* data lies in a read-only mapping of the model file: pages this process
+                             * drops are read from the file again (never lost) */
 } be_weight;
 
 enum rope_mode { ROPE_NORM = 0, ROPE_NEOX = 2 };   /* ggml's numbering */

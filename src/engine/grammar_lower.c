@@ -32,8 +32,11 @@ static int put_cp_bytes(glow *L, seq *s, uint32_t cp)
                       : cp == '\r' ? "\\r" : cp == '\b' ? "\\b" : cp == '\f' ? "\\f" : NULL;
         if (e) return seq_str(L->c, s, e);
         if (cp == 0) return gfail(L->c, "a pattern cannot require the character U+0000 in a JSON string");
-        snprintf(b, sizeof b, "\\u%04x", (unsigned)cp);
-        return seq_str(L->c, s, b);
+        /* cp < 0x20 here: the escape is always \u00XX, written digit by
+         * digit (snprintf's "%04x" of a full unsigned could not fit b) */
+        static const char hex[] = "0123456789abcdef";
+        char u[7] = { '\\', 'u', '0', '0', hex[cp >> 4 & 0xF], hex[cp & 0xF], 0 };
+        return seq_str(L->c, s, u);
     }
     if (cp < 0x80) { b[0] = (char)cp; n = 1; }
     else if (cp < 0x800) { b[0] = (char)(0xC0 | cp >> 6); b[1] = (char)(0x80 | (cp & 0x3F)); n = 2; }

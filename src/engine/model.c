@@ -261,6 +261,7 @@ static int model_bind(model *m, be_weight *w, const char *name, int required, in
     for (int d = 0; d < 4; d++) w->ne[d] = (int64_t)t->ne[d];
     w->row_bytes = gguf_row_bytes(t->type, t->ne[0]);
     w->data = t->data;
+    w->file_mapped = 1;   /* model_load opens the file with gguf_open_file: a PROT_READ mapping */
     m->n_bound++;
     return 0;
 }

@@ -432,7 +432,7 @@ int chain_prefill(handoff_client **cs, const chain_spec *spec, const chain_opts 
     if (!(x->got = calloc((size_t)x->n_layer, sizeof *x->got))) { snprintf(err, errlen, "out of memory"); goto out; }
     double t0 = x->t0 = gen_now_ms();
     int timeout_ms = handoff_timeout_ms(cs[0]);
-    double deadline = t0 + handoff_deadline_ms(cs[0]);
+    double deadline = t0 + handoff_deadline_for(cs[0], x->end - start_pos);
     for (int i = 0; i < x->n; i++) {
         x->nd[i].in0 = handoff_conn(cs[i])->bytes_in;
         x->nd[i].next = start_pos;

@@ -21,6 +21,7 @@
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "engine/quant.h"
+#include "net/deadline.h"
 #include "net/wire.h"
 
 struct handoff_client {
@@ -29,7 +30,7 @@ struct handoff_client {
     uint32_t kv_dtype;
     uint32_t caps;              /* capabilities both ends have */
     int timeout_ms;
-    int deadline_ms;
+    int deadline_ms;            /* 0: deadline_prefill_ms of each transfer's positions */
     int (*abandoned)(void *ud);
     void *abandoned_ud;
     uint32_t fail_code;         /* enum wire_err to tell the peer after a failed transfer, 0 = CANCEL */
@@ -49,11 +50,12 @@ struct handoff_client {
 /* Default wait for the next frame (ms): a prefill node computes a layer of a
  * chunk in far less, so 10 s of silence means it is gone or stuck. */
 #define HANDOFF_DEFAULT_TIMEOUT_MS 10000
-/* Default limit on a whole transfer: a 4096-token prompt of a 0.6B model
- * takes about 50 s to prefill on 2 cores; a peer that keeps the connection
- * busy (PINGs, one frame just inside the per-frame timeout) is given up
- * after this, so a decode slot is never held forever. */
-#define HANDOFF_DEFAULT_DEADLINE_MS 300000
+/* The limit on a whole transfer, unless handoff_opts.deadline_ms sets one,
+ * is deadline_prefill_ms of its positions (net/deadline.h: 300 s, more for
+ * prompts over 6,000 tokens): a peer that keeps the connection busy (PINGs,
+ * one frame just inside the stall timeout) is given up after it, so a
+ * decode slot is never held forever, while a long prompt on a slow node,
+ * which does progress, keeps its time. */
 
 /* ==== HELLO ==== */
 
@@ -99,7 +101,7 @@ int handoff_connect(handoff_client **out, const char *hostport, model *m, uint32
     c->m = m;
     c->kv_dtype = kv_dtype;
     c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : HANDOFF_DEFAULT_TIMEOUT_MS;
-    c->deadline_ms = o->deadline_ms > 0 ? o->deadline_ms : HANDOFF_DEFAULT_DEADLINE_MS;
+    c->deadline_ms = o->deadline_ms > 0 ? o->deadline_ms : 0;
     c->abandoned = o->abandoned;
     c->abandoned_ud = o->abandoned_ud;
     c->zstd = o->zstd;
@@ -166,6 +168,7 @@ typedef struct {
     int n_layer;
     uint64_t kv_bytes;
     double deadline;            /* gen_now_ms() by which the transfer must be done */
+    int deadline_ms;            /* that deadline's length, for messages */
 } xfer_state;
 
 static void xfer_where(const xfer_state *x, char *buf, size_t len) {
@@ -260,7 +263,7 @@ static void xfer_recv_error(handoff_client *c, const xfer_state *x, const char *
     c->fail_code = c->conn.rx_err;
     if (c->conn.rx_err == WERR_TIMEOUT && gen_now_ms() >= x->deadline)
         snprintf(err, errlen, "prefill node %s did not finish within the handoff deadline of %d ms (%s)", c->peer,
-                 c->deadline_ms, where);
+                 x->deadline_ms, where);
     else if (c->conn.rx_err == WERR_AUTH)
         snprintf(err, errlen, "frame from prefill node %s failed authentication, nothing of it was used: %s (%s)",
                  c->peer, why, where);
@@ -311,7 +314,7 @@ static int xfer_step(handoff_client *c, uint64_t req, xfer_state *x, kvcache *ca
         char where[160];
         xfer_where(x, where, sizeof where);
         snprintf(err, errlen, "prefill node %s did not finish within the handoff deadline of %d ms (%s)", c->peer,
-                 c->deadline_ms, where);
+                 x->deadline_ms, where);
         return -1;
     }
     int rr = wire_recv(&c->conn, &h, e2, sizeof e2);
@@ -402,8 +405,9 @@ int handoff_prefill(handoff_client *c, session *s, const int32_t *tokens, int n,
     double t0 = gen_now_ms();
     uint64_t in0 = c->conn.bytes_in;
     if (xfer_send_request(c, req, tokens, n, start_pos, end_pos, 0, err, errlen)) { c->broken = 1; return -1; }
+    int limit = handoff_deadline_for(c, end_pos - start_pos);
     xfer_state x = { .start = start_pos, .end = end_pos, .next = start_pos, .n_layer = kv_n_layer(cache),
-                     .deadline = t0 + c->deadline_ms };
+                     .deadline = t0 + limit, .deadline_ms = limit };
     wire_done done;
     int rc;
     c->fail_code = 0;
@@ -433,7 +437,9 @@ const char *handoff_peer_desc(const handoff_client *c) { return c->peer_desc; }
 uint32_t handoff_caps(const handoff_client *c) { return c->caps; }
 uint32_t handoff_wire_dtype(const handoff_client *c) { return c->wire_dtype; }
 int handoff_timeout_ms(const handoff_client *c) { return c->timeout_ms; }
-int handoff_deadline_ms(const handoff_client *c) { return c->deadline_ms; }
+int handoff_deadline_for(const handoff_client *c, int n_positions) {
+    return c->deadline_ms > 0 ? c->deadline_ms : deadline_prefill_ms(n_positions);
+}
 int handoff_is_broken(const handoff_client *c) { return c->broken; }
 int handoff_poll_abandoned(handoff_client *c) { return c->abandoned && c->abandoned(c->abandoned_ud); }
 

@@ -22,9 +22,11 @@
 typedef struct {
     uint32_t wire_dtype;        /* GGML_TYPE_F16 (default: the cache type), BF16 or Q8_0 */
     int zstd;                   /* compress frames with zstd if the peer can */
-    int timeout_ms;             /* no frame for this long -> the transfer fails (default 10000) */
+    int timeout_ms;             /* stall timeout: no frame for this long -> the transfer fails
+                                 * (default 10000) */
     int deadline_ms;            /* one handoff_prefill may take this long in all, whatever the peer
-                                 * sends (PINGs do not extend it); default 300000 */
+                                 * sends (PINGs do not extend it); 0 (default): it grows with the
+                                 * positions asked for, deadline_prefill_ms (net/deadline.h) */
     const void *secret;         /* shared secret for the handshake (high entropy: see docs/wire-protocol.md) */
     size_t secret_len;
     const char *node_id;        /* our name in HELLO */
@@ -71,7 +73,9 @@ const char *handoff_peer_desc(const handoff_client *c);   /* the peer HELLO's mo
 uint32_t handoff_caps(const handoff_client *c);           /* capabilities both ends have */
 uint32_t handoff_wire_dtype(const handoff_client *c);
 int handoff_timeout_ms(const handoff_client *c);
-int handoff_deadline_ms(const handoff_client *c);
+/* The total deadline (ms) of a transfer of n_positions: the explicit
+ * handoff_opts.deadline_ms, else deadline_prefill_ms(n_positions). */
+int handoff_deadline_for(const handoff_client *c, int n_positions);
 int handoff_is_broken(const handoff_client *c);
 int handoff_poll_abandoned(handoff_client *c);
 /* Sends a REQUEST with the next request id (returned; 0 on failure, the
@@ -110,7 +114,8 @@ typedef struct {
     int idle_ms;                /* an authenticated connection with no REQUEST for this long is
                                  * closed; PINGs do not count (default 300000) */
     int request_ms;             /* one request (queue wait, compute and send) may take this long
-                                 * in all (default 300000) */
+                                 * in all; 0 (default): it grows with the request's positions,
+                                 * deadline_prefill_ms (net/deadline.h) */
     volatile int *port_out;     /* if set, receives the bound port once listening */
     /* GET /metrics (Prometheus text) over HTTP on an address of its own (the
      * node's port speaks the wire protocol): off unless metrics_listen is
@@ -124,6 +129,7 @@ typedef struct {
      * its CRC was computed (a checksum error); flip one sealed byte of the
      * Nth KV frame and fix its CRC (an authentication tag error). 0 = off. */
     int debug_frame_delay_ms;
+    int debug_layer_delay_ms;   /* sleep this long after each layer's computation, holding the model (a slow node) */
     int debug_corrupt_frame;
     int debug_tamper_frame;
     /* KV prefix store (kvstore.h), as on decode nodes: a request's prompt

@@ -95,6 +95,8 @@ typedef struct {
     uint32_t act_dtype;          /* a chain's hidden states on the wire: F32 (0, default), F16 or BF16 */
     int zstd;                    /* ask prefill nodes for zstd frames */
     int timeout_ms;              /* handoff: no frame for this long -> fall back (default 10000) */
+    int handoff_deadline_ms;     /* --handoff-deadline-ms: a handoff's total limit (0 = it grows with
+                                  * the prompt, net/deadline.h) */
     int n_sessions;              /* --parallel: slots decoded together, one KV cache each
                                   * (default: what half the free memory holds, at most 8) */
     int prefill_budget;          /* prompt tokens per step while other slots decode (default 256) */

@@ -42,7 +42,11 @@ void decode_node_usage(FILE *f) {
         "                            from local prefill (less than half the bytes on the wire)\n"
         "  --act-dtype T             hidden states between a chain's slices: f32 (default), f16, bf16\n"
         "  --zstd                    ask for zstd-compressed frames\n"
-        "  --timeout-ms N            handoff stall timeout (default 10000)\n"
+        "  --timeout-ms N            handoff stall timeout: no frame from the prefill node for N ms\n"
+        "                            and the request prefills locally (default 10000)\n"
+        "  --handoff-deadline-ms N   a handoff may take N ms in all, however it progresses (default:\n"
+        "                            300000, or 50 ms per prompt position when that is more: 819 s\n"
+        "                            for 16,384; the prefill node's --request-ms should not be less)\n"
         "  --lookup N                speculative decoding with prompt lookup: up to N drafts per step\n"
         "                            copied from the prompt and text so far (1-16; default off)\n"
         "  --draft-model FILE        speculative decoding with a draft model (same tokenizer)\n"
@@ -194,6 +198,7 @@ static int dn_cli_parse(int argc, char **argv, dn_cli *c) {
         else if (!strcmp(a, "--queue")) bad = dn_cli_int(a, v, 1, 4096, &c->o.queue_max);
         else if (!strcmp(a, "--min-split-tokens")) bad = dn_cli_int(a, v, 1, 1 << 20, &c->o.min_split_tokens);
         else if (!strcmp(a, "--timeout-ms")) bad = dn_cli_int(a, v, 1, 3600000, &c->o.timeout_ms);
+        else if (!strcmp(a, "--handoff-deadline-ms")) bad = dn_cli_int(a, v, 1, 86400000, &c->o.handoff_deadline_ms);
         else if (!strcmp(a, "--lookup")) bad = dn_cli_int(a, v, 1, SPEC_MAX_DRAFT, &c->o.lookup);
         else if (!strcmp(a, "--draft-model")) bad = cliopt_str(DN_CMD, a, v, &c->draft_model);
         else if (!strcmp(a, "--draft-node")) bad = cliopt_str(DN_CMD, a, v, &c->o.draft_node);

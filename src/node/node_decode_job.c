@@ -50,7 +50,7 @@ static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char 
     dnode *n = j->n;
     if (chain_is_spec(j->addr)) {   /* a layer-split chain: HOST:PORT/A:B,... (chain.h) */
         handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
-                            .secret = n->o->secret, .secret_len = n->o->secret_len,
+                            .deadline_ms = n->o->handoff_deadline_ms, .secret = n->o->secret, .secret_len = n->o->secret_len,
                             .node_id = n->o->node_id ? n->o->node_id : "decode" };
         chain_opts co = { .act_dtype = n->o->act_dtype };
         memset(&j->hs, 0, sizeof j->hs);
@@ -61,7 +61,7 @@ static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char 
     dn_peer *p = dn_peer_take(n, j->addr, &want);
     if (!p) { prefix_held_clear(&want); snprintf(err, errlen, "every prefill-node connection is in use"); return -1; }
     handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
-                        .secret = n->o->secret, .secret_len = n->o->secret_len,
+                        .deadline_ms = n->o->handoff_deadline_ms, .secret = n->o->secret, .secret_len = n->o->secret_len,
                         .node_id = n->o->node_id ? n->o->node_id : "decode" };
     int rc = -1, start = j->v->start_pos;
     for (int attempt = 0; attempt < 2; attempt++) {

@@ -320,7 +320,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     if (oo.timeout_ms <= 0) oo.timeout_ms = 10000;
     if (oo.handshake_ms <= 0) oo.handshake_ms = PN_DEFAULT_HANDSHAKE_MS;
     if (oo.idle_ms <= 0) oo.idle_ms = PN_IDLE_MS;
-    if (oo.request_ms <= 0) oo.request_ms = PN_DEFAULT_REQUEST_MS;
+    if (oo.request_ms < 0) oo.request_ms = 0;   /* 0: each request's limit grows with it (net/deadline.h) */
     node.o = &oo;
     if (!o->secret || !o->secret_len) { snprintf(err, errlen, "a prefill node needs a shared secret"); return -1; }
     if (handoff_hello_init(&node.hello, m, oo.kv_dtype, WIRE_ROLE_PREFILL, o->node_id, err, errlen)) return -1;

@@ -54,8 +54,11 @@
 /* How long the accept loop waits for a dropped handshake's thread to exit
  * when every slot is taken (it only has to notice its socket was shut). */
 #define PN_EVICT_WAIT_MS 1000
-/* Default limit on one request, from its REQUEST frame to its DONE. */
-#define PN_DEFAULT_REQUEST_MS 300000
+/* The limit on one request, from its REQUEST frame to its DONE, unless
+ * --request-ms sets one: deadline_prefill_ms of its positions
+ * (net/deadline.h; 300 s, more for prompts over 6,000 tokens), as on the
+ * decode side, so that neither end gives up on a long prompt the other
+ * still waits for. */
 /* Descriptors a request may have computed but not yet sent: one chunk's
  * layers keeps the sender busy while the next chunk computes, and stops the
  * compute soon when the link is slow or dead (backpressure). */
@@ -65,6 +68,14 @@
  * dropped (decode nodes keep connections open between prompts; PINGs do not
  * count, so a peer cannot hold a slot with them forever). */
 #define PN_IDLE_MS 300000
+/* While a request waits for its turn at the model (another request's chunk
+ * is computing: a 512-row chunk at 16k positions takes 10-25 s on one
+ * core), its decode node receives no KV frame; a PING this often tells it
+ * the node is alive, so its stall timeout (default 10 s: no frame at all)
+ * does not give up on a request that is only queued. A PING moves no total
+ * deadline (docs/wire-protocol.md 4.8), and a stopped or dead node sends
+ * none. */
+#define PN_QUEUE_PING_MS 500
 /* How often blocked loops look at the stop flag. */
 #define PN_TICK_MS 200
 /* Positions per frame when resending a span the session already holds (the
@@ -149,6 +160,7 @@ typedef struct {
     kvcache *kv;
     uint64_t req_id, seq;
     double deadline;              /* gen_now_ms() by which the request must be done */
+    int limit_ms;                 /* that deadline's length, for messages */
     int start, end;
     uint32_t wire_dtype, send_flags;
     int cur_layer, cur_pos;

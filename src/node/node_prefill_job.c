@@ -12,6 +12,7 @@
 
 #include "engine/generate.h"
 #include "base/log.h"
+#include "net/deadline.h"
 #include "net/prefill_rate.h"
 
 #include "node/node_prefill_internal.h"
@@ -81,6 +82,7 @@ static void pn_turn_unlink(pnode *node, pn_waiter *w) {
  * computes. 0 = our turn (give it back with pn_turn_give), non-zero = gave up. */
 static int pn_turn_take(pn_req *r, pn_waiter *w) {
     pnode *node = r->node;
+    double pinged = gen_now_ms();
     w->next = NULL;
     pthread_mutex_lock(&node->turn_mu);
     if (node->turn_tail) node->turn_tail->next = w; else node->turn_head = w;
@@ -95,6 +97,11 @@ static int pn_turn_take(pn_req *r, pn_waiter *w) {
         int give_up = 0;
         if (pn_stopped(node)) give_up = r->stopping = 1;
         else give_up = pn_check_peer(r);
+        if (!give_up && gen_now_ms() - pinged >= PN_QUEUE_PING_MS) {   /* alive, only queued */
+            char e2[128];
+            (void)wire_send(r->conn, WIRE_PING, r->req_id, 0, NULL, 0, e2, sizeof e2);   /* a failure shows at the next read */
+            pinged = gen_now_ms();
+        }
         pthread_mutex_lock(&node->turn_mu);
         if (give_up && node->turn_head != w) {
             pn_turn_unlink(node, w);
@@ -319,7 +326,8 @@ static pn_req *pn_request_new(pn_conn *pc, uint64_t req, const wire_request *q, 
     r->cap = n_layer < PN_QUEUE_MIN ? PN_QUEUE_MIN : n_layer > PN_QUEUE_MAX ? PN_QUEUE_MAX : n_layer;
     r->node = node; r->conn = &pc->conn; r->kv = session_kv(pc->s);
     r->req_id = req; r->seq = seq; r->start = (int)q->start_pos; r->end = (int)q->end_pos;
-    r->deadline = t_req + node->o->request_ms;
+    r->limit_ms = node->o->request_ms > 0 ? node->o->request_ms : deadline_prefill_ms((long long)q->end_pos - q->start_pos);
+    r->deadline = t_req + r->limit_ms;
     r->wire_dtype = q->wire_dtype; r->send_flags = send_flags;
     r->n_layer = n_layer;
     r->sliced = model_get_layers(node->m, &r->slice_lo, &r->slice_hi);
@@ -362,7 +370,6 @@ static int pn_request_done(pn_conn *pc, const pn_req *r, int have, double ms, do
  * the decode node is gone) and its log line. Returns 1 to keep the
  * connection. */
 static int pn_request_failed(pn_conn *pc, const pn_req *r, const char *err, const char *rid) {
-    pnode *node = pc->node;
     unsigned long long seq = (unsigned long long)r->seq;
     if (r->cancelled) {
         /* the ERROR ends the request's stream: a decode node may keep the connection */
@@ -383,9 +390,9 @@ static int pn_request_failed(pn_conn *pc, const pn_req *r, const char *err, cons
     }
     if (r->expired) {
         pn_send_error(&pc->conn, r->req_id, WERR_TIMEOUT, "request not finished within the prefill node's %d ms limit",
-                      node->o->request_ms);
+                      r->limit_ms);
         log_warn(rid, "request %llu (conn %u) stopped: past its %d ms deadline (%d frames sent)", seq, pc->id,
-                 node->o->request_ms, r->frames);
+                 r->limit_ms, r->frames);
         return 0;
     }
     if (r->stopping) {

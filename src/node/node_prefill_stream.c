@@ -226,6 +226,7 @@ int pn_hook(void *ud, int layer, int pos0, int n) {
     pn_req *r = ud;
     r->cur_layer = layer;
     r->cur_pos = pos0;
+    if (r->node->o->debug_layer_delay_ms > 0) pn_sleep_ms(r->node->o->debug_layer_delay_ms);   /* tests: a slow node */
     if (pn_stopped(r->node)) { r->stopping = 1; return 1; }
     if (pn_check_peer(r)) return 1;
     int lo = pos0 > r->start ? pos0 : r->start;

@@ -319,6 +319,9 @@ void router_usage(FILE *f) {
         "  --port-file FILE       write the bound port there once listening\n"
         "  --max-concurrent N     generation requests in flight (default 64)\n"
         "  --health-interval-ms N (default 1000)\n"
+        "  --request-timeout-ms N a request may take N ms in all (limits.request_timeout_ms; default\n"
+        "                         300000), plus 50 ms per prompt token over 6,000 (what a decode\n"
+        "                         node's handoff deadline grants such a prompt: docs/router.md)\n"
         "  --drain-timeout MS     on SIGTERM/SIGINT, let requests in flight finish this long (default 20000;\n"
         "                         then streams end with an error event and [DONE])\n"
         "  --metrics-auth         /metrics needs the API key too (/health's node list always does)\n"
@@ -412,6 +415,7 @@ static int rt_cli_parse(int argc, char **argv, router_config *c, const char **po
         else if (!strcmp(a, "--max-concurrent")) bad = cliopt_int(RT_CMD, a, v, 1, 100000, &c->max_concurrent);
         else if (!strcmp(a, "--health-interval-ms")) bad = cliopt_int(RT_CMD, a, v, 50, 600000, &c->health_interval_ms);
         else if (!strcmp(a, "--drain-timeout")) bad = cliopt_int(RT_CMD, a, v, 0, 3600000, &c->drain_timeout_ms);
+        else if (!strcmp(a, "--request-timeout-ms")) bad = cliopt_int(RT_CMD, a, v, 100, 86400000, &c->request_timeout_ms);
         else { fprintf(stderr, RT_CMD ": unknown router option %s\n", a); rt_usage(); return -1; }
         if (bad) return -1;   /* cliopt or the helper said what is wrong */
         i++;

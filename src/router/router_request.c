@@ -9,6 +9,7 @@
 #include "router/router_cache.h"
 #include "router/router_nodes.h"
 #include "router/router_stream.h"
+#include "net/deadline.h"
 
 /* ==== A generation request: choices, the plan ==== */
 
@@ -303,13 +304,23 @@ static void rt_client_error_from_node(rt_req *q, long status, api_error *e) {
     api_error_set(e, status == 413 ? 413 : 400, "invalid_request_error", code, param, "%s", msg);
 }
 
+/* The request's whole-time limit (ms): request_timeout_ms, plus what the
+ * nodes' prefill deadline grants a prompt beyond its 300 s base (50 ms a
+ * token over 6,000, net/deadline.h), so that the router does not cut a
+ * long prompt that a prefill node, or the decode node's own fallback,
+ * is still computing. */
+static int rt_limit_ms(const rt_req *q) {
+    long long ms = (long long)q->r->cfg.request_timeout_ms + deadline_prefill_extra_ms(q->n_prompt);
+    return ms > DEADLINE_MAX_MS ? DEADLINE_MAX_MS : (int)ms;
+}
+
 /* The first line of an attempt. Before it the request may wait in the
  * node's queue and for its prefill, which the idle timeout must not cut
  * short (a queue of long generations takes minutes): it waits as long as
  * the node passes its health checks, up to the request's deadline. */
 static int rt_wait_first(rt_req *q, char **line, size_t *len) {
     router *r = q->r;
-    double hard = q->t_start + r->cfg.request_timeout_ms;
+    double hard = q->t_start + rt_limit_ms(q);
     for (;;) {
         double slice = rt_now_ms() + r->cfg.health_interval_ms;   /* look at the node's health this often */
         int rc = rt_up_line(&q->up, slice < hard ? slice : hard, q->client_fd, line, len);
@@ -374,9 +385,9 @@ static int rt_attempt(rt_req *q, api_error *e) {
                  q->pending.error[0] ? q->pending.error : "error");
         api_upstream_line_free(&q->pending);
     } else if (rc == RT_TIMEOUT) {
-        if (rt_now_ms() >= q->t_start + r->cfg.request_timeout_ms)
+        if (rt_now_ms() >= q->t_start + rt_limit_ms(q))
             snprintf(q->error, sizeof q->error, "request timed out after %d ms before the first token from decode node %s",
-                     r->cfg.request_timeout_ms, q->decode_addr);
+                     rt_limit_ms(q), q->decode_addr);
         else
             snprintf(q->error, sizeof q->error, "decode node %s failed its health checks before the first token", q->decode_addr);
     } else if (status == 401) {
@@ -566,7 +577,7 @@ int rt_next(rt_req *q, api_upstream_line *u) {
     router *r = q->r;
     char *line;
     size_t len;
-    double deadline = rt_now_ms() + r->cfg.idle_timeout_ms, hard = q->t_start + r->cfg.request_timeout_ms;
+    double deadline = rt_now_ms() + r->cfg.idle_timeout_ms, hard = q->t_start + rt_limit_ms(q);
     int rc = rt_up_line(&q->up, deadline < hard ? deadline : hard, q->client_fd, &line, &len);
     if (rc == RT_GONE) return -1;
     if (rc == RT_CUT) {
@@ -585,7 +596,7 @@ int rt_next(rt_req *q, api_upstream_line *u) {
     }
     if (rc == RT_TIMEOUT)
         snprintf(q->error, sizeof q->error, rt_now_ms() >= hard ? "request timed out after %d ms" : "decode node stalled for %d ms",
-                 rt_now_ms() >= hard ? r->cfg.request_timeout_ms : r->cfg.idle_timeout_ms);
+                 rt_now_ms() >= hard ? rt_limit_ms(q) : r->cfg.idle_timeout_ms);
     else
         snprintf(q->error, sizeof q->error, "decode node %s %s", q->decode_addr,
                  rc == RT_LINE ? "sent a malformed line" : rc == RT_EOF ? "closed the stream before finishing"
