@@ -3,7 +3,7 @@
  * This file is one kernel set (quant_kernels.h) and the body of two more:
  * quant_avxvnni.c and quant_avx512.c include it with QA_SET renamed and are
  * compiled with wider instruction-set flags, so the same source gives the
- * avx2, avxvnni and avx512 sets and quant.c picks one at run time.
+ * avx2, avxvnni and avx512 sets and quant_dispatch.c picks one at run time.
  *
  * The tile kernels decode one weight block into registers once and multiply
  * it against up to four activation rows (two weight rows at a time for the
@@ -343,7 +343,7 @@ QA_TILE_B32(Q5_0)
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
- * prefetcher alone, where quant_walk_prefetch is on (quant.c). */
+ * prefetcher alone, where quant_walk_prefetch is on (quant_dispatch.c). */
 #define QA_P16_PF 2048
 
 /* rows [0, 16) of w, blocks [b0, b0 + nb) -> the packed layout of quant.h
@@ -366,7 +366,7 @@ static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t n
  * move each half from a general register (four instructions for one). */
 QA_INLINE __m512i qa_bcast4(const int8_t *p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
 
-/* Packed bytes per block of 16 rows (quant.c's layouts) */
+/* Packed bytes per block of 16 rows (quant_pack.c's layouts) */
 #define QA_P16_BSIZE(T) ((T) == GGML_TYPE_Q8_0 ? 544 : (T) == GGML_TYPE_Q4_0 ? 288 : 352)
 
 /* Q4_0 / Q5_0: levels (value + 8, or value + 16) of nibble run g, part 0
@@ -942,7 +942,7 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
 
 #if defined(QA_ZMM)
 /* ==== AVX-512 VNNI: packed K-quants, 16 rows across the lanes ====
- * Weights in the packed layouts of quant.c: each 64-byte run gives lane i
+ * Weights in the packed layouts of quant_pack.c: each 64-byte run gives lane i
  * four bytes of row i, so a vpdpbusd against four broadcast activation bytes
  * adds four products to each row's sub-block dot. Every lane keeps the
  * reference's integers (sub-block dots, scaled sums) exactly and then does
@@ -966,11 +966,11 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
  * gathered, 42-48 spread (slower again from 18 KiB). Q6_K 33 -> 44-46.
  * The Q8_0 walk reads 42-44 at any distance. With both cores streaming
  * and the machine's bandwidth the limit (about 44 GB/s for the two), every
- * distance of this one prefetch gave the same (a second one does not: quant.c,
- * "Walk prefetch"). */
+ * distance of this one prefetch gave the same (a second one does not:
+ * quant_dispatch.c, "Walk prefetch"). */
 static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
-/* A second prefetch of every line, 32 KiB ahead: see quant.c, "Walk
- * prefetch" (where it is measured, and the CPUs it is off on). */
+/* A second prefetch of every line, 32 KiB ahead: see quant_dispatch.c,
+ * "Walk prefetch" (where it is measured, and the CPUs it is off on). */
 static volatile const size_t qa_kp_far = 32768;
 /* a line's two prefetches, near and far ahead of p; none when near is 0
  * (quant_walk_prefetch off) */
@@ -1130,7 +1130,7 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
 }
 
 /* Q6_K: the four quads of sub-block s, each level times 4, from its three
- * runs (quant.c's layout): three ANDs, and the fourth quad's bit pairs
+ * runs (quant_pack.c's layout): three ANDs, and the fourth quad's bit pairs
  * shifted into place (16-bit shifts carry the neighbour byte's bits in, so
  * two selects and a final AND keep only the pairs). */
 QA_INLINE void qa_q6k_quads(const uint8_t *run, __m512i l[4]) {
