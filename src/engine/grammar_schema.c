@@ -648,13 +648,8 @@ int grammar_compile_schema(grammar **out, const json_t *schema, char *err, size_
 {
     *out = NULL;
     grammar_lexer_init();
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, schema, err, errlen);
+    if (grammar_ctx_init(&c, schema, err, errlen)) return -1;
     int64_t root = sch_compile(&c, schema);
     return grammar_compile_finish(&c, root, out);
 }
@@ -666,13 +661,8 @@ int grammar_compile_schema_at(grammar **out, const json_t *schema, char *err, si
     grammar_lexer_init();
     if (kwlen) kw[0] = 0;
     if (atlen) at[0] = 0;
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, schema, err, errlen);
+    if (grammar_ctx_init(&c, schema, err, errlen)) return -1;
     int64_t root = sch_compile(&c, schema);
     if (kwlen) snprintf(kw, kwlen, "%s", c.bad_kw);
     if (atlen) snprintf(at, atlen, "%s", c.bad_at);
