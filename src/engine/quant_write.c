@@ -42,17 +42,23 @@ static void quant_write_q4_0(const float *x, block_q4_0 *y, int64_t nb) {
     }
 }
 
+/* 32 five-bit levels into a Q5_0 / Q5_1 block: low nibbles in qs (element
+ * j and j + 16 share a byte), fifth bits in qh (bit j: element j). */
+static void quant_put_5bit(const uint8_t *L, uint8_t *qs, uint8_t *qh_out) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
+        qh |= (uint32_t)(L[j] >> 4) << j;
+        qh |= (uint32_t)(L[j + 16] >> 4) << (j + 16);
+    }
+    memcpy(qh_out, &qh, 4);
+}
+
 static void quant_write_q5_0(const float *x, block_q5_0 *y, int64_t nb) {
     uint8_t L[32];
     for (int64_t i = 0; i < nb; i++, x += 32) {
         quant_symmetric_levels(x, 32, &y[i].d, L);
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; j++) {
-            y[i].qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
-            qh |= (uint32_t)(L[j] >> 4) << j;
-            qh |= (uint32_t)(L[j + 16] >> 4) << (j + 16);
-        }
-        memcpy(y[i].qh, &qh, 4);
+        quant_put_5bit(L, y[i].qs, y[i].qh);
     }
 }
 
@@ -83,13 +89,7 @@ static void quant_write_q5_1(const float *x, block_q5_1 *y, int64_t nb) {
     uint8_t L[32];
     for (int64_t i = 0; i < nb; i++, x += 32) {
         quant_minmax_levels(x, 31, &y[i].d, &y[i].m, L);
-        uint32_t qh = 0;
-        for (int j = 0; j < 16; j++) {
-            y[i].qs[j] = (uint8_t)((L[j] & 0xF) | ((L[j + 16] & 0xF) << 4));
-            qh |= (uint32_t)(L[j] >> 4) << j;
-            qh |= (uint32_t)(L[j + 16] >> 4) << (j + 16);
-        }
-        memcpy(y[i].qh, &qh, 4);
+        quant_put_5bit(L, y[i].qs, y[i].qh);
     }
 }
 
