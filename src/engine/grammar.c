@@ -46,15 +46,19 @@
 
 /* ==== Building ==== */
 
+int gvfail(gctx *c, const char *fmt, va_list ap)
+{
+    if (!c->failed && c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
+    c->failed = 1;
+    return -1;
+}
+
 int gfail(gctx *c, const char *fmt, ...)
 {
-    if (!c->failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        if (c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
-    }
-    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    gvfail(c, fmt, ap);
+    va_end(ap);
     return -1;
 }
 

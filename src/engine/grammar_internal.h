@@ -8,6 +8,7 @@
 #ifndef TANDEM_GRAMMAR_INTERNAL_H
 #define TANDEM_GRAMMAR_INTERNAL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -122,6 +123,8 @@ typedef struct {
 } gctx;
 
 int gfail(gctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* gfail with a va_list (for wrappers that note more before failing). */
+int gvfail(gctx *c, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 int64_t set_add(gctx *c, const uint64_t bits[4]);
 int64_t set_range(gctx *c, int lo, int hi);
 int64_t set_chars(gctx *c, const char *chars);

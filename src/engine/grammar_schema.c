@@ -25,12 +25,11 @@ static int gfail_kw(gctx *c, const char *kw, const char *fmt, ...)
     if (!c->failed) {
         snprintf(c->bad_kw, sizeof c->bad_kw, "%s", kw);
         snprintf(c->bad_at, sizeof c->bad_at, "%s", c->path);
-        va_list ap;
-        va_start(ap, fmt);
-        if (c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
     }
-    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    gvfail(c, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
