@@ -14,7 +14,7 @@ BUILD    ?= build
 # The build targets the compiler's baseline (plain x86-64, or armv8-a), so
 # one binary runs on any CPU of the architecture. The kernel sets of
 # src/backend/cpu/ are compiled with their own instruction-set flags (below)
-# and quant.c picks the best one the CPU has at run time (cpuid on x86-64,
+# and quant_dispatch.c picks the best one the CPU has at run time (cpuid on x86-64,
 # the hwcaps on arm64 Linux). ARCH_FLAGS applies to every file (e.g.
 # -march=native).
 ARCH_FLAGS ?=
@@ -148,7 +148,7 @@ $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
 $(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 endif
 # arm64's dotprod and i8mm sets (quant_neon_dotprod.c, quant_neon_i8mm.c);
-# quant.c uses them when the hwcaps say the CPU has the dot-product (and
+# quant_dispatch.c uses them when the hwcaps say the CPU has the dot-product (and
 # int8 matrix-multiply) instructions.
 ifneq ($(filter aarch64-% arm64-%,$(shell $(CC) -dumpmachine)),)
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotprod $(KDEBUG)

@@ -46,15 +46,19 @@
 
 /* ==== Building ==== */
 
+int gvfail(gctx *c, const char *fmt, va_list ap)
+{
+    if (!c->failed && c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
+    c->failed = 1;
+    return -1;
+}
+
 int gfail(gctx *c, const char *fmt, ...)
 {
-    if (!c->failed) {
-        va_list ap;
-        va_start(ap, fmt);
-        if (c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
-    }
-    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    gvfail(c, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -402,8 +406,13 @@ out:
 
 /* ==== Compile entry points ==== */
 
-void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen)
+int grammar_ctx_init(gctx *c, const json_t *root, char *err, size_t errlen)
 {
+    grammar *g = calloc(1, sizeof *g);
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     memset(c, 0, sizeof *c);
     c->g = g;
     c->err = err;
@@ -414,6 +423,7 @@ void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t
     for (int i = 0; i < 256; i++) c->single[i] = -1;
     c->s_digit = -1;
     c->r_ws = c->r_string = c->r_number = c->r_int = c->r_value = c->r_obj = c->r_frac_any = -1;
+    return 0;
 }
 
 int grammar_compile_finish(gctx *c, int64_t root, grammar **out)
@@ -447,13 +457,8 @@ int grammar_compile_json_object(grammar **out, char *err, size_t errlen)
 {
     *out = NULL;
     grammar_lexer_init();
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, NULL, err, errlen);
+    if (grammar_ctx_init(&c, NULL, err, errlen)) return -1;
     rule_value(&c);
     return grammar_compile_finish(&c, c.failed ? -1 : c.r_obj, out);
 }

@@ -8,6 +8,7 @@
 #ifndef TANDEM_GRAMMAR_INTERNAL_H
 #define TANDEM_GRAMMAR_INTERNAL_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -122,6 +123,8 @@ typedef struct {
 } gctx;
 
 int gfail(gctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* gfail with a va_list (for wrappers that note more before failing). */
+int gvfail(gctx *c, const char *fmt, va_list ap) __attribute__((format(printf, 2, 0)));
 int64_t set_add(gctx *c, const uint64_t bits[4]);
 int64_t set_range(gctx *c, int lo, int hi);
 int64_t set_chars(gctx *c, const char *chars);
@@ -157,8 +160,9 @@ int64_t rule_list_any(gctx *c, int64_t val);
 int64_t rule_int_range(gctx *c, int64_t lo, int64_t hi);
 int64_t rule_dec_range(gctx *c, double lo, int lo_ex, double hi, int hi_ex);
 
-/* A compile context over g (root: the schema $ref resolves in, or NULL). */
-void grammar_ctx_init(gctx *c, grammar *g, const json_t *root, char *err, size_t errlen);
+/* A compile context over a new grammar (root: the schema $ref resolves in,
+ * or NULL); 0, or -1 with "out of memory" in err. */
+int grammar_ctx_init(gctx *c, const json_t *root, char *err, size_t errlen);
 /* Checks left recursion, adds the start rule; *out = g, or frees g and -1. */
 int grammar_compile_finish(gctx *c, int64_t root, grammar **out);
 /* grammar_text.c: a regular expression (ECMA-262 subset) as a rule. json:

@@ -297,13 +297,8 @@ static int compile_text(grammar **out, const char *text, size_t len, int gbnf, c
     *out = NULL;
     grammar_lexer_init();
     if (text_check(text, len, gbnf ? "the grammar" : "the regular expression", err, errlen)) return -1;
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, NULL, err, errlen);
+    if (grammar_ctx_init(&c, NULL, err, errlen)) return -1;
     int64_t root = -1;
     if (gbnf) {
         char perr[300] = "";
@@ -349,13 +344,8 @@ int grammar_compile_choice(grammar **out, const char *const *choices, int n, cha
         snprintf(err, errlen, "the choices total %zu bytes; at most %d are accepted", total, GT_MAX_TEXT);
         return -1;
     }
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, NULL, err, errlen);
+    if (grammar_ctx_init(&c, NULL, err, errlen)) return -1;
     alts a = { 0 };
     for (int i = 0; i < n && !c.failed; i++) {
         if (!choices[i][0]) { gfail(&c, "choice %d is empty", i); break; }

@@ -25,12 +25,11 @@ static int gfail_kw(gctx *c, const char *kw, const char *fmt, ...)
     if (!c->failed) {
         snprintf(c->bad_kw, sizeof c->bad_kw, "%s", kw);
         snprintf(c->bad_at, sizeof c->bad_at, "%s", c->path);
-        va_list ap;
-        va_start(ap, fmt);
-        if (c->errlen) vsnprintf(c->err, c->errlen, fmt, ap);
-        va_end(ap);
     }
-    c->failed = 1;
+    va_list ap;
+    va_start(ap, fmt);
+    gvfail(c, fmt, ap);
+    va_end(ap);
     return -1;
 }
 
@@ -648,13 +647,8 @@ int grammar_compile_schema(grammar **out, const json_t *schema, char *err, size_
 {
     *out = NULL;
     grammar_lexer_init();
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, schema, err, errlen);
+    if (grammar_ctx_init(&c, schema, err, errlen)) return -1;
     int64_t root = sch_compile(&c, schema);
     return grammar_compile_finish(&c, root, out);
 }
@@ -666,13 +660,8 @@ int grammar_compile_schema_at(grammar **out, const json_t *schema, char *err, si
     grammar_lexer_init();
     if (kwlen) kw[0] = 0;
     if (atlen) at[0] = 0;
-    grammar *g = calloc(1, sizeof *g);
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     gctx c;
-    grammar_ctx_init(&c, g, schema, err, errlen);
+    if (grammar_ctx_init(&c, schema, err, errlen)) return -1;
     int64_t root = sch_compile(&c, schema);
     if (kwlen) snprintf(kw, kwlen, "%s", c.bad_kw);
     if (atlen) snprintf(at, atlen, "%s", c.bad_at);

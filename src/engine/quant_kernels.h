@@ -2,8 +2,8 @@
  *
  * A kernel set is one file of src/backend/cpu/ compiled with its own
  * instruction-set flags (see the Makefile); everything else is built for the
- * baseline target, and quant.c picks a set at first use from what cpuid (or
- * the hwcaps, on arm64 Linux) say the CPU has. A set's functions return 1 when
+ * baseline target, and quant_dispatch.c picks a set at first use from what
+ * cpuid (or the hwcaps, on arm64 Linux) say the CPU has. A set's functions return 1 when
  * they handled a request and 0 when the caller must use the reference.
  */
 #ifndef TANDEM_QUANT_KERNELS_H
@@ -25,7 +25,7 @@ enum {
 
 /* 1: the AVX-512 decode walks of packed weights prefetch ahead in software;
  * 0: they leave it to the hardware prefetchers. Set with the CPU's features
- * (quant.c, "Walk prefetch"), read once per walk. */
+ * (quant_dispatch.c, "Walk prefetch"), read once per walk. */
 extern volatile int quant_walk_prefetch;
 
 typedef struct {

@@ -1,13 +1,13 @@
 /* wire_act.c - ACT frames (see wire_act.h, docs/wire-protocol.md 4.9). */
 #include "net/wire_act.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/gguf.h"
 #include "engine/quant.h"
+
+#include "net/wire_internal.h"
 
 uint32_t wire_act_elt_bytes(uint32_t dtype) {
     switch (dtype) {
@@ -24,14 +24,6 @@ uint32_t wire_act_max_rows(uint32_t dtype, uint32_t dim) {
     return r < 1 ? 1 : r > 0x7fffffffu ? 0x7fffffffu : (uint32_t)r;
 }
 
-static void act_put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static uint32_t act_get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
 int wire_encode_act(wire_buf *b, uint32_t pos0, uint32_t n, uint32_t dtype, uint32_t dim, const float *rows) {
     uint32_t eb = wire_act_elt_bytes(dtype);
     if (!eb || !n || !dim) return -1;
@@ -45,10 +37,10 @@ int wire_encode_act(wire_buf *b, uint32_t pos0, uint32_t n, uint32_t dtype, uint
         b->cap = need;
     }
     uint8_t *p = b->data + b->len;
-    act_put_u32(p + 0, pos0);
-    act_put_u32(p + 4, n);
-    act_put_u32(p + 8, dtype);
-    act_put_u32(p + 12, dim);
+    put_u32(p + 0, pos0);
+    put_u32(p + 4, n);
+    put_u32(p + 8, dtype);
+    put_u32(p + 12, dim);
     uint8_t *d = p + WIRE_ACT_FIXED;
     if (dtype == GGML_TYPE_F32) {
         memcpy(d, rows, (size_t)body);   /* little-endian hosts only, like the rest of the wire code */
@@ -60,31 +52,19 @@ int wire_encode_act(wire_buf *b, uint32_t pos0, uint32_t n, uint32_t dtype, uint
     return 0;
 }
 
-static void act_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void act_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!err || !errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
-
 int wire_decode_act(const uint8_t *p, size_t n, wire_act *a, char *err, size_t errlen) {
-    if (n < WIRE_ACT_FIXED) {
-        act_errf(err, errlen, "ACT payload is %zu bytes, shorter than its %u-byte head", n, WIRE_ACT_FIXED);
-        return -1;
-    }
-    wire_act x = { act_get_u32(p), act_get_u32(p + 4), act_get_u32(p + 8), act_get_u32(p + 12), p + WIRE_ACT_FIXED };
+    if (wire_len_min("ACT", n, WIRE_ACT_FIXED, err, errlen)) return -1;
+    wire_act x = { get_u32(p), get_u32(p + 4), get_u32(p + 8), get_u32(p + 12), p + WIRE_ACT_FIXED };
     uint32_t eb = wire_act_elt_bytes(x.dtype);
-    if (!eb) { act_errf(err, errlen, "ACT dtype %u is not F32, F16 or BF16", x.dtype); return -1; }
-    if (x.n == 0 || x.dim == 0) { act_errf(err, errlen, "ACT frame of %u rows of %u elements", x.n, x.dim); return -1; }
+    if (!eb) { wire_errf(err, errlen, "ACT dtype %u is not F32, F16 or BF16", x.dtype); return -1; }
+    if (x.n == 0 || x.dim == 0) { wire_errf(err, errlen, "ACT frame of %u rows of %u elements", x.n, x.dim); return -1; }
     if ((uint64_t)x.pos0 + x.n > 0x7fffffffu) {
-        act_errf(err, errlen, "ACT positions %u..%llu beyond 2^31", x.pos0, (unsigned long long)x.pos0 + x.n);
+        wire_errf(err, errlen, "ACT positions %u..%llu beyond 2^31", x.pos0, (unsigned long long)x.pos0 + x.n);
         return -1;
     }
     uint64_t body = (uint64_t)x.n * x.dim * eb;
     if (body != n - WIRE_ACT_FIXED) {
-        act_errf(err, errlen, "ACT frame size mismatch: %u rows of %u elements need %llu bytes, payload has %zu",
+        wire_errf(err, errlen, "ACT frame size mismatch: %u rows of %u elements need %llu bytes, payload has %zu",
                  x.n, x.dim, (unsigned long long)body, n - WIRE_ACT_FIXED);
         return -1;
     }

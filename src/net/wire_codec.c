@@ -51,6 +51,12 @@ static int wire_len_exact(const char *what, size_t n, size_t want, char *err, si
     return -1;
 }
 
+int wire_len_min(const char *what, size_t n, size_t head, char *err, size_t errlen) {
+    if (n >= head) return 0;
+    wire_errf(err, errlen, "%s payload is %zu bytes, shorter than its %zu-byte head", what, n, head);
+    return -1;
+}
+
 /* The dtypes a KV frame may carry, and their block size in bytes. */
 static uint32_t wire_dtype_block_bytes(uint32_t dtype) {
     switch (dtype) {
@@ -130,11 +136,7 @@ int wire_encode_request(wire_buf *b, const wire_request *r, const int32_t *token
 }
 
 int wire_decode_request(const uint8_t *p, size_t n, wire_request *r, char *err, size_t errlen) {
-    if (n < WIRE_REQUEST_FIXED) {
-        wire_errf(err, errlen, "REQUEST payload is %zu bytes, shorter than its %u-byte head", n,
-                  WIRE_REQUEST_FIXED);
-        return -1;
-    }
+    if (wire_len_min("REQUEST", n, WIRE_REQUEST_FIXED, err, errlen)) return -1;
     wire_request x;
     x.start_pos = get_u32(p + 0);
     x.end_pos = get_u32(p + 4);
@@ -231,10 +233,7 @@ int wire_encode_kv(wire_buf *b, const wire_kv *kv) {
 }
 
 int wire_decode_kv(const uint8_t *p, size_t n, wire_kv *kv, char *err, size_t errlen) {
-    if (n < WIRE_KV_FIXED) {
-        wire_errf(err, errlen, "KV payload is %zu bytes, shorter than its %u-byte head", n, WIRE_KV_FIXED);
-        return -1;
-    }
+    if (wire_len_min("KV", n, WIRE_KV_FIXED, err, errlen)) return -1;
     wire_kv x;
     x.layer = get_u32(p + 0);
     x.pos0 = get_u32(p + 4);
@@ -297,11 +296,7 @@ int wire_encode_error(wire_buf *b, const wire_error *e) {
 }
 
 int wire_decode_error(const uint8_t *p, size_t n, wire_error *e, char *err, size_t errlen) {
-    if (n < WIRE_ERROR_FIXED) {
-        wire_errf(err, errlen, "ERROR payload is %zu bytes, shorter than its %u-byte head", n,
-                  WIRE_ERROR_FIXED);
-        return -1;
-    }
+    if (wire_len_min("ERROR", n, WIRE_ERROR_FIXED, err, errlen)) return -1;
     uint32_t code = get_u32(p), ml = get_u32(p + 4);
     if (ml > WIRE_ERROR_MAX_MSG || ml != n - WIRE_ERROR_FIXED) {
         wire_errf(err, errlen, "ERROR: message length %u does not match the %zu-byte payload (max %u)", ml,

@@ -2,29 +2,14 @@
  * docs/wire-protocol.md 4.10). */
 #include "net/wire_draft.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "net/wire_internal.h"
+
 /* ==== Bytes ==== */
 
-static void wd_put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-
-uint32_t wire_draft_token(const uint8_t *tokens, uint32_t i) {
-    const uint8_t *p = tokens + 4 * (size_t)i;
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void wd_errf(char *err, size_t errlen, const char *fmt, ...) {
-    if (!errlen) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-}
+uint32_t wire_draft_token(const uint8_t *tokens, uint32_t i) { return get_u32(tokens + 4 * (size_t)i); }
 
 static uint8_t *wd_grow(wire_buf *b, size_t add, size_t limit) {
     size_t need = b->len + add;
@@ -48,15 +33,15 @@ int wire_draft_begin(wire_buf *b, uint32_t n_seq) {
     if (n_seq < 1 || n_seq > WIRE_DRAFT_MAX_SEQ) return -1;
     uint8_t *p = wd_grow(b, 4, WIRE_DRAFT_MAX_BYTES);
     if (!p) return -1;
-    wd_put_u32(p, n_seq);
+    put_u32(p, n_seq);
     return 0;
 }
 
 static int wd_add(wire_buf *b, const uint32_t *head, int n_head, uint32_t n, const int32_t *tokens, size_t limit) {
     uint8_t *p = wd_grow(b, 4 * (size_t)n_head + 4 * (size_t)n, limit);
     if (!p) return -1;
-    for (int i = 0; i < n_head; i++) wd_put_u32(p + 4 * i, head[i]);
-    for (uint32_t i = 0; i < n; i++) wd_put_u32(p + 4 * ((size_t)n_head + i), (uint32_t)tokens[i]);
+    for (int i = 0; i < n_head; i++) put_u32(p + 4 * i, head[i]);
+    for (uint32_t i = 0; i < n; i++) put_u32(p + 4 * ((size_t)n_head + i), (uint32_t)tokens[i]);
     return 0;
 }
 
@@ -78,13 +63,13 @@ int wire_draft_add_reply(wire_buf *b, uint32_t seq, uint32_t status, uint32_t n,
 static int wd_tokens_ok(const uint8_t *p, size_t len, size_t off, uint32_t n, uint32_t n_vocab, const char *what,
                         char *err, size_t errlen) {
     if ((uint64_t)n * 4 > len - off) {
-        wd_errf(err, errlen, "%s: %u tokens overrun the payload", what, n);
+        wire_errf(err, errlen, "%s: %u tokens overrun the payload", what, n);
         return -1;
     }
     for (uint32_t i = 0; i < n; i++) {
         uint32_t t = wire_draft_token(p + off, i);
         if (t >= n_vocab) {
-            wd_errf(err, errlen, "%s: token id %u is not below the vocabulary's %u", what, t, n_vocab);
+            wire_errf(err, errlen, "%s: token id %u is not below the vocabulary's %u", what, t, n_vocab);
             return -1;
         }
     }
@@ -93,12 +78,12 @@ static int wd_tokens_ok(const uint8_t *p, size_t len, size_t off, uint32_t n, ui
 
 static int wd_count(const uint8_t *p, size_t n, const char *what, uint32_t *n_seq, char *err, size_t errlen) {
     if (n < 4) {
-        wd_errf(err, errlen, "%s payload of %zu bytes has no sequence count", what, n);
+        wire_errf(err, errlen, "%s payload of %zu bytes has no sequence count", what, n);
         return -1;
     }
     *n_seq = wire_draft_token(p, 0);
     if (*n_seq < 1 || *n_seq > WIRE_DRAFT_MAX_SEQ) {
-        wd_errf(err, errlen, "%s: %u sequences (1..%u)", what, *n_seq, WIRE_DRAFT_MAX_SEQ);
+        wire_errf(err, errlen, "%s: %u sequences (1..%u)", what, *n_seq, WIRE_DRAFT_MAX_SEQ);
         return -1;
     }
     return 0;
@@ -114,11 +99,11 @@ typedef int (*wd_entry_fn)(const uint8_t *h, uint32_t s, void *out, uint32_t *n_
  * token ids below n_vocab, and nothing after the last. */
 static int wd_decode(const uint8_t *p, size_t n, size_t max, const char *what, size_t head, wd_entry_fn entry,
                      uint32_t n_vocab, void *out, uint32_t *n_seq, char *err, size_t errlen) {
-    if (n > max) { wd_errf(err, errlen, "%s payload of %zu bytes is too large", what, n); return -1; }
+    if (n > max) { wire_errf(err, errlen, "%s payload of %zu bytes is too large", what, n); return -1; }
     if (wd_count(p, n, what, n_seq, err, errlen)) return -1;
     size_t off = 4;
     for (uint32_t s = 0; s < *n_seq; s++) {
-        if (n - off < head) { wd_errf(err, errlen, "%s: entry %u is cut short", what, s); return -1; }
+        if (n - off < head) { wire_errf(err, errlen, "%s: entry %u is cut short", what, s); return -1; }
         uint32_t n_tok;
         const uint8_t **tokens;
         if (entry(p + off, s, out, &n_tok, &tokens, err, errlen)) return -1;
@@ -127,7 +112,7 @@ static int wd_decode(const uint8_t *p, size_t n, size_t max, const char *what, s
         *tokens = p + off;
         off += 4 * (size_t)n_tok;
     }
-    if (off != n) { wd_errf(err, errlen, "%s: %zu bytes after the last entry", what, n - off); return -1; }
+    if (off != n) { wire_errf(err, errlen, "%s: %zu bytes after the last entry", what, n - off); return -1; }
     return 0;
 }
 
@@ -139,20 +124,20 @@ static int wd_ask_entry(const uint8_t *h, uint32_t s, void *outv, uint32_t *n_to
     a->k = wire_draft_token(h, 2);
     a->n = wire_draft_token(h, 3);
     if (a->k < 1 || a->k > WIRE_DRAFT_MAX_K) {
-        wd_errf(err, errlen, "DRAFT: sequence %u asks for %u drafts (1..%u)", a->seq, a->k, WIRE_DRAFT_MAX_K);
+        wire_errf(err, errlen, "DRAFT: sequence %u asks for %u drafts (1..%u)", a->seq, a->k, WIRE_DRAFT_MAX_K);
         return -1;
     }
     if (a->keep == 0 && a->n == 0) {
-        wd_errf(err, errlen, "DRAFT: sequence %u opens with no tokens", a->seq);
+        wire_errf(err, errlen, "DRAFT: sequence %u opens with no tokens", a->seq);
         return -1;
     }
     if (a->keep > WIRE_DRAFT_MAX_TOKENS || a->n > WIRE_DRAFT_MAX_TOKENS - a->keep) {
-        wd_errf(err, errlen, "DRAFT: sequence %u's history of %u + %u tokens is too long", a->seq, a->keep, a->n);
+        wire_errf(err, errlen, "DRAFT: sequence %u's history of %u + %u tokens is too long", a->seq, a->keep, a->n);
         return -1;
     }
     for (uint32_t j = 0; j < s; j++)
         if (out[j].seq == a->seq) {
-            wd_errf(err, errlen, "DRAFT: sequence %u appears twice", a->seq);
+            wire_errf(err, errlen, "DRAFT: sequence %u appears twice", a->seq);
             return -1;
         }
     *n_tok = a->n;
@@ -172,7 +157,7 @@ static int wd_reply_entry(const uint8_t *h, uint32_t s, void *outv, uint32_t *n_
     r->status = wire_draft_token(h, 1);
     r->n = wire_draft_token(h, 2);
     if (r->status > WIRE_DRAFT_FULL || r->n > WIRE_DRAFT_MAX_K || (r->status && r->n)) {
-        wd_errf(err, errlen, "DRAFTS: sequence %u has status %u and %u drafts", r->seq, r->status, r->n);
+        wire_errf(err, errlen, "DRAFTS: sequence %u has status %u and %u drafts", r->seq, r->status, r->n);
         return -1;
     }
     *n_tok = r->n;

@@ -40,4 +40,10 @@ int wire_poll(int fd, short events, int64_t deadline);
 int wire_send_locked(wire_conn *c, uint16_t type, uint64_t req_id, uint32_t flags,
                      const void *payload, size_t len, int64_t deadline, char *err, size_t errlen);
 
+/* ==== wire_codec.c ==== */
+
+/* 0 when a payload of n bytes holds its head of `head` bytes, else -1 with
+ * "WHAT payload is N bytes, shorter than its HEAD-byte head". */
+int wire_len_min(const char *what, size_t n, size_t head, char *err, size_t errlen);
+
 #endif /* TANDEM_NET_WIRE_INTERNAL_H */

@@ -35,10 +35,10 @@
  * Rows in a block: per layer, K then V, each [kv_head][64][head bytes]
  * (the cache's head-major order: copied in runs of 64 positions of a head).
  *
- * Used by the decode node (scheduler.c: its loader thread fills an admitted
- * job's slot, off the scheduler's lock; a finished job puts) and the prefill
- * node (node_prefill.c: per request). A fill that goes to disk asks the
- * kernel for the chain's next block files ahead of the one it reads
+ * Used by the decode node (scheduler_admit.c: its loader thread fills an
+ * admitted job's slot, off the scheduler's lock; a finished job puts) and
+ * the prefill node (node_prefill.c: per request). A fill that goes to disk
+ * asks the kernel for the chain's next block files ahead of the one it reads
  * (posix_fadvise WILLNEED, KVS_READAHEAD_BYTES ahead).
  *
  * Thread safety: every function may be called from any thread.

@@ -634,7 +634,7 @@ static void test_kernels(void) {
     const char *best = quant_kernel_name();
     CHECK(n >= 1 && n <= 16 && strcmp(names[0], "ref") == 0, "kernel sets start with ref (%d sets)", n);
     /* the default is the best set, or the one TANDEM_KERNELS names where this
-     * CPU runs it; an empty or unknown TANDEM_KERNELS leaves the best (quant.c) */
+     * CPU runs it; an empty or unknown TANDEM_KERNELS leaves the best (quant_dispatch.c) */
     const char *forced = getenv("TANDEM_KERNELS");
     const char *want = n >= 1 && n <= 16 ? names[n - 1] : "?";
     for (int i = 0; forced && *forced && i < n && i < 16; i++)

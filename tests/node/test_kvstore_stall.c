@@ -1,6 +1,6 @@
 /* test_kvstore_stall.c - a disk hit of the KV store does not stall the
  * other streams (issue 43): the scheduler hands the load to its loader
- * thread (scheduler.c) instead of reading under its lock.
+ * thread (scheduler_admit.c) instead of reading under its lock.
  *
  * A real `tandem serve --role local` node on qwen3-mini-F16 with the store
  * on disk only (--kv-cache-ram 0), --parallel 2:

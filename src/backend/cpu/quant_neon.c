@@ -3,7 +3,7 @@
  * This file is the neon set (quant_kernels.h: armv8-a, what every arm64 CPU
  * runs) and the body of the dotprod set: quant_neon_dotprod.c includes it
  * with QN_SET renamed and is compiled for armv8.2-a+dotprod, so qn_dot is
- * one sdot there and quant.c picks that set when the hwcaps say the CPU has
+ * one sdot there and quant_dispatch.c picks that set when the hwcaps say the CPU has
  * it (most arm64 cores since 2018: Graviton 2 on, Apple M1 on, the Grace and
  * GB10 CPUs). quant_neon_i8mm.c builds it a third time for
  * armv8.2-a+dotprod+i8mm: there the prefill tiles take two weight rows
