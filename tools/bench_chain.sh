@@ -17,7 +17,7 @@
 #   --chunk N         fixed rows per chunk of the chain's slice nodes (-b N
 #                     --chain-chunks 1); default: -b 512 and the slices' own
 #                     choice (--chain-chunks 16: 256 rows at 4,096 tokens for
-#                     a dense model; a MoE one keeps 32 rows per expert);
+#                     a dense model; a MoE one keeps 16 rows per expert);
 #                     the pipeline's bubble is one chunk of the second slice
 #   --single-b N      the single node's -b (default 512)
 #   --split B         where slice 1 ends and slice 2 starts: a block L or the
@@ -45,7 +45,8 @@
 # computes the last position itself; the connections are left out: the
 # first HELLO hashes the whole model file, seconds for a large one, which a
 # decode server does once at start). Needs 2 cores. Beside it, from the nodes' own log lines
-# (load-robust-ish): each slice's compute time, the second slice's waits for
+# (load-robust-ish): each slice's compute time and CPU seconds during the
+# chain's run (the CPU seconds hold under load; the wall times do not), the second slice's waits for
 # hidden states after its first frame (later chunks cost more: their
 # attention spans more positions), and the CPU seconds of the decode process
 # (tandem run: model load and fingerprint, KV receive, hidden-state relay).
@@ -144,7 +145,7 @@ start() {  # MODEL CORE LAYERS|all NAME CTX BATCH [OPTIONS...]
     "${INP[@]}" taskset -c "$2" "$B" serve --role prefill -m "$1" --secret-file "$T/secret" -t 1 -b "$6" -c "$5" "${L[@]}" \
         --listen "$ADDR_P:0" --port-file "$T/port.$4" --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 \
         >"$T/log.$4" 2>&1 &
-    pid=$!; echo "$pid" >>"$T/pids"
+    pid=$!; echo "$pid" >>"$T/pids"; echo "$pid" >"$T/pid.$4"
     for _ in $(seq 1 3000); do
         [ -s "$T/port.$4" ] && return 0
         kill -0 "$pid" 2>/dev/null || { cat "$T/log.$4" >&2; echo "bench_chain: node $4 died" >&2; exit 1; }
@@ -166,6 +167,10 @@ w='the of and to in a is that for it as was with be by on not he this are or his
 print(' '.join(random.choice(w) for _ in range($1)))" >"$T/p.$1"
 }
 load() { cut -d' ' -f1 /proc/loadavg; }
+# CPU seconds a node has used (utime + stime of /proc/PID/stat, all its
+# threads): what a slice computes, whatever share of its core the load left it
+TCK=$(getconf CLK_TCK)
+cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / t }' "/proc/$(cat "$T/pid.$1")/stat" 2>/dev/null || echo 0; }
 
 # ==== Runs ====
 emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
@@ -175,8 +180,8 @@ CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
 CHAIN_ROWS="-b 512, rows their choice"; [ -z "$CHUNK" ] || CHAIN_ROWS="-b $CHUNK --chain-chunks 1"
 emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 ($CHAIN_ROWS), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
 emit ""
-emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | split | chunk rows | slice 1 / 2 compute s | slice 2 waits s | decode CPU s chain / single |"
-emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | split | chunk rows | slice 1 / 2 compute s | slice 1 / 2 CPU s | slice 2 waits s | decode CPU s chain / single |"
+emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for M in "${MODELS[@]}"; do
     NL=$(layers_of "$M") || { echo "bench_chain: no block_count in $M" >&2; exit 2; }
     case "$SPLIT" in
@@ -202,6 +207,7 @@ for M in "${MODELS[@]}"; do
             declare -A ms=() cpu=()
             for mode in chain single; do
                 if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
+                [ $mode = single ] || { ua=$(cpu_of a); ub=$(cpu_of b); }
                 "${IND[@]}" /usr/bin/time -f "cpu_s %U %S" -o "$T/run.cpu" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 \
                     --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 --deadline-ms 3600000 \
                     >/dev/null 2>"$T/run.err" ||
@@ -214,6 +220,8 @@ for M in "${MODELS[@]}"; do
                 con=$(sed -n 's/^handoff: .*(connect \([0-9.]*\) ms.*/\1/p' "$T/run.err")
                 ms[$mode]=$(awk -v a="${ms[$mode]}" -v c="${con:-0}" 'BEGIN { printf "%.1f", a - c }')
                 cpu[$mode]=$(awk '/^cpu_s/ { printf "%.1f", $2 + $3 }' "$T/run.cpu")
+                [ $mode = single ] || sc=$(awk -v a0="$ua" -v b0="$ub" -v a1="$(cpu_of a)" -v b1="$(cpu_of b)" \
+                    'BEGIN { printf "%.1f / %.1f", a1 - a0, b1 - b0 }')
             done
             ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
             echo "$ratio" >>"$T/ratios"
@@ -224,7 +232,7 @@ for M in "${MODELS[@]}"; do
             wb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
             emit "| $(basename "$M" .gguf) | $tok | $r | $(load) | $(awk -v v="${ms[chain]}" 'BEGIN{printf "%.1f", v/1000}') |" \
                  "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | $H | ${rows:-?} |" \
-                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') |" \
+                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') | $sc |" \
                  "$(awk -v v="${wb:-0}" 'BEGIN{printf "%.1f", v/1000}') | ${cpu[chain]} / ${cpu[single]} |"
         done
         emit "| $(basename "$M" .gguf) | $tok | median | | | | **$(sort -n "$T/ratios" | awk '{ a[NR] = $1 } END { printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')** |"

@@ -97,10 +97,12 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
  * and 512 rows; docs/bench.md). */
 #define CHAIN_MIN_ROWS 128
 /* A MoE model's experts each see rows * n_expert_used / n_expert of a
- * chunk, and every chunk reads every expert's weights: at 128 rows (8 per
- * expert) the 30B-A3B shape's slices computed 1.7x slower than at 512 in a
- * chain (docs/bench.md). A slice keeps at least this many rows per expert. */
-#define CHAIN_MIN_EXPERT_ROWS 32
+ * chunk, and every chunk reads every expert's weights. The 30B-A3B shape's
+ * slices, CPU seconds in a chain (docs/bench.md, "Layer-split balance"):
+ * 256 rows (16 per expert) cost what 512 do, 128 rows (8) 5-10% more. (An
+ * earlier 1.7x at 128 rows was a loaded machine's wall time.) A slice keeps
+ * at least this many rows per expert: 256 rows for 128 experts, 8 used. */
+#define CHAIN_MIN_EXPERT_ROWS 16
 /* The fewest rows for a model's chunks: CHAIN_MIN_ROWS, or for n_expert
  * experts of which n_used are picked per row, enough for
  * CHAIN_MIN_EXPERT_ROWS each. */

@@ -335,7 +335,7 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
         char lt[32];
         model_get_halves(m, &lo, &hi);
         wire_layers_format(lt, sizeof lt, lo, hi);
-        snprintf(node.base_desc, sizeof node.base_desc, "%.220s; layers %s", node.hello.model_desc, lt);
+        snprintf(node.base_desc, sizeof node.base_desc, "%.220s; layers %.16s", node.hello.model_desc, lt);
         snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", node.base_desc);
     } else {
         snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);

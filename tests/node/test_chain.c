@@ -159,13 +159,14 @@ static void part_chunk_rows(const char *path, const char *pf, int npred, const i
     static int once;
     if (!once++) {
         int d = chain_min_rows(0, 0), moe = chain_min_rows(128, 8);
-        CHECK(d == 128 && moe == 512 && chain_min_rows(8, 2) == 128 && chain_min_rows(4, 9) == 128,
-              "chain_min_rows: 128 dense, 32 per expert (%d, %d)", d, moe);
+        CHECK(d == 128 && moe == 256 && chain_min_rows(8, 2) == 128 && chain_min_rows(4, 9) == 128,
+              "chain_min_rows: 128 dense, 16 per expert (%d, %d)", d, moe);
         CHECK(chain_chunk_rows(512, 4096, 16, d) == 256 && chain_chunk_rows(512, 1024, 16, d) == 128 &&
               chain_chunk_rows(512, 16384, 16, d) == 512 && chain_chunk_rows(512, 4096, 1, d) == 512 &&
               chain_chunk_rows(16, 1000, 16, d) == 16 && chain_chunk_rows(4096, 4096, 16, d) == 256 &&
               chain_chunk_rows(512, 100, 16, d) == 128 && chain_chunk_rows(512, 4096, 0, d) == 512 &&
-              chain_chunk_rows(512, 1024, 16, moe) == 512 && chain_chunk_rows(4096, 4096, 16, moe) == 512,
+              chain_chunk_rows(512, 1024, 16, moe) == 256 && chain_chunk_rows(4096, 4096, 16, moe) == 256 &&
+              chain_chunk_rows(512, 16384, 16, moe) == 512,
               "chain_chunk_rows: -b halved to >= 16 chunks, not below the model's fewest rows");
     }
     const char *const big[] = { "-b", "512", NULL };
