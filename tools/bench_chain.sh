@@ -17,9 +17,16 @@
 #   --chunk N         fixed rows per chunk of the chain's slice nodes (-b N
 #                     --chain-chunks 1); default: -b 512 and the slices' own
 #                     choice (--chain-chunks 16: 256 rows at 4,096 tokens for
-#                     a dense model; a MoE one keeps 32 rows per expert);
+#                     a dense model; a MoE one keeps 16 rows per expert);
 #                     the pipeline's bubble is one chunk of the second slice
 #   --single-b N      the single node's -b (default 512)
+#   --split B         where slice 1 ends and slice 2 starts: a block L or the
+#                     middle of one, L.5 (after its attention); "count" = L/2
+#                     (the split by layer count); default "cost": (L-1)/2,
+#                     since the last block costs only its K/V projection (the
+#                     decode node computes the last position) and the other
+#                     L-1 are split evenly (3.5 for 8 blocks, 13.5 for 28;
+#                     docs/layer-split.md, "Balance")
 #   --logs DIR        keep the nodes' logs and each run's stderr in DIR
 #   -o FILE           also write the table to FILE
 # Without MODEL arguments it benchmarks the issue's two models, generated
@@ -31,14 +38,15 @@
 #                             layers, --type q4_k_m
 # env TANDEM_BIN (default build/tandem), TANDEM_FIXTURES (default ../shared/fixtures).
 #
-# Setup: chain = slice 0:L/2 pinned to core 0 and slice L/2:L to core 1
+# Setup: chain = slice 0:B pinned to core 0 and slice B:L to core 1
 # (taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
 # -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" less its "connect"
 # (request sent to the first token's logits; the decode side, not pinned,
 # computes the last position itself; the connections are left out: the
 # first HELLO hashes the whole model file, seconds for a large one, which a
 # decode server does once at start). Needs 2 cores. Beside it, from the nodes' own log lines
-# (load-robust-ish): each slice's compute time, the second slice's waits for
+# (load-robust-ish): each slice's compute time and CPU seconds during the
+# chain's run (the CPU seconds hold under load; the wall times do not), the second slice's waits for
 # hidden states after its first frame (later chunks cost more: their
 # attention spans more positions), and the CPU seconds of the decode process
 # (tandem run: model load and fingerprint, KV receive, hidden-state relay).
@@ -46,7 +54,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
-SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=(); CHUNK=""; SINGLE_B=512; LOGS=""
+SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=(); CHUNK=""; SINGLE_B=512; LOGS=""; SPLIT=cost
 while [ $# -gt 0 ]; do
     case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
@@ -54,6 +62,7 @@ while [ $# -gt 0 ]; do
     --net) NET=$2; shift 2 ;;
     --chunk) CHUNK=$2; shift 2 ;;
     --single-b) SINGLE_B=$2; shift 2 ;;
+    --split) SPLIT=$2; shift 2 ;;
     --logs) LOGS=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -136,7 +145,7 @@ start() {  # MODEL CORE LAYERS|all NAME CTX BATCH [OPTIONS...]
     "${INP[@]}" taskset -c "$2" "$B" serve --role prefill -m "$1" --secret-file "$T/secret" -t 1 -b "$6" -c "$5" "${L[@]}" \
         --listen "$ADDR_P:0" --port-file "$T/port.$4" --request-ms 3600000 --timeout-ms 600000 --handshake-ms 60000 \
         >"$T/log.$4" 2>&1 &
-    pid=$!; echo "$pid" >>"$T/pids"
+    pid=$!; echo "$pid" >>"$T/pids"; echo "$pid" >"$T/pid.$4"
     for _ in $(seq 1 3000); do
         [ -s "$T/port.$4" ] && return 0
         kill -0 "$pid" 2>/dev/null || { cat "$T/log.$4" >&2; echo "bench_chain: node $4 died" >&2; exit 1; }
@@ -158,6 +167,10 @@ w='the of and to in a is that for it as was with be by on not he this are or his
 print(' '.join(random.choice(w) for _ in range($1)))" >"$T/p.$1"
 }
 load() { cut -d' ' -f1 /proc/loadavg; }
+# CPU seconds a node has used (utime + stime of /proc/PID/stat, all its
+# threads): what a slice computes, whatever share of its core the load left it
+TCK=$(getconf CLK_TCK)
+cpu_of() { awk -v t="$TCK" '{ sub(/^.*\) /, ""); printf "%.2f", ($12 + $13) / t }' "/proc/$(cat "$T/pid.$1")/stat" 2>/dev/null || echo 0; }
 
 # ==== Runs ====
 emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
@@ -167,11 +180,15 @@ CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
 CHAIN_ROWS="-b 512, rows their choice"; [ -z "$CHUNK" ] || CHAIN_ROWS="-b $CHUNK --chain-chunks 1"
 emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 ($CHAIN_ROWS), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
 emit ""
-emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | chunk rows | slice 1 / 2 compute s | slice 2 waits s | decode CPU s chain / single |"
-emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | split | chunk rows | slice 1 / 2 compute s | slice 1 / 2 CPU s | slice 2 waits s | decode CPU s chain / single |"
+emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for M in "${MODELS[@]}"; do
     NL=$(layers_of "$M") || { echo "bench_chain: no block_count in $M" >&2; exit 2; }
-    H=$((NL / 2))
+    case "$SPLIT" in
+    count) H=$((NL / 2)) ;;
+    cost) if [ $((NL % 2)) = 0 ]; then H="$((NL / 2 - 1)).5"; else H=$(((NL - 1) / 2)); fi ;;
+    *) H=$SPLIT ;;
+    esac
     SL=(); [ -z "$CHUNK" ] || SL=(--chain-chunks 1)
     start "$M" 0 "0:$H" a "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 1 "$H:$NL" b "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 0 all w "$CTX" "$SINGLE_B"
     CHAIN="$ADDR_P:$(cat "$T/port.a")/0:$H,$ADDR_P:$(cat "$T/port.b")/$H:$NL"
@@ -190,6 +207,7 @@ for M in "${MODELS[@]}"; do
             declare -A ms=() cpu=()
             for mode in chain single; do
                 if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
+                [ $mode = single ] || { ua=$(cpu_of a); ub=$(cpu_of b); }
                 "${IND[@]}" /usr/bin/time -f "cpu_s %U %S" -o "$T/run.cpu" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 \
                     --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 --deadline-ms 3600000 \
                     >/dev/null 2>"$T/run.err" ||
@@ -202,17 +220,19 @@ for M in "${MODELS[@]}"; do
                 con=$(sed -n 's/^handoff: .*(connect \([0-9.]*\) ms.*/\1/p' "$T/run.err")
                 ms[$mode]=$(awk -v a="${ms[$mode]}" -v c="${con:-0}" 'BEGIN { printf "%.1f", a - c }')
                 cpu[$mode]=$(awk '/^cpu_s/ { printf "%.1f", $2 + $3 }' "$T/run.cpu")
+                [ $mode = single ] || sc=$(awk -v a0="$ua" -v b0="$ub" -v a1="$(cpu_of a)" -v b1="$(cpu_of b)" \
+                    'BEGIN { printf "%.1f / %.1f", a1 - a0, b1 - b0 }')
             done
             ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
             echo "$ratio" >>"$T/ratios"
             # the slices' last request lines: compute_ms=, act_wait_ms= (waits after the first chunk)
-            ca=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.a" | tail -1)
-            cb=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
-            rows=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* rows=\([0-9]*\).*/\1/p' "$T/log.b" | tail -1)
-            wb=$(sed -n 's/.* slice [0-9]*:[0-9]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
+            ca=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.a" | tail -1)
+            cb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
+            rows=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* rows=\([0-9]*\).*/\1/p' "$T/log.b" | tail -1)
+            wb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
             emit "| $(basename "$M" .gguf) | $tok | $r | $(load) | $(awk -v v="${ms[chain]}" 'BEGIN{printf "%.1f", v/1000}') |" \
-                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | ${rows:-?} |" \
-                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') |" \
+                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | $H | ${rows:-?} |" \
+                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') | $sc |" \
                  "$(awk -v v="${wb:-0}" 'BEGIN{printf "%.1f", v/1000}') | ${cpu[chain]} / ${cpu[single]} |"
         done
         emit "| $(basename "$M" .gguf) | $tok | median | | | | **$(sort -n "$T/ratios" | awk '{ a[NR] = $1 } END { printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')** |"

@@ -26,6 +26,7 @@
 #include "node/node_decode.h"
 #include "node/node_drain.h"
 #include "net/node_register.h"
+#include "net/wire_act.h"
 #include "router/router.h"
 #include "engine/quant.h"
 
@@ -47,6 +48,7 @@ typedef struct {
     int debug_act_stall;  /* prefill slice: stop sending after the Nth ACT frame (tests) */
     int chain_chunks;     /* prefill slice: --chain-chunks (chain.h CHAIN_MIN_CHUNKS) */
     int layer_lo, layer_hi;   /* prefill role: --layers A:B (0, 0 = the whole model) */
+    int ffn_first, attn_last; /* --layers bounds "L.5" (model_opts) */
     const char *draft_model;  /* prefill role: --draft-model FILE (a draft node: draft_serve.h) */
     int draft_slots;          /* --draft-slots N */
     uint32_t kv_dtype;
@@ -96,7 +98,8 @@ static void serve_usage(FILE *f) {
         "  --kv-cache-ram BYTES, --kv-cache-dir DIR, --kv-cache-disk BYTES  a KV prefix store as on\n"
         "                       decode nodes: a repeated prefix is loaded, not recomputed\n"
         "  --layers A:B         serve blocks A..B-1 only (end exclusive; a slice of a layer-split\n"
-        "                       prefill chain: docs/layer-split.md)\n"
+        "                       prefill chain: docs/layer-split.md); a bound L.5 is the middle of\n"
+        "                       block L (after its attention), shared with the neighbouring slice\n"
         "  --chain-chunks N     (slice) cut a prompt into at least N chunks, halving -b down to\n"
         "                       128 rows, to shrink the pipeline's bubble (default 16; 1 = -b rows)\n"
         "  --draft-model FILE   also a draft node: decode nodes started with --draft-node HOST:PORT\n"
@@ -129,15 +132,18 @@ static int serve_role_parse(const char *s, enum serve_role *r) {
     return 0;
 }
 
-/* --layers A:B: 0 <= A < B <= 1024 (the file's block count is checked at load). */
+/* --layers A:B: 0 <= A < B <= 1024, each a block or the middle of one
+ * ("3.5"; the file's block count is checked at load). */
 static int serve_layers(const char *opt, const char *v, serve_opts *o) {
     int a, b, n = 0;
-    if (!v || sscanf(v, "%d:%d%n", &a, &b, &n) != 2 || v[n] || a < 0 || b <= a || b > 1024) {
-        fprintf(stderr, SERVE ": %s wants A:B with 0 <= A < B (end exclusive), got '%s'\n", opt, v ? v : "");
+    if (!v || wire_layers_parse(v, &a, &b, &n) || v[n]) {
+        fprintf(stderr, SERVE ": %s wants A:B with 0 <= A < B (end exclusive; L or L.5), got '%s'\n", opt, v ? v : "");
         return -1;
     }
-    o->layer_lo = a;
-    o->layer_hi = b;
+    o->layer_lo = a / 2;
+    o->ffn_first = a % 2;
+    o->layer_hi = (b + 1) / 2;
+    o->attn_last = b % 2;
     return 0;
 }
 
@@ -284,7 +290,8 @@ int cli_serve(int argc, char **argv) {
     }
     o.stop = cliopt_stop_on_signals();
     model_opts mo = { .n_threads = o.n_threads, .n_batch = o.n_batch, .backend = o.backend, .device = o.device,
-                      .layer_lo = o.layer_lo, .layer_hi = o.layer_hi };
+                      .layer_lo = o.layer_lo, .layer_hi = o.layer_hi, .ffn_first = o.ffn_first,
+                      .attn_last = o.attn_last };
     model *m = NULL, *dm = NULL;
     int rc = 1;
     if (model_load(&m, o.model, &mo, err, sizeof err)) {   /* err names the file */

@@ -154,22 +154,34 @@ static int forward_attention(model *m, const fwd_pass *p, int il, char *err, siz
     return op->sync_kv ? 0 : forward_hooks(m, p, il, err, errlen);
 }
 
-static int forward_mix(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
+/* x += Wo attention(q, cache): the rest of the block's attention half. */
+static int forward_attend(model *m, const fwd_pass *p, int il, int ffn, char *err, size_t errlen) {
     const model_hparams *hp = &m->hp;
     const model_layer *L = &m->layers[il];
     backend *be = m->be;
     const backend_ops *op = be->ops;
     fwd_bufs *b = &m->b;
     int hd = hp->head_dim_k, n = p->bt.n_tok;
-    size_t E = (size_t)hp->n_embd;
 
     if (op->attention(be, b->q, &p->bt, il, hp->n_head, hp->n_head_kv, hd, 1.0f / sqrtf((float)hd), b->att)) {
         snprintf(err, errlen, "out of memory in attention");
         return -1;
     }
-    if (!hp->n_expert) forward_warm(m, &L->ffn_gate, &L->ffn_up, NULL);
+    if (!hp->n_expert && ffn) forward_warm(m, &L->ffn_gate, &L->ffn_up, NULL);
     op->mul_mat(be, &L->wo, 0, b->att, n, b->o);
-    op->add(be, b->x, b->o, n * E);
+    op->add(be, b->x, b->o, n * (size_t)hp->n_embd);
+    return 0;
+}
+
+/* x += FFN(rms_norm(x)): the block's feed-forward half. */
+static int forward_ffn(model *m, const fwd_pass *p, int il, char *err, size_t errlen) {
+    const model_hparams *hp = &m->hp;
+    const model_layer *L = &m->layers[il];
+    backend *be = m->be;
+    const backend_ops *op = be->ops;
+    fwd_bufs *b = &m->b;
+    int n = p->bt.n_tok;
+    size_t E = (size_t)hp->n_embd;
 
     op->rms_norm(be, b->x, &L->ffn_norm, b->h, n, hp->n_embd, hp->rms_eps);
     if (hp->n_expert) {
@@ -244,12 +256,16 @@ static int forward_pass(model *m, const fwd_pass *p, const int32_t *ids, char *e
     if (be->ops->warm_next) be->ops->warm_next(be, NULL, 0);   /* no hint left from an earlier pass */
     int late = be->ops->sync_kv != NULL;
     for (int il = m->layer_lo; il < m->layer_hi; il++) {
-        if (forward_attention(m, p, il, err, errlen)) return -1;
+        /* a block shared with the slice before (after) computes only its
+         * feed-forward (attention) half here */
+        int attn = !(il == m->layer_lo && m->ffn_first), ffn = !(il == m->layer_hi - 1 && m->attn_last);
+        if (attn && forward_attention(m, p, il, err, errlen)) return -1;
         /* A pass whose logits nobody reads needs the last layer's K/V
          * only: the rest of that layer cannot change any cache. */
         if (il == hp->n_layer - 1 && !p->n_out && !p->x_out) return late ? forward_hooks(m, p, il, err, errlen) : 0;
-        if (forward_mix(m, p, il, err, errlen)) return -1;
-        if (late && forward_hooks(m, p, il, err, errlen)) return -1;
+        if (attn && forward_attend(m, p, il, ffn, err, errlen)) return -1;
+        if (ffn && forward_ffn(m, p, il, err, errlen)) return -1;
+        if (late && attn && forward_hooks(m, p, il, err, errlen)) return -1;
     }
     if (p->x_out) be->ops->read(be, b->x, p->x_out, (size_t)p->bt.n_tok * (size_t)hp->n_embd);
     return p->n_out ? forward_logits(m, p, err, errlen) : 0;
@@ -371,9 +387,9 @@ int model_eval_slice(model *m, session *s, const int32_t *ids, const float *x_in
         snprintf(err, errlen, "a slice pass takes 1..%d positions, not %d", m->n_batch, n);
         return -1;
     }
-    if ((m->layer_lo == 0) != (x_in == NULL) || (!x_in && !ids)) {
-        snprintf(err, errlen, "layers %d:%d take %s", m->layer_lo, m->layer_hi,
-                 m->layer_lo == 0 ? "token ids" : "hidden states");
+    int first = m->layer_lo == 0 && !m->ffn_first;   /* the chain's first slice: it embeds the ids */
+    if (first != (x_in == NULL) || (!x_in && !ids)) {
+        snprintf(err, errlen, "blocks %d:%d take %s", m->layer_lo, m->layer_hi, first ? "token ids" : "hidden states");
         return -1;
     }
     /* hidden states carry no ids: a placeholder 0 passes the range check */

@@ -346,7 +346,7 @@ static int model_bind_weights(model *m, char *err, size_t errlen) {
     int64_t E = h->n_embd, V = h->n_vocab;
     /* a slice binds the embedding only when it starts the chain, and never
      * the output head: the decode node computes the logits */
-    if ((m->layer_lo == 0 &&
+    if ((m->layer_lo == 0 && !m->ffn_first &&
          model_bind(m, &m->tok_embd, "token_embd.weight", 1, W_MAT, SHAPE(E, V, 1), err, errlen)) ||
         (!m->sliced &&
          (model_bind(m, &m->output_norm, "output_norm.weight", 1, W_F32, SHAPE(E, 1, 1), err, errlen) ||
@@ -355,8 +355,11 @@ static int model_bind_weights(model *m, char *err, size_t errlen) {
         return -1;
     if (!m->sliced && !m->output.data) m->output = m->tok_embd;     /* tied embeddings */
     m->tok_embd.rows_only = 1;
+    /* a block shared with a neighbouring slice: only its own half */
     for (int il = m->layer_lo; il < m->layer_hi; il++)
-        if (model_bind_attn(m, il, err, errlen) || model_bind_ffn(m, il, err, errlen)) return -1;
+        if ((!(il == m->layer_lo && m->ffn_first) && model_bind_attn(m, il, err, errlen)) ||
+            (!(il == m->layer_hi - 1 && m->attn_last) && model_bind_ffn(m, il, err, errlen)))
+            return -1;
     return 0;
 }
 
@@ -377,8 +380,16 @@ static int model_set_slice(model *m, const model_opts *o, char *err, size_t errl
                  o->layer_lo, o->layer_hi, n, n);
         return -1;
     }
+    /* a slice computes at least one block's attention (it owns that K/V) */
+    if (o->layer_hi - o->layer_lo - !!o->ffn_first < 1) {
+        snprintf(err, errlen, "layers %d.5:%d compute no block's attention (a slice owns the K/V of at least one)",
+                 o->layer_lo, o->layer_hi);
+        return -1;
+    }
     m->layer_lo = o->layer_lo;
     m->layer_hi = o->layer_hi;
+    m->ffn_first = !!o->ffn_first;
+    m->attn_last = !!o->attn_last;
     m->sliced = 1;
     return 0;
 }
@@ -561,6 +572,10 @@ int model_get_layers(const model *m, int *lo, int *hi) {
     if (hi) *hi = m->layer_hi;
     return m->sliced;
 }
+void model_get_halves(const model *m, int *lo, int *hi) {
+    *lo = 2 * m->layer_lo + m->ffn_first;
+    *hi = 2 * m->layer_hi - m->attn_last;
+}
 uint64_t model_file_bytes(const model *m) { return gguf_get_size(m->gf); }
 
 static uint64_t weight_bytes(const be_weight *w) {
@@ -587,7 +602,7 @@ uint64_t model_weight_bytes_per_token(const model *m) {
 const char *model_type_summary(const model *m) {
     /* the type of the first FFN weight names the file's flavour well enough */
     const model_layer *L = &m->layers[m->layer_lo];
-    const be_weight *w = L->ffn_up.data ? &L->ffn_up : &L->up_exps;
+    const be_weight *w = L->ffn_up.data ? &L->ffn_up : L->up_exps.data ? &L->up_exps : &L->wq;   /* wq: a slice of one block's attention */
     return gguf_type_name(w->type);
 }
 

@@ -72,14 +72,21 @@ typedef struct {
      * embedding when layer_lo is 0 and never the output head (the decode
      * node, which holds the whole model, computes the logits). Such a model
      * evaluates only through model_eval_slice. 0, 0: the whole model. The
-     * fingerprint stays the whole file's (every node of a chain agrees). */
+     * fingerprint stays the whole file's (every node of a chain agrees).
+     * ffn_first: block layer_lo's attention belongs to the slice before, this
+     * one computes its feed-forward only; attn_last: block layer_hi - 1's
+     * feed-forward belongs to the slice after (bounds "L.5", wire_act.h). */
     int layer_lo, layer_hi;
+    int ffn_first, attn_last;
 } model_opts;
 
 /* Every error message starts with "PATH: " (printed once by the callers). */
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
 void model_free(model *m);
 const model_hparams *model_get_hparams(const model *m);
+/* A slice's bounds in half blocks (wire_act.h: 2 * layer_lo + ffn_first,
+ * 2 * layer_hi - attn_last); 0, 2 * n_layer for the whole model. */
+void model_get_halves(const model *m, int *lo, int *hi);
 const tokenizer *model_get_tokenizer(const model *m);   /* NULL for a slice (model_opts.layer_hi): it never tokenizes */
 const gguf_file *model_get_gguf(const model *m);
 backend *model_get_backend(model *m);

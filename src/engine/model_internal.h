@@ -54,6 +54,8 @@ struct model {
     model_fp_memo *fp;       /* see model_fp_memo */
     int layer_lo, layer_hi;  /* blocks held: [layer_lo, layer_hi) */
     int sliced;              /* loaded with model_opts.layer_hi (no output head) */
+    int ffn_first;           /* block layer_lo: its feed-forward only (model_opts.ffn_first) */
+    int attn_last;           /* block layer_hi - 1: its attention only (model_opts.attn_last) */
 };
 
 /* 1 when tensor `name` (len bytes) is bound by this model (a slice leaves

@@ -81,3 +81,37 @@ void wire_act_rows_f32(const wire_act *a, float *out) {
     for (uint32_t r = 0; r < a->n; r++)
         quant_dequantize_row(a->dtype, a->rows + (size_t)r * a->dim * eb, out + (size_t)r * a->dim, (int64_t)a->dim);
 }
+
+/* ==== Slice bounds ==== */
+
+/* One bound "L" or "L.5" at s: half blocks, or -1. */
+static int act_bound_parse(const char *s, int *used) {
+    int v = 0, k = 0;
+    while (s[k] >= '0' && s[k] <= '9') {
+        v = v * 10 + (s[k] - '0');
+        if (++k > 4 || v > WIRE_LAYERS_MAX) return -1;
+    }
+    if (!k) return -1;
+    v *= 2;
+    if (s[k] == '.' && s[k + 1] == '5') { v++; k += 2; }
+    if (v > 2 * WIRE_LAYERS_MAX) return -1;
+    *used = k;
+    return v;
+}
+
+int wire_layers_parse(const char *s, int *lo, int *hi, int *used) {
+    int ka, kb;
+    if (!s) return -1;
+    int a = act_bound_parse(s, &ka);
+    if (a < 0 || s[ka] != ':') return -1;
+    int b = act_bound_parse(s + ka + 1, &kb);
+    if (b < 0 || b <= a) return -1;
+    *lo = a;
+    *hi = b;
+    *used = ka + 1 + kb;
+    return 0;
+}
+
+void wire_layers_format(char *buf, size_t len, int lo, int hi) {
+    snprintf(buf, len, "%d%s:%d%s", lo / 2, lo % 2 ? ".5" : "", hi / 2, hi % 2 ? ".5" : "");
+}

@@ -44,4 +44,23 @@ int wire_decode_act(const uint8_t *p, size_t n, wire_act *a, char *err, size_t e
 /* The frame's rows as f32 into out (a->n * a->dim floats). */
 void wire_act_rows_f32(const wire_act *a, float *out);
 
+/* ==== Slice bounds ====
+ * A slice's layers "A:B" (end exclusive), as `--layers`, chain specs and a
+ * slice's HELLO (model_desc "...; layers A:B") write them. A bound is a
+ * block number L, or "L.5": the middle of block L, after its attention
+ * (and its K/V) and before its feed-forward, so that two slices can share a
+ * block (docs/layer-split.md, "Balance"). In code a bound is in half
+ * blocks: 2L or 2L + 1. A slice owns the K/V of the blocks whose attention
+ * it computes: [(A + 1) / 2, (B + 1) / 2) in half blocks A, B. */
+#define WIRE_LAYERS_MAX 1024   /* blocks: more make a chain pointless here */
+/* Parses "A:B" at s: 0 with *lo < *hi in half blocks (each <= 2 *
+ * WIRE_LAYERS_MAX) and *used the characters read, or -1. */
+int wire_layers_parse(const char *s, int *lo, int *hi, int *used);
+/* "A:B" of half-block bounds lo, hi ("3:7", "0:3.5"). */
+void wire_layers_format(char *buf, size_t len, int lo, int hi);
+/* The first block whose attention lies at or past a bound (half blocks in,
+ * a block out): a slice [lo, hi) owns the K/V of blocks
+ * [wire_layers_kv(lo), wire_layers_kv(hi)). */
+static inline int wire_layers_kv(int bound) { return (bound + 1) / 2; }
+
 #endif

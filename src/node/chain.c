@@ -55,14 +55,15 @@ int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen) {
         if (rl == 0 || rl >= sizeof range) { snprintf(err, errlen, "chain entry '%.*s' has no layers A:B", (int)(len > 200 ? 200 : len), p); return -1; }
         memcpy(range, slash + 1, rl);
         range[rl] = 0;
-        if (sscanf(range, "%d:%d%n", &a, &b, &k) != 2 || range[k] || a < 0 || b <= a || b > 1024) {
-            snprintf(err, errlen, "chain entry '%.*s': layers must be A:B with 0 <= A < B (end exclusive)",
-                     (int)(len > 200 ? 200 : len), p);
+        if (wire_layers_parse(range, &a, &b, &k) || range[k] || wire_layers_kv(a) == wire_layers_kv(b)) {
+            snprintf(err, errlen, "chain entry '%.*s': layers must be A:B with 0 <= A < B (end exclusive; L or L.5), "
+                     "computing at least one block's attention", (int)(len > 200 ? 200 : len), p);
             return -1;
         }
         if (a != want) {
-            snprintf(err, errlen, "chain entry '%.*s' starts at layer %d, but the slices before it end at %d "
-                     "(slices must cover the layers in order, each exactly once)", (int)(len > 200 ? 200 : len), p, a, want);
+            snprintf(err, errlen, "chain entry '%.*s' starts at layer %d%s, but the slices before it end at %d%s "
+                     "(slices must cover the layers in order, each exactly once)", (int)(len > 200 ? 200 : len), p,
+                     a / 2, a % 2 ? ".5" : "", want / 2, want % 2 ? ".5" : "");
             return -1;
         }
         memcpy(out->addr[out->n], p, (size_t)(slash - p));
@@ -78,8 +79,8 @@ int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen) {
 
 int chain_desc_layers(const char *desc, int *lo, int *hi) {
     const char *k = desc ? strstr(desc, "; layers ") : NULL;
-    int a, b;
-    if (!k || sscanf(k + 9, "%d:%d", &a, &b) != 2 || a < 0 || b <= a) return -1;
+    int a, b, used;
+    if (!k || wire_layers_parse(k + 9, &a, &b, &used)) return -1;
     *lo = a;
     *hi = b;
     return 0;
@@ -154,7 +155,8 @@ int chain_act_send(wire_conn *c, uint64_t req, uint32_t wire_flags, uint32_t dty
 typedef struct {
     handoff_client *c;
     uint64_t req;
-    int lo, hi;
+    int lo, hi;                 /* the blocks whose K/V it sends */
+    char txt[32];               /* its slice, "A:B" as the spec writes it */
     int next, chunk_p0, chunk_n, layer;
     int act_next;               /* next position of its ACT stream (-1: none yet) */
     int done;
@@ -188,26 +190,31 @@ static int chain_check_slices(handoff_client **cs, const chain_spec *spec, int n
     int want = 0;
     for (int i = 0; i < spec->n; i++) {
         int lo, hi;
+        char ts[32], tn[32];
+        wire_layers_format(ts, sizeof ts, spec->lo[i], spec->hi[i]);
         if (!(handoff_caps(cs[i]) & WIRE_CAP_SLICE) || chain_desc_layers(handoff_peer_desc(cs[i]), &lo, &hi)) {
-            snprintf(err, errlen, "chain refused: prefill node %s serves no layer slice (start it with --layers %d:%d)",
-                     handoff_peer(cs[i]), spec->lo[i], spec->hi[i]);
+            snprintf(err, errlen, "chain refused: prefill node %s serves no layer slice (start it with --layers %s)",
+                     handoff_peer(cs[i]), ts);
             return -1;
         }
+        wire_layers_format(tn, sizeof tn, lo, hi);
         if (lo != spec->lo[i] || hi != spec->hi[i]) {
-            snprintf(err, errlen, "chain refused: prefill node %s serves layers %d:%d, the chain names it for %d:%d",
-                     handoff_peer(cs[i]), lo, hi, spec->lo[i], spec->hi[i]);
+            snprintf(err, errlen, "chain refused: prefill node %s serves layers %s, the chain names it for %s",
+                     handoff_peer(cs[i]), tn, ts);
             return -1;
         }
-        if (lo != want || hi > n_layer) {
-            snprintf(err, errlen, "chain refused: prefill node %s serves layers %d:%d, but the chain needs layer %d "
-                     "next of this %d-layer model", handoff_peer(cs[i]), lo, hi, want, n_layer);
+        if (lo != want || hi > 2 * n_layer) {
+            snprintf(err, errlen, "chain refused: prefill node %s serves layers %s, but the chain needs layer %d%s "
+                     "next of this %d-layer model", handoff_peer(cs[i]), tn, want / 2, want % 2 ? ".5" : "", n_layer);
             return -1;
         }
         want = hi;
-        x->nd[i] = (chain_node){ .c = cs[i], .lo = lo, .hi = hi, .act_next = -1 };
+        x->nd[i] = (chain_node){ .c = cs[i], .lo = wire_layers_kv(lo), .hi = wire_layers_kv(hi), .act_next = -1 };
+        snprintf(x->nd[i].txt, sizeof x->nd[i].txt, "%s", tn);
     }
-    if (want != n_layer) {
-        snprintf(err, errlen, "chain refused: its slices end at layer %d, the model has %d layers", want, n_layer);
+    if (want != 2 * n_layer) {
+        snprintf(err, errlen, "chain refused: its slices end at layer %d%s, the model has %d layers", want / 2,
+                 want % 2 ? ".5" : "", n_layer);
         return -1;
     }
     x->n = spec->n;
@@ -222,8 +229,8 @@ static int chain_fail(chain_run *x, int i, uint32_t code, char *err, size_t errl
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    snprintf(err, errlen, "chain node %d of %d, prefill node %s (layers %d:%d): %s", i + 1, x->n,
-             handoff_peer(x->nd[i].c), x->nd[i].lo, x->nd[i].hi, msg);
+    snprintf(err, errlen, "chain node %d of %d, prefill node %s (layers %s): %s", i + 1, x->n,
+             handoff_peer(x->nd[i].c), x->nd[i].txt, msg);
     x->fail_code = code;
     snprintf(x->failed_node, sizeof x->failed_node, "%s", handoff_peer(x->nd[i].c));
     return -1;
@@ -389,9 +396,9 @@ static void chain_log_run(const chain_run *x, const handoff_stats *st) {
              (unsigned long long)st->kv_bytes);
     for (int i = 0; i < x->n; i++) {
         const chain_node *nd = &x->nd[i];
-        log_info(NULL, "chain node %d (layers %d:%d): first frame %.1f ms, done %.1f ms (its compute %.1f ms), "
+        log_info(NULL, "chain node %d (layers %s): first frame %.1f ms, done %.1f ms (its compute %.1f ms), "
                  "frames read in %.1f ms, hidden states relayed %d frames %llu bytes in %.1f ms (max %.1f ms)",
-                 i + 1, nd->lo, nd->hi, nd->t_first, nd->t_done, nd->d.prefill_ms, nd->busy_ms, nd->relay_frames,
+                 i + 1, nd->txt, nd->t_first, nd->t_done, nd->d.prefill_ms, nd->busy_ms, nd->relay_frames,
                  (unsigned long long)nd->relay_bytes, nd->relay_ms, nd->relay_max_ms);
     }
 }

@@ -2,7 +2,7 @@
  * (issue 41; docs/layer-split.md).
  *
  * A chain spec names the slice owners in layer order:
- *   "host:port/0:14,host2:port/14:28"
+ *   "host:port/0:14,host2:port/14:28"   or, sharing block 3, "h:p/0:3.5,h2:p/3.5:8"
  * Each is a prefill node started with --layers A:B. The decode node sends
  * every node the same REQUEST; node 1 embeds the tokens and computes its
  * layers chunk by chunk, sending each chunk's hidden states (ACT frames) to
@@ -23,6 +23,7 @@
 
 #include "engine/model.h"
 #include "net/wire.h"
+#include "net/wire_act.h"
 #include "node/handoff.h"
 
 /* Most nodes in one chain (a 1024-layer cap makes more pointless here). */
@@ -39,17 +40,19 @@ uint32_t chain_act_flags(uint32_t dtype);
 typedef struct {
     int n;
     char addr[CHAIN_MAX_NODES][256];
-    int lo[CHAIN_MAX_NODES], hi[CHAIN_MAX_NODES];
+    int lo[CHAIN_MAX_NODES], hi[CHAIN_MAX_NODES];   /* half blocks (wire_act.h) */
 } chain_spec;
 
 /* 1 when s looks like a chain spec (has a '/'), else 0. */
 int chain_is_spec(const char *s);
-/* Parses "addr/A:B,addr/B:C,...": at least one node, each A < B, each slice
- * starting where the previous one ended, the first at 0. The model's layer
+/* Parses "addr/A:B,addr/B:C,...": at least one node, each A < B (a bound
+ * L or L.5), each slice starting where the previous one ended, the first
+ * at 0, each computing at least one block's attention. The model's layer
  * count is checked when the nodes answer. 0, or -1 with a message. */
 int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen);
 /* The slice a prefill node advertises at the end of its HELLO's
- * model_desc ("...; layers A:B"); 0 with *lo, *hi, or -1 if none. */
+ * model_desc ("...; layers A:B"); 0 with *lo, *hi in half blocks, or -1 if
+ * none. */
 int chain_desc_layers(const char *desc, int *lo, int *hi);
 
 /* ==== Decode side ==== */
@@ -94,10 +97,12 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
  * and 512 rows; docs/bench.md). */
 #define CHAIN_MIN_ROWS 128
 /* A MoE model's experts each see rows * n_expert_used / n_expert of a
- * chunk, and every chunk reads every expert's weights: at 128 rows (8 per
- * expert) the 30B-A3B shape's slices computed 1.7x slower than at 512 in a
- * chain (docs/bench.md). A slice keeps at least this many rows per expert. */
-#define CHAIN_MIN_EXPERT_ROWS 32
+ * chunk, and every chunk reads every expert's weights. The 30B-A3B shape's
+ * slices, CPU seconds in a chain (docs/bench.md, "Layer-split balance"):
+ * 256 rows (16 per expert) cost what 512 do, 128 rows (8) 5-10% more. (An
+ * earlier 1.7x at 128 rows was a loaded machine's wall time.) A slice keeps
+ * at least this many rows per expert: 256 rows for 128 experts, 8 used. */
+#define CHAIN_MIN_EXPERT_ROWS 16
 /* The fewest rows for a model's chunks: CHAIN_MIN_ROWS, or for n_expert
  * experts of which n_used are picked per row, enough for
  * CHAIN_MIN_EXPERT_ROWS each. */

@@ -331,8 +331,11 @@ int prefill_node_run(model *m, const prefill_node_opts *o, char *err, size_t err
     }
     int lo, hi;
     if (o->draft_model && pn_drafter_start(&node, err, errlen)) return -1;
-    if (model_get_layers(m, &lo, &hi)) {   /* a slice names its layers (chain.h reads them) */
-        snprintf(node.base_desc, sizeof node.base_desc, "%.220s; layers %d:%d", node.hello.model_desc, lo, hi);
+    if (model_get_layers(m, NULL, NULL)) {   /* a slice names its layers (chain.h reads them) */
+        char lt[32];
+        model_get_halves(m, &lo, &hi);
+        wire_layers_format(lt, sizeof lt, lo, hi);
+        snprintf(node.base_desc, sizeof node.base_desc, "%.220s; layers %.16s", node.hello.model_desc, lt);
         snprintf(node.hello.model_desc, sizeof node.hello.model_desc, "%s", node.base_desc);
     } else {
         snprintf(node.base_desc, sizeof node.base_desc, "%s", node.hello.model_desc);

@@ -168,10 +168,12 @@ typedef struct {
     int computing;                /* got the model (or had nothing to compute): not merely queued */
     int too_big;                  /* positions of a chunk too big for one frame */
     /* a slice of a layer-split chain (chain.h) */
-    int sliced, slice_lo, slice_hi, n_layer;
+    int sliced, slice_lo, slice_hi, n_layer;   /* slice bounds in half blocks (wire_act.h) */
+    int slice_ends;               /* the slice ends the model: no hidden states to send */
+    char slice_txt[32];           /* "A:B", as --layers wrote it */
     uint32_t act_dtype;           /* ACT frames this request sends */
     chain_act_in act;             /* hidden states received (slice_lo > 0) */
-    float *x_out;                 /* a chunk's hidden states to send (slice_hi < n_layer) */
+    float *x_out;                 /* a chunk's hidden states to send (!slice_ends) */
     wire_buf act_fb;
     int act_frames;
     /* a slice's pipeline figures (its log line): waits for hidden states

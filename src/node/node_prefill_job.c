@@ -149,12 +149,12 @@ static int pn_slice_chunk(pn_conn *pc, pn_req *r, const int32_t *tokens, int p, 
     model *m = pc->node->m;
     size_t dim = (size_t)model_get_hparams(m)->n_embd;
     const float *xin = r->slice_lo > 0 ? r->act.rows + (size_t)(p - r->act.p0) * dim : NULL;
-    if (r->slice_hi < r->n_layer && !r->x_out && !(r->x_out = malloc(sizeof(float) * dim * (size_t)model_get_n_batch(m)))) {
+    if (!r->slice_ends && !r->x_out && !(r->x_out = malloc(sizeof(float) * dim * (size_t)model_get_n_batch(m)))) {
         snprintf(err, errlen, "out of memory for hidden states");
         return -1;
     }
     return model_eval_slice(m, pc->s, r->slice_lo > 0 ? NULL : tokens + p, xin, n,
-                            r->slice_hi < r->n_layer ? r->x_out : NULL, pn_hook, r, err, errlen);
+                            r->slice_ends ? NULL : r->x_out, pn_hook, r, err, errlen);
 }
 
 /* One chunk's pipeline figures: its wait for hidden states, its compute
@@ -167,7 +167,7 @@ static void pn_slice_account(pn_req *r, int p, int n, double wait_ms, double com
     if (log_enabled(LOGL_DEBUG)) {
         char rid[LOG_ID_CHARS + 1];
         pn_rid(r->req_id, rid);
-        log_debug(rid, "slice %d:%d chunk %d..%d wait_ms=%.1f compute_ms=%.1f act_send_ms=%.1f", r->slice_lo, r->slice_hi,
+        log_debug(rid, "slice %s chunk %d..%d wait_ms=%.1f compute_ms=%.1f act_send_ms=%.1f", r->slice_txt,
                   p, p + n, wait_ms, compute_ms, send_ms);
     }
 }
@@ -214,7 +214,7 @@ static int pn_compute(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, d
         double t1 = gen_now_ms();
         *ms += t1 - t0;
         pn_turn_give(node, &w);
-        if (!rc && r->slice_hi < r->n_layer) rc = pn_act_out(r, p, n, err, errlen);
+        if (!rc && r->sliced && !r->slice_ends) rc = pn_act_out(r, p, n, err, errlen);
         if (r->sliced) pn_slice_account(r, p, n, waited, t1 - t0, gen_now_ms() - t1);
     }
     return rc;
@@ -330,7 +330,10 @@ static pn_req *pn_request_new(pn_conn *pc, uint64_t req, const wire_request *q, 
     r->deadline = t_req + r->limit_ms;
     r->wire_dtype = q->wire_dtype; r->send_flags = send_flags;
     r->n_layer = n_layer;
-    r->sliced = model_get_layers(node->m, &r->slice_lo, &r->slice_hi);
+    r->sliced = model_get_layers(node->m, NULL, NULL);
+    model_get_halves(node->m, &r->slice_lo, &r->slice_hi);
+    r->slice_ends = r->slice_hi >= 2 * n_layer;
+    wire_layers_format(r->slice_txt, sizeof r->slice_txt, r->slice_lo, r->slice_hi);
     r->act_dtype = chain_act_dtype_from_flags(q->flags);
     r->act.dim = model_get_hparams(node->m)->n_embd;
     r->act.limit = r->end;
@@ -360,8 +363,8 @@ static int pn_request_done(pn_conn *pc, const pn_req *r, int have, double ms, do
     else
         log_warn(rid, "request %llu (conn %u): sending DONE failed: %s", (unsigned long long)r->seq, pc->id, err);
     if (keep && r->sliced && r->n_chunks)   /* where a chain slice's time went: waits for hidden states, sends */
-        log_info(rid, "slice %d:%d chunks=%d rows=%d compute_ms=%.1f act_wait_first_ms=%.1f act_wait_ms=%.1f "
-                 "act_send_ms=%.1f", r->slice_lo, r->slice_hi, r->n_chunks, r->chunk_rows, ms, r->act_first_wait_ms,
+        log_info(rid, "slice %s chunks=%d rows=%d compute_ms=%.1f act_wait_first_ms=%.1f act_wait_ms=%.1f "
+                 "act_send_ms=%.1f", r->slice_txt, r->n_chunks, r->chunk_rows, ms, r->act_first_wait_ms,
                  r->act_wait_ms, r->act_send_ms);
     return keep;
 }

@@ -243,7 +243,7 @@ int pn_push_cached(pn_req *r, int have) {
     while (span > 1 && pn_frame_bytes(r, span) > WIRE_MAX_PAYLOAD) span /= 2;
     for (int p = r->start; p < hi; p += span) {
         int n = hi - p < span ? hi - p : span;
-        for (int l = r->slice_lo; l < r->slice_hi; l++)
+        for (int l = wire_layers_kv(r->slice_lo); l < wire_layers_kv(r->slice_hi); l++)
             if (pn_push(r, l, p, n)) return -1;
     }
     return 0;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "net/wire.h"
+#include "net/wire_act.h"
 
 int rt_chain_is_spec(const char *addr) { return addr && strchr(addr, '/') != NULL; }
 
@@ -26,9 +27,10 @@ int rt_chain_parse(const char *spec, char addrs[][128], int *lo, int *hi, char *
         }
         memcpy(range, slash + 1, rl);
         range[rl] = 0;
-        if (sscanf(range, "%d:%d%n", &a, &b, &k) != 2 || range[k] || a != want || b <= a || b > 1024) {
-            snprintf(err, errlen, "chain member '%.*s': layers must be %d:B with B > %d (slices in order, each layer once)",
-                     (int)(len > 120 ? 120 : len), p, want, want);
+        if (wire_layers_parse(range, &a, &b, &k) || range[k] || a != want || wire_layers_kv(a) == wire_layers_kv(b)) {
+            snprintf(err, errlen, "chain member '%.*s': layers must be %d%s:B with B > %d%s (L or L.5; slices in order, "
+                     "each layer once, each computing a block's attention)", (int)(len > 120 ? 120 : len), p, want / 2,
+                     want % 2 ? ".5" : "", want / 2, want % 2 ? ".5" : "");
             return -1;
         }
         memcpy(addrs[n], p, (size_t)(slash - p));
@@ -56,11 +58,14 @@ static int rt_chain_member(const char *addr, int lo, int hi, int timeout_ms, wir
             snprintf(err, errlen, "no HELLO (got a %s frame)", wire_type_name(h.type));
         } else if (wire_decode_hello(wc.rx.data, wc.rx.len, hello, err, errlen) == 0) {
             const char *k = strstr(hello->model_desc, "; layers ");
-            int a = -1, b = -1;
-            if (k) sscanf(k + 9, "%d:%d", &a, &b);
+            int a = -1, b = -1, used;
+            char ta[32], tw[32];
+            if (k && wire_layers_parse(k + 9, &a, &b, &used)) a = b = -1;
+            wire_layers_format(ta, sizeof ta, a, b);
+            wire_layers_format(tw, sizeof tw, lo, hi);
             if (hello->role != WIRE_ROLE_PREFILL) snprintf(err, errlen, "a %s node, not a prefill node", wire_role_name(hello->role));
             else if (!(hello->caps & WIRE_CAP_SLICE) || !k) snprintf(err, errlen, "serves no layer slice");
-            else if (a != lo || b != hi) snprintf(err, errlen, "serves layers %d:%d, the chain names it for %d:%d", a, b, lo, hi);
+            else if (a != lo || b != hi) snprintf(err, errlen, "serves layers %s, the chain names it for %s", a < 0 ? "?" : ta, tw);
             else rc = 0;
         }
     }
@@ -76,12 +81,13 @@ int rt_chain_probe(const char *spec, int timeout_ms, char *desc, size_t desclen,
     size_t o = (size_t)snprintf(desc, desclen, "chain of %d:", n);
     wire_hello hello;
     for (int i = 0; i < n; i++) {
-        char e2[256];
+        char e2[256], t[32];
+        wire_layers_format(t, sizeof t, lo[i], hi[i]);
         if (rt_chain_member(addrs[i], lo[i], hi[i], timeout_ms, &hello, e2, sizeof e2)) {
-            snprintf(err, errlen, "chain member %d of %d (%s, layers %d:%d): %s", i + 1, n, addrs[i], lo[i], hi[i], e2);
+            snprintf(err, errlen, "chain member %d of %d (%s, layers %s): %s", i + 1, n, addrs[i], t, e2);
             return -1;
         }
-        if (o < desclen) o += (size_t)snprintf(desc + o, desclen - o, "%s %s [%d:%d]", i ? "," : "", hello.node_id, lo[i], hi[i]);
+        if (o < desclen) o += (size_t)snprintf(desc + o, desclen - o, "%s %s [%s]", i ? "," : "", hello.node_id, t);
     }
     if (o < desclen) snprintf(desc + o, desclen - o, "; %.200s", hello.model_desc);
     return 0;

@@ -11,7 +11,8 @@
 
 /* 1 when addr is a chain spec (it has a '/'). */
 int rt_chain_is_spec(const char *addr);
-/* Checks the spec: 1..RT_CHAIN_MAX members HOST:PORT/A:B, the first at 0,
+/* Checks the spec: 1..RT_CHAIN_MAX members HOST:PORT/A:B (bounds L or L.5,
+ * lo/hi out in half blocks: wire_act.h), the first at 0,
  * each starting where the previous ended. Returns the count, or -1 with a
  * message. The model's layer count is the decode node's to check. */
 int rt_chain_parse(const char *spec, char addrs[][128], int *lo, int *hi, char *err, size_t errlen);

@@ -470,6 +470,58 @@ static void test_slice_residency(void) {
     }
 }
 
+/* Slices sharing block 1 of the Q8_0 fixture: 0:1.5 (block 1's attention)
+ * then 1.5:3 (its feed-forward, then block 2) bind between them exactly the
+ * weights of 0:3, and their hidden states equal 0:3's bit for bit (the same
+ * operations in the same order); a slice of one feed-forward is refused. */
+static void test_half_blocks(void) {
+    char path[512], err[512] = "";
+    t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
+    if (!t_need(path)) return;
+    model_opts oa = { .n_threads = 1, .layer_lo = 0, .layer_hi = 2, .attn_last = 1 };
+    model_opts ob = { .n_threads = 1, .layer_lo = 1, .layer_hi = 3, .ffn_first = 1 };
+    model_opts ow = { .n_threads = 1, .layer_lo = 0, .layer_hi = 3 };
+    model_opts of = { .n_threads = 1, .layer_lo = 1, .layer_hi = 2, .ffn_first = 1 };
+    model *a = NULL, *b = NULL, *w = NULL, *f = NULL;
+    CHECK(model_load(&a, path, &oa, err, sizeof err) == 0, "slice 0:1.5: %s", err);
+    CHECK(model_load(&b, path, &ob, err, sizeof err) == 0, "slice 1.5:3: %s", err);
+    CHECK(model_load(&w, path, &ow, err, sizeof err) == 0, "slice 0:3: %s", err);
+    CHECK(model_load(&f, path, &of, err, sizeof err) != 0 && strstr(err, "no block's attention"),
+          "slice 1.5:2 refused: %s", err);
+    model_free(f);
+    if (!a || !b || !w) { model_free(a); model_free(b); model_free(w); return; }
+    int lo, hi;
+    model_get_halves(a, &lo, &hi);
+    CHECK(lo == 0 && hi == 3, "0:1.5 is half blocks 0:3 (%d:%d)", lo, hi);
+    model_get_halves(b, &lo, &hi);
+    CHECK(lo == 3 && hi == 6, "1.5:3 is half blocks 3:6 (%d:%d)", lo, hi);
+    uint64_t ba = model_weight_bytes_per_token(a), bb = model_weight_bytes_per_token(b), bw = model_weight_bytes_per_token(w);
+    CHECK(ba + bb == bw && ba > 0 && bb > 0, "the halves bind 0:3's weights once: %llu + %llu = %llu",
+          (unsigned long long)ba, (unsigned long long)bb, (unsigned long long)bw);
+    enum { N = 24 };
+    int dim = model_get_hparams(w)->n_embd;
+    int32_t ids[N];
+    for (int i = 0; i < N; i++) ids[i] = 1 + (i * 37) % 200;
+    float *xa = malloc(sizeof(float) * N * (size_t)dim), *xb = malloc(sizeof(float) * N * (size_t)dim),
+          *xw = malloc(sizeof(float) * N * (size_t)dim);
+    session *sa = NULL, *sb = NULL, *sw = NULL;
+    int ok = xa && xb && xw && session_new(&sa, a, 64, GGML_TYPE_F16, err, sizeof err) == 0 &&
+             session_new(&sb, b, 64, GGML_TYPE_F16, err, sizeof err) == 0 &&
+             session_new(&sw, w, 64, GGML_TYPE_F16, err, sizeof err) == 0;
+    CHECK(ok, "sessions: %s", err);
+    if (ok) {
+        CHECK(model_eval_slice(a, sa, ids, NULL, N, xa, NULL, NULL, err, sizeof err) == 0, "eval 0:1.5: %s", err);
+        CHECK(model_eval_slice(b, sb, NULL, xa, N, xb, NULL, NULL, err, sizeof err) == 0, "eval 1.5:3: %s", err);
+        CHECK(model_eval_slice(w, sw, ids, NULL, N, xw, NULL, NULL, err, sizeof err) == 0, "eval 0:3: %s", err);
+        CHECK(!memcmp(xb, xw, sizeof(float) * N * (size_t)dim), "0:1.5 then 1.5:3 equals 0:3 bit for bit");
+        CHECK(model_eval_slice(b, sb, ids, NULL, N, xb, NULL, NULL, err, sizeof err) != 0 && strstr(err, "hidden states"),
+              "1.5:3 takes hidden states, not ids: %s", err);
+    }
+    session_free(sa); session_free(sb); session_free(sw);
+    free(xa); free(xb); free(xw);
+    model_free(a); model_free(b); model_free(w);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/tandem-test-model-load-%d", (int)getpid());
     char cmd[300];
@@ -496,5 +548,6 @@ int main(void) {
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_dir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", g_dir);
     test_slice_residency();
+    test_half_blocks();
     return t_done("test_model_load");
 }

@@ -39,14 +39,16 @@ static char g_tmp[256], g_secret[300];
 #define CHAIN_SECRET "0837c38fea477fb2300f257308f3a2b377aa3d195c5b5d0f3b465e40b34c9113"
 static int g_pf;   /* prompt file counter */
 
-typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;
+typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;   /* lo, hi: half blocks */
 
-static int snode_start(snode *n, const char *model, int lo, int hi, const char *const *extra) {
+/* A slice node of half-block bounds lo2:hi2 ("1.5" is 3; wire_act.h). */
+static int snode_start_half(snode *n, const char *model, int lo2, int hi2, const char *const *extra) {
     static int seq;
     char pf[300], layers[32], id[32];
+    int lo = lo2 / 2, hi = (hi2 + 1) / 2;   /* blocks, for the messages */
     snprintf(pf, sizeof pf, "%s/port.%d", g_tmp, ++seq);
     snprintf(n->log, sizeof n->log, "%s/node.%d.log", g_tmp, seq);
-    snprintf(layers, sizeof layers, "%d:%d", lo, hi);
+    wire_layers_format(layers, sizeof layers, lo2, hi2);
     snprintf(id, sizeof id, "slice-%d", seq);
     char *argv[32] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)model, "--secret-file", g_secret,
                        "--port-file", pf, "--node-id", id, "-t", "1", "-b", "16" };
@@ -54,8 +56,8 @@ static int snode_start(snode *n, const char *model, int lo, int hi, const char *
     if (hi > 0) { argv[k++] = "--layers"; argv[k++] = layers; }
     for (int i = 0; extra && extra[i] && k < 30; i++) argv[k++] = (char *)extra[i];
     argv[k] = NULL;
-    n->lo = lo;
-    n->hi = hi;
+    n->lo = lo2;
+    n->hi = hi2;
     n->pid = spawn_io(argv, NULL, "/dev/null", n->log);
     n->port = wait_port(pf, n->pid, 60000);
     if (n->port > 0) return 0;
@@ -67,6 +69,10 @@ static int snode_start(snode *n, const char *model, int lo, int hi, const char *
     return -1;
 }
 
+static int snode_start(snode *n, const char *model, int lo, int hi, const char *const *extra) {
+    return snode_start_half(n, model, 2 * lo, 2 * hi, extra);
+}
+
 static void snode_stop(snode *n) {
     if (n->pid > 0) stop_proc(n->pid, 20000);
     n->pid = 0;
@@ -75,8 +81,11 @@ static void snode_stop(snode *n) {
 static void spec_of(char *out, size_t len, snode *const *ns, int k) {
     size_t o = 0;
     out[0] = 0;
-    for (int i = 0; i < k; i++)
-        o += (size_t)snprintf(out + o, len - o, "%s127.0.0.1:%d/%d:%d", i ? "," : "", ns[i]->port, ns[i]->lo, ns[i]->hi);
+    for (int i = 0; i < k; i++) {
+        char t[32];
+        wire_layers_format(t, sizeof t, ns[i]->lo, ns[i]->hi);
+        o += (size_t)snprintf(out + o, len - o, "%s127.0.0.1:%d/%s", i ? "," : "", ns[i]->port, t);
+    }
 }
 
 static char *write_prompt(const char *text) {
@@ -150,13 +159,14 @@ static void part_chunk_rows(const char *path, const char *pf, int npred, const i
     static int once;
     if (!once++) {
         int d = chain_min_rows(0, 0), moe = chain_min_rows(128, 8);
-        CHECK(d == 128 && moe == 512 && chain_min_rows(8, 2) == 128 && chain_min_rows(4, 9) == 128,
-              "chain_min_rows: 128 dense, 32 per expert (%d, %d)", d, moe);
+        CHECK(d == 128 && moe == 256 && chain_min_rows(8, 2) == 128 && chain_min_rows(4, 9) == 128,
+              "chain_min_rows: 128 dense, 16 per expert (%d, %d)", d, moe);
         CHECK(chain_chunk_rows(512, 4096, 16, d) == 256 && chain_chunk_rows(512, 1024, 16, d) == 128 &&
               chain_chunk_rows(512, 16384, 16, d) == 512 && chain_chunk_rows(512, 4096, 1, d) == 512 &&
               chain_chunk_rows(16, 1000, 16, d) == 16 && chain_chunk_rows(4096, 4096, 16, d) == 256 &&
               chain_chunk_rows(512, 100, 16, d) == 128 && chain_chunk_rows(512, 4096, 0, d) == 512 &&
-              chain_chunk_rows(512, 1024, 16, moe) == 512 && chain_chunk_rows(4096, 4096, 16, moe) == 512,
+              chain_chunk_rows(512, 1024, 16, moe) == 256 && chain_chunk_rows(4096, 4096, 16, moe) == 256 &&
+              chain_chunk_rows(512, 16384, 16, moe) == 512,
               "chain_chunk_rows: -b halved to >= 16 chunks, not below the model's fewest rows");
     }
     const char *const big[] = { "-b", "512", NULL };
@@ -181,6 +191,69 @@ static void part_chunk_rows(const char *path, const char *pf, int npred, const i
     int rows_a = ra ? atoi(ra + 6) : -1, rows_b = rb ? atoi(rb + 6) : -1;
     CHECK(rows_a == 128 && rows_b == 128, "both slices cut the long prompt into 128-row chunks (%d, %d)", rows_a, rows_b);
     free(la); free(lb);
+}
+
+/* Bounds in half blocks: parsing, the K/V each slice owns, refusals. */
+static void part_half_parse(void) {
+    int lo, hi, used;
+    char t[32];
+    CHECK(wire_layers_parse("3.5:8", &lo, &hi, &used) == 0 && lo == 7 && hi == 16 && used == 5 &&
+          wire_layers_kv(lo) == 4 && wire_layers_kv(hi) == 8, "\"3.5:8\" is half blocks 7:16, K/V of blocks 4..7");
+    CHECK(wire_layers_parse("0:3.5", &lo, &hi, &used) == 0 && lo == 0 && hi == 7 && wire_layers_kv(hi) == 4,
+          "\"0:3.5\" owns the K/V of blocks 0..3");
+    wire_layers_format(t, sizeof t, 7, 16);
+    CHECK(!strcmp(t, "3.5:8"), "format 7:16 -> %s", t);
+    wire_layers_format(t, sizeof t, 0, 8);
+    CHECK(!strcmp(t, "0:4"), "format 0:8 -> %s", t);
+    const char *bad[] = { "3:3", "4:3.5", "3.2:4", "3.:4", "-1:2", ":4", "3:", "1025:1026", "3.5", "99999:100000" };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(wire_layers_parse(bad[i], &lo, &hi, &used) != 0, "bounds \"%s\" refused", bad[i]);
+    chain_spec sp;
+    char err[300];
+    CHECK(chain_parse("a:1/0:0.5,b:2/0.5:1.5,c:3/1.5:4", &sp, err, sizeof err) == 0 && sp.n == 3 && sp.hi[0] == 1 &&
+          sp.lo[2] == 3 && sp.hi[2] == 8, "a chain sharing blocks 0 and 1 parses (%s)", err);
+    CHECK(chain_parse("a:1/0:1.5,b:2/1.5:2,c:3/2:4", &sp, err, sizeof err) != 0 && strstr(err, "attention"),
+          "a slice of one feed-forward only (1.5:2) refused: %s", err);
+    CHECK(chain_parse("a:1/0:1.5,b:2/1:4", &sp, err, sizeof err) != 0 && strstr(err, "starts at layer 1, but the slices before it end at 1.5"),
+          "a gap or overlap at a half block refused: %s", err);
+}
+
+/* Chains with slices sharing a block: 0:0.5 + 0.5:L, and 0:0.5 + 0.5:1.5 +
+ * 1.5:L; greedy tokens equal the local run's. */
+static void part_half_blocks(const char *name, const char *path, const char *pf, int npred, const int32_t *ref, int nr,
+                             int L) {
+    snode e, f, g, h;
+    if (snode_start_half(&e, path, 0, 1, NULL) || snode_start_half(&f, path, 1, 2 * L, NULL) ||
+        snode_start_half(&g, path, 1, 3, NULL) || snode_start_half(&h, path, 3, 2 * L, NULL)) {
+        CHECK(0, "%s: half-block slice nodes start", name);
+        snode_stop(&e); snode_stop(&f); snode_stop(&g); snode_stop(&h);
+        return;
+    }
+    char s2[600], s3[900];
+    snode *c2[] = { &e, &f }, *c3[] = { &e, &g, &h };
+    spec_of(s2, sizeof s2, c2, 2);
+    spec_of(s3, sizeof s3, c3, 3);
+    for (int ci = 0; ci < 2; ci++) {
+        int32_t got[64];
+        char *er = NULL;
+        int ng = run_chain(path, pf, npred, ci ? s3 : s2, NULL, got, 64, &er, 120000);
+        CHECK(ng == nr && !memcmp(got, ref, sizeof(int32_t) * (size_t)(nr > 0 ? nr : 0)),
+              "%s: a %d-node chain sharing blocks (%s) equals the local run exactly (%d tokens): %s", name, ci ? 3 : 2,
+              ci ? s3 : s2, ng, er ? er : "");
+        free(er);
+    }
+    snode_stop(&e); snode_stop(&f); snode_stop(&g); snode_stop(&h);
+    static int once;   /* a slice of one feed-forward half owns no K/V: refused at load */
+    if (once++) return;
+    char log[300];
+    snprintf(log, sizeof log, "%s/ffn-only.log", g_tmp);
+    char *argv[] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)path, "--secret-file", g_secret,
+                     "--layers", "1.5:2", "-t", "1", NULL };
+    int rc = wait_exit(spawn_io(argv, NULL, "/dev/null", log), 60000);
+    char *lg = slurp(log);
+    CHECK(rc != 0 && lg && strstr(lg, "compute no block's attention"), "%s: --layers 1.5:2 refused at load (rc %d): %s",
+          name, rc, lg ? lg : "");
+    free(lg);
 }
 
 static void part_models(void) {
@@ -230,6 +303,11 @@ static void part_models(void) {
                       pi ? "long" : "short", ci ? 3 : 2, ci ? "1 + L-2 + 1 layers" : "1 + L-1 layers", ng, e ? e : "");
                 free(e);
             }
+            /* slices sharing a block (bounds "L.5": attention in one slice,
+             * feed-forward in the next), including a slice of one block's
+             * attention alone and one that starts with a feed-forward and
+             * ends the model */
+            if (pi == 0) part_half_blocks(names[mi], path, pf, npred, ref, nr, L);
             /* the slices' own chunk rows (chain_chunk_rows): at -b 512 a
              * ~900-token prompt is cut into 128-row chunks, not 2 of 512 */
             if (pi == 1) part_chunk_rows(path, pf, npred, ref, nr, L);
@@ -623,6 +701,7 @@ int main(void) {
     if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 1; }
     snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
     write_text(g_secret, CHAIN_SECRET);
+    part_half_parse();
     part_act_attack();
     part_faults();
     part_decode();
