@@ -1,6 +1,7 @@
 /* wire_act.c - ACT frames (see wire_act.h, docs/wire-protocol.md 4.9). */
 #include "net/wire_act.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
