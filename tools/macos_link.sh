@@ -3,9 +3,9 @@
 # (aarch64-macos and x86_64-macos) on Linux, with PyPI's zig (its clang,
 # its copy of the macOS SDK's libc headers and libSystem stubs, its
 # Mach-O linker; tools/macos_zig.sh). The seven libraries tandem links
-# (the Makefile's LDLIBS) are built from their Debian source packages as
-# static libraries, so the binary needs nothing but libSystem, which every
-# Mac has. It cannot run here; a Mac runs it as build/macos-link/<target>/tandem.
+# (the Makefile's LDLIBS, and libssl for curl's TLS) are built from their
+# Debian source packages as static libraries, so the binary needs nothing
+# but libSystem, which every Mac has. It cannot run here; a Mac runs it as build/macos-link/<target>/tandem.
 #
 #  1. sources: Debian bookworm's source packages of the pinned versions
 #     below (deb.debian.org, through apt with a private sources list and
@@ -31,11 +31,12 @@
 #   zstd        lib/{common,compress,decompress}  61 / 47
 #   jansson     src/*.c, config headers written   3 / 4
 #   microhttpd  configure --host, make            54 / 75
-#   crypto      Configure darwin64-*-cc, make     227 / 184
-#   curl        configure --host, make            176 / 148
+#   openssl     Configure darwin64-*-cc, make     201 / 198 (libcrypto, libssl)
+#   curl        configure --host, make            102 / 97
 #   tandem      compile and link                  113 / 115 (1-3 with zig's cache)
-# Cold (sources fetched and unpacked in 11 s) about 20-24 minutes for
-# both targets; a rerun with nothing changed 4.5 s.
+# Cold (sources fetched and unpacked in 11 s): 24 minutes for both targets
+# at load 10-12 (a first recipe, without libssl), 18 by the rows above; a
+# rerun with nothing changed 4.5 s.
 #
 # Usage: tools/macos_link.sh [-j N] [TARGET ...]
 #        (default: aarch64-macos x86_64-macos; -j: parallel compiles, 2)
@@ -232,8 +233,9 @@ build_microhttpd() {
     make -j"$JOBS" -C src/microhttpd install
     make -C src/include install
 }
-# OpenSSL: libcrypto alone (src/ calls SHA-256, HMAC, AES-256-GCM, the
-# random generator, CRYPTO_memcmp, OPENSSL_cleanse, base64), in C (no-asm),
+# OpenSSL: libcrypto (src/ calls SHA-256, HMAC, AES-256-GCM, the random
+# generator, CRYPTO_memcmp, OPENSSL_cleanse, base64) and libssl (curl's
+# TLS), in C (no-asm),
 # without engines, modules, the legacy provider, async jobs (which would
 # bring makecontext() and its kin, deprecated on macOS) and the algorithms
 # and formats nothing in tandem reaches.
@@ -248,14 +250,16 @@ build_crypto() {
     perl "$D/Configure" "$conf" $flags --prefix="$P" \
         CC="$B/cc" AR="$B/ar" RANLIB="$B/ranlib"
     make -j"$JOBS" build_generated
-    make -j"$JOBS" libcrypto.a
-    cp libcrypto.a "$P/lib/"
+    make -j"$JOBS" libcrypto.a libssl.a
+    cp libcrypto.a libssl.a "$P/lib/"
     mkdir -p "$P/include/openssl"
     cp "$D"/include/openssl/*.h include/openssl/*.h "$P/include/openssl/"
 }
-# curl: HTTP only (what src/ speaks: the router's node API, registration,
-# the bench client), no TLS (an https:// router URL fails with curl's
-# unsupported protocol), the threaded resolver and IPv6. Built in a
+# curl: HTTP and HTTPS (what src/ speaks: the router's node API,
+# registration, the bench client) with the OpenSSL above, whose
+# certificate store on a Mac is /etc/ssl/cert.pem (macOS's own bundle; the
+# Keychain is Apple's TLS's, not OpenSSL's), the threaded resolver and
+# IPv6. Built in a
 # copy of its tree with two edits, both of macOS's SystemConfiguration
 # framework, which zig's SDK does not carry: configure's
 # "-framework CoreFoundation -framework SystemConfiguration" and the call
@@ -271,7 +275,8 @@ build_curl() {
     sed -i 's/LDFLAGS="$LDFLAGS -framework CoreFoundation -framework SystemConfiguration"/:/' configure
     sed -i '/define CURL_OSX_CALL_COPYPROXIES 1/d' lib/curl_setup.h
     CC="$B/cc" AR="$B/ar" RANLIB="$B/ranlib" CFLAGS=-O2 ./configure --host="$HOST" --build="$(uname -m)-pc-linux-gnu" \
-        --prefix="$P" --disable-shared --enable-static --without-ssl --without-zlib --without-brotli \
+        --prefix="$P" --disable-shared --enable-static --with-openssl="$P" \
+        --with-ca-bundle=/etc/ssl/cert.pem --without-ca-path --without-zlib --without-brotli \
         --without-zstd --without-libpsl --without-libidn2 --without-nghttp2 --without-libssh2 --without-librtmp \
         --disable-ldap --disable-ldaps --disable-rtsp --disable-dict --disable-telnet --disable-tftp --disable-pop3 \
         --disable-imap --disable-smb --disable-smtp --disable-gopher --disable-mqtt --disable-ftp --disable-file \
@@ -286,7 +291,8 @@ build_curl() {
 dep_build() {
     local t=$1 name=$2 ver recipe stamp start rc
     ver=$(dep_field "$name" 3)
-    recipe=$( { declare -f "build_$name" lib_archive tools_make; echo "$ZIG_VERSION $MACOS_MIN"; } | sha256sum | cut -c1-12)
+    # (curl is built against OpenSSL: a new OpenSSL recipe rebuilds it)
+    recipe=$( { declare -f "build_$name" lib_archive tools_make; [ "$name" != curl ] || declare -f build_crypto; echo "$ZIG_VERSION $MACOS_MIN"; } | sha256sum | cut -c1-12)
     stamp=$OUT/$t/stamps/$name-$ver-$recipe
     [ -f "$stamp" ] && return 0
     mkdir -p "$OUT/$t/stamps" "$OUT/$t/logs" "$OUT/$t/prefix/include" "$OUT/$t/prefix/lib"
@@ -312,7 +318,7 @@ dep_build() {
 # The Makefile's sources of the command (LIB_SRC and src/cmd/main.c) and
 # its CFLAGS (-g, -O2, -pthread; TANDEM_GIT as the Makefile sets it), the
 # web page generated as the Makefile does, then one link against the
-# static libraries (the Makefile's LDLIBS, in its order).
+# static libraries (the Makefile's LDLIBS, libssl with curl).
 TANDEM_CFLAGS="-std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -g -O2 -pthread -Isrc"
 tandem_link() {
     local t=$1 o=$OUT/$1/obj p=$OUT/$1/prefix f files gen=$OUT/gen/web_page.c rev
@@ -334,7 +340,7 @@ tandem_link() {
         "\"$OUT/$t/bin/cc\" $TANDEM_CFLAGS -isystem $p/include \$3 -c \"\$1\" -o \"\$2\" || { echo \"FAIL \$1\"; exit 1; }" _ \
         >"$OUT/$t/logs/tandem-cc.log" 2>&1 || { echo "macos-link: $t: compiling failed:"; grep -v '^$' "$OUT/$t/logs/tandem-cc.log" | head -n 30; return 1; }
     # shellcheck disable=SC2086 # the flags are words
-    "$OUT/$t/bin/cc" -g -pthread "$o"/*.o -L"$p/lib" -lm -ljansson -lutf8proc -lzstd -lmicrohttpd -lcrypto -lxxhash -lcurl \
+    "$OUT/$t/bin/cc" -g -pthread "$o"/*.o -L"$p/lib" -lm -ljansson -lutf8proc -lzstd -lmicrohttpd -lxxhash -lcurl -lssl -lcrypto \
         -o "$OUT/$t/tandem" >"$OUT/$t/logs/tandem-ld.log" 2>&1 ||
         { echo "macos-link: $t: linking failed:"; head -n 40 "$OUT/$t/logs/tandem-ld.log"; return 1; }
 }
