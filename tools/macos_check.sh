@@ -10,9 +10,12 @@
 # failed" (and tools/test.sh's "N passed, M failed, K skipped" before it).
 #
 # The toolchain is PyPI's ziglang, pinned, in a venv under build/ (made on
-# first use). The dependencies' headers come from the Debian -dev packages
-# installed on this machine, copied into build/macos-check/include/ (see
-# deps_include below for why copies and not -I/usr/include).
+# first use; tools/macos_zig.sh, shared with tools/macos_link.sh, which
+# links the whole command). The deployment target is macOS 11.0: a call of
+# anything newer is a warning, so an error here. The dependencies' headers
+# come from the Debian -dev packages installed on this machine, copied into
+# build/macos-check/include/ (see deps_include below for why copies and not
+# -I/usr/include).
 #
 # Usage: tools/macos_check.sh [-j N] [-v] [file.c ...]   (default: all files)
 # Exit status: 0 all compiled, 1 a file failed (or a library's headers are
@@ -21,10 +24,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-# Zig 0.17.1 (PyPI ziglang, the newest at the time of writing): clang
-# 22.1.8, the SDK's headers up to macOS 27, deployment target macOS 15.0.
-ZIG_VERSION=0.17.1
-ZIGENV=build/zigenv
+. tools/macos_zig.sh   # ZIG_VERSION, macos_zig_setup, macos_file_flags
 OUT=build/macos-check
 JOBS=1
 VERBOSE=0
@@ -40,21 +40,9 @@ while [ $# -gt 0 ]; do
 done
 
 # ==== The toolchain ====
-zig_ok() { "$ZIGENV/bin/python" -m ziglang version 2>/dev/null | grep -qx "$ZIG_VERSION"; }
-# Without it the last line says why and the status is 2 (tools/test.sh
-# turns that into "skipped: ziglang: ...").
-mkdir -p build
-if ! zig_ok; then
-    echo "macos: installing ziglang==$ZIG_VERSION into $ZIGENV"
-    { python3 -m venv "$ZIGENV" && "$ZIGENV/bin/pip" install -q "ziglang==$ZIG_VERSION"; } >build/zigenv-install.log 2>&1
-    if ! zig_ok; then
-        tail -n 5 build/zigenv-install.log
-        echo "pip install ziglang==$ZIG_VERSION into $ZIGENV failed (build/zigenv-install.log): no macOS compile check"
-        exit 2
-    fi
-fi
-ZIG_EXE=$("$ZIGENV/bin/python" -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
-[ -x "$ZIG_EXE" ] || { echo "no zig executable in the ziglang package ($ZIG_EXE): no macOS compile check"; exit 2; }
+# (tools/macos_zig.sh) Without it the last line says why and the status is
+# 2 (tools/test.sh turns that into "skipped: ziglang: ...").
+macos_zig_setup || exit 2
 
 # ==== The dependencies' headers ====
 # Not -I/usr/include or -I/usr/include/x86_64-linux-gnu: those hold glibc's
@@ -108,40 +96,18 @@ if [ $# -gt 0 ]; then
 else
     mapfile -t FILES < <(ls src/*/*.c src/backend/cpu/*.c src/backend/mlx/*.c tests/test_*.c tests/*/test_*.c fuzz/fuzz_*.c 2>/dev/null | sort -u)
 fi
-# file_flags TARGET FILE: the per-file instruction-set flags of the Makefile
-# (same sets, same files) and -Itests for the tests. zig cc takes no
-# -march (it reads it as a CPU name): the Makefile's -march=armv8.2-a+X is
-# its -mcpu=generic+v8_2a+X, the same features (__ARM_FEATURE_DOTPROD,
-# __ARM_FEATURE_MATMUL_INT8). Without flags the arm64 target is the Apple M1
-# (zig's default for aarch64-macos, as Apple clang's), x86-64 its baseline.
-file_flags() {
-    local target=$1 f=$2 kavx2="-mavx2 -mfma -mf16c -falign-loops=64"
-    case "$f" in tests/*) echo -Itests ;; esac
-    case "$target:$(basename "$f")" in
-    x86_64*:quant_avx2.c|x86_64*:ops_avx2.c) echo "$kavx2" ;;
-    x86_64*:quant_avxvnni.c) echo "$kavx2 -mavxvnni" ;;
-    x86_64*:quant_avx512.c|x86_64*:ops_avx512.c) echo "$kavx2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
-    aarch64*:quant_neon_dotprod.c) echo "-mcpu=generic+v8_2a+dotprod" ;;
-    aarch64*:quant_neon_i8mm.c) echo "-mcpu=generic+v8_2a+dotprod+i8mm" ;;
-    esac
-}
-
 # ==== Compile ====
 # one_file TARGET FILE: compiles, writes its result to $OUT/<target>/<file>.{ok,err}
 one_file() {
     local target=$1 f=$2 log
     log="$OUT/$target/${f//\//_}"
     # shellcheck disable=SC2046,SC2086 # the flags are words
-    if "$ZIG_EXE" cc -target "$target" $MACOS_CFLAGS $(file_flags "$target" "$f") -c "$f" -o "$log.o" >"$log.err" 2>&1; then
+    if "$ZIG_EXE" cc -target "$target.$MACOS_MIN" $MACOS_CFLAGS $(macos_file_flags "$target" "$f") -c "$f" -o "$log.o" >"$log.err" 2>&1; then
         mv "$log.err" "$log.ok"
     fi
 }
-export -f one_file file_flags
-# zig keeps a cache of what it compiled (keyed on the sources, headers and
-# flags: an unchanged file is not compiled again, a file that failed is
-# not cached); here, not in ~/.cache.
-export ZIG_GLOBAL_CACHE_DIR=$PWD/build/zigcache ZIG_LOCAL_CACHE_DIR=$PWD/build/zigcache
-export ZIG_EXE OUT MACOS_CFLAGS
+export -f one_file macos_file_flags
+export OUT MACOS_CFLAGS MACOS_MIN
 TARGETS=(aarch64-macos x86_64-macos)
 start=$(date +%s)
 for t in "${TARGETS[@]}"; do rm -rf "${OUT:?}/$t"; mkdir -p "$OUT/$t"; done
