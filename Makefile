@@ -252,9 +252,13 @@ seed-cuda: all build-cuda/.seeded
 asan-build:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 KDEBUG=-gline-tables-only \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
+# asan runs the tests in ASAN_LANES lanes at once (tests/lanes.sh): under
+# the sanitizers most of their time is server processes waiting on each
+# other, the cores idle.
+ASAN_LANES ?= 2
 asan: asan-build
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
-	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
+	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/lanes.sh $(ASAN_LANES) $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
 
 # libFuzzer targets: the library is compiled once with clang's coverage
 # instrumentation and sanitizers (build-fuzz/libtandem.a, the router's
