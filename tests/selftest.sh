@@ -12,7 +12,9 @@
 #   the same skip where TANDEM_REQUIRE names it, in every form, and each
 #   name .ci/run requires), and a Python package absent for real: jinja2
 #   hidden from test_tools (build/test_tools, where built) by a module on
-#   PYTHONPATH that fails to import, with and without TANDEM_REQUIRE.
+#   PYTHONPATH that fails to import, with and without TANDEM_REQUIRE; and
+#   tests/lanes.sh (make asan's lanes) summing its lanes' passes, skips,
+#   crashes and missing binaries.
 # cuda: the CUDA build's tests (build-cuda, or SELFTEST_CUDA_BIN) on this
 #   machine: without a CUDA device each is one counted skip, and a failure
 #   where TANDEM_REQUIRE=cuda; with a libcuda.so.1 that is there but broken
@@ -97,6 +99,13 @@ harness() {
     MUST_SAY="EMPTY" expect "a binary that says it checked nothing" "0 passed, 1 failed, 0 skipped" fail \
         $R "$B/empty_legacy"
     MUST_SAY="MISSING" expect "a missing binary" "1 passed, 1 failed, 0 skipped" fail $R "$B/pass" "$B/not-built"
+    # tests/lanes.sh (make asan's two lanes): each lane's failures reach the sum
+    local L="tests/lanes.sh 2"
+    expect "two lanes, both passing" "3 passed, 0 failed, 1 skipped" ok $L "$B/pass" "$B/skip" "$B/pass"
+    MUST_SAY="CRASH $B/crash" expect "a crash in the second lane" "2 passed, 1 failed, 0 skipped" fail \
+        $L "$B/pass" "$B/crash" "$B/pass"
+    MUST_SAY="MISSING" expect "a missing binary in the first lane" "2 passed, 2 failed, 0 skipped" fail \
+        $L "$B/not-built" "$B/pass" "$B/fail"
     MUST_SAY="skipped: selftest-thing: deliberately absent" expect "a skip, counted and named" \
         "1 passed, 0 failed, 1 skipped" ok $R "$B/skip"
     expect "a skip among passes" "2 passed, 0 failed, 1 skipped" ok $R "$B/pass" "$B/skip"
