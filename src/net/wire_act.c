@@ -113,6 +113,13 @@ int wire_layers_parse(const char *s, int *lo, int *hi, int *used) {
     return 0;
 }
 
+void wire_bound_format(char *buf, size_t len, int bound) {
+    snprintf(buf, len, "%d%s", bound / 2, bound % 2 ? ".5" : "");
+}
+
 void wire_layers_format(char *buf, size_t len, int lo, int hi) {
-    snprintf(buf, len, "%d%s:%d%s", lo / 2, lo % 2 ? ".5" : "", hi / 2, hi % 2 ? ".5" : "");
+    char a[16], b[16];
+    wire_bound_format(a, sizeof a, lo);
+    wire_bound_format(b, sizeof b, hi);
+    snprintf(buf, len, "%s:%s", a, b);
 }

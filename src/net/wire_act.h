@@ -56,6 +56,8 @@ void wire_act_rows_f32(const wire_act *a, float *out);
 /* Parses "A:B" at s: 0 with *lo < *hi in half blocks (each <= 2 *
  * WIRE_LAYERS_MAX) and *used the characters read, or -1. */
 int wire_layers_parse(const char *s, int *lo, int *hi, int *used);
+/* One bound in half blocks as written: "3", "3.5". */
+void wire_bound_format(char *buf, size_t len, int bound);
 /* "A:B" of half-block bounds lo, hi ("3:7", "0:3.5"). */
 void wire_layers_format(char *buf, size_t len, int lo, int hi);
 /* The first block whose attention lies at or past a bound (half blocks in,

@@ -61,9 +61,12 @@ int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen) {
             return -1;
         }
         if (a != want) {
-            snprintf(err, errlen, "chain entry '%.*s' starts at layer %d%s, but the slices before it end at %d%s "
+            char ta[16], tw[16];
+            wire_bound_format(ta, sizeof ta, a);
+            wire_bound_format(tw, sizeof tw, want);
+            snprintf(err, errlen, "chain entry '%.*s' starts at layer %s, but the slices before it end at %s "
                      "(slices must cover the layers in order, each exactly once)", (int)(len > 200 ? 200 : len), p,
-                     a / 2, a % 2 ? ".5" : "", want / 2, want % 2 ? ".5" : "");
+                     ta, tw);
             return -1;
         }
         memcpy(out->addr[out->n], p, (size_t)(slash - p));
@@ -204,8 +207,10 @@ static int chain_check_slices(handoff_client **cs, const chain_spec *spec, int n
             return -1;
         }
         if (lo != want || hi > 2 * n_layer) {
-            snprintf(err, errlen, "chain refused: prefill node %s serves layers %s, but the chain needs layer %d%s "
-                     "next of this %d-layer model", handoff_peer(cs[i]), tn, want / 2, want % 2 ? ".5" : "", n_layer);
+            char tw[16];
+            wire_bound_format(tw, sizeof tw, want);
+            snprintf(err, errlen, "chain refused: prefill node %s serves layers %s, but the chain needs layer %s "
+                     "next of this %d-layer model", handoff_peer(cs[i]), tn, tw, n_layer);
             return -1;
         }
         want = hi;
@@ -213,8 +218,9 @@ static int chain_check_slices(handoff_client **cs, const chain_spec *spec, int n
         snprintf(x->nd[i].txt, sizeof x->nd[i].txt, "%s", tn);
     }
     if (want != 2 * n_layer) {
-        snprintf(err, errlen, "chain refused: its slices end at layer %d%s, the model has %d layers", want / 2,
-                 want % 2 ? ".5" : "", n_layer);
+        char tw[16];
+        wire_bound_format(tw, sizeof tw, want);
+        snprintf(err, errlen, "chain refused: its slices end at layer %s, the model has %d layers", tw, n_layer);
         return -1;
     }
     x->n = spec->n;

@@ -28,9 +28,10 @@ int rt_chain_parse(const char *spec, char addrs[][128], int *lo, int *hi, char *
         memcpy(range, slash + 1, rl);
         range[rl] = 0;
         if (wire_layers_parse(range, &a, &b, &k) || range[k] || a != want || wire_layers_kv(a) == wire_layers_kv(b)) {
-            snprintf(err, errlen, "chain member '%.*s': layers must be %d%s:B with B > %d%s (L or L.5; slices in order, "
-                     "each layer once, each computing a block's attention)", (int)(len > 120 ? 120 : len), p, want / 2,
-                     want % 2 ? ".5" : "", want / 2, want % 2 ? ".5" : "");
+            char tw[16];
+            wire_bound_format(tw, sizeof tw, want);
+            snprintf(err, errlen, "chain member '%.*s': layers must be %s:B with B > %s (L or L.5; slices in order, "
+                     "each layer once, each computing a block's attention)", (int)(len > 120 ? 120 : len), p, tw, tw);
             return -1;
         }
         memcpy(addrs[n], p, (size_t)(slash - p));
