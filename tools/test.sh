@@ -390,6 +390,11 @@ for i,l in enumerate(open('$FIX/tokenize/visible.jsonl')):
           printf '{"type":"object","properties":{"name":{"type":"string"},"n":{"type":"integer","minimum":-5,"maximum":120}},"required":["name"],"additionalProperties":false}\0{"name":"a\\u00e9\\n","n":-3}' >"$2/object"
           printf '{"$defs":{"t":{"type":"object","properties":{"v":{"type":"number","exclusiveMinimum":0,"maximum":2.5},"kids":{"type":"array","items":{"$ref":"#/$defs/t"},"maxItems":2}}}},"anyOf":[{"$ref":"#/$defs/t"},{"enum":["x",null,1]}]}\0{"v":0.25,"kids":[{"v":2.5},{}]}' >"$2/tree"
           printf 'not a schema\0{"a":[1,{"b":null}],"c":"d"}' >"$2/json_object" ;;
+    chain_spec) # a bound pair, a HELLO's model_desc, a decode node's and a router's chain spec
+          printf '\x000:3.5' >"$2/bounds"
+          printf '\x01qwen3 Q4_K_M 8 layers; layers 3.5:8' >"$2/desc"
+          printf '\x02127.0.0.1:9001/0:3.5,127.0.0.1:9002/3.5:8' >"$2/chain"
+          printf '\x03h:1/0:0.5,h:2/0.5:1.5,h:3/1.5:28' >"$2/router" ;;
     esac
 }
 # The fixture files a target cannot start without (it aborts): where the
