@@ -254,8 +254,11 @@ asan-build:
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
 # asan runs the tests in ASAN_LANES lanes at once (tests/lanes.sh): under
 # the sanitizers most of their time is server processes waiting on each
-# other, the cores idle.
-ASAN_LANES ?= 2
+# other, the cores idle. Default 1: with 2, CI's run of c167748 failed
+# test_attack_wire's flood check (a handshake within 1 s: 11 of 12) beside
+# the other lane on 2 cores; the attack tests must have the machine to
+# themselves before two lanes can be the default.
+ASAN_LANES ?= 1
 asan: asan-build
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
 	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/lanes.sh $(ASAN_LANES) $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
