@@ -1,24 +1,27 @@
 /* fuzz_chain_spec.c - libFuzzer target: the layer-split chain's parsers of
  * slice bounds (issue 41): wire_layers_parse (net/wire_act.c: "A:B", each
- * bound L or L.5), chain_desc_layers (node/chain.c: the "; layers A:B" a
- * prefill node's HELLO carries, bytes from the peer), and the two chain
- * specs an operator writes, chain_parse (decode node) and rt_chain_parse
- * (router).
+ * bound L or L.5), chain_spec_desc_layers (net/chain_spec.c: the "; layers
+ * A:B" a prefill node's HELLO carries, bytes from the peer), and the chain
+ * spec an operator writes, chain_spec_parse (net/chain_spec.c: the one
+ * parser of the decode node, `tandem run` and the router).
  *
  * Input: a byte of mode (mod 4), then the text. What is taken must hold:
  * bounds 0 <= lo < hi <= 2 x WIRE_LAYERS_MAX half blocks, a bound written
  * back (wire_layers_format) parses to the same pair; a spec's slices start
  * at 0, each where the one before ended, each computing one block's
- * attention; a refusal says why. Run:
+ * attention, each address non-empty with a ':'; mode 3: a taken spec
+ * written back (addr/A:B,...) parses to the same members; a refusal says
+ * why. Run:
  *   make fuzz && build/fuzz_chain_spec -max_total_time=60
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdio.h>
+
+#include "net/chain_spec.h"
 #include "net/wire_act.h"
-#include "node/chain.h"
-#include "router/router_chain.h"
 
 /* lo, hi taken: in range, and written back they parse to themselves. */
 static void check_bounds(int lo, int hi) {
@@ -55,27 +58,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         break;
     case 1:
-        if (!chain_desc_layers(s, &lo, &hi)) check_bounds(lo, hi);
+        if (!chain_spec_desc_layers(s, &lo, &hi)) check_bounds(lo, hi);
         break;
-    case 2: {
-        chain_spec sp;
-        if (chain_parse(s, &sp, err, sizeof err)) {
-            if (!err[0]) abort();
-        } else {
-            if (sp.n < 1 || sp.n > CHAIN_MAX_NODES) abort();
-            check_chain(sp.n, sp.lo, sp.hi);
-        }
-        break;
-    }
     default: {
-        char addrs[RT_CHAIN_MAX][128];
-        int l[RT_CHAIN_MAX], h[RT_CHAIN_MAX];
-        int n = rt_chain_parse(s, addrs, l, h, err, sizeof err);
-        if (n < 0) {
+        static chain_spec sp, back;   /* 4 KiB each: off the fuzzer's stack */
+        if (chain_spec_parse(s, &sp, err, sizeof err)) {
             if (!err[0]) abort();
-        } else {
-            if (n < 1 || n > RT_CHAIN_MAX) abort();
-            check_chain(n, l, h);
+            break;
+        }
+        if (sp.n < 1 || sp.n > CHAIN_SPEC_MAX) abort();
+        check_chain(sp.n, sp.lo, sp.hi);
+        for (int i = 0; i < sp.n; i++)
+            if (!sp.addr[i][0] || !strchr(sp.addr[i], ':') || strchr(sp.addr[i], '/') || strchr(sp.addr[i], ',')) abort();
+        if ((data[0] & 3) == 3) {   /* written back, the same members */
+            static char t[CHAIN_SPEC_MAX * (CHAIN_SPEC_ADDR + 40)];
+            size_t o = 0;
+            for (int i = 0; i < sp.n; i++) {
+                char r[64];
+                wire_layers_format(r, sizeof r, sp.lo[i], sp.hi[i]);
+                o += (size_t)snprintf(t + o, sizeof t - o, "%s%s/%s", i ? "," : "", sp.addr[i], r);
+            }
+            if (chain_spec_parse(t, &back, err, sizeof err) || back.n != sp.n) abort();
+            for (int i = 0; i < sp.n; i++)
+                if (strcmp(back.addr[i], sp.addr[i]) || back.lo[i] != sp.lo[i] || back.hi[i] != sp.hi[i]) abort();
         }
         break;
     }

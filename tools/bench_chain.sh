@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench_chain.sh - time to first token through a 2-node layer-split prefill
-# chain (one core each) against one whole-model prefill node on one core
-# (issue 41's speed table). A benchmark, not a test: runs alternate (chain,
+# bench_chain.sh - time to first token through a layer-split prefill chain
+# (2 nodes by default, one core each) against one whole-model prefill node
+# on one core (issue 41's speed table), or against the same chain cut
+# elsewhere (--against). A benchmark, not a test: runs alternate (chain,
 # single, chain, single ...) on the same nodes, every run is printed as a
 # markdown row with the load average beside it, and each model and prompt
 # length ends with the median single / chain ratio.
@@ -20,13 +21,26 @@
 #                     a dense model; a MoE one keeps 16 rows per expert);
 #                     the pipeline's bubble is one chunk of the second slice
 #   --single-b N      the single node's -b (default 512)
-#   --split B         where slice 1 ends and slice 2 starts: a block L or the
-#                     middle of one, L.5 (after its attention); "count" = L/2
-#                     (the split by layer count); default "cost": (L-1)/2,
-#                     since the last block costs only its K/V projection (the
-#                     decode node computes the last position) and the other
-#                     L-1 are split evenly (3.5 for 8 blocks, 13.5 for 28;
-#                     docs/layer-split.md, "Balance")
+#   --slices N        slice nodes in the chain (default 2); slice i runs on
+#                     core (i - 1) mod the cores
+#   --split S         where the slices end: "cost" (default): `tandem
+#                     chain-plan --nodes N [--rates R] --prompt-tokens
+#                     <largest --sizes>` (FLOPs per half block, the slowest
+#                     node's time minimised: for 2 equal nodes (L-1)/2, since
+#                     the last block costs only its K/V projection; 3.5 for
+#                     8 blocks, 13.5 for 28; docs/layer-split.md, "Balance"
+#                     and "Planning a chain"); "count": slice k ends at
+#                     floor(k L / N) (L/2 for two); or the N-1 inner bounds,
+#                     "B1,B2,..." (a block L or the middle of one, L.5)
+#   --against S       instead of the single node, the same chain cut at S
+#                     (nodes of both started; the runs alternate); the
+#                     ratio column is then against / chain
+#   --rates R1,...    the slices' relative speeds, given to the planner
+#                     (--split cost) and, with --cpu-share, made real
+#   --cpu-share F     cap each slice node at F x its rate of a core (a
+#                     cgroup v1 cpu quota, /sys/fs/cgroup/cpu; root), after
+#                     its load; the single node at F: nodes of chosen speeds
+#                     on a machine with fewer cores than nodes
 #   --logs DIR        keep the nodes' logs and each run's stderr in DIR
 #   -o FILE           also write the table to FILE
 # Without MODEL arguments it benchmarks the issue's two models, generated
@@ -38,8 +52,8 @@
 #                             layers, --type q4_k_m
 # env TANDEM_BIN (default build/tandem), TANDEM_FIXTURES (default ../shared/fixtures).
 #
-# Setup: chain = slice 0:B pinned to core 0 and slice B:L to core 1
-# (taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
+# Setup: chain = slice i pinned to core (i - 1) mod the cores (2 slices:
+# cores 0 and 1; taskset, -t 1, -b 512); single = one whole-model prefill node on core 0,
 # -t 1. TTFT is tandem run's "prompt: N tokens in MS ms" less its "connect"
 # (request sent to the first token's logits; the decode side, not pinned,
 # computes the last position itself; the connections are left out: the
@@ -55,6 +69,7 @@ cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=(); CHUNK=""; SINGLE_B=512; LOGS=""; SPLIT=cost
+SLICES=2; AGAINST=""; RATES=""; SHARE=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
@@ -63,6 +78,10 @@ while [ $# -gt 0 ]; do
     --chunk) CHUNK=$2; shift 2 ;;
     --single-b) SINGLE_B=$2; shift 2 ;;
     --split) SPLIT=$2; shift 2 ;;
+    --slices) SLICES=$2; shift 2 ;;
+    --against) AGAINST=$2; shift 2 ;;
+    --rates) RATES=$2; shift 2 ;;
+    --cpu-share) SHARE=$2; shift 2 ;;
     --logs) LOGS=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -72,6 +91,14 @@ while [ $# -gt 0 ]; do
 done
 [ -x "$B" ] || { echo "bench_chain: $B not found (make)" >&2; exit 2; }
 [ "$(nproc)" -ge 2 ] || { echo "bench_chain: needs 2 cores" >&2; exit 2; }
+case "$SLICES" in [1-9]|1[0-6]) ;; *) echo "bench_chain: --slices takes 1..16" >&2; exit 2 ;; esac
+CG=/sys/fs/cgroup/cpu
+if [ -n "$SHARE" ]; then
+    [ -w "$CG" ] || { echo "bench_chain: --cpu-share needs a writable cgroup v1 $CG (root)" >&2; exit 2; }
+    awk -v f="$SHARE" 'BEGIN { exit !(f > 0 && f <= 1) }' || { echo "bench_chain: --cpu-share takes 0 < F <= 1" >&2; exit 2; }
+fi
+RATE=(); IFS=, read -r -a RATE <<<"${RATES:-}"
+[ -z "$RATES" ] || [ ${#RATE[@]} = "$SLICES" ] || { echo "bench_chain: --rates gives ${#RATE[@]} rates for $SLICES slices" >&2; exit 2; }
 
 # ==== Models ====
 gen() {  # OUT ARGS...: gen-model once
@@ -120,6 +147,7 @@ cleanup() {
     local p
     for p in $(cat "$T/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
+    for p in "$CG"/bench-chain-$$-*; do [ -d "$p" ] && rmdir "$p" 2>/dev/null; done
     if [ -n "$NET" ]; then netns_del "$NS_P" "$NS_D"; fi
     rm -rf "$T"
 }
@@ -153,9 +181,46 @@ start() {  # MODEL CORE LAYERS|all NAME CTX BATCH [OPTIONS...]
     done
     echo "bench_chain: node $4 did not listen" >&2; exit 1
 }
+# cap NAME SHARE: node NAME at SHARE of a core from now on (its load ran
+# uncapped); a cgroup per node, removed at exit
+cap() {
+    local d="$CG/bench-chain-$$-$1"
+    mkdir -p "$d"
+    echo 100000 >"$d/cpu.cfs_period_us"
+    awk -v f="$2" 'BEGIN { printf "%d\n", f * 100000 }' >"$d/cpu.cfs_quota_us"
+    echo "$(cat "$T/pid.$1")" >"$d/cgroup.procs"
+}
+# bounds SPLIT: the slices "0:A A:B ... :NL" of a split (see --split)
+bounds() {
+    local k lo hi b=() out=""
+    case "$1" in
+    cost) "$B" chain-plan -m "$M" --nodes "$SLICES" ${RATES:+--rates "$RATES"} --prompt-tokens "$maxn" --format bounds |
+              tr '\n' ' ' ;;
+    count) for k in $(seq 0 $((SLICES - 1))); do
+               printf '%d:%d ' $((k * NL / SLICES)) $(((k + 1) * NL / SLICES))
+           done ;;
+    *) IFS=, read -r -a b <<<"$1"
+       [ ${#b[@]} = $((SLICES - 1)) ] || { echo "bench_chain: --split $1 gives ${#b[@]} bounds for $SLICES slices" >&2; return 1; }
+       lo=0; for hi in "${b[@]}" "$NL"; do out+="$lo:$hi "; lo=$hi; done; echo "$out" ;;
+    esac
+}
+# chain_start TAG SPLIT: the slices of one split, named TAG1..TAGN; sets
+# SPEC_TAG (the chain spec) and prints nothing
+chain_start() {
+    local i=0 s spec="" sl=()
+    [ -z "$CHUNK" ] || sl=(--chain-chunks 1)
+    for s in $(bounds "$2"); do
+        i=$((i + 1))
+        start "$M" $(((i - 1) % $(nproc))) "$s" "$1$i" "$CTX" "${CHUNK:-512}" "${sl[@]}"
+        [ -z "$SHARE" ] || cap "$1$i" "$(awk -v f="$SHARE" -v r="${RATE[$((i - 1))]:-1}" 'BEGIN { print f * r }')"
+        spec+="${spec:+,}$ADDR_P:$(cat "$T/port.$1$i")/$s"
+    done
+    [ "$i" = "$SLICES" ] || { echo "bench_chain: split $2 gave $i slices, not $SLICES" >&2; exit 1; }
+    printf -v "SPEC_$1" '%s' "$spec"
+}
 stop_all() {
     local p
-    if [ -n "$LOGS" ]; then mkdir -p "$LOGS"; for p in a b w; do cp "$T/log.$p" "$LOGS/$(basename "$M" .gguf).$p.log" 2>/dev/null || true; done; fi
+    if [ -n "$LOGS" ]; then mkdir -p "$LOGS"; for p in "$T"/log.*; do cp "$p" "$LOGS/$(basename "$M" .gguf).${p##*/log.}.log" 2>/dev/null || true; done; fi
     for p in $(cat "$T/pids" 2>/dev/null); do kill "$p" 2>/dev/null || true; done
     wait 2>/dev/null || true
     : >"$T/pids"
@@ -178,25 +243,30 @@ emit() { if [ -n "$OUT" ]; then echo "$*" | tee -a "$OUT"; else echo "$*"; fi; }
 maxn=0; for n in $SIZES; do [ "$n" -gt "$maxn" ] && maxn=$n; done
 CTX=$((maxn + maxn / 8 + 64))   # the words' token count runs a little over n
 CHAIN_ROWS="-b 512, rows their choice"; [ -z "$CHUNK" ] || CHAIN_ROWS="-b $CHUNK --chain-chunks 1"
-emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = 2 slices on cores 0 and 1 ($CHAIN_ROWS), single = whole model on core 0 (-b $SINGLE_B), -t 1 each"
+OTHER="single"; [ -z "$AGAINST" ] || OTHER="against"
+emit "bench_chain: $(date -u '+%Y-%m-%d %H:%M UTC'), $(nproc) cores, link ${NET:-loopback}; chain = $SLICES slices on cores (i-1) mod $(nproc) ($CHAIN_ROWS)${RATES:+, rates $RATES}${SHARE:+, each capped at $SHARE x its rate of a core}, $([ -n "$AGAINST" ] && echo "against = the chain cut at --split $AGAINST" || echo "single = whole model on core 0 (-b $SINGLE_B)${SHARE:+ capped at $SHARE}"), -t 1 each"
 emit ""
-emit "| model | prompt tokens | round | load | chain TTFT s | single TTFT s | single / chain | split | chunk rows | slice 1 / 2 compute s | slice 1 / 2 CPU s | slice 2 waits s | decode CPU s chain / single |"
-emit "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+emit "| model | prompt tokens | round | load | chain TTFT s | $OTHER TTFT s | $OTHER / chain | chain slices | $OTHER slices | chunk rows | slices' compute s | slices' CPU s | last slice waits s | decode CPU s chain / $OTHER |"
+emit "|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|"
+# slices TAG: "A:B,..." of a started chain; figures TAG: its slices' compute
+# s and CPU s of the last run (CPU: since cpu0_TAG<i> was read)
+slices_of() { echo "$1" | sed 's/[^,]*\/\([0-9.:]*\)/\1/g'; }
 for M in "${MODELS[@]}"; do
     NL=$(layers_of "$M") || { echo "bench_chain: no block_count in $M" >&2; exit 2; }
-    case "$SPLIT" in
-    count) H=$((NL / 2)) ;;
-    cost) if [ $((NL % 2)) = 0 ]; then H="$((NL / 2 - 1)).5"; else H=$(((NL - 1) / 2)); fi ;;
-    *) H=$SPLIT ;;
-    esac
-    SL=(); [ -z "$CHUNK" ] || SL=(--chain-chunks 1)
-    start "$M" 0 "0:$H" a "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 1 "$H:$NL" b "$CTX" "${CHUNK:-512}" "${SL[@]}"; start "$M" 0 all w "$CTX" "$SINGLE_B"
-    CHAIN="$ADDR_P:$(cat "$T/port.a")/0:$H,$ADDR_P:$(cat "$T/port.b")/$H:$NL"
-    SINGLE="$ADDR_P:$(cat "$T/port.w")"
+    chain_start a "$SPLIT"
+    CHAIN=$SPEC_a
+    if [ -n "$AGAINST" ]; then
+        chain_start b "$AGAINST"
+        OTHERPN=$SPEC_b
+    else
+        start "$M" 0 all w "$CTX" "$SINGLE_B"
+        [ -z "$SHARE" ] || cap w "$SHARE"
+        OTHERPN="$ADDR_P:$(cat "$T/port.w")"
+    fi
     # one untimed request each first: the weights' pages are in memory and
     # every process has done its first-request work before the timed runs
     prompt 256
-    for PN in "$CHAIN" "$SINGLE"; do
+    for PN in "$CHAIN" "$OTHERPN"; do
         "${IND[@]}" "$B" run -m "$M" -f "$T/p.256" -n 1 -c "$CTX" -t 1 --secret-file "$T/secret" --prefill-node "$PN" \
             --timeout-ms 600000 >/dev/null 2>"$T/run.err" || { cat "$T/run.err" >&2; exit 1; }
     done
@@ -204,10 +274,10 @@ for M in "${MODELS[@]}"; do
         prompt "$n"
         : >"$T/ratios"
         for r in $(seq 1 "$ROUNDS"); do
-            declare -A ms=() cpu=()
-            for mode in chain single; do
-                if [ $mode = chain ]; then PN=$CHAIN; else PN=$SINGLE; fi
-                [ $mode = single ] || { ua=$(cpu_of a); ub=$(cpu_of b); }
+            declare -A ms=() cpu=() u0=()
+            for mode in chain other; do
+                if [ $mode = chain ]; then PN=$CHAIN; else PN=$OTHERPN; fi
+                [ $mode = other ] || for i in $(seq 1 "$SLICES"); do u0[$i]=$(cpu_of "a$i"); done
                 "${IND[@]}" /usr/bin/time -f "cpu_s %U %S" -o "$T/run.cpu" "$B" run -m "$M" -f "$T/p.$n" -n 1 -c "$CTX" -t 1 \
                     --secret-file "$T/secret" --prefill-node "$PN" --timeout-ms 600000 --deadline-ms 3600000 \
                     >/dev/null 2>"$T/run.err" ||
@@ -220,20 +290,21 @@ for M in "${MODELS[@]}"; do
                 con=$(sed -n 's/^handoff: .*(connect \([0-9.]*\) ms.*/\1/p' "$T/run.err")
                 ms[$mode]=$(awk -v a="${ms[$mode]}" -v c="${con:-0}" 'BEGIN { printf "%.1f", a - c }')
                 cpu[$mode]=$(awk '/^cpu_s/ { printf "%.1f", $2 + $3 }' "$T/run.cpu")
-                [ $mode = single ] || sc=$(awk -v a0="$ua" -v b0="$ub" -v a1="$(cpu_of a)" -v b1="$(cpu_of b)" \
-                    'BEGIN { printf "%.1f / %.1f", a1 - a0, b1 - b0 }')
+                [ $mode = other ] || sc=$(for i in $(seq 1 "$SLICES"); do
+                    awk -v a="${u0[$i]}" -v b="$(cpu_of "a$i")" 'BEGIN { printf "%.1f\n", b - a }'; done | paste -sd/ | sed 's|/| / |g')
             done
-            ratio=$(awk -v s="${ms[single]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
+            ratio=$(awk -v s="${ms[other]}" -v c="${ms[chain]}" 'BEGIN { printf "%.2f", s / c }')
             echo "$ratio" >>"$T/ratios"
-            # the slices' last request lines: compute_ms=, act_wait_ms= (waits after the first chunk)
-            ca=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.a" | tail -1)
-            cb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
-            rows=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* rows=\([0-9]*\).*/\1/p' "$T/log.b" | tail -1)
-            wb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.b" | tail -1)
+            # the slices' last request lines: compute_ms=, rows=, act_wait_ms= (waits after the first chunk)
+            cs=$(for i in $(seq 1 "$SLICES"); do
+                sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* compute_ms=\([0-9.]*\).*/\1/p' "$T/log.a$i" | tail -1 |
+                    awk '{ printf "%.1f\n", $1 / 1000 }'; done | paste -sd/ | sed 's|/| / |g')
+            rows=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* rows=\([0-9]*\).*/\1/p' "$T/log.a$SLICES" | tail -1)
+            wb=$(sed -n 's/.* slice [0-9.]*:[0-9.]* chunks=.* act_wait_ms=\([0-9.]*\).*/\1/p' "$T/log.a$SLICES" | tail -1)
             emit "| $(basename "$M" .gguf) | $tok | $r | $(load) | $(awk -v v="${ms[chain]}" 'BEGIN{printf "%.1f", v/1000}') |" \
-                 "$(awk -v v="${ms[single]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | $H | ${rows:-?} |" \
-                 "$(awk -v a="${ca:-0}" -v b="${cb:-0}" 'BEGIN{printf "%.1f / %.1f", a/1000, b/1000}') | $sc |" \
-                 "$(awk -v v="${wb:-0}" 'BEGIN{printf "%.1f", v/1000}') | ${cpu[chain]} / ${cpu[single]} |"
+                 "$(awk -v v="${ms[other]}" 'BEGIN{printf "%.1f", v/1000}') | $ratio | $(slices_of "$CHAIN") |" \
+                 "$([ -n "$AGAINST" ] && slices_of "$OTHERPN" || echo whole) | ${rows:-?} | $cs | $sc |" \
+                 "$(awk -v v="${wb:-0}" 'BEGIN{printf "%.1f", v/1000}') | ${cpu[chain]} / ${cpu[other]} |"
         done
         emit "| $(basename "$M" .gguf) | $tok | median | | | | **$(sort -n "$T/ratios" | awk '{ a[NR] = $1 } END { printf "%.2f", NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }')** |"
     done

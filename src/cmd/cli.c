@@ -155,7 +155,7 @@ static int run_remote_prefill(model *m, session *s, const run_opts *o, uint32_t 
     handoff_client *c = NULL;
     double t0 = gen_now_ms();
     int rc;
-    if (chain_is_spec(o->prefill_node)) {   /* a layer-split chain (node/chain.h) */
+    if (chain_spec_is(o->prefill_node)) {   /* a layer-split chain (node/chain.h) */
         chain_pool *cp = chain_pool_new();
         chain_opts co = { .act_dtype = !o->act_dtype || !strcmp(o->act_dtype, "f32") ? GGML_TYPE_F32
                                      : !strcmp(o->act_dtype, "f16") ? GGML_TYPE_F16 : GGML_TYPE_BF16 };

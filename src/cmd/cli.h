@@ -13,6 +13,7 @@ int cli_serve(int argc, char **argv);      /* tandem serve (serve.c) */
 int cli_bench_handoff(int argc, char **argv); /* tandem bench-handoff (bench_handoff.c) */
 int cli_bench_serve(int argc, char **argv);   /* tandem bench-serve (bench_serve.c) */
 int cli_cache(int argc, char **argv);         /* tandem cache save|load (cache.c) */
+int cli_chain_plan(int argc, char **argv);    /* tandem chain-plan (chain_plan.c) */
 
 /* ==== Version ==== */
 

@@ -19,6 +19,7 @@ static void main_usage(FILE *f) {
         "  bench-serve    serving benchmark of an OpenAI-compatible server (t/s, TTFT, TPOT)\n"
         "  grade       grade a class of code submissions against a rubric through a router\n"
         "  cache       save a prefix (a rubric) to a decode node's KV store on disk, or load it\n"
+        "  chain-plan  where to cut a model into the slices of a layer-split prefill chain\n"
         "  --version   version, commit and build features\n"
         "`tandem COMMAND --help` shows a command's options.\n"
         "Exit status: 0 success, 1 failure at run time, 2 bad command line.\n");
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "bench-serve")) return cli_bench_serve(argc - 2, argv + 2);
     if (!strcmp(cmd, "grade")) return cli_grade(argc - 2, argv + 2);
     if (!strcmp(cmd, "cache")) return cli_cache(argc - 2, argv + 2);
+    if (!strcmp(cmd, "chain-plan")) return cli_chain_plan(argc - 2, argv + 2);
     if (cliopt_is_help(cmd) || !strcmp(cmd, "help")) { main_usage(stdout); return CLI_EXIT_OK; }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "version")) { cli_print_version(stdout); return CLI_EXIT_OK; }
     fprintf(stderr, "tandem: unknown command '%s'\n", cmd);

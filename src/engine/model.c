@@ -548,6 +548,20 @@ fail:
     return -1;
 }
 
+int model_peek_hparams(const char *path, model_hparams *out, char *err, size_t errlen) {
+    model *m = calloc(1, sizeof *m);
+    if (!m) { snprintf(err, errlen, "out of memory"); return -1; }
+    /* the loader's own checks, on the metadata only: no tokenizer tables,
+     * no weights bound (the mapping's pages are read where the metadata is) */
+    int rc = gguf_open_file(&m->gf, path, err, errlen) || model_read_hparams(m, err, errlen) ||
+             model_check_vocab(m, err, errlen) ? -1 : 0;
+    if (rc) model_name_error(path, err, errlen);
+    else *out = m->hp;
+    gguf_close(m->gf);
+    free(m);
+    return rc;
+}
+
 void model_free(model *m) {
     if (!m) return;
     if (m->be) { forward_release(m); m->be->ops->destroy(m->be); }

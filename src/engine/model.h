@@ -83,6 +83,10 @@ typedef struct {
 /* Every error message starts with "PATH: " (printed once by the callers). */
 int model_load(model **out, const char *path, const model_opts *o, char *err, size_t errlen);
 void model_free(model *m);
+/* The hyper-parameters of the model at path, with model_load's checks of
+ * them (and of the vocabulary's count), without loading a weight or the
+ * tokenizer: what a planner needs of a file it will not run (chain_plan.h). */
+int model_peek_hparams(const char *path, model_hparams *out, char *err, size_t errlen);
 const model_hparams *model_get_hparams(const model *m);
 /* A slice's bounds in half blocks (wire_act.h: 2 * layer_lo + ffn_first,
  * 2 * layer_hi - attn_last); 0, 2 * n_layer for the whole model. */

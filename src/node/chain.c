@@ -1,6 +1,7 @@
-/* chain.c - layer-split prefill: chain specs, the decode side's merge of
+/* chain.c - layer-split prefill: the decode side's merge of
  * several slice nodes' KV streams with the relay of their hidden states,
- * and the prefill side's ACT helpers (see chain.h, docs/layer-split.md). */
+ * and the prefill side's ACT helpers (see chain.h, docs/layer-split.md;
+ * the spec is parsed by net/chain_spec.c). */
 #include "node/chain.h"
 
 #include <errno.h>
@@ -30,63 +31,6 @@ uint32_t chain_act_dtype_from_flags(uint32_t flags) {
 uint32_t chain_act_flags(uint32_t dtype) {
     uint32_t v = dtype == GGML_TYPE_F16 ? 1u : dtype == GGML_TYPE_BF16 ? 2u : 0u;
     return v << CHAIN_REQ_ACT_SHIFT;
-}
-
-/* ==== Specs ==== */
-
-int chain_is_spec(const char *s) { return s && strchr(s, '/') != NULL; }
-
-int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen) {
-    memset(out, 0, sizeof *out);
-    const char *p = s;
-    int want = 0;
-    while (p && *p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        const char *slash = memchr(p, '/', len);
-        if (out->n == CHAIN_MAX_NODES) { snprintf(err, errlen, "a chain has at most %d nodes", CHAIN_MAX_NODES); return -1; }
-        if (!slash || slash == p || (size_t)(slash - p) >= sizeof out->addr[0]) {
-            snprintf(err, errlen, "chain entry '%.*s' is not HOST:PORT/A:B", (int)(len > 200 ? 200 : len), p);
-            return -1;
-        }
-        char range[40];
-        size_t rl = len - (size_t)(slash + 1 - p);
-        int a, b, k = 0;
-        if (rl == 0 || rl >= sizeof range) { snprintf(err, errlen, "chain entry '%.*s' has no layers A:B", (int)(len > 200 ? 200 : len), p); return -1; }
-        memcpy(range, slash + 1, rl);
-        range[rl] = 0;
-        if (wire_layers_parse(range, &a, &b, &k) || range[k] || wire_layers_kv(a) == wire_layers_kv(b)) {
-            snprintf(err, errlen, "chain entry '%.*s': layers must be A:B with 0 <= A < B (end exclusive; L or L.5), "
-                     "computing at least one block's attention", (int)(len > 200 ? 200 : len), p);
-            return -1;
-        }
-        if (a != want) {
-            char ta[16], tw[16];
-            wire_bound_format(ta, sizeof ta, a);
-            wire_bound_format(tw, sizeof tw, want);
-            snprintf(err, errlen, "chain entry '%.*s' starts at layer %s, but the slices before it end at %s "
-                     "(slices must cover the layers in order, each exactly once)", (int)(len > 200 ? 200 : len), p,
-                     ta, tw);
-            return -1;
-        }
-        memcpy(out->addr[out->n], p, (size_t)(slash - p));
-        out->lo[out->n] = a;
-        out->hi[out->n] = b;
-        out->n++;
-        want = b;
-        p = comma ? comma + 1 : NULL;
-    }
-    if (!out->n) { snprintf(err, errlen, "empty chain"); return -1; }
-    return 0;
-}
-
-int chain_desc_layers(const char *desc, int *lo, int *hi) {
-    const char *k = desc ? strstr(desc, "; layers ") : NULL;
-    int a, b, used;
-    if (!k || wire_layers_parse(k + 9, &a, &b, &used)) return -1;
-    *lo = a;
-    *hi = b;
-    return 0;
 }
 
 /* ==== Prefill side ==== */
@@ -195,7 +139,7 @@ static int chain_check_slices(handoff_client **cs, const chain_spec *spec, int n
         int lo, hi;
         char ts[32], tn[32];
         wire_layers_format(ts, sizeof ts, spec->lo[i], spec->hi[i]);
-        if (!(handoff_caps(cs[i]) & WIRE_CAP_SLICE) || chain_desc_layers(handoff_peer_desc(cs[i]), &lo, &hi)) {
+        if (!(handoff_caps(cs[i]) & WIRE_CAP_SLICE) || chain_spec_desc_layers(handoff_peer_desc(cs[i]), &lo, &hi)) {
             snprintf(err, errlen, "chain refused: prefill node %s serves no layer slice (start it with --layers %s)",
                      handoff_peer(cs[i]), ts);
             return -1;
@@ -550,7 +494,7 @@ int chain_pool_prefill(chain_pool *p, const char *spec, model *m, uint32_t kv_dt
                        const chain_opts *co, uint32_t log_id, session *s, const int32_t *tokens, int n_tok,
                        int start_pos, handoff_stats *st, char *err, size_t errlen) {
     chain_spec sp;
-    if (chain_parse(spec, &sp, err, errlen)) return -1;
+    if (chain_spec_parse(spec, &sp, err, errlen)) return -1;
     chain_set *cs = chain_pool_take(p, spec);
     if (!cs) { snprintf(err, errlen, "every chain connection set is in use"); return -1; }
     cs->sp = sp;

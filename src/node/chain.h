@@ -22,12 +22,13 @@
 #include <stdint.h>
 
 #include "engine/model.h"
+#include "net/chain_spec.h"
 #include "net/wire.h"
 #include "net/wire_act.h"
 #include "node/handoff.h"
 
-/* Most nodes in one chain (a 1024-layer cap makes more pointless here). */
-#define CHAIN_MAX_NODES 16
+/* Most nodes in one chain (net/chain_spec.h). */
+#define CHAIN_MAX_NODES CHAIN_SPEC_MAX
 
 /* REQUEST flags bits 1-2 (only with WIRE_CAP_SLICE in both HELLOs): the
  * dtype of the ACT frames the request's slices send: 0 F32, 1 F16, 2 BF16. */
@@ -36,24 +37,9 @@
 uint32_t chain_act_dtype_from_flags(uint32_t flags);   /* UINT32_MAX for the unused value 3 */
 uint32_t chain_act_flags(uint32_t dtype);
 
-/* ==== Specs ==== */
-typedef struct {
-    int n;
-    char addr[CHAIN_MAX_NODES][256];
-    int lo[CHAIN_MAX_NODES], hi[CHAIN_MAX_NODES];   /* half blocks (wire_act.h) */
-} chain_spec;
-
-/* 1 when s looks like a chain spec (has a '/'), else 0. */
-int chain_is_spec(const char *s);
-/* Parses "addr/A:B,addr/B:C,...": at least one node, each A < B (a bound
- * L or L.5), each slice starting where the previous one ended, the first
- * at 0, each computing at least one block's attention. The model's layer
- * count is checked when the nodes answer. 0, or -1 with a message. */
-int chain_parse(const char *s, chain_spec *out, char *err, size_t errlen);
-/* The slice a prefill node advertises at the end of its HELLO's
- * model_desc ("...; layers A:B"); 0 with *lo, *hi in half blocks, or -1 if
- * none. */
-int chain_desc_layers(const char *desc, int *lo, int *hi);
+/* ==== Specs ====
+ * chain_spec, chain_spec_parse and chain_spec_desc_layers (a slice's HELLO)
+ * are in net/chain_spec.h, shared with the router. */
 
 /* ==== Decode side ==== */
 typedef struct {

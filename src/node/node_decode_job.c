@@ -48,7 +48,7 @@ static const char *dn_pick_node(dnode *n, const dn_req *r) {
  * connection fails at once (the prefill node drops idle connections). */
 static int dn_remote_prefill(dn_job *j, session *s, const int32_t *prompt, char *err, size_t errlen) {
     dnode *n = j->n;
-    if (chain_is_spec(j->addr)) {   /* a layer-split chain: HOST:PORT/A:B,... (chain.h) */
+    if (chain_spec_is(j->addr)) {   /* a layer-split chain: HOST:PORT/A:B,... (net/chain_spec.h) */
         handoff_opts ho = { .wire_dtype = n->wire_dtype, .zstd = n->o->zstd, .timeout_ms = n->timeout_ms,
                             .deadline_ms = n->o->handoff_deadline_ms, .secret = n->o->secret, .secret_len = n->o->secret_len,
                             .node_id = n->o->node_id ? n->o->node_id : "decode" };

@@ -7,15 +7,16 @@
 
 #include <stddef.h>
 
-#define RT_CHAIN_MAX 16
+#include "net/chain_spec.h"
 
-/* 1 when addr is a chain spec (it has a '/'). */
-int rt_chain_is_spec(const char *addr);
-/* Checks the spec: 1..RT_CHAIN_MAX members HOST:PORT/A:B (bounds L or L.5,
- * lo/hi out in half blocks: wire_act.h), the first at 0,
- * each starting where the previous ended. Returns the count, or -1 with a
- * message. The model's layer count is the decode node's to check. */
-int rt_chain_parse(const char *spec, char addrs[][128], int *lo, int *hi, char *err, size_t errlen);
+#define RT_CHAIN_MAX CHAIN_SPEC_MAX
+
+/* 1 when addr is a chain spec (it has a '/'). The spec is parsed and
+ * checked by chain_spec_parse (net/chain_spec.h: 1..RT_CHAIN_MAX members
+ * HOST:PORT/A:B, bounds L or L.5, the first at 0, each starting where the
+ * previous ended), the parser the decode node uses; the model's layer
+ * count is the decode node's to check. */
+static inline int rt_chain_is_spec(const char *addr) { return chain_spec_is(addr); }
 /* Health: each member answers with a prefill HELLO naming the spec's
  * layers ("; layers A:B"). 0 with desc ("chain of N: id [A:B], ...;
  * model"), or -1 with err naming the member. */

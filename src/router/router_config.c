@@ -70,14 +70,12 @@ int router_config_add_node(router_config *c, const char *role, const char *model
         return -1;
     }
     if (r == ROUTER_NODE_PREFILL && rt_chain_is_spec(addr)) {   /* HOST:PORT/A:B,... (router_chain.h) */
-        char addrs[RT_CHAIN_MAX][128];
-        int lo[RT_CHAIN_MAX], hi[RT_CHAIN_MAX];
-        int n = rt_chain_parse(addr, addrs, lo, hi, err, errlen);
-        if (n < 0) return -1;
+        chain_spec sp;
+        if (chain_spec_parse(addr, &sp, err, errlen)) return -1;
         char why[200];
-        for (int i = 0; i < n; i++)
-            if (router_check_addr(addrs[i], 0, why, sizeof why)) {   /* each member's port too */
-                rt_errf(err, errlen, "chain member %.128s: %s", addrs[i], why);
+        for (int i = 0; i < sp.n; i++)
+            if (router_check_addr(sp.addr[i], 0, why, sizeof why)) {   /* each member's port too */
+                rt_errf(err, errlen, "chain member %.128s: %s", sp.addr[i], why);
                 return -1;
             }
     } else if (rt_chain_is_spec(addr)) {

@@ -54,7 +54,8 @@ static void tc_free(tc_res *r) { free(r->out); free(r->err); }
 /* ==== --help and --version ==== */
 
 static void test_help(void) {
-    static const char *cmds[] = { "run", "tokenize", "bench", "gen-model", "serve", "bench-handoff", "bench-serve", "grade", "cache" };
+    static const char *cmds[] = { "run", "tokenize", "bench", "gen-model", "serve", "bench-handoff", "bench-serve", "grade", "cache",
+                                  "chain-plan" };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
         snprintf(want, sizeof want, "usage: tandem %s", cmds[i]);
@@ -151,6 +152,34 @@ static void test_bad_values(const char *model) {
 /* decode, local and router parse their own options (node_decode.c,
  * router.c): each bad value is refused with its range, exit 2, before any
  * model is loaded or port bound. */
+/* tandem chain-plan (net/chain_plan.h): a plan of the 4-block model, and
+ * its refusals: counts and rates out of range, more nodes than blocks. */
+static void test_chain_plan(const char *model) {
+    tc_res r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2");
+    CHECK(r.status == 0 && strstr(r.out, "spec: HOST1:PORT/0:1.5,HOST2:PORT/1.5:4") && strstr(r.out, "--layers 1.5:4"),
+          "chain-plan of 4 blocks for 2 nodes: exit %d '%.600s' '%s'", r.status, r.out, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--rates", "1,3", "--format", "bounds");
+    CHECK(r.status == 0 && !strcmp(r.out, "0:0.5\n0.5:4\n"), "chain-plan, the second node 3x as fast: exit %d '%s' '%s'", r.status,
+          r.out, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "0");
+    CHECK(r.status == 2 && strstr(r.err, "--nodes: 0 is out of range [1, 16]"), "chain-plan --nodes 0: %d '%s'", r.status, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "5");
+    CHECK(r.status == 2 && strstr(r.err, "for 4 blocks"), "chain-plan --nodes 5 of 4 blocks: %d '%s'", r.status, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--rates", "1,0");
+    CHECK(r.status == 2 && strstr(r.err, "--rates: 0 is out of range"), "chain-plan --rates 1,0: %d '%s'", r.status, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--rates", "1");
+    CHECK(r.status == 2 && strstr(r.err, "1 rates for 2 nodes"), "chain-plan, a rate short: %d '%s'", r.status, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", TC_DIR "/absent.gguf", "--nodes", "2");
+    CHECK(r.status == 1 && strstr(r.err, "absent.gguf"), "chain-plan of a missing file: %d '%s'", r.status, r.err);
+    tc_free(&r);
+}
+
 static void test_serve_bad_values(const char *model) {
     static const struct { const char *role, *opt, *val, *want; } bad[] = {
         { "decode", "--parallel", "0", "tandem serve: --parallel: 0 is out of range [1, 256]" },
@@ -456,6 +485,7 @@ int main(void) {
     if (!t_need(model)) return t_done("test_cli");
     test_bad_values(model);
     test_serve_bad_values(model);
+    test_chain_plan(model);
     test_bench_formats(model);
     test_run_stdin(model);
     test_run_context_full(model);

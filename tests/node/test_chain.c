@@ -210,12 +210,32 @@ static void part_half_parse(void) {
         CHECK(wire_layers_parse(bad[i], &lo, &hi, &used) != 0, "bounds \"%s\" refused", bad[i]);
     chain_spec sp;
     char err[300];
-    CHECK(chain_parse("a:1/0:0.5,b:2/0.5:1.5,c:3/1.5:4", &sp, err, sizeof err) == 0 && sp.n == 3 && sp.hi[0] == 1 &&
+    CHECK(chain_spec_parse("a:1/0:0.5,b:2/0.5:1.5,c:3/1.5:4", &sp, err, sizeof err) == 0 && sp.n == 3 && sp.hi[0] == 1 &&
           sp.lo[2] == 3 && sp.hi[2] == 8, "a chain sharing blocks 0 and 1 parses (%s)", err);
-    CHECK(chain_parse("a:1/0:1.5,b:2/1.5:2,c:3/2:4", &sp, err, sizeof err) != 0 && strstr(err, "attention"),
+    CHECK(chain_spec_parse("a:1/0:1.5,b:2/1.5:2,c:3/2:4", &sp, err, sizeof err) != 0 && strstr(err, "attention"),
           "a slice of one feed-forward only (1.5:2) refused: %s", err);
-    CHECK(chain_parse("a:1/0:1.5,b:2/1:4", &sp, err, sizeof err) != 0 && strstr(err, "starts at layer 1, but the slices before it end at 1.5"),
+    CHECK(chain_spec_parse("a:1/0:1.5,b:2/1:4", &sp, err, sizeof err) != 0 && strstr(err, "starts at layer 1, but the slices before it end at 1.5"),
           "a gap or overlap at a half block refused: %s", err);
+    /* one parser for the decode node and the router (net/chain_spec.c):
+     * what the router said of a gap ("layers must be 1:B", part_router)
+     * is in the same message */
+    CHECK(chain_spec_parse("a:1/0:1.5,b:2/1:4", &sp, err, sizeof err) != 0 && strstr(err, "layers must be 1.5:B"),
+          "the gap names the bound it needs: %s", err);
+    CHECK(chain_spec_parse("a/0:4", &sp, err, sizeof err) != 0 && strstr(err, "'a/0:4' is not HOST:PORT/A:B"),
+          "a member without a port refused: %s", err);
+    CHECK(chain_spec_parse("", &sp, err, sizeof err) != 0 && strstr(err, "empty chain"), "an empty spec refused: %s", err);
+    CHECK(chain_spec_parse("a:1/0:4,", &sp, err, sizeof err) == 0 && sp.n == 1 && !strcmp(sp.addr[0], "a:1"),
+          "a trailing comma ends the spec (%s)", err);
+    char big[40 * (CHAIN_SPEC_MAX + 1)];
+    size_t o = 0;
+    for (int i = 0; i <= CHAIN_SPEC_MAX; i++)
+        o += (size_t)snprintf(big + o, sizeof big - o, "%sh:%d/%d:%d", i ? "," : "", i + 1, i, i + 1);
+    CHECK(chain_spec_parse(big, &sp, err, sizeof err) != 0 && strstr(err, "at most 16 nodes"), "17 members refused: %s", err);
+    big[strrchr(big, ',') - big] = 0;
+    CHECK(chain_spec_parse(big, &sp, err, sizeof err) == 0 && sp.n == CHAIN_SPEC_MAX && sp.hi[15] == 32,
+          "16 members taken (%s)", err);
+    CHECK(chain_spec_desc_layers("qwen3 ...; layers 3.5:8", &lo, &hi) == 0 && lo == 7 && hi == 16 &&
+          chain_spec_desc_layers("qwen3 ...", &lo, &hi) != 0, "a HELLO's slice read back");
 }
 
 /* Chains with slices sharing a block: 0:0.5 + 0.5:L, and 0:0.5 + 0.5:1.5 +

@@ -1,0 +1,189 @@
+/* chain_plan.c - `tandem chain-plan`: where to cut a model into the slices
+ * of a layer-split prefill chain (net/chain_plan.h, docs/layer-split.md
+ * "Planning a chain"). Reads the model's shape from the GGUF's metadata
+ * (model_peek_hparams: the loader's checks, no weights), prints each node's
+ * `--layers A:B` and the chain spec for the decode node or the router. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/cliopt.h"
+#include "cmd/cli.h"
+#include "engine/model.h"
+#include "net/chain_plan.h"
+#include "net/wire_act.h"
+
+#define CP "tandem chain-plan"
+
+typedef struct {
+    const char *model, *hosts;
+    int nodes, tokens, logit_rows, bounds_only;
+    int n_rates;
+    double rates[CHAIN_SPEC_MAX];
+    char host_buf[CHAIN_SPEC_MAX * CHAIN_SPEC_ADDR];
+    const char *host[CHAIN_SPEC_MAX];
+    int n_hosts;
+} cp_opts;
+
+static void cp_usage(FILE *f) {
+    fprintf(f,
+        "usage: tandem chain-plan -m MODEL.gguf --nodes N [options]\n"
+        "  the half-block bounds (L or L.5) of an N-node layer-split prefill chain that\n"
+        "  minimise the slowest node's time for one prompt (FLOPs per half block from\n"
+        "  the model's shape over each node's rate; docs/layer-split.md)\n"
+        "  -m FILE               the model (its metadata only is read)\n"
+        "  --nodes N             slice nodes, 1..min(blocks, %d)\n"
+        "  --rates R1,...,RN     the nodes' relative speeds (> 0; default all 1)\n"
+        "  --prompt-tokens T     the prompt length to balance for (default 4096)\n"
+        "  --logit-rows R        rows needing logits on the last node (default 0: the\n"
+        "                        decode node computes the prompt's last position)\n"
+        "  --hosts H1:P1,...     the nodes' addresses for the spec (default HOSTi:PORT)\n"
+        "  --format text|bounds  bounds: one line per node, its A:B only\n", CHAIN_SPEC_MAX);
+}
+
+/* ==== Options ==== */
+
+static int cp_parse_rates(cp_opts *o, const char *v) {
+    const char *p = v;
+    o->n_rates = 0;
+    while (p && *p) {
+        const char *c = strchr(p, ',');
+        char one[64];
+        size_t n = c ? (size_t)(c - p) : strlen(p);
+        if (o->n_rates == CHAIN_SPEC_MAX || n == 0 || n >= sizeof one) {
+            fprintf(stderr, CP ": --rates: give 1..%d numbers separated by commas\n", CHAIN_SPEC_MAX);
+            return -1;
+        }
+        memcpy(one, p, n);
+        one[n] = 0;
+        if (cliopt_double(CP, "--rates", one, CHAIN_PLAN_RATE_MIN, CHAIN_PLAN_RATE_MAX, &o->rates[o->n_rates])) return -1;
+        o->n_rates++;
+        p = c ? c + 1 : NULL;
+    }
+    return 0;
+}
+
+static int cp_parse_hosts(cp_opts *o, const char *v) {
+    if (strlen(v) >= sizeof o->host_buf) { fprintf(stderr, CP ": --hosts: too long\n"); return -1; }
+    strcpy(o->host_buf, v);
+    for (char *p = o->host_buf; p;) {
+        char *c = strchr(p, ',');
+        if (c) *c = 0;
+        if (o->n_hosts == CHAIN_SPEC_MAX || !*p || !strchr(p, ':') || strchr(p, '/') || strlen(p) >= CHAIN_SPEC_ADDR) {
+            fprintf(stderr, CP ": --hosts: give 1..%d HOST:PORT separated by commas\n", CHAIN_SPEC_MAX);
+            return -1;
+        }
+        o->host[o->n_hosts++] = p;
+        p = c ? c + 1 : NULL;
+    }
+    return 0;
+}
+
+static int cp_parse(int argc, char **argv, cp_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->tokens = 4096;   /* the speed table's middle length */
+    static const char *const formats[] = { "text", "bounds", NULL };
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int bad;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) bad = cliopt_str(CP, a, v, &o->model);
+        else if (!strcmp(a, "--nodes")) bad = cliopt_int(CP, a, v, 1, CHAIN_SPEC_MAX, &o->nodes);
+        else if (!strcmp(a, "--prompt-tokens")) bad = cliopt_int(CP, a, v, 1, CHAIN_PLAN_MAX_TOKENS, &o->tokens);
+        else if (!strcmp(a, "--logit-rows")) bad = cliopt_int(CP, a, v, 0, CHAIN_PLAN_MAX_TOKENS, &o->logit_rows);
+        else if (!strcmp(a, "--rates")) bad = !v ? cliopt_str(CP, a, v, &a) : cp_parse_rates(o, v);
+        else if (!strcmp(a, "--hosts")) bad = !v ? cliopt_str(CP, a, v, &a) : cp_parse_hosts(o, v);
+        else if (!strcmp(a, "--format")) bad = cliopt_choice(CP, a, v, formats, &o->bounds_only);
+        else { fprintf(stderr, CP ": unknown option %s\n", a); cp_usage(stderr); return -1; }
+        if (bad) return -1;
+        i++;
+    }
+    if (!o->model || !o->nodes) { fprintf(stderr, CP ": give -m MODEL and --nodes N\n"); return -1; }
+    if (o->n_rates && o->n_rates != o->nodes) {
+        fprintf(stderr, CP ": --rates gives %d rates for %d nodes\n", o->n_rates, o->nodes);
+        return -1;
+    }
+    if (o->n_hosts && o->n_hosts != o->nodes) {
+        fprintf(stderr, CP ": --hosts gives %d addresses for %d nodes\n", o->n_hosts, o->nodes);
+        return -1;
+    }
+    if (o->logit_rows > o->tokens) {
+        fprintf(stderr, CP ": --logit-rows %d exceeds --prompt-tokens %d\n", o->logit_rows, o->tokens);
+        return -1;
+    }
+    return 0;
+}
+
+/* ==== Output ==== */
+
+static void cp_print_split(const char *what, const chain_plan *p, const double *rates) {
+    printf("%s:\n  node  layers      rate   GFLOP   share    time\n", what);
+    for (int i = 0; i < p->n; i++) {
+        char t[40];
+        wire_layers_format(t, sizeof t, p->lo[i], p->hi[i]);
+        printf("  %-4d  %-10s  %-5g  %6.1f  %5.1f%%  %6.1f%s\n", i + 1, t, rates ? rates[i] : 1.0, p->flops[i] / 1e9,
+               100.0 * p->flops[i] / p->total, p->time[i] / 1e9, p->time[i] == p->slowest ? "  slowest" : "");
+    }
+}
+
+static void cp_print(const cp_opts *o, const model_hparams *h, const chain_plan *p, const chain_plan *cnt) {
+    const double *r = o->n_rates ? o->rates : NULL;
+    if (o->bounds_only) {
+        for (int i = 0; i < p->n; i++) {
+            char t[40];
+            wire_layers_format(t, sizeof t, p->lo[i], p->hi[i]);
+            printf("%s\n", t);
+        }
+        return;
+    }
+    printf("model: %s, %s, %d blocks, %d wide, %d/%d heads of %d, ", o->model, h->arch_name, h->n_layer, h->n_embd,
+           h->n_head, h->n_head_kv, h->head_dim_k);
+    if (h->n_expert) printf("%d experts of %d (%d used)", h->n_expert, h->n_ff_exp, h->n_expert_used);
+    else printf("feed-forward %d", h->n_ff);
+    printf("; %d prompt tokens, %d rows of logits\n", o->tokens, o->logit_rows);
+    printf("time = GFLOP / rate (FLOPs per half block: docs/layer-split.md, \"Planning a chain\")\n");
+    cp_print_split("plan", p, r);
+    if (cnt) {
+        char s[CHAIN_SPEC_MAX * 40];
+        size_t k = 0;
+        for (int i = 0; i < cnt->n; i++) {
+            char t[40];
+            wire_layers_format(t, sizeof t, cnt->lo[i], cnt->hi[i]);
+            k += (size_t)snprintf(s + k, sizeof s - k, "%s%s", i ? "," : "", t);
+        }
+        printf("by layer count (%s): slowest node %.3fx the plan's\n", s, cnt->slowest / p->slowest);
+    }
+    printf("nodes:\n");
+    for (int i = 0; i < p->n; i++) {
+        char t[40];
+        wire_layers_format(t, sizeof t, p->lo[i], p->hi[i]);
+        printf("  tandem serve --role prefill -m %s --layers %s --listen %s ...\n", o->model, t,
+               o->n_hosts ? o->host[i] : "HOST:PORT");
+    }
+    char spec[CHAIN_SPEC_MAX * (CHAIN_SPEC_ADDR + 40)];
+    chain_plan_spec(p, o->n_hosts ? o->host : NULL, spec, sizeof spec);
+    printf("spec: %s\n", spec);
+}
+
+int cli_chain_plan(int argc, char **argv) {
+    if (cliopt_wants_help(argc, argv)) { cp_usage(stdout); return CLI_EXIT_OK; }
+    cp_opts o;
+    if (cp_parse(argc, argv, &o)) return CLI_EXIT_USAGE;
+    char err[600];
+    model_hparams h;
+    if (model_peek_hparams(o.model, &h, err, sizeof err)) { fprintf(stderr, CP ": %s\n", err); return CLI_EXIT_FAIL; }
+    if (o.nodes > h.n_layer) {
+        fprintf(stderr, CP ": --nodes %d for %d blocks: each node computes at least one block's attention\n", o.nodes,
+                h.n_layer);
+        return CLI_EXIT_USAGE;
+    }
+    double *cost = malloc(sizeof(double) * 2 * (size_t)h.n_layer);
+    chain_plan p, cnt;
+    int rc = !cost ? (snprintf(err, sizeof err, "out of memory"), -1)
+                   : chain_plan_costs(&h, o.tokens, o.logit_rows, cost, err, sizeof err);
+    if (!rc) rc = chain_plan_solve(cost, 2 * h.n_layer, o.nodes, o.n_rates ? o.rates : NULL, &p, err, sizeof err);
+    int have_cnt = !rc && !chain_plan_count(cost, h.n_layer, o.nodes, o.n_rates ? o.rates : NULL, &cnt);
+    free(cost);
+    if (rc) { fprintf(stderr, CP ": %s\n", err); return CLI_EXIT_FAIL; }
+    cp_print(&o, &h, &p, have_cnt ? &cnt : NULL);
+    return CLI_EXIT_OK;
+}
