@@ -36,10 +36,20 @@ ifeq ($(PORTABLE),1)
 CFLAGS   += -DTANDEM_PORTABLE
 endif
 
+# KSLOW: the kernel sets, longest compile first (the ASan build's clang -O1
+# with ASan+UBSan: quant_avx512.c 310 CPU-seconds of the library's 380,
+# ops_avx512.c 14, quant_avxvnni.c 12, quant_avx2.c 11, ops_avx2.c 2). The
+# library, and so every link, waits for the last object: in plain file
+# order quant_avx512.c began after some 110 others and then compiled with
+# the other core idle; begun first, the others compile beside it. Those
+# CPU times on 2 workers: 364 -> 336 s to the last link (the file itself
+# is the floor, 310 s).
+KSLOW    := $(wildcard $(addprefix src/backend/cpu/,quant_avx512.c ops_avx512.c quant_avxvnni.c quant_avx2.c ops_avx2.c))
 # (and src/backend/mlx/backend_mlx_absent.c: the MLX entry points of a build
 # without MLX, which `make MLX=1 mlx` replaces at link time; see below)
-LIB_SRC  := $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) $(wildcard src/backend/cpu/*.c) \
-            src/backend/mlx/backend_mlx_absent.c
+# The kernel sets first (KSLOW): make -j starts the objects in this order.
+LIB_SRC  := $(KSLOW) $(filter-out src/cmd/main.c,$(wildcard src/*/*.c)) \
+            $(filter-out $(KSLOW),$(wildcard src/backend/cpu/*.c)) src/backend/mlx/backend_mlx_absent.c
 # every header, for the objects' dependencies
 HDRS     := $(wildcard src/*/*.h src/backend/*/*.h)
 LIB_OBJ  := $(LIB_SRC:src/%.c=$(BUILD)/obj/%.o)
@@ -246,22 +256,24 @@ build-cuda/.seeded: $(BUILD)/libtandem.a
 seed-cuda: all build-cuda/.seeded
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 # asan-build builds it only (tools/test.sh starts it in the background
-# while the suite runs: over 300 CPU-seconds, most of them clang on the
-# AVX-512 kernel set, UBSan's pointer-overflow checks about half of that);
+# while the suite runs: 380 CPU-seconds of compiles, 310 of them clang on
+# quant_avx512.c, UBSan's pointer-overflow checks about half of that, begun
+# first (KSLOW); then 51 CPU-seconds of links);
 # asan builds what is missing and runs it.
 asan-build:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 KDEBUG=-gline-tables-only \
 	  SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" all
 # asan runs the tests in ASAN_LANES lanes at once (tests/lanes.sh): under
 # the sanitizers most of their time is server processes waiting on each
-# other, the cores idle. Default 1: with 2, CI's run of c167748 failed
-# test_attack_wire's flood check (a handshake within 1 s: 11 of 12) beside
-# the other lane on 2 cores; the attack tests must have the machine to
-# themselves before two lanes can be the default.
-ASAN_LANES ?= 1
+# other, the cores idle. The tests with a bar on their own time (a flood's
+# handshakes within 1 s: CI's run of c167748 failed test_attack_wire's
+# beside the other lane on 2 cores) are named in tests/alone.txt and run
+# after the lanes, one at a time, nothing beside them.
+ASAN_LANES ?= 2
 asan: asan-build
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 TANDEM_ASAN=1 \
-	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/lanes.sh $(ASAN_LANES) $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
+	  TANDEM_MODELS=$(BUILD)/models TANDEM_BIN=build-asan/tandem tests/lanes.sh -a tests/alone.txt $(ASAN_LANES) \
+	  $(patsubst $(BUILD)/%,build-asan/%,$(TESTS)) tests/twohost.sh
 
 # libFuzzer targets: the library is compiled once with clang's coverage
 # instrumentation and sanitizers (build-fuzz/libtandem.a, the router's

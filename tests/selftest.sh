@@ -14,7 +14,9 @@
 #   hidden from test_tools (build/test_tools, where built) by a module on
 #   PYTHONPATH that fails to import, with and without TANDEM_REQUIRE; and
 #   tests/lanes.sh (make asan's lanes) summing its lanes' passes, skips,
-#   crashes and missing binaries.
+#   crashes and missing binaries, and running the binaries its -a list
+#   names alone after the lanes (tests/selftest/lane_mark.sh sees whether
+#   another test ran beside it), their failures in the sum.
 # cuda: the CUDA build's tests (build-cuda, or SELFTEST_CUDA_BIN) on this
 #   machine: without a CUDA device each is one counted skip, and a failure
 #   where TANDEM_REQUIRE=cuda; with a libcuda.so.1 that is there but broken
@@ -76,6 +78,8 @@ build() {
         cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Itests "$s" -o "$B/$(basename "$s" .c)" || ok=0
     done
     cp tests/selftest/empty_legacy.sh "$B/empty_legacy" || ok=0
+    cp tests/selftest/lane_mark.sh "$B/busy" && cp tests/selftest/lane_mark.sh "$B/alone" || ok=0
+    printf 'alone  # must see no other test\nfail\ncrash\nnot-built\n' >"$B/alone.txt" || ok=0
     mkdir -p "$B/brokencuda"
     cc -shared -fPIC -Wall tests/selftest/libcuda_broken.c -o "$B/brokencuda/libcuda.so.1" || ok=0
     mkdir -p "$B/nojinja"
@@ -106,6 +110,17 @@ harness() {
         $L "$B/pass" "$B/crash" "$B/pass"
     MUST_SAY="MISSING" expect "a missing binary in the first lane" "2 passed, 2 failed, 0 skipped" fail \
         $L "$B/not-built" "$B/pass" "$B/fail"
+    # tests/lanes.sh -a LIST: the binaries LIST names run after the lanes, one
+    # at a time, nothing beside them, and their failures reach the sum too
+    local A="tests/lanes.sh -a $B/alone.txt 2"
+    rm -rf "$B/marks"; mkdir -p "$B/marks"
+    MUST_SAY="$B/alone (alone, after the lanes)" SELFTEST_LANES_DIR="$B/marks" \
+        expect "a listed binary alone, nothing beside it" "5 passed, 0 failed, 0 skipped" ok \
+        $A "$B/busy" "$B/busy" "$B/alone" "$B/busy" "$B/busy"
+    MUST_SAY="$B/fail (alone, after the lanes)" expect "a failure alone" "3 passed, 1 failed, 0 skipped" fail \
+        $A "$B/pass" "$B/fail" "$B/pass"
+    MUST_SAY="MISSING" expect "a crash and a missing binary alone" "1 passed, 2 failed, 0 skipped" fail \
+        $A "$B/crash" "$B/pass" "$B/not-built"
     MUST_SAY="skipped: selftest-thing: deliberately absent" expect "a skip, counted and named" \
         "1 passed, 0 failed, 1 skipped" ok $R "$B/skip"
     expect "a skip among passes" "2 passed, 0 failed, 1 skipped" ok $R "$B/pass" "$B/skip"

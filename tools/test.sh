@@ -3,7 +3,8 @@
 #   1. install missing Debian packages (tools/deps.sh; Chromium and the real
 #      model's download while the library compiles)
 #   2. build and run the tests (make test)
-#   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan),
+#   3. the same tests under AddressSanitizer + UndefinedBehaviorSanitizer (make asan:
+#      two lanes, then the tests of tests/alone.txt one at a time, alone),
 #      and the tests that go through platform.c with its POSIX fallbacks
 #      (make portable), and every source compiled for macOS (tools/macos_check.sh)
 #   4. every libFuzzer target for a short bounded time
@@ -28,7 +29,8 @@
 # of the two cores idle, mostly waiting on their servers' sockets, and the
 # builds after step 2 are compile-only, so these run in the background at a
 # low CPU priority while the suite runs (see "Builds in the background"
-# below): the ASan build (over 300 CPU-seconds, 200 of them one file), the portable build, the
+# below): the ASan build (380 CPU-seconds of compiles, 310 of them one file,
+# quant_avx512.c, which the Makefile starts first), the portable build, the
 # macOS compile check, the CUDA, MLX and fuzz builds. Each part still
 # runs its own make afterwards (nothing left to do when the background build
 # made it), so a failed or missing background build reports as before.
@@ -164,7 +166,7 @@ cuda_build() {
 # later parts runs meanwhile at a low CPU priority (a test that wants a core
 # gets it; the background gets what is idle): the ASan build in one chain at
 # nice 15 (needed first, after the suite; its AVX-512 kernel file alone is
-# over 200 CPU-seconds of clang), and the portable build, the macOS compile
+# some 310 CPU-seconds of clang, begun first: the Makefile's KSLOW), and the portable build, the macOS compile
 # check, the CUDA build, the MLX build and the fuzz build one after another in a second
 # chain at nice 19 (so the ASan build goes first where both want a core).
 # Each step's output goes to build/bg-NAME.log, its status to build/bg-NAME.rc,
@@ -247,6 +249,9 @@ echo "== tests"
 make test 2>&1 | tee build/test.log
 part suite build/test.log
 slowest build/test.log
+# In ASAN_LANES lanes (default 2: the tests mostly wait on their servers),
+# the tests with a bar on their own time (tests/alone.txt) after the lanes,
+# one at a time, nothing of the suite beside them (tests/lanes.sh).
 echo "== tests under ASan+UBSan"
 { bg_wait asan; make -j"$JOBS" asan; } 2>&1 | tee build/asan.log
 part asan build/asan.log
