@@ -9,7 +9,8 @@
 #   tools/bench_route.sh [MODEL.gguf] [ROUNDS] [N]
 # Defaults: build/models/qwen3-mini-F16.gguf, 2 rounds (off, on, off, on), a
 # class of 16. Env: SPLIT (auto), PARALLEL (decode slots, 4), GRADE_PAR (4),
-# TOKENS (max_tokens of analysis and feedback, 32: the prompts are the point).
+# TOKENS (max_tokens of analysis and feedback, 32: the prompts are the point),
+# MODES ("off on": the order within a round; "on" alone to study the picks).
 # Each line ends with the 1-minute load average; the router logs at debug
 # level, so $dir/MODE.ROUND/rt.log has each pick's terms ("pick:" lines).
 set -u
@@ -82,7 +83,7 @@ run_one() {   # mode (on|off) -> one result line
         "$mode" "$done" "$prompt" "$((pf + dl))" "$pf" "$dl" "${sph:-?}" "$load"
 }
 
+modes=${MODES:-off on}
 for r in $(seq 1 "$rounds"); do
-    run_one off "$r"
-    run_one on "$r"
+    for m in $modes; do run_one "$m" "$r"; done
 done

@@ -33,6 +33,7 @@ typedef struct {
     uint64_t *h;                 /* its prompt's hashes, under the node's seed */
     int n;
     char peer[128];              /* the prefill node it went through ("" local) */
+    int landed;                  /* its first token came: its prefill is over */
     double done_ms;              /* when it ended (0 while it runs) */
 } rc_routed;
 
@@ -247,8 +248,40 @@ static int rc_common(const uint64_t *a, int na, const uint64_t *b, int nb) {
     return k;
 }
 
-/* Positions of q's prompt decode node d holds (peer NULL), or that its
- * connection to the prefill node at peer holds; 0 when unknown. */
+/* Is routed request e's prompt in the decode node's slots now? One that
+ * went through a prefill node is there once its rows came (its first
+ * token): till then a local prefill started beside it computes the prefix
+ * again (bench_route: 2,116 positions per such pick). One prefilled there
+ * is there from the start: the node prefills one slot after another and
+ * reuses what the earlier one wrote. */
+static int rc_routed_on_decode(const rc_routed *e) {
+    return !e->owner || e->landed || !e->peer[0];
+}
+
+/* Of the sessions to one prefill node, m[0..n) what each holds of q's
+ * prompt: the most held by a session no running handoff has taken. A
+ * handoff whose prompt shares a block with q's took the session holding
+ * the most of it (dn_peer_take) and keeps it until its rows are sent; a
+ * split started meanwhile opens another session, which holds nothing of
+ * what the busy one does (bench_route: the prefill node computed the
+ * whole prompt again). */
+static int rc_free_session(int *m, int n, int busy) {
+    for (int b = 0; b < busy; b++) {
+        int top = -1;
+        for (int i = 0; i < n; i++)
+            if (m[i] > 0 && (top < 0 || m[i] > m[top])) top = i;
+        if (top < 0) break;
+        m[top] = 0;
+    }
+    int best = 0;
+    for (int i = 0; i < n; i++)
+        if (m[i] > best) best = m[i];
+    return best;
+}
+
+/* Positions of q's prompt decode node d holds (peer NULL), or that a free
+ * session of its connections to the prefill node at peer holds; 0 when
+ * unknown. */
 static int rc_match_locked(rt_req *q, int d, const char *peer) {
     router *r = q->r;
     rc_node *c = r->nodes[d].cache;
@@ -258,21 +291,21 @@ static int rc_match_locked(rt_req *q, int d, const char *peer) {
     if (!h || nb == 0) return 0;
     double now = rt_now_ms(), stale = RC_STALE_INTERVALS * (double)r->cfg.health_interval_ms;
     if (stale < RC_STALE_MIN_MS) stale = RC_STALE_MIN_MS;
-    int best = 0;
+    int m[RC_PEERS + RC_ROUTED_MAX], n = 0, busy = 0;
     if (rc_fresh(r, c, now)) {
-        if (!peer) best = rc_set_match(&c->rep->held, h, nb);
+        if (!peer) m[n++] = rc_set_match(&c->rep->held, h, nb);
         for (int i = 0; peer && i < c->rep->n_peer; i++)
-            if (!strcmp(c->rep->peer[i].addr, peer)) {
-                int m = rc_set_match(&c->rep->peer[i].s, h, nb);
-                if (m > best) best = m;
-            }
+            if (!strcmp(c->rep->peer[i].addr, peer)) m[n++] = rc_set_match(&c->rep->peer[i].s, h, nb);
     }
     for (int k = 0; k < RC_ROUTED_MAX; k++) {
         const rc_routed *e = &c->routed[k];
         if (!e->h || (peer && strcmp(e->peer, peer)) || (!e->owner && now - e->done_ms > stale)) continue;
-        int m = rc_common(e->h, e->n, h, nb);
-        if (m > best) best = m;
+        if (!peer && !rc_routed_on_decode(e)) continue;
+        int mk = rc_common(e->h, e->n, h, nb);
+        if (peer && e->owner && !e->landed) { busy += mk > 0; continue; }
+        m[n++] = mk;
     }
+    int best = rc_free_session(m, n, busy);
     /* the tail past the last full block has no hash: a prompt whose every
      * full block is held is taken as held whole (a repeated prompt); when
      * it is not, at most PREFIX_HASH_BLOCK - 1 positions are computed */
@@ -302,6 +335,12 @@ void rc_note_route_locked(rt_req *q, int d, int p) {
     e->n = nb;
     e->owner = q;
     snprintf(e->peer, sizeof e->peer, "%s", p >= 0 ? r->nodes[p].cfg.addr : "");
+}
+
+void rc_note_first_locked(rt_req *q, int d) {
+    rc_node *c = q->r->nodes[d].cache;
+    for (int k = 0; c && k < RC_ROUTED_MAX; k++)
+        if (c->routed[k].owner == q) c->routed[k].landed = 1;
 }
 
 void rc_note_end_locked(rt_req *q, int d, int ok) {

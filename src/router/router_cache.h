@@ -7,9 +7,11 @@
  *     lists the chained block hashes (base/prefix_hash.h) of the prefixes in
  *     its slots (and, once it has one, its KV store's tiers), and per prefill
  *     node what that connection's session there holds;
- *   - this router's own routing: a request sent to a node is held there from
- *     the moment it is sent (its prompt is being computed), until a report
- *     asked for after the request ended says otherwise.
+ *   - this router's own routing: a request sent to a node is held there
+ *     (prefilled there: from the moment it is sent; through a prefill node:
+ *     from its first token, when its rows have arrived and the session it
+ *     used is free again), until a report asked for after the request ended
+ *     says otherwise.
  * A report older than RC_STALE_INTERVALS health intervals counts for
  * nothing: without fresh knowledge the pick is by capacity alone (today's
  * order), and a wrong guess costs time, never a wrong answer (nodes compare
@@ -75,6 +77,9 @@ void rc_cost_in_locked(rt_req *q, int d, int p, int ours_counted, router_cost_in
 
 /* q was sent to decode node d (through prefill node p, -1: local). Caller holds mu. */
 void rc_note_route_locked(rt_req *q, int d, int p);
+/* q's first token came from d: its prompt's rows are in d's slots and the
+ * prefill-node session it used is free again. Caller holds mu. */
+void rc_note_first_locked(rt_req *q, int d);
 /* q's attempt on d ended: ok, its prompt is held there now; else forget it. Caller holds mu. */
 void rc_note_end_locked(rt_req *q, int d, int ok);
 

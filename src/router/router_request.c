@@ -606,7 +606,12 @@ int rt_next(rt_req *q, api_upstream_line *u) {
 
 void rt_on_token(rt_req *q, const api_upstream_line *u) {
     double now = rt_now_ms();
-    if (q->n_tokens == 0) q->t_first = now;
+    if (q->n_tokens == 0) {
+        q->t_first = now;
+        pthread_mutex_lock(&q->r->mu);
+        if (q->decode_idx >= 0) rc_note_first_locked(q, q->decode_idx);
+        pthread_mutex_unlock(&q->r->mu);
+    }
     q->t_last = now;
     q->n_tokens++;
 }

@@ -7,6 +7,9 @@
  *    summed over the four nodes, are at most prefix + 8 x suffix (+ the
  *    decode nodes' last positions) + one extra prefix; each reply equals
  *    the same prompt prefilled locally on a decode node (greedy);
+ *  - requests sent while a split of their prefix runs its handoff (both
+ *    prefill nodes stopped): a busy prefill-node session and a decode node
+ *    the split has not reached yet are not counted as holding the prefix;
  *  - 16 different prompts sent at once, then the same 16 again: the second
  *    burst reuses whole prompts (outcome "cached") for at least 14;
  *  - a 1-slot decode node beside a 4-slot one gets at most 30% of a burst
@@ -51,16 +54,21 @@ static int tc_start(pid_t *pid, char *const argv[], const char *name) {
 /* An ordinary token id for position i of prompt tag (Qwen3's BPE range). */
 static int tc_tok(int tag, int i) { return 1000 + (int)(((unsigned)tag * 7919u + (unsigned)i * 104729u) % 60000u); }
 
-/* A completion request on token ids: prefix (tag 0) then suffix (tag). */
-static char *tc_body(int prefix_len, int tag, int suffix_len, int max_tokens, int stream) {
+/* A completion request on token ids: prefix (tag ptag) then suffix (tag). */
+static char *tc_body_of(int ptag, int prefix_len, int tag, int suffix_len, int max_tokens, int stream) {
     json_t *ids = json_array();
-    for (int i = 0; i < prefix_len; i++) json_array_append_new(ids, json_integer(tc_tok(0, i)));
+    for (int i = 0; i < prefix_len; i++) json_array_append_new(ids, json_integer(tc_tok(ptag, i)));
     for (int i = 0; i < suffix_len; i++) json_array_append_new(ids, json_integer(tc_tok(tag, i)));
     json_t *o = json_pack("{s:s, s:o, s:i, s:f, s:b}", "model", "q", "prompt", ids, "max_tokens", max_tokens,
                           "temperature", 0.0, "stream", stream);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     return s;
+}
+
+/* The same with the prefix of tag 0. */
+static char *tc_body(int prefix_len, int tag, int suffix_len, int max_tokens, int stream) {
+    return tc_body_of(0, prefix_len, tag, suffix_len, max_tokens, stream);
 }
 
 /* A reply's body (after the headers) as JSON, or NULL. */
@@ -102,10 +110,10 @@ static long long tc_prefill_computed(int mport) {
 }
 
 /* The text a decode node generates for the same request prefilled locally. */
-static char *tc_local_text(int dport, int prefix_len, int tag, int suffix_len, int max_tokens) {
+static char *tc_local_text_of(int dport, int ptag, int prefix_len, int tag, int suffix_len, int max_tokens) {
     int32_t ids[TC_PREFIX + TC_BURST_LEN];
     int n = 0;
-    for (int i = 0; i < prefix_len; i++) ids[n++] = tc_tok(0, i);
+    for (int i = 0; i < prefix_len; i++) ids[n++] = tc_tok(ptag, i);
     for (int i = 0; i < suffix_len; i++) ids[n++] = tc_tok(tag, i);
     json_t *r = gen_req(ids, n, max_tokens, 0, "local");
     json_object_set_new(r, "ignore_eos", json_false());
@@ -121,6 +129,10 @@ static char *tc_local_text(int dport, int prefix_len, int tag, int suffix_len, i
     json_decref(o);
     free(out);
     return t;
+}
+
+static char *tc_local_text(int dport, int prefix_len, int tag, int suffix_len, int max_tokens) {
+    return tc_local_text_of(dport, 0, prefix_len, tag, suffix_len, max_tokens);
 }
 
 /* ==== A burst of concurrent requests ==== */
@@ -199,6 +211,93 @@ static void test_suffixes(tc_cluster *c) {
         free(texts[k]);
     }
     CHECK(same == 8, "greedy outputs equal local prefill: %d of 8", same);
+}
+
+/* One request of the in-flight test: prefix ptag, suffix tag, log id rid. */
+typedef struct {
+    int port, ptag, tag, status;
+    char rid[16], node[64], pnode[64], text[256];
+} tc_flight;
+
+static void *tc_flight_main(void *arg) {
+    tc_flight *f = arg;
+    char *body = tc_body_of(f->ptag, TC_PREFIX, f->tag, TC_SUFFIX, 4, 0), *raw = NULL, hdr[64];
+    snprintf(hdr, sizeof hdr, "X-Request-Id: %s\r\n", f->rid);
+    f->status = http_raw(f->port, "POST", "/v1/completions", hdr, body, &raw);
+    http_header(raw ? raw : "", "X-Tandem-Decode-Node", f->node, sizeof f->node);
+    http_header(raw ? raw : "", "X-Tandem-Prefill-Node", f->pnode, sizeof f->pnode);
+    json_t *o = tc_json(raw);
+    snprintf(f->text, sizeof f->text, "%s", o ? tc_text(o) : "");
+    json_decref(o);
+    free(raw);
+    free(body);
+    return NULL;
+}
+
+/* Sends f on its own thread and waits until the router has routed it. */
+static void tc_flight_send(pthread_t *th, tc_flight *f) {
+    char what[64];
+    snprintf(what, sizeof what, "req=%s model q -> decode", f->rid);
+    pthread_create(th, NULL, tc_flight_main, f);
+    CHECK(wait_file_has(TC_DIR "/rt.log", what, 5000), "request %s routed", f->rid);
+}
+
+/* What a split in flight holds, with both prefill nodes stopped so that the
+ * handoffs stay in flight (--split always):
+ *  - a prompt whose prefix one session holds, sent while another request
+ *    of that prefix runs its handoff on that session: the decode node would
+ *    open a second session, which holds nothing, so the pick must not count
+ *    the busy one (bench_route: the prefill node computed the prefix again
+ *    behind a plan that counted it held; the pick went to the busy prefill
+ *    node over an idle one);
+ *  - a prompt of a fresh prefix, sent while a split of that prefix runs:
+ *    its rows are not in the decode node's slots until that split's first
+ *    token (a local prefill started meanwhile computes the prefix again). */
+static void test_in_flight(tc_cluster *c) {
+    tc_flight f0 = { .port = c->rport, .ptag = 47, .tag = 470, .rid = "a4700000" };
+    tc_flight_main(&f0);
+    CHECK(f0.status == 200 && f0.pnode[0], "in flight: the holder's request split (HTTP %d, prefill %s)", f0.status,
+          f0.pnode);
+    sleep_ms(500);   /* its report: the session to f0.pnode holds the prefix */
+    tc_flight f[4] = {
+        { .port = c->rport, .ptag = 47, .tag = 471, .rid = "a4700001" },
+        { .port = c->rport, .ptag = 47, .tag = 472, .rid = "a4700002" },
+        { .port = c->rport, .ptag = 48, .tag = 480, .rid = "a4700003" },
+        { .port = c->rport, .ptag = 48, .tag = 481, .rid = "a4700004" },
+    };
+    pthread_t th[4];
+    kill(c->pf[0], SIGSTOP);
+    kill(c->pf[1], SIGSTOP);
+    for (int i = 0; i < 4; i++) tc_flight_send(&th[i], &f[i]);
+    kill(c->pf[0], SIGCONT);
+    kill(c->pf[1], SIGCONT);
+    for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+    int ok = f0.status == 200;
+    for (int i = 0; i < 4; i++) {
+        ok &= f[i].status == 200;
+        printf("test_router_cache: in flight %s: HTTP %d decode %s prefill %s\n", f[i].rid, f[i].status, f[i].node, f[i].pnode);
+    }
+    CHECK(ok, "in flight: every request answered");
+    CHECK(!strcmp(f[0].node, f0.node) && !strcmp(f[0].pnode, f0.pnode),
+          "in flight: a prompt of a held prefix goes where it is held (%s via %s; held on %s via %s)", f[0].node,
+          f[0].pnode, f0.node, f0.pnode);
+    CHECK(strcmp(f[1].pnode, f[0].pnode), "in flight: a second prompt of that prefix is not sent to the busy session's "
+          "prefill node (%s) over the idle one (went via %s)", f[0].pnode, f[1].pnode);
+    /* what the pick saw on f[2]'s decode node for f[3]: nothing held yet */
+    char *log = slurp(TC_DIR "/rt.log"), what[128];
+    snprintf(what, sizeof what, "req=%s pick: decode %s ", f[3].rid, f[2].node);
+    const char *pk = strstr(log, what), *held = pk ? strstr(pk, "(held ") : NULL;
+    int h = held ? atoi(held + 6) : -1;
+    CHECK(h == 0, "in flight: a split's prefix is not counted on its decode node before its first token (held %d)", h);
+    free(log);
+    /* greedy outputs unchanged */
+    int same = 0;
+    for (int i = 0; i < 4; i++) {
+        char *t = tc_local_text_of(c->dport[i % 2], f[i].ptag, TC_PREFIX, f[i].tag, TC_SUFFIX, 4);
+        same += !strcmp(t, f[i].text);
+        free(t);
+    }
+    CHECK(same == 4, "in flight: greedy outputs equal local prefill: %d of 4", same);
 }
 
 /* The same 16 prompts twice: whole prompts reused the second time. */
@@ -358,6 +457,7 @@ static void test_cluster(void) {
     c.rport = up ? tc_start(&c.rt, ra, "rt") : -1;
     if (c.rport > 0) {
         test_suffixes(&c);
+        test_in_flight(&c);
         test_repeat_burst(&c);
         test_prefill_ctx(&c);
         test_fallback(&c);
