@@ -30,13 +30,13 @@ static int t_pass, t_fail, t_skip;
  * open would then demand signatures (issue 40: 34 checks of test_logs
  * failed with 401). Before main, every TANDEM_* variable not in this list
  * of the harness's own (what tests/run.sh, tools/test.sh, .ci/run and the
- * tools/cuda_check.sh and arm64_check.sh pass on purpose) is unset, in this process and
+ * tools/cuda_check.sh, mlx_check.sh and arm64_check.sh pass on purpose) is unset, in this process and
  * so in every child it starts; a test that needs one of the others sets it
  * itself (setenv). tests/run.sh does the same for the binaries it runs. */
 static const char *const t_env_harness[] = {
     "TANDEM_BIN", "TANDEM_MODELS", "TANDEM_REQUIRE", "TANDEM_ASAN", "TANDEM_FIXTURES", "TANDEM_FIXTURES_PARTIAL",
-    "TANDEM_REAL_MODELS", "TANDEM_BACKEND", "TANDEM_PREFILL_BACKEND", "TANDEM_GOLDEN", "TANDEM_GOLDEN_DUMP", "TANDEM_GOLDEN_SETS",
-    "TANDEM_HANDOFF_ALL", "TANDEM_KERNELS", NULL};
+    "TANDEM_REAL_MODELS", "TANDEM_BACKEND", "TANDEM_PREFILL_BACKEND", "TANDEM_DECODE_BACKEND", "TANDEM_GOLDEN",
+    "TANDEM_GOLDEN_DUMP", "TANDEM_GOLDEN_SETS", "TANDEM_HANDOFF_ALL", "TANDEM_HANDOFF_ONLY", "TANDEM_KERNELS", NULL};
 
 extern char **environ;
 
@@ -44,6 +44,7 @@ extern char **environ;
 static inline int t_env_is_harness(const char *def) {
     size_t n = strcspn(def, "=");
     if (n >= 12 && !strncmp(def, "TANDEM_CUDA_", 12)) return 1;   /* device choice and kernel knobs (tools/cuda_check.sh) */
+    if (n >= 11 && !strncmp(def, "TANDEM_MLX_", 11)) return 1;    /* MLX's device, its stats (tools/mlx_check.sh) */
     for (int i = 0; t_env_harness[i]; i++)
         if (strlen(t_env_harness[i]) == n && !strncmp(def, t_env_harness[i], n)) return 1;
     return 0;

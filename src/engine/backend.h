@@ -131,6 +131,12 @@ typedef struct {
      * loading reserved and did not fill may go back (the CPU: the unfilled
      * tail of its last packed-weights arena's last huge page). */
     void (*load_done)(backend *be);
+    /* Optional (NULL where kv_store writes the host caches): a backend that
+     * stores new K/V rows on its side only (MLX) writes kv's rows of layer
+     * `layer` (every layer: layer < 0) below position `end` into the host
+     * cache, bytes equal to the CPU backend's. Called before a host reader
+     * reads them: the layer hook (forward.c) and session_rows_read. */
+    void (*kv_to_host)(backend *be, kvcache *kv, int layer, int end);
 } backend_ops;
 
 struct backend {

@@ -103,7 +103,9 @@ static int forward_hooks(model *m, const fwd_pass *p, int il, char *err, size_t 
     if (m->be->ops->sync_kv) m->be->ops->sync_kv(m->be, &p->bt, il);
     for (int s = 0; s < p->bt.n_seq; s++) {
         const model_batch_item *it = &p->items[p->item_of[s]];
-        if (it->hook && it->hook(it->hook_ud, il, p->bt.seq[s].pos0, p->bt.seq[s].n)) {
+        const be_seq *sq = &p->bt.seq[s];
+        if (it->hook && m->be->ops->kv_to_host) m->be->ops->kv_to_host(m->be, sq->kv, il, sq->pos0 + sq->n);
+        if (it->hook && it->hook(it->hook_ud, il, sq->pos0, sq->n)) {
             snprintf(err, errlen, "evaluation cancelled at layer %d", il);
             return -1;
         }
@@ -343,8 +345,12 @@ static int forward_run_items(model *m, model_batch_item *items, int n_items, cha
         forward_fill_pass(m, items, n_items, done, &p, ids);
         if (p.bt.n_tok == 0) break;
         if (forward_pass(m, &p, ids, err, errlen)) {
-            /* what was complete before this pass stays valid */
-            for (int s = 0; s < p.bt.n_seq; s++) kv_set_used(p.bt.seq[s].kv, p.bt.seq[s].pos0);
+            /* what was complete before this pass stays valid; a backend
+             * that holds rows of its own forgets the pass's */
+            for (int s = 0; s < p.bt.n_seq; s++) {
+                kv_set_used(p.bt.seq[s].kv, p.bt.seq[s].pos0);
+                session_rows_written(items[p.item_of[s]].s, p.bt.seq[s].pos0);
+            }
             rc = -1;
             break;
         }
@@ -413,6 +419,7 @@ int model_eval_slice(model *m, session *s, const int32_t *ids, const float *x_in
                 p.x_out = x_out;
                 rc = forward_pass(m, &p, pids, err, errlen);
                 kv_set_used(s->kv, p.bt.seq[0].pos0 + (rc == 0 ? n : 0));
+                if (rc) session_rows_written(s, p.bt.seq[0].pos0);
                 free(pids);
             }
         }

@@ -657,6 +657,11 @@ void session_rows_written(session *s, int pos) {
     if (be->ops->kv_forget) be->ops->kv_forget(be, s->kv, pos < 0 ? 0 : pos);
 }
 
+void session_rows_read(session *s) {
+    backend *be = s->m->be;
+    if (be->ops->kv_to_host) be->ops->kv_to_host(be, s->kv, -1, kv_used(s->kv));
+}
+
 void session_reset(session *s, int pos) {
     if (pos >= kv_used(s->kv)) return;
     kv_set_used(s->kv, pos);

@@ -111,8 +111,15 @@ void session_reset(session *s, int pos);    /* forget positions >= pos */
  * (kv_copy_prefix from another slot): a backend that mirrors the cache
  * (MLX's arrays) drops its copies of them. The rows and kv_used stay. */
 void session_rows_written(session *s, int pos);
+/* The host cache's rows [0, session_pos) are about to be read outside a
+ * forward pass (a prefix copy's source, kvstore_put, a prefill node's
+ * cached rows): a backend that stores rows on its side only (MLX) writes
+ * the ones the host lacks there first. Forward passes' layer hooks need
+ * nothing: forward.c asks the backend before each. */
+void session_rows_read(session *s);
 
-/* Called after layer `layer` has written K/V for positions [pos0, pos0+n). */
+/* Called after layer `layer` has written K/V for positions [pos0, pos0+n);
+ * the host cache holds those rows then. */
 typedef int (*layer_hook)(void *ud, int layer, int pos0, int n);
 
 /* ==== Evaluation ====

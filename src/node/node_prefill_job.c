@@ -226,6 +226,7 @@ static int pn_run(pn_conn *pc, pn_req *r, const int32_t *tokens, int have, doubl
     pnode *node = pc->node;
     pthread_t th;
     if (pthread_create(&th, NULL, pn_sender_main, r)) { snprintf(err, errlen, "cannot start the sender thread"); return -1; }
+    session_rows_read(pc->s);   /* the cached rows the sender reads */
     int rc = pn_push_cached(r, have);
     *ms = 0;
     r->computing = have >= r->end;
@@ -463,8 +464,10 @@ static int pn_request_serve(pn_conn *pc, uint64_t req) {
     int rc = pn_run(pc, r, pc->prev, have, &ms, err, sizeof err);
     int keep = rc == 0 && !r->failed ? pn_request_done(pc, r, have, ms, t0, out0, q.n_tokens, rid)
                                      : pn_request_failed(pc, r, err, rid);
-    if (node->store && rc == 0 && !r->failed)
+    if (node->store && rc == 0 && !r->failed) {
+        session_rows_read(pc->s);
         kvstore_put(node->store, pc->prev, session_pos(pc->s), session_kv(pc->s));
+    }
     pn_metrics_request(node, r, pn_outcome(r, rc, keep), r->end > have ? r->end - have : 0, ms, gen_now_ms() - t_req,
                        pc->conn.bytes_out - out0);
     pn_req_free(r);

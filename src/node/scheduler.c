@@ -111,8 +111,10 @@ static sched_job *sched_job_new(sched *s, sched_req *r) {
 void sched_job_end(sched *s, sched_job *j, const char *finish, const char *error) {
     if (j->v.state == SJ_DONE) return;
     /* the slot's rows outlive it in the store (not while lent to a remote fill) */
-    if (s->o.store && j->slot && j->v.state != SJ_REMOTE)
+    if (s->o.store && j->slot && j->v.state != SJ_REMOTE) {
+        session_rows_read(j->slot->s);
         kvstore_put(s->o.store, j->slot->tokens, j->slot->n, session_kv(j->slot->s));
+    }
     j->v.state = SJ_DONE;
     j->v.finish = finish;
     j->v.error = error;

@@ -81,6 +81,7 @@ static int sched_admit(sched *s, sched_job *j, sched_slot *sl, char *err, size_t
     int keep = own;
     if (donor && other > own && other >= (j->r.sibling ? 1 : s->o.min_reuse)) {
         int len = other < n - 1 ? other : n - 1;
+        session_rows_read(donor->s);   /* the donor's rows may be newer on the backend than on the host */
         if (!kv_copy_prefix(session_kv(sl->s), session_kv(donor->s), len, err, errlen)) {
             session_rows_written(sl->s, 0);   /* the backend's mirror of this slot's old rows is stale */
             memcpy(sl->tokens, donor->tokens, sizeof(int32_t) * (size_t)len);

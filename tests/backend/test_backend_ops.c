@@ -389,6 +389,9 @@ static void case_attention(uint32_t dt, int n_head, int n_head_kv, int hd, const
     /* a Q8_0 cache: the CPU backend meets it with q quantized to Q8_0 */
     record(att_label, nmse(out[1], out[0], qn * KV_LAYERS), dt == GGML_TYPE_Q8_0 ? 5e-4 : 1e-6, what);
     int same = 1;
+    for (int s = 0; s < 2; s++)   /* a backend that keeps new rows on its side writes them to the host (MLX) */
+        for (int i = 0; i < n_seq; i++)
+            if (bes[s]->ops->kv_to_host) bes[s]->ops->kv_to_host(bes[s], kv[s][i], -1, sh[i].pos0 + sh[i].n);
     for (int i = 0; i < n_seq; i++)
         for (int l = 0; l < KV_LAYERS; l++) same &= kv_same_rows(kv[0][i], kv[1][i], l, sh[i].pos0 + sh[i].n);
     CHECK(same, "kv_store: %s: host cache bytes differ from the CPU backend's", what);
@@ -476,6 +479,61 @@ static void case_moe(uint32_t type, int n_tok, int ne, int k) {
     retire(gi.bytes); retire(g.bytes); retire(u.bytes); retire(d.bytes);
 }
 
+/* kv_store's encoding of every kind of f32 (NaN with payloads, infinities,
+ * f16 overflow, f32 and f16 subnormals, ties at both types' rounding bits,
+ * random bit patterns) into an F16 or BF16 cache: the host bytes, after
+ * kv_to_host where the backend has one, equal the CPU backend's. */
+static void case_kv_encode(uint32_t dt) {
+    static const uint32_t special[] = { 0x7fc00000, 0xffc00001, 0x7f800001, 0xff812345, 0x7fbfffff, 0x7f800000,
+                                        0xff800000, 0x477ff000, 0x477fefff, 0xc77ff000, 0x38800000, 0x387fffff,
+                                        0x33000000, 0x33000001, 0x33800000, 0x00000001, 0x80000000, 0x00000000,
+                                        0x3f801000, 0x3f803000, 0x3f808000, 0x3f818000, 0x7f7fffff, 0xff7fffff,
+                                        0x35801000, 0x35803000, 0x00008000, 0x00018000, 0x007fffff, 0x3c7fe000 };
+    const int n_head_kv = 2, hd = 64, kvd = n_head_kv * hd, n = 48;
+    float *k = malloc(sizeof(float) * (size_t)n * kvd), *v = malloc(sizeof(float) * (size_t)n * kvd);
+    uint32_t x = 0x9e3779b9u;
+    for (size_t i = 0; i < (size_t)n * kvd; i++) {
+        uint32_t bits;
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        bits = i < sizeof special / sizeof special[0] ? special[i] : (i % 3 ? x : (x & 0x8000ffffu) | 0x3f800000u);
+        memcpy(&k[i], &bits, sizeof bits);
+        bits = special[i % (sizeof special / sizeof special[0])] ^ (i & 1 ? 0x80000000u : 0);
+        memcpy(&v[i], &bits, sizeof bits);
+    }
+    kvcache *kv[2];
+    char err[256];
+    backend *bes[2] = { ref_be, test_be };
+    int32_t pos[48];
+    for (int i = 0; i < n; i++) pos[i] = 5 + i;
+    for (int s = 0; s < 2; s++) {
+        side(bes[s]);
+        CHECK(kv_create(&kv[s], KV_LAYERS, KV_CTX, n_head_kv, hd, dt, err, sizeof err) == 0, "%s", err);
+        be_seq sq = { kv[s], 0, n, 5 };
+        be_batch b = { n, pos, 1, &sq };
+        float *dk = upload(bes[s], k, (size_t)n * kvd), *dv = upload(bes[s], v, (size_t)n * kvd);
+        for (int l = 0; l < KV_LAYERS; l++) {
+            bes[s]->ops->kv_store(bes[s], &b, l, dk, dv);
+            if (bes[s]->ops->sync_kv) bes[s]->ops->sync_kv(bes[s], &b, l);
+        }
+        if (bes[s]->ops->kv_to_host) bes[s]->ops->kv_to_host(bes[s], kv[s], -1, 5 + n);
+        bes[s]->ops->release(bes[s], dk); bes[s]->ops->release(bes[s], dv);
+    }
+    int same = 1;
+    for (int l = 0; l < KV_LAYERS; l++) {
+        size_t bytes = kv_row_bytes(kv[0]) * (size_t)n;
+        uint8_t *a = malloc(2 * bytes), *c = malloc(2 * bytes);
+        same &= a && c && !kv_read_span(kv[0], l, 5, n, a, a + bytes, err, sizeof err) &&
+                !kv_read_span(kv[1], l, 5, n, c, c + bytes, err, sizeof err) && !memcmp(a, c, 2 * bytes);
+        free(a); free(c);
+    }
+    CHECK(same, "kv_store: %s cache: special values: host cache bytes differ from the CPU backend's", gguf_type_name(dt));
+    for (int s = 0; s < 2; s++) {
+        if (bes[s]->ops->kv_forget) bes[s]->ops->kv_forget(bes[s], kv[s], -1);
+        kv_free(kv[s]);
+    }
+    free(k); free(v);
+}
+
 /* Every attention case: batches of prompt spans and decode tokens, GQA
  * groups of 1 to 16, head sizes 32 to 256, and long spans (64-row blocks
  * and more: the CUDA tensor-core path, its default for long spans). */
@@ -495,6 +553,8 @@ static void attention_cases(void) {
         case_attention(dts[i], 14, 2, 64, lng, 3, 1);    /* the Qwen2.5-0.5B heads */
     }
     case_attention(GGML_TYPE_F16, 3, 3, 40, mix, 4, 0);  /* a head size that is no multiple of 32 */
+    case_kv_encode(GGML_TYPE_F16);
+    case_kv_encode(GGML_TYPE_BF16);
 }
 
 /* Every weight type at decode and prompt sizes, and Qwen3-30B-A3B's

@@ -16,7 +16,13 @@
  *     alone and 6 at once, with drafts verified; the same prompts alone
  *     on the node without lookup;
  *   - the first request a fresh MLX node evaluates (after its start-up
- *     calibration pass, made on another thread) gets the CPU's tokens.
+ *     calibration pass, made on another thread) gets the CPU's tokens;
+ *   - the KV store (`--kv-cache-ram`, one slot): a prefix stored when its
+ *     request ended, after another prompt took the slot, is loaded, not
+ *     recomputed, and gives the CPU's tokens. The MLX backend stores F16
+ *     rows on its side and writes the host cache only when a reader asks
+ *     (session_rows_read before kvstore_put; the prefix check above covers
+ *     the copy between slots): without that, the store keeps stale rows.
  * Without the MLX object (every other build) it checks that `serve
  * --backend mlx` refuses at start-up with the message naming the MLX build.
  */
@@ -170,6 +176,31 @@ static void check_prefix(int mlx_port, int cpu_port) {
            twin[0].start_pos, twin[1].start_pos);
 }
 
+/* ==== The KV store ==== */
+
+static void check_store(int store_port, int cpu_port) {
+    static req a, other, b;
+    memset(&a, 0, sizeof a);
+    a.port = store_port;
+    a.n_prompt = 140;
+    for (int i = 0; i < 140; i++) a.prompt[i] = 30 + (7 * i) % 460;
+    a.max_tokens = 12;
+    other = a;
+    for (int i = 0; i < 140; i++) other.prompt[i] = 400 - (3 * i) % 380;
+    b = a;
+    b.n_prompt = 150;
+    for (int i = 128; i < 150; i++) b.prompt[i] = 25 + (13 * i) % 470;
+    req ra = ref_of(&a, cpu_port), ro = ref_of(&other, cpu_port), rb = ref_of(&b, cpu_port);
+    req_run(&a);       /* its 140 rows go to the store when it ends */
+    req_run(&other);   /* takes the only slot: a's rows leave it */
+    req_run(&b);       /* a's first 128 positions come from the store */
+    CHECK(same_tokens(&ra, &a) && same_tokens(&ro, &other), "store: the first two requests are not the CPU's tokens");
+    CHECK(b.start_pos >= 128, "store: the stored prefix was not loaded (computed from %d, not >= 128)", b.start_pos);
+    CHECK(same_tokens(&rb, &b), "store: the request on stored rows (from %d) is not the CPU's tokens", b.start_pos);
+    printf("store: a prefix stored from the MLX node's rows, loaded after another prompt took the slot: start_pos %d, "
+           "the CPU's tokens\n", b.start_pos);
+}
+
 /* ==== Speculative verification ==== */
 
 /* Prompts that repeat themselves (a story twice), so prompt lookup drafts. */
@@ -264,10 +295,12 @@ int main(void) {
                     "--listen", "127.0.0.1:0", NULL };
     char *spec[] = { "--role", "local", "--backend", "mlx", "-m", mp, "-t", "1", "-c", "512", "--parallel", "4",
                      "--listen", "127.0.0.1:0", "--lookup", "8", NULL };
-    int cp, mpo, sp;
+    char *store[] = { "--role", "local", "--backend", "mlx", "-m", mp, "-t", "1", "-c", "512", "--parallel", "1",
+                      "--listen", "127.0.0.1:0", "--kv-cache-ram", "16000000", NULL };
+    int cp, mpo, sp, stp;
     pid_t c = start_serve(dir, "cpu", cpu, 1, &cp), m = start_serve(dir, "mlx", mlx, 1, &mpo),
-          s = start_serve(dir, "mlx-lookup", spec, 1, &sp);
-    CHECK(cp > 0 && mpo > 0 && sp > 0, "nodes did not start (logs in %s)", dir);
+          s = start_serve(dir, "mlx-lookup", spec, 1, &sp), st = start_serve(dir, "mlx-store", store, 1, &stp);
+    CHECK(cp > 0 && mpo > 0 && sp > 0 && stp > 0, "nodes did not start (logs in %s)", dir);
     if (cp > 0 && mpo > 0) {
         double t0 = now_ms();
         check_router(dir, mpo, cp);
@@ -277,10 +310,13 @@ int main(void) {
         check_prefix(mpo, cp);
         double t3 = now_ms();
         if (sp > 0) check_lookup(sp, cp, mpo);
-        printf("test_serve_mlx: router %.1f s, batching %.1f s, prefix %.1f s, lookup %.1f s\n", (t1 - t0) / 1e3,
-               (t2 - t1) / 1e3, (t3 - t2) / 1e3, (now_ms() - t3) / 1e3);
+        double t4 = now_ms();
+        if (stp > 0) check_store(stp, cp);
+        printf("test_serve_mlx: router %.1f s, batching %.1f s, prefix %.1f s, lookup %.1f s, store %.1f s\n",
+               (t1 - t0) / 1e3, (t2 - t1) / 1e3, (t3 - t2) / 1e3, (t4 - t3) / 1e3, (now_ms() - t4) / 1e3);
     }
-    CHECK(stop_proc(c, 20000) == 0 && stop_proc(m, 20000) == 0 && stop_proc(s, 20000) == 0, "nodes' exit status");
+    CHECK(stop_proc(c, 20000) == 0 && stop_proc(m, 20000) == 0 && stop_proc(s, 20000) == 0 && stop_proc(st, 20000) == 0,
+          "nodes' exit status");
     printf("test_serve_mlx: logs in %s\n", dir);
     return t_done("test_serve_mlx");
 }

@@ -7,7 +7,8 @@
  * that offsets into them (a sequence's rows, a token's row) mean what they
  * mean everywhere; results stay lazy MLX arrays between ops and reach the
  * host bytes when something reads them there ("Host <-> arrays" below):
- * a decode step evaluates about once per layer (the KV rows), not per op.
+ * a decode step evaluates once, for its logits (a MoE layer also waits for
+ * its router's logits), not per op or per layer.
  *
  * Weights are converted once, at load, into MLX's own layout: affine
  * groups of 32 (w = scale * q + bias, q packed little-endian in uint32
@@ -20,101 +21,40 @@
  * MLX's groups are 32 or more) dequantized to f32, exact, at 4 bytes a
  * value (docs/mlx.md: what a Mac would rather do).
  *
- * KV caches. The host caches (kvcache.c) stay the record the handoff and
- * prefix sharing read, written by kv_store with the CPU's own encoder
- * (kv_store_f32), so their bytes equal the CPU backend's. Each cache gets
- * MLX arrays per layer in the same head-major layout and dtype ([kv_head]
- * [position][head_dim], F16 or BF16; a Q8_0 cache's rows decoded to f32,
- * exactly), filled from the host rows before attention reads them: rows a
- * prefill node sent land in the host cache unchanged and reach the arrays
- * the same way.
+ * KV caches: backend_mlx_kv.cpp (the arrays per cache and layer, their
+ * encoding, when the host cache gets the rows, attention).
  */
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
-#include <mutex>
 #include <new>
-#include <optional>
 #include <stdexcept>
-#include <vector>
 
-#include <mlx/mlx.h>   /* MLX_DIR/include: MLX's C++ API */
+#include "backend/mlx/mlx_internal.h"
 
 extern "C" {
 #include "base/log.h"
-#include "engine/backend.h"
 #include "engine/gguf.h"
-#include "engine/kvcache.h"
 #include "engine/quant.h"
 }
 
-namespace mx = mlx::core;
-
-/* MLX's graph and streams are process-wide: one op at a time (a prefill
- * node evaluates on its connections' threads). */
-static std::mutex g_mlx_mu;
+std::mutex g_mlx_mu;
 
 /* MLX's affine group size used for every quantized weight: Q8_0/Q4_0/Q4_1/
  * Q5_0/Q5_1 blocks are 32 values with one scale, K-quant sub-blocks too. */
 #define MLX_GROUP 32
-/* First capacity of a cache's arrays in positions; doubled as it fills
- * (up to the cache's context), so short sequences hold little. */
-#define MLX_KV_FIRST 256
 
 /* ==== State ==== */
 
-typedef struct mlx_weight {
-    const void *host;          /* the be_weight's data (identity, as CUDA's cu_weight_find) */
-    uint32_t type;
-    int64_t ne0, ne1, ne2;
-    int bits;                  /* 0: a float array w; else affine groups (wq, scales, biases) */
-    mx::array w, wq, scales, biases;
-    mlx_weight() : w(0.0f), wq(0.0f), scales(0.0f), biases(0.0f) {}
-} mlx_weight;
-
-typedef struct mlx_kv {
-    const kvcache *kv;
-    int n_layer, n_ctx, n_head, head_dim, cap;
-    mx::Dtype dt;
-    std::vector<mx::array> k, v;   /* per layer [n_head][cap][head_dim] */
-    std::vector<int> valid;        /* leading positions equal to the host rows */
-    mlx_kv() : dt(mx::float16) {}
-} mlx_kv;
-
-/* A result not yet on the host: floats [p, p + n) of a buffer are a's. */
-typedef struct {
-    float *p;
-    size_t n;
-    mx::array a;
-} mlx_pending;
-
-typedef struct {
-    std::vector<mlx_pending> pending;   /* disjoint ranges */
-    std::vector<std::pair<float *, size_t>> bufs;   /* alloc'd buffers and their floats */
-    std::vector<mlx_weight *> weights;
-    std::vector<mlx_kv *> kvs;
-    std::vector<float> rope_cs;    /* host cos/sin table of the last rope call */
-    long n_eval;                   /* evaluations (TANDEM_MLX_STATS=1 prints them at the end) */
-    /* The one stream every entry point computes on, whichever thread calls
-     * it (see ml_run). */
-    std::optional<mx::Stream> stream;
-    int failed;
-    char err[256];
-} mlx_impl;
-
-static mlx_impl *ml_of(backend *be) { return (mlx_impl *)be->impl; }
-
-static void ml_fail(mlx_impl *c, const char *what, const char *msg) {
+void ml_fail(mlx_impl *c, const char *what, const char *msg) {
     if (!c->failed) snprintf(c->err, sizeof c->err, "%.60s: %.180s", what, msg);
     c->failed = 1;
     log_error(NULL, "MLX backend: %s: %s", what, msg);
 }
 
-/* Every entry point runs its body under the lock, MLX's exceptions caught:
- * 0, or -1 after ml_fail. */
-static int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
+int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
     std::lock_guard<std::mutex> lk(g_mlx_mu);
     try {
         /* MLX's default streams are per thread (0.32): a result left
@@ -136,73 +76,99 @@ static int ml_run(mlx_impl *c, const char *what, std::function<void()> body) {
 /* ==== Host <-> arrays ====
  * Activation buffers are host memory, so that offsets into them mean what
  * they mean on the CPU. An op's result stays a lazy MLX array, recorded as
- * pending for its range, and the next op that reads exactly that range
- * takes the array itself: MLX evaluates a layer's ops as one graph (one
- * Metal command stream on a Mac) instead of one evaluation per op. Anything
- * that reads or writes the host bytes of a pending range (read, write,
- * kv_store's rows, get_rows, a read of another extent) evaluates it first
- * (ml_flush), so the host bytes are always what the ops computed. */
+ * pending for its range, and ops reading any range take the pending arrays
+ * (or slices of them) for its parts and the host bytes for the rest: MLX
+ * evaluates a pass's ops as one graph (one Metal command stream on a Mac)
+ * instead of one evaluation per op. Only a read of the host bytes (read,
+ * the MoE router's logits, kv_store's rows on the host path) evaluates
+ * (ml_flush): the host bytes are then what the ops computed. A write over
+ * part of a pending range keeps the rest of it lazy (ml_trim). */
 
 static int ml_overlaps(const mlx_pending &e, const float *p, size_t n) { return e.p < p + n && p < e.p + e.n; }
 
-typedef struct { const float *p; size_t n; } ml_range;
+/* a's floats [lo, hi) (a flat) */
+static mx::array ml_part(const mx::array &a, size_t lo, size_t hi) {
+    if (lo == 0 && hi == a.size()) return a;
+    return mx::slice(a, { (int)lo }, { (int)hi });
+}
 
-/* Evaluates every pending result overlapping one of the ranges into the
- * host (one evaluation for all) and drops it; drop_covered: results inside
- * a range are dropped unevaluated (the caller overwrites all of it). */
-static void ml_flush_ranges(mlx_impl *c, const std::vector<ml_range> &rs, int drop_covered = 0) {
+void ml_eval(mlx_impl *c, const std::vector<mx::array> &ev) {
+    c->n_eval++;
+    mx::eval(ev);
+}
+
+void ml_flush_ranges(mlx_impl *c, const std::vector<ml_range> &rs) {
     std::vector<mlx_pending> out;
     std::vector<mx::array> ev;
     for (size_t i = 0; i < c->pending.size();) {
         mlx_pending &e = c->pending[i];
-        const ml_range *hit = NULL;
-        for (const ml_range &r : rs)
-            if (ml_overlaps(e, r.p, r.n)) { hit = &r; break; }
+        int hit = 0;
+        for (const ml_range &r : rs) hit |= ml_overlaps(e, r.p, r.n);
         if (!hit) { i++; continue; }
-        const float *p = hit->p;
-        size_t n = hit->n;
-        if (!(drop_covered && e.p >= p && e.p + e.n <= p + n)) {
-            e.a = mx::reshape(mx::astype(e.a, mx::float32), { -1 });
-            out.push_back(e);
-            ev.push_back(e.a);
-        }
+        e.a = mx::contiguous(e.a);
+        out.push_back(e);
+        ev.push_back(e.a);
         c->pending.erase(c->pending.begin() + (long)i);
     }
     if (ev.empty()) return;
-    c->n_eval++;
-    mx::eval(ev);
+    ml_eval(c, ev);
     for (mlx_pending &e : out) {
         if (e.a.size() != e.n) throw std::runtime_error("result size mismatch");
         memcpy(e.p, e.a.data<float>(), e.n * sizeof(float));
     }
 }
 
-static void ml_flush(mlx_impl *c, const float *p, size_t n, int drop_covered = 0) {
-    ml_flush_ranges(c, { { p, n } }, drop_covered);
+static void ml_flush(mlx_impl *c, const float *p, size_t n) { ml_flush_ranges(c, { { p, n } }); }
+
+/* The host bytes [p, p + n) are about to be overwritten: pending results
+ * inside are dropped, the parts of others outside the range stay lazy. */
+static void ml_trim(mlx_impl *c, const float *p, size_t n) {
+    std::vector<mlx_pending> keep;
+    for (size_t i = 0; i < c->pending.size();) {
+        mlx_pending &e = c->pending[i];
+        if (!ml_overlaps(e, p, n)) { i++; continue; }
+        if (e.p < p) keep.push_back({ e.p, (size_t)(p - e.p), ml_part(e.a, 0, (size_t)(p - e.p)) });
+        if (e.p + e.n > p + n) {
+            size_t lo = (size_t)(p + n - e.p);
+            keep.push_back({ e.p + lo, e.n - lo, ml_part(e.a, lo, e.n) });
+        }
+        c->pending.erase(c->pending.begin() + (long)i);
+    }
+    for (mlx_pending &e : keep) c->pending.push_back(e);
 }
 
-/* The floats [p, p + prod(shape)) as an array: a pending result of exactly
- * that range as it is, else the host bytes (after flushing overlaps). */
-static mx::array ml_in(mlx_impl *c, const float *p, mx::Shape shape) {
+mx::array ml_in(mlx_impl *c, const float *p, mx::Shape shape) {
     size_t n = 1;
     for (int d : shape) n *= (size_t)d;
-    for (const mlx_pending &e : c->pending)
+    std::vector<const mlx_pending *> hit;
+    for (const mlx_pending &e : c->pending) {
         if (e.p == p && e.n == n) return mx::reshape(e.a, std::move(shape));
-    ml_flush(c, p, n);
-    return mx::array(p, std::move(shape), mx::float32);
+        if (ml_overlaps(e, p, n)) hit.push_back(&e);
+    }
+    if (hit.empty()) return mx::array(p, std::move(shape), mx::float32);
+    std::sort(hit.begin(), hit.end(), [](const mlx_pending *a, const mlx_pending *b) { return a->p < b->p; });
+    std::vector<mx::array> parts;
+    const float *at = p, *end = p + n;
+    for (const mlx_pending *e : hit) {
+        const float *lo = std::max((const float *)e->p, p), *hi = std::min((const float *)(e->p + e->n), end);
+        if (lo > at) parts.push_back(mx::array(at, { (int)(lo - at) }, mx::float32));
+        parts.push_back(ml_part(e->a, (size_t)(lo - e->p), (size_t)(hi - e->p)));
+        at = hi;
+    }
+    if (at < end) parts.push_back(mx::array(at, { (int)(end - at) }, mx::float32));
+    return mx::reshape(parts.size() == 1 ? parts[0] : mx::concatenate(parts, 0), std::move(shape));
 }
 
-/* dst's n floats become a (lazily). */
-static void ml_out(mlx_impl *c, float *dst, mx::array a, size_t n) {
+void ml_out(mlx_impl *c, float *dst, mx::array a, size_t n) {
     if (a.size() != n) throw std::runtime_error("result size mismatch");
-    ml_flush(c, dst, n, 1);
-    c->pending.push_back({ dst, n, mx::astype(a, mx::float32) });
+    ml_trim(c, dst, n);
+    c->pending.push_back({ dst, n, mx::reshape(mx::astype(a, mx::float32), { -1 }) });
 }
 
-/* Evaluates a now and copies its n floats to dst (host memory of our own). */
-static void ml_now(float *dst, mx::array a, size_t n) {
-    a = mx::reshape(mx::astype(a, mx::float32), { -1 });
-    mx::eval(a);
+/* Evaluates a now (counted) and copies its n floats to dst (host memory of our own). */
+static void ml_now(mlx_impl *c, float *dst, mx::array a, size_t n) {
+    a = mx::contiguous(mx::reshape(mx::astype(a, mx::float32), { -1 }));
+    ml_eval(c, { a });
     if (a.size() != n) throw std::runtime_error("result size mismatch");
     memcpy(dst, a.data<float>(), n * sizeof(float));
 }
@@ -245,7 +211,7 @@ static void ml_read(backend *be, const float *src, float *dst, size_t n) {
 
 static void ml_write(backend *be, float *dst, const float *src, size_t n) {
     mlx_impl *c = ml_of(be);
-    ml_run(c, "write", [&] { ml_flush(c, dst, n, 1); });
+    ml_run(c, "write", [&] { ml_trim(c, dst, n); ml_kv_settle(c); });
     memmove(dst, src, n * sizeof(float));
 }
 
@@ -419,7 +385,7 @@ static int ml_get_rows(backend *be, const be_weight *w, const int32_t *ids, int 
         if (ids[i] < 0 || ids[i] >= w->ne[1]) return -1;
     /* the embedding rows straight from the host tensor, as the CPU does:
      * a few rows per pass, exact for every type */
-    if (ml_run(c, "get_rows", [&] { ml_flush(c, out, (size_t)n * w->ne[0], 1); })) return -1;
+    if (ml_run(c, "get_rows", [&] { ml_trim(c, out, (size_t)n * w->ne[0]); ml_kv_settle(c); })) return -1;
     for (int i = 0; i < n; i++)
         quant_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes, out + (size_t)i * w->ne[0],
                              w->ne[0]);
@@ -515,159 +481,14 @@ static void ml_rope(backend *be, float *x, int n_tok, int n_head, int head_dim, 
     });
 }
 
-/* ==== KV caches ==== */
-
-static mlx_kv *ml_kv_find(mlx_impl *c, const kvcache *kv) {
-    for (mlx_kv *m : c->kvs)
-        if (m->kv == kv) return m;
-    return NULL;
-}
-
-/* The arrays of kv, made at its first use (caller holds the lock). */
-static mlx_kv *ml_kv_get(mlx_impl *c, const kvcache *kv) {
-    mlx_kv *m = ml_kv_find(c, kv);
-    if (m) return m;
-    m = new mlx_kv();
-    m->kv = kv; m->n_layer = kv_n_layer(kv); m->n_ctx = kv_n_ctx(kv); m->n_head = kv_n_head(kv);
-    m->head_dim = kv_head_dim(kv);
-    m->dt = kv_dtype(kv) == GGML_TYPE_F16 ? mx::float16 : kv_dtype(kv) == GGML_TYPE_BF16 ? mx::bfloat16 : mx::float32;
-    m->cap = 0;
-    m->valid.assign((size_t)m->n_layer, 0);
-    c->kvs.push_back(m);
-    return m;
-}
-
-/* Room for n positions in every layer's arrays (grown by doubling). */
-static void ml_kv_room(mlx_kv *m, int n) {
-    if (n <= m->cap) return;
-    int cap = m->cap ? m->cap : MLX_KV_FIRST;
-    while (cap < n) cap *= 2;
-    if (cap > m->n_ctx) cap = m->n_ctx;
-    for (int l = 0; l < m->n_layer; l++) {
-        mx::array z = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
-        if (m->cap && m->valid[(size_t)l]) {
-            mx::Shape lo = { 0, 0, 0 }, hi = { m->n_head, m->valid[(size_t)l], m->head_dim };
-            z = mx::slice_update(z, mx::slice(m->k[(size_t)l], lo, hi), lo, hi);
-            mx::array zv = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
-            zv = mx::slice_update(zv, mx::slice(m->v[(size_t)l], lo, hi), lo, hi);
-            m->k[(size_t)l] = z;
-            m->v[(size_t)l] = zv;
-        } else if ((size_t)l < m->k.size()) {
-            m->k[(size_t)l] = z;
-            m->v[(size_t)l] = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
-        } else {
-            m->k.push_back(z);
-            m->v.push_back(mx::zeros({ m->n_head, cap, m->head_dim }, m->dt));
-        }
-    }
-    m->cap = cap;
-}
-
-/* One half (K or V) of layer's host rows [from, to) as an array [n_head][to - from][head_dim]. */
-static mx::array ml_kv_host_rows(const mlx_kv *m, int layer, int from, int to, int is_v) {
-    const kvcache *kv = m->kv;
-    const int n = to - from, hd = m->head_dim;
-    const size_t hb = kv_head_bytes(kv);
-    mx::Shape sh = { m->n_head, n, hd };
-    if (kv_dtype(kv) == GGML_TYPE_Q8_0) {   /* decoded to f32: d * q, exact */
-        std::vector<float> f((size_t)m->n_head * n * hd);
-        for (int h = 0; h < m->n_head; h++) {
-            const uint8_t *src = (is_v ? kv_v_head(kv, layer, h) : kv_k_head(kv, layer, h)) + (size_t)from * hb;
-            for (int p = 0; p < n; p++) quant_dequantize_row(GGML_TYPE_Q8_0, src + (size_t)p * hb, &f[((size_t)h * n + p) * hd], hd);
-        }
-        return mx::array(f.data(), sh, mx::float32);
-    }
-    std::vector<uint16_t> u((size_t)m->n_head * n * hd);
-    for (int h = 0; h < m->n_head; h++) {
-        const uint8_t *src = (is_v ? kv_v_head(kv, layer, h) : kv_k_head(kv, layer, h)) + (size_t)from * hb;
-        memcpy(&u[(size_t)h * n * hd], src, (size_t)n * hb);
-    }
-    return mx::view(mx::array(u.data(), sh, mx::uint16), m->dt);
-}
-
-/* Makes the arrays' rows [0, pos) of layer equal the host's. */
-static void ml_kv_catch_up(mlx_kv *m, int layer, int pos) {
-    int from = m->valid[(size_t)layer];
-    if (from >= pos) return;
-    ml_kv_room(m, pos);
-    mx::Shape lo = { 0, from, 0 }, hi = { m->n_head, pos, m->head_dim };
-    m->k[(size_t)layer] = mx::slice_update(m->k[(size_t)layer], ml_kv_host_rows(m, layer, from, pos, 0), lo, hi);
-    m->v[(size_t)layer] = mx::slice_update(m->v[(size_t)layer], ml_kv_host_rows(m, layer, from, pos, 1), lo, hi);
-    m->valid[(size_t)layer] = pos;   /* evaluated with the attention that reads them */
-}
-
-/* The new rows go into the host cache through the CPU's encoder (so its
- * bytes are the CPU backend's), then into the arrays at attention. */
-static void ml_kv_store(backend *be, const be_batch *b, int layer, const float *k, const float *v) {
-    mlx_impl *c = ml_of(be);
-    ml_run(c, "kv_store", [&] {
-        std::vector<ml_range> rows;   /* the rows read on the host below: one evaluation for all */
-        for (int s = 0; s < b->n_seq; s++) {
-            size_t off = (size_t)b->seq[s].t0 * kv_dim(b->seq[s].kv), n = (size_t)b->seq[s].n * kv_dim(b->seq[s].kv);
-            rows.push_back({ k + off, n });
-            rows.push_back({ v + off, n });
-        }
-        ml_flush_ranges(c, rows);
-        for (int s = 0; s < b->n_seq; s++) {
-            const be_seq *sq = &b->seq[s];
-            size_t off = (size_t)sq->t0 * kv_dim(sq->kv);
-            kv_store_f32(sq->kv, layer, sq->pos0, sq->n, k + off, v + off);
-            mlx_kv *m = ml_kv_get(c, sq->kv);
-            if (m->valid[(size_t)layer] > sq->pos0) m->valid[(size_t)layer] = sq->pos0;
-        }
-    });
-}
-
-static void ml_kv_forget(backend *be, const kvcache *kv, int pos) {
-    mlx_impl *c = ml_of(be);
-    std::lock_guard<std::mutex> lk(g_mlx_mu);
-    for (size_t i = 0; i < c->kvs.size(); i++) {
-        mlx_kv *m = c->kvs[i];
-        if (m->kv != kv) continue;
-        if (pos < 0) {
-            delete m;
-            c->kvs.erase(c->kvs.begin() + (long)i);
-        } else {
-            for (int &v : m->valid) if (v > pos) v = pos;
-        }
-        return;
-    }
-}
-
-/* ==== Attention ==== */
-
-static int ml_attention(backend *be, const float *q, const be_batch *b, int layer, int n_head, int n_head_kv,
-                        int head_dim, float scale, float *out) {
-    mlx_impl *c = ml_of(be);
-    if (n_head_kv < 1 || n_head % n_head_kv || b->n_seq < 1 || head_dim < 1) return -1;
-    int rc = 0;
-    if (ml_run(c, "attention", [&] {
-        for (int s = 0; s < b->n_seq; s++) {
-            const be_seq *sq = &b->seq[s];
-            const int n = sq->n, L = sq->pos0 + n;
-            if (n < 1) continue;
-            if (kv_n_head(sq->kv) != n_head_kv || kv_head_dim(sq->kv) != head_dim || L > kv_n_ctx(sq->kv)) { rc = -1; break; }
-            mlx_kv *m = ml_kv_get(c, sq->kv);
-            ml_kv_catch_up(m, layer, L);
-            mx::Shape lo = { 0, 0, 0 }, hi = { n_head_kv, L, head_dim };
-            mx::array K = mx::expand_dims(mx::astype(mx::slice(m->k[(size_t)layer], lo, hi), mx::float32), 0);
-            mx::array V = mx::expand_dims(mx::astype(mx::slice(m->v[(size_t)layer], lo, hi), mx::float32), 0);
-            mx::array Q = mx::expand_dims(mx::transpose(ml_in(c, q + (size_t)sq->t0 * n_head * head_dim, { n, n_head, head_dim }),
-                                                        { 1, 0, 2 }), 0);
-            /* causal: query row i (position pos0 + i) sees keys 0..pos0 + i */
-            mx::array qi = mx::reshape(mx::arange(sq->pos0, L), { n, 1 });
-            mx::array kj = mx::reshape(mx::arange(0, L), { 1, L });
-            mx::array mask = mx::less_equal(kj, qi);
-            mx::array O = mx::fast::scaled_dot_product_attention(Q, K, V, scale, "", mask);
-            ml_out(c, out + (size_t)sq->t0 * n_head * head_dim, mx::transpose(mx::squeeze(O, 0), { 1, 0, 2 }),
-                   (size_t)n * n_head * head_dim);
-        }
-    })) rc = -1;
-    return rc;
-}
-
 /* ==== Mixture of experts ==== */
 
+/* The router's logits are read on the host (the experts are chosen there
+ * with the shared moe_select_experts): one evaluation per MoE layer. The
+ * experts' products and their weighted sum stay lazy: each token's sum
+ * starts at 0 and adds weight * product in ascending expert order, a
+ * multiply then an add (no fused multiply-add), as the host loop it
+ * replaces did (bit for bit). */
 static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, float *y) {
     mlx_impl *c = ml_of(be);
     const int ne = mo->n_expert, k = mo->n_expert_used, dim = (int)mo->gate_inp->ne[0];
@@ -677,18 +498,30 @@ static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, 
         mlx_weight *gi = ml_weight_of(c, mo->gate_inp), *wg = ml_weight_of(c, mo->gate_exps);
         mlx_weight *wu = ml_weight_of(c, mo->up_exps), *wd = ml_weight_of(c, mo->down_exps);
         mx::array X = ml_in(c, x, { n_tok, dim });
-        /* the router on the host, shared with every backend */
         std::vector<float> logits((size_t)n_tok * ne), selw((size_t)n_tok * k);
         std::vector<int32_t> sel((size_t)n_tok * k);
-        ml_now(logits.data(), ml_matmul(gi, 0, X), logits.size());
-        for (int t = 0; t < n_tok; t++)
+        ml_now(c, logits.data(), ml_matmul(gi, 0, X), logits.size());
+        for (int t = 0; t < n_tok; t++) {
             moe_select_experts(&logits[(size_t)t * ne], ne, k, mo->norm_topk, &sel[(size_t)t * k], &selw[(size_t)t * k]);
-        /* each used expert's rows, then its products; every token's sum in expert order, as on the CPU */
+            /* ascending expert order within the token: the summation order */
+            for (int a = 1; a < k; a++)
+                for (int b = a; b > 0 && sel[(size_t)t * k + b - 1] > sel[(size_t)t * k + b]; b--) {
+                    std::swap(sel[(size_t)t * k + b - 1], sel[(size_t)t * k + b]);
+                    std::swap(selw[(size_t)t * k + b - 1], selw[(size_t)t * k + b]);
+                }
+        }
+        /* each used expert's rows; where (t, j)'s product lands among them */
         std::vector<std::vector<int32_t>> rows((size_t)ne);
+        std::vector<int32_t> at((size_t)n_tok * k);
         for (int t = 0; t < n_tok; t++)
-            for (int j = 0; j < k; j++) rows[(size_t)sel[(size_t)t * k + j]].push_back(t);
+            for (int j = 0; j < k; j++) {
+                std::vector<int32_t> &r = rows[(size_t)sel[(size_t)t * k + j]];
+                at[(size_t)t * k + j] = (int32_t)r.size();
+                r.push_back(t);
+            }
         std::vector<mx::array> res;
-        std::vector<int> used;
+        std::vector<int32_t> base((size_t)ne, 0);
+        int32_t total = 0;
         for (int e = 0; e < ne; e++) {
             if (rows[(size_t)e].empty()) continue;
             int ni = (int)rows[(size_t)e].size();
@@ -697,26 +530,22 @@ static int ml_moe_ffn(backend *be, const be_moe *mo, const float *x, int n_tok, 
             mx::array G = ml_matmul(wg, e, Xe, 1), U = ml_matmul(wu, e, Xe, 1);
             mx::array H = mx::multiply(mx::multiply(G, mx::sigmoid(G)), U);
             res.push_back(mx::astype(ml_matmul(wd, e, H, 1), mx::float32));
-            used.push_back(e);
+            base[(size_t)e] = total;
+            total += ni;
         }
-        mx::eval(res);
-        c->n_eval += 2;   /* the router's logits (ml_now) and the experts */
-        ml_flush(c, y, (size_t)n_tok * dim, 1);   /* summed on the host below */
-        memset(y, 0, sizeof(float) * (size_t)n_tok * dim);
-        for (size_t u = 0; u < used.size(); u++) {
-            int e = used[u];
-            mx::array R = mx::reshape(res[u], { -1 });
-            mx::eval(R);
-            const float *r = R.data<float>();
-            for (size_t i = 0; i < rows[(size_t)e].size(); i++) {
-                int t = rows[(size_t)e][i];
-                float wt = 0.0f;
-                for (int j = 0; j < k; j++) if (sel[(size_t)t * k + j] == e) wt = selw[(size_t)t * k + j];
-                float *yt = y + (size_t)t * dim;
-                const float *rt = r + i * (size_t)dim;
-                for (int d = 0; d < dim; d++) yt[d] += wt * rt[d];
+        mx::array R = res.size() == 1 ? res[0] : mx::concatenate(res, 0);   /* [total][dim] */
+        mx::array Y = mx::zeros({ n_tok, dim }, mx::float32);
+        std::vector<int32_t> gi_j((size_t)n_tok);
+        std::vector<float> w_j((size_t)n_tok);
+        for (int j = 0; j < k; j++) {
+            for (int t = 0; t < n_tok; t++) {
+                gi_j[(size_t)t] = base[(size_t)sel[(size_t)t * k + j]] + at[(size_t)t * k + j];
+                w_j[(size_t)t] = selw[(size_t)t * k + j];
             }
+            mx::array Rj = mx::take(R, mx::array(gi_j.data(), { n_tok }, mx::int32), 0);
+            Y = mx::add(Y, mx::multiply(mx::array(w_j.data(), { n_tok, 1 }, mx::float32), Rj));
         }
+        ml_out(c, y, Y, (size_t)n_tok * dim);
     })) rc = -1;
     return rc;
 }
@@ -729,9 +558,12 @@ static void ml_destroy(backend *be) {
     if (c) {
         std::lock_guard<std::mutex> lk(g_mlx_mu);
         const char *st = getenv("TANDEM_MLX_STATS");
-        if (st && atoi(st) > 0) fprintf(stderr, "MLX backend: %ld evaluations\n", c->n_eval);
+        if (st && atoi(st) > 0)
+            fprintf(stderr, "MLX backend: %ld evaluations (%ld of them K/V rows to the host cache; rows encoded here: f16 %s, bf16 %s)\n",
+                    c->n_eval, c->n_sync, c->enc_ok[0] < 0 ? "unused" : c->enc_ok[0] ? "yes" : "no",
+                    c->enc_ok[1] < 0 ? "unused" : c->enc_ok[1] ? "yes" : "no");
         for (mlx_weight *w : c->weights) delete w;
-        for (mlx_kv *m : c->kvs) delete m;
+        ml_kv_free_all(c);
         delete c;
     }
     free(be);
@@ -760,6 +592,8 @@ static const backend_ops ml_ops = {
     /* .mul_mat_n = */ NULL,
     /* .warm_next = */ NULL,
     /* .pass_rows = */ 0,
+    /* .load_done = */ NULL,
+    /* .kv_to_host = */ ml_kv_to_host,
 };
 
 /* ==== Creation ==== */
@@ -771,6 +605,7 @@ extern "C" backend *backend_mlx_create(int n_threads, char *err, size_t errlen) 
     if (!be || !c) { free(be); delete c; snprintf(err, errlen, "out of memory"); return NULL; }
     be->ops = &ml_ops;
     be->impl = c;
+    c->enc_ok[0] = c->enc_ok[1] = -1;
     /* TANDEM_MLX_DEVICE=cpu|gpu picks MLX's device (default: MLX's own,
      * the GPU on a Mac, the CPU on Linux builds without CUDA) */
     const char *dev = getenv("TANDEM_MLX_DEVICE");
