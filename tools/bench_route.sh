@@ -4,13 +4,15 @@
 # (issue 47; docs/bench.md "Routing by cache"). Per run: the prompt positions
 # the cluster computed (the prefill nodes' tandem_prefill_tokens_computed_total
 # plus the decode nodes' computed_local, as their final lines report them in
-# the router's log), the whole prompt positions, and grade's submissions/hour.
+# the router's log), the whole prompt positions, grade's submissions/hour and
+# the worst time to first token (the router's "done" lines).
 #
 #   tools/bench_route.sh [MODEL.gguf] [ROUNDS] [N]
 # Defaults: build/models/qwen3-mini-F16.gguf, 2 rounds (off, on, off, on), a
 # class of 16. Env: SPLIT (auto), PARALLEL (decode slots, 4), GRADE_PAR (4),
 # TOKENS (max_tokens of analysis and feedback, 32: the prompts are the point),
-# MODES ("off on": the order within a round; "on" alone to study the picks).
+# MODES ("off on": the order within a round; "on" alone to study the picks),
+# TANDEM_BIN (build/tandem), BENCH_DIR (build/bench_route).
 # Each line ends with the 1-minute load average; the router logs at debug
 # level, so $dir/MODE.ROUND/rt.log has each pick's terms ("pick:" lines).
 set -u
@@ -22,7 +24,7 @@ par=${PARALLEL:-4}
 gpar=${GRADE_PAR:-4}
 tokens=${TOKENS:-32}
 bin=${TANDEM_BIN:-build/tandem}
-dir=build/bench_route
+dir=${BENCH_DIR:-build/bench_route}
 mkdir -p "$dir"
 unset TANDEM_SECRET TANDEM_API_KEY TANDEM_LOG_LEVEL
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$dir/secret"
@@ -77,10 +79,11 @@ run_one() {   # mode (on|off) -> one result line
     dl=$(grep -o ' computed_local=[0-9]*' "$d/rt.log" | awk -F= '{s+=$2} END {printf "%d", s}')
     prompt=$(grep ' done status=200' "$d/rt.log" | grep -o ' prompt=[0-9]*' | awk -F= '{s+=$2} END {printf "%d", s}')
     done=$(grep -c ' done status=200' "$d/rt.log")
+    local ttft; ttft=$(grep ' done status=200' "$d/rt.log" | grep -o ' ttft_ms=[0-9.]*' | awk -F= '$2 > m {m = $2} END {printf "%.1f", m / 1e3}')
     local sph; sph=$(printf '%s\n' "$out" | sed -n 's/.*wall time \([0-9.]*\) s, \([0-9.]*\) submissions\/hour.*/\1 \2/p')
     local load; load=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo '?')
-    printf '%-4s requests %3d  prompt positions %8d  computed %8d (prefill nodes %8d, decode nodes %7d)  wall s / subm per hour: %s  load %s\n' \
-        "$mode" "$done" "$prompt" "$((pf + dl))" "$pf" "$dl" "${sph:-?}" "$load"
+    printf '%-4s requests %3d  prompt positions %8d  computed %8d (prefill nodes %8d, decode nodes %7d)  wall s / subm per hour: %s  worst TTFT %s s  load %s\n' \
+        "$mode" "$done" "$prompt" "$((pf + dl))" "$pf" "$dl" "${sph:-?}" "$ttft" "$load"
 }
 
 modes=${MODES:-off on}

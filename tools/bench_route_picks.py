@@ -23,7 +23,8 @@ import sys
 PRE = dict(zip("AF", map(int, os.environ.get("PREFIXES", "1562,2116").split(","))))
 DELTA = int(os.environ.get("DELTA", "553"))
 PICK = re.compile(r"req=(\w+) pick: decode (\S+) wait ([\d.]+) ms \(ahead (\d+), (\d+) slots, hold (\d+) ms\) "
-                  r"\+ plan ([\d.]+) ms \(held (\d+) of (\d+), (\w+)( via prefill)?\) = ([\d.]+)")
+                  r"\+ plan ([\d.]+) ms \(held (\d+) of (\d+), (\w+)( via prefill)?(?:, work ahead ([\d.]+) ms)?\) "
+                  r"= ([\d.]+)")
 ROUTE = re.compile(r"req=(\w+) model \S+ -> decode .*?(held (\d+) on decode / (\d+) on prefill)?( via prefill|$)")
 
 
@@ -75,9 +76,9 @@ def run(d):
         out.append("  %s %s prompt %d -> %s %s %s: computed %d (%s)" % (r, kind, n, node, k["plan"], k.get("prefill", ""),
                                                                        computed, why))
         for m in picks[r]:
-            out.append("      %s wait %s ms (ahead %s, %s slots, hold %s ms) + plan %s ms (held %s, %s%s) = %s ms"
-                       % (m.group(2), m.group(3), m.group(4), m.group(5), m.group(6), m.group(7), m.group(8),
-                          m.group(10), m.group(11) or "", m.group(12)))
+            out.append("      %s wait %s ms (ahead %s, %s slots, hold %s ms) + plan %s ms (held %s, %s%s, work ahead %s ms)"
+                       " = %s ms" % (m.group(2), m.group(3), m.group(4), m.group(5), m.group(6), m.group(7), m.group(8),
+                                     m.group(10), m.group(11) or "", m.group(12) or "-", m.group(13)))
     print("== %s: %d positions computed, %d prefix recomputes" % (d, total, sum(1 for x in out if not x.startswith("    "))))
     print("\n".join(out))
 
