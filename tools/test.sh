@@ -314,7 +314,7 @@ fi
 # test_backend_ops (MLX vs CPU), test_golden on MLX, the handoff with an
 # MLX decode side and test_serve_mlx (serving nodes on MLX). MLX_QUICK=1 (the default here) holds test_golden and the
 # handoff to the stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
-# reference BLAS, so the other golden files take most of an hour; the full
+# reference BLAS: the full test_golden there took 488 s (load 2), more than the suite's whole part; the full
 # run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):
 # the named skip "mlx".
 echo "== MLX backend (tools/mlx_check.sh)"
