@@ -83,7 +83,7 @@ static int cp_parse(int argc, char **argv, cp_opts *o) {
     memset(o, 0, sizeof *o);
     o->tokens = 4096;   /* the speed table's middle length */
     static const char *const formats[] = { "text", "bounds", NULL };
-    for (int i = 0; i < argc; i++) {
+    for (int i = 0; i < argc; i += 2) {   /* every option takes a value */
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) bad = cliopt_str(CP, a, v, &o->model);
@@ -95,7 +95,6 @@ static int cp_parse(int argc, char **argv, cp_opts *o) {
         else if (!strcmp(a, "--format")) bad = cliopt_choice(CP, a, v, formats, &o->bounds_only);
         else { fprintf(stderr, CP ": unknown option %s\n", a); cp_usage(stderr); return -1; }
         if (bad) return -1;
-        i++;
     }
     if (!o->model || !o->nodes) { fprintf(stderr, CP ": give -m MODEL and --nodes N\n"); return -1; }
     if (o->n_rates && o->n_rates != o->nodes) {
