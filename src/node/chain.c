@@ -118,7 +118,7 @@ typedef struct {
 } chain_node;
 
 typedef struct {
-    chain_node nd[CHAIN_MAX_NODES];
+    chain_node nd[CHAIN_SPEC_MAX];
     int n;
     int start, end, n_layer, n_embd;
     uint32_t act_dtype, wire_dtype;
@@ -301,12 +301,12 @@ static int chain_frame(chain_run *x, int i, kvcache *cache, char *err, size_t er
 /* Waits for frames from every node not done until all are, the deadline
  * passes, or one fails; a node silent for its per-frame timeout fails. */
 static int chain_loop(chain_run *x, kvcache *cache, double deadline, int timeout_ms, char *err, size_t errlen) {
-    double last[CHAIN_MAX_NODES];
+    double last[CHAIN_SPEC_MAX];
     double now = gen_now_ms();
     for (int i = 0; i < x->n; i++) last[i] = now;
     for (int left = x->n; left > 0;) {
-        struct pollfd pf[CHAIN_MAX_NODES];
-        int who[CHAIN_MAX_NODES], np = 0;
+        struct pollfd pf[CHAIN_SPEC_MAX];
+        int who[CHAIN_SPEC_MAX], np = 0;
         for (int i = 0; i < x->n; i++)
             if (!x->nd[i].done) { pf[np] = (struct pollfd){ .fd = handoff_conn(x->nd[i].c)->fd, .events = POLLIN }; who[np++] = i; }
         if (handoff_poll_abandoned(x->nd[0].c)) { snprintf(err, errlen, "chain prefill cancelled: the request was abandoned"); x->fail_code = 0; return -1; }
@@ -442,7 +442,7 @@ out:
 typedef struct {
     char spec[256];
     chain_spec sp;
-    handoff_client *c[CHAIN_MAX_NODES];
+    handoff_client *c[CHAIN_SPEC_MAX];
     int in_use;
     uint64_t last_used;
 } chain_set;
@@ -460,7 +460,7 @@ chain_pool *chain_pool_new(void) {
 }
 
 static void chain_set_close(chain_set *cs) {
-    for (int i = 0; i < CHAIN_MAX_NODES; i++) { handoff_close(cs->c[i]); cs->c[i] = NULL; }
+    for (int i = 0; i < CHAIN_SPEC_MAX; i++) { handoff_close(cs->c[i]); cs->c[i] = NULL; }
 }
 
 void chain_pool_free(chain_pool *p) {

@@ -27,9 +27,6 @@
 #include "net/wire_act.h"
 #include "node/handoff.h"
 
-/* Most nodes in one chain (net/chain_spec.h). */
-#define CHAIN_MAX_NODES CHAIN_SPEC_MAX
-
 /* REQUEST flags bits 1-2 (only with WIRE_CAP_SLICE in both HELLOs): the
  * dtype of the ACT frames the request's slices send: 0 F32, 1 F16, 2 BF16. */
 #define CHAIN_REQ_ACT_SHIFT 1

@@ -9,15 +9,13 @@
 
 #include "net/chain_spec.h"
 
-#define RT_CHAIN_MAX CHAIN_SPEC_MAX
-
-/* 1 when addr is a chain spec (it has a '/'). The spec is parsed and
- * checked by chain_spec_parse (net/chain_spec.h: 1..RT_CHAIN_MAX members
+/* A chain spec (chain_spec_is: it has a '/') is parsed and checked by
+ * chain_spec_parse (net/chain_spec.h: 1..CHAIN_SPEC_MAX members
  * HOST:PORT/A:B, bounds L or L.5, the first at 0, each starting where the
  * previous ended), the parser the decode node uses; the model's layer
- * count is the decode node's to check. */
-static inline int rt_chain_is_spec(const char *addr) { return chain_spec_is(addr); }
-/* Health: each member answers with a prefill HELLO naming the spec's
+ * count is the decode node's to check.
+ *
+ * Health: each member answers with a prefill HELLO naming the spec's
  * layers ("; layers A:B"). 0 with desc ("chain of N: id [A:B], ...;
  * model"), or -1 with err naming the member. */
 int rt_chain_probe(const char *spec, int timeout_ms, char *desc, size_t desclen, char *err, size_t errlen);

@@ -69,7 +69,7 @@ int router_config_add_node(router_config *c, const char *role, const char *model
         rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\"", addr ? addr : "");
         return -1;
     }
-    if (r == ROUTER_NODE_PREFILL && rt_chain_is_spec(addr)) {   /* HOST:PORT/A:B,... (router_chain.h) */
+    if (r == ROUTER_NODE_PREFILL && chain_spec_is(addr)) {   /* HOST:PORT/A:B,... (net/chain_spec.h) */
         chain_spec sp;
         if (chain_spec_parse(addr, &sp, err, errlen)) return -1;
         char why[200];
@@ -78,7 +78,7 @@ int router_config_add_node(router_config *c, const char *role, const char *model
                 rt_errf(err, errlen, "chain member %.128s: %s", sp.addr[i], why);
                 return -1;
             }
-    } else if (rt_chain_is_spec(addr)) {
+    } else if (chain_spec_is(addr)) {
         rt_errf(err, errlen, "node address must be HOST:PORT, got \"%s\" (only a prefill entry may be a chain)", addr);
         return -1;
     } else {

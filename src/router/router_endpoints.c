@@ -32,7 +32,7 @@ static void rt_model_add_chains_locked(router *r, json_t *model) {
     json_t *arr = NULL;
     for (int i = 0; id && i < r->n_nodes; i++) {
         const rt_node *n = &r->nodes[i];
-        if (n->cfg.role != ROUTER_NODE_PREFILL || !rt_chain_is_spec(n->cfg.addr) || strcmp(n->cfg.model, id)) continue;
+        if (n->cfg.role != ROUTER_NODE_PREFILL || !chain_spec_is(n->cfg.addr) || strcmp(n->cfg.model, id)) continue;
         if (!arr) arr = json_array();
         json_array_append_new(arr, json_pack("{s:s, s:b, s:s}", "chain", n->cfg.addr, "up", n->up, "desc", n->desc));
     }

@@ -320,7 +320,7 @@ static void rt_probe_decode(const char *addr, const node_auth_key *key, int time
 static void rt_probe_prefill(const char *addr, int timeout_ms, rt_probe *p) {
     char *err = p->err;
     size_t errlen = sizeof p->err;
-    if (rt_chain_is_spec(addr)) {   /* a layer-split chain: every member, its slice (router_chain.h) */
+    if (chain_spec_is(addr)) {   /* a layer-split chain: every member, its slice (router_chain.h) */
         p->ok = rt_chain_probe(addr, timeout_ms, p->desc, sizeof p->desc, err, errlen) == 0;
         p->prefill_tps = -1;   /* slices report no rate: the configured default stands in */
         return;
