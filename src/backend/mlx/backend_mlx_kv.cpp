@@ -119,27 +119,29 @@ static mlx_kv *ml_kv_get(mlx_impl *c, kvcache *kv) {
     return m;
 }
 
+/* A [n_head][cap][head_dim] array of zeros holding old's first keep
+ * positions (none when keep is 0: old may then be NULL). */
+static mx::array ml_kv_grown(const mlx_kv *m, const mx::array *old, int keep, int cap) {
+    mx::array z = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
+    if (!keep) return z;
+    mx::Shape lo = { 0, 0, 0 }, hi = { m->n_head, keep, m->head_dim };
+    return mx::slice_update(z, mx::slice(*old, lo, hi), lo, hi);
+}
+
 /* Room for n positions in every layer's arrays (grown by doubling). */
 static void ml_kv_room(mlx_kv *m, int n) {
     if (n <= m->cap) return;
     int cap = m->cap ? m->cap : MLX_KV_FIRST;
     while (cap < n) cap *= 2;
     if (cap > m->n_ctx) cap = m->n_ctx;
-    for (int l = 0; l < m->n_layer; l++) {
-        mx::array z = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
-        if (m->cap && m->valid[(size_t)l]) {
-            mx::Shape lo = { 0, 0, 0 }, hi = { m->n_head, m->valid[(size_t)l], m->head_dim };
-            z = mx::slice_update(z, mx::slice(m->k[(size_t)l], lo, hi), lo, hi);
-            mx::array zv = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
-            zv = mx::slice_update(zv, mx::slice(m->v[(size_t)l], lo, hi), lo, hi);
-            m->k[(size_t)l] = z;
-            m->v[(size_t)l] = zv;
-        } else if ((size_t)l < m->k.size()) {
-            m->k[(size_t)l] = z;
-            m->v[(size_t)l] = mx::zeros({ m->n_head, cap, m->head_dim }, m->dt);
+    for (size_t l = 0; l < (size_t)m->n_layer; l++) {
+        int keep = m->cap ? m->valid[l] : 0;   /* arrays made before the first room hold nothing */
+        if (l < m->k.size()) {
+            m->k[l] = ml_kv_grown(m, &m->k[l], keep, cap);
+            m->v[l] = ml_kv_grown(m, &m->v[l], keep, cap);
         } else {
-            m->k.push_back(z);
-            m->v.push_back(mx::zeros({ m->n_head, cap, m->head_dim }, m->dt));
+            m->k.push_back(ml_kv_grown(m, NULL, 0, cap));
+            m->v.push_back(ml_kv_grown(m, NULL, 0, cap));
         }
     }
     m->cap = cap;
