@@ -5,11 +5,13 @@
  * "name: N passed, M failed" (plus ", K skipped" when checks were skipped)
  * and returns non-zero if anything failed. tests/run.sh sums the lines into
  * the final "N passed, M failed, K skipped".
+ * t_rnd_* draw seeded test data (a state per caller).
  */
 #ifndef TANDEM_T_H
 #define TANDEM_T_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,6 +196,42 @@ static inline const char *t_smollm2(char *buf, size_t cap) {
     if (!access(buf, R_OK)) return buf;
     t_skip_what("smollm2", "%s not found (tools/models.sh fetches it)", buf);
     return NULL;
+}
+
+/* ==== Random test data ====
+ *
+ * Seeded generators, the state the caller's (no global): a fixed seed gives
+ * the same values on every machine and every run, so a tolerance measured on
+ * a test's data stays measured. xorshift64 (Marsaglia 2003, shifts 13, 7, 17);
+ * the seed must not be 0 (0 stays 0). */
+static inline uint64_t t_rnd_u64(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *state = x;
+}
+
+/* 32 of its bits (16..47). */
+static inline uint32_t t_rnd_u32(uint64_t *state) { return (uint32_t)(t_rnd_u64(state) >> 16); }
+
+/* Uniform in [0, 1) from its top 53 bits. */
+static inline double t_rnd_unit(uint64_t *state) { return (double)(t_rnd_u64(state) >> 11) * 0x1p-53; }
+
+/* Uniform between lo and hi from its top 24 bits (a float's precision). */
+static inline float t_rnd_float(uint64_t *state, float lo, float hi) {
+    return lo + (hi - lo) * (float)((t_rnd_u64(state) >> 40) / 16777216.0);
+}
+
+/* xorshift32 (shifts 13, 17, 5), the generator test_quant's error bounds and
+ * test_backend_ops' KV bit patterns were written against: kept so that their
+ * data stay the same. */
+static inline uint32_t t_rnd32(uint32_t *state) {
+    uint32_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    return *state = x;
 }
 
 /* The summary line. A binary that made no check and counted no skip has

@@ -107,6 +107,112 @@ int cliopt_wants_help(int argc, char **argv) {
     return 0;
 }
 
+/* ==== Lists ==== */
+
+/* What a list's items are, and their bounds. */
+typedef struct {
+    const char *cmd, *opt;
+    enum { CLIOPT_WHOLE, CLIOPT_REAL, CLIOPT_NAME } kind;
+    double lo, hi;              /* WHOLE, REAL */
+    const char *const *names;   /* NAME */
+} cliopt_list_spec;
+
+/* An item longer than this is no number in any range an option takes. */
+#define CLIOPT_LIST_ITEM 64
+
+/* One NUL-terminated item: 0 with *x, 1 when it is not of the kind, 2 when
+ * it is a number out of range. */
+static int cliopt_list_item(const cliopt_list_spec *s, const char *one, double *x) {
+    char *end;
+    errno = 0;
+    if (s->kind == CLIOPT_NAME) {
+        for (int i = 0; s->names[i]; i++)
+            if (!strcmp(one, s->names[i])) { *x = i; return 0; }
+        return 1;
+    }
+    if (s->kind == CLIOPT_WHOLE) {
+        long l = strtol(one, &end, 10);
+        if (end == one || *end) return 1;
+        *x = (double)l;   /* exact: the options' bounds are far below 2^53 */
+    } else {
+        *x = strtod(one, &end);
+        if (end == one || *end) return 1;
+    }
+    return errno || !isfinite(*x) || *x < s->lo || *x > s->hi ? 2 : 0;
+}
+
+/* The one line refusing v (item: the item out of range); whole bounds print
+ * as integers, real ones as %g. */
+static void cliopt_list_refuse(const cliopt_list_spec *s, const char *v, const char *item, int why, int max) {
+    const char *cmd = s->cmd, *opt = s->opt;
+    if (why == 2 && s->kind == CLIOPT_WHOLE)
+        fprintf(stderr, "%s: %s: %s is out of range [%.0f, %.0f]\n", cmd, opt, item, s->lo, s->hi);
+    else if (why == 2) fprintf(stderr, "%s: %s: %s is out of range [%g, %g]\n", cmd, opt, item, s->lo, s->hi);
+    else if (s->kind == CLIOPT_WHOLE)
+        fprintf(stderr, "%s: %s: '%s' is not a list of at most %d whole numbers in [%.0f, %.0f]\n", cmd, opt, v, max,
+                s->lo, s->hi);
+    else if (s->kind == CLIOPT_REAL)
+        fprintf(stderr, "%s: %s: '%s' is not a list of at most %d numbers in [%g, %g]\n", cmd, opt, v, max, s->lo, s->hi);
+    else {
+        fprintf(stderr, "%s: %s: '%s' is not a list of at most %d of", cmd, opt, v, max);
+        for (int i = 0; s->names[i]; i++) fprintf(stderr, "%s%s", i ? "|" : " ", s->names[i]);
+        fprintf(stderr, "\n");
+    }
+}
+
+/* The items of v into x[0..max): their count, or -1 with the message out. */
+static int cliopt_list_scan(const cliopt_list_spec *s, const char *v, int max, double *x) {
+    if (cliopt_missing(s->cmd, s->opt, v)) return -1;
+    if (max > CLIOPT_LIST_MAX) max = CLIOPT_LIST_MAX;
+    int n = 0;
+    for (const char *p = v;;) {
+        size_t len = strcspn(p, ",");
+        char one[CLIOPT_LIST_ITEM] = "";
+        int why = len == 0 || len >= sizeof one || n == max;   /* an empty item, a huge one, one too many */
+        if (!why) {
+            memcpy(one, p, len);
+            one[len] = 0;
+            why = cliopt_list_item(s, one, &x[n]);
+        }
+        if (why) { cliopt_list_refuse(s, v, one, why, max); return -1; }
+        n++;
+        if (!p[len]) return n;
+        p += len + 1;
+    }
+}
+
+/* A list of whole numbers or names' indices into out. */
+static int cliopt_list_ints(const cliopt_list_spec *s, const char *v, int *out, int max, int *n) {
+    double x[CLIOPT_LIST_MAX];
+    int k = cliopt_list_scan(s, v, max, x);
+    if (k < 0) return -1;
+    for (int i = 0; i < k; i++) out[i] = (int)x[i];
+    *n = k;
+    return 0;
+}
+
+int cliopt_int_list(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out, int max, int *n) {
+    cliopt_list_spec s = { cmd, opt, CLIOPT_WHOLE, (double)lo, (double)hi, NULL };
+    return cliopt_list_ints(&s, v, out, max, n);
+}
+
+int cliopt_double_list(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out, int max,
+                       int *n) {
+    cliopt_list_spec s = { cmd, opt, CLIOPT_REAL, lo, hi, NULL };
+    double x[CLIOPT_LIST_MAX];
+    int k = cliopt_list_scan(&s, v, max, x);
+    if (k < 0) return -1;
+    memcpy(out, x, sizeof x[0] * (size_t)k);
+    *n = k;
+    return 0;
+}
+
+int cliopt_choice_list(const char *cmd, const char *opt, const char *v, const char *const *names, int *out, int max,
+                       int *n) {
+    cliopt_list_spec s = { cmd, opt, CLIOPT_NAME, 0, 0, names };
+    return cliopt_list_ints(&s, v, out, max, n);
+}
+
 /* ==== Input ==== */
 
 char *cliopt_read_text(const char *path, size_t max, size_t *len, char *err, size_t errlen) {

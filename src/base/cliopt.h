@@ -48,6 +48,24 @@ int cliopt_is_help(const char *a);
 /* 1 when any of argv[0..argc) is -h / --help. */
 int cliopt_wants_help(int argc, char **argv);
 
+/* ==== Lists ==== */
+
+/* "A,B,C" (the value after `opt`): 1..max items separated by single commas,
+ * each within [lo, hi] (a whole number for _int_list, a finite number for
+ * _double_list, one of the NULL-terminated names for _choice_list, whose
+ * *out gets indices). 0 with out[0..*n) filled; else -1 with out and *n
+ * untouched and one line on stderr naming the option and the range: "CMD:
+ * OPT: X is out of range [LO, HI]" for an item out of range (or past a long),
+ * "CMD: OPT: 'V' is not a list of at most MAX whole numbers in [LO, HI]" for
+ * an empty list or item (",", "1,,2", "1,"), too many items, or one that is
+ * not a number. max is at most CLIOPT_LIST_MAX. */
+#define CLIOPT_LIST_MAX 64
+int cliopt_int_list(const char *cmd, const char *opt, const char *v, long lo, long hi, int *out, int max, int *n);
+int cliopt_double_list(const char *cmd, const char *opt, const char *v, double lo, double hi, double *out, int max,
+                       int *n);
+int cliopt_choice_list(const char *cmd, const char *opt, const char *v, const char *const *names, int *out, int max,
+                       int *n);
+
 /* ==== Input ==== */
 
 /* A text file read whole (a prompt's `-f PATH`, a rubric, a key), PATH "-"

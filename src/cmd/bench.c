@@ -18,7 +18,6 @@
  */
 #include "cmd/cli.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -67,45 +66,25 @@ static void bench_usage(FILE *f) {
     cliopt_usage_backend(f, 14);
 }
 
-/* "512" or "128,256,512" */
-static int bench_parse_list(const char *s, bench_list *l);
-
-/* A list option; says what is wrong when it is. */
+/* A list option ("512" or "128,256,512") of token counts; says what is
+ * wrong when it is. */
 static int bench_list_opt(const char *opt, const char *v, bench_list *l) {
-    if (!v) { fprintf(stderr, BENCH ": %s needs a value\n", opt); return -1; }
-    if (bench_parse_list(v, l) == 0) return 0;
-    fprintf(stderr, BENCH ": %s: '%s' is not a list of at most %d numbers in [0, 1000000], like 128,256\n",
-            opt, v, BENCH_MAX_LIST);
-    return -1;
-}
-
-static int bench_parse_list(const char *s, bench_list *l) {
-    l->n = 0;
-    while (s && *s) {
-        if (l->n == BENCH_MAX_LIST) return -1;
-        char *end;
-        errno = 0;
-        long v = strtol(s, &end, 10);
-        if (errno || end == s || v < 0 || v > 1000000L || (*end && *end != ',')) return -1;
-        l->v[l->n++] = (int)v;
-        s = *end ? end + 1 : end;
-    }
-    return l->n ? 0 : -1;
+    return cliopt_int_list(BENCH, opt, v, 0, 1000000, l->v, BENCH_MAX_LIST, &l->n);
 }
 
 static int bench_parse(int argc, char **argv, bench_opts *o) {
     memset(o, 0, sizeof *o);
     o->reps = 5; o->n_batch = 0; o->bounds = 1; o->bw_mib = 1024;
     o->kv_name = "f16";
-    bench_parse_list("2", &o->threads);
-    bench_parse_list("512", &o->pp);
-    bench_parse_list("128", &o->tg);
+    o->threads = (bench_list){ .v = { 2 }, .n = 1 };
+    o->pp = (bench_list){ .v = { 512 }, .n = 1 };
+    o->tg = (bench_list){ .v = { 128 }, .n = 1 };
     int k;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0, takes = 1;
         if (!strcmp(a, "-m")) bad = cliopt_str(BENCH, a, v, &o->model);
-        else if (!strcmp(a, "-t")) bad = bench_list_opt(a, v, &o->threads);
+        else if (!strcmp(a, "-t")) bad = cliopt_int_list(BENCH, a, v, 1, 256, o->threads.v, BENCH_MAX_LIST, &o->threads.n);
         else if (!strcmp(a, "-p")) bad = bench_list_opt(a, v, &o->pp);
         else if (!strcmp(a, "-n")) bad = bench_list_opt(a, v, &o->tg);
         else if (!strcmp(a, "-r")) bad = cliopt_int(BENCH, a, v, 1, 100000, &o->reps);
@@ -114,9 +93,9 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         else if (!strcmp(a, "-np")) bad = cliopt_int(BENCH, a, v, 2, BENCH_MAX_PAR, &o->n_par);
         else if (!strcmp(a, "-gp")) {
             bench_list l;
-            bad = !v || bench_parse_list(v, &l) || l.n != 2 || l.v[1] < 1;
-            if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
-            else fprintf(stderr, BENCH ": -gp needs DEPTH,N (N >= 1), got '%s'\n", v ? v : "");
+            bad = bench_list_opt(a, v, &l);
+            if (!bad && (bad = l.n != 2 || l.v[1] < 1)) fprintf(stderr, BENCH ": -gp needs DEPTH,N (N >= 1), got '%s'\n", v);
+            else if (!bad) { o->gp_depth = l.v[0]; o->gp_n = l.v[1]; }
         }
         else if (!strcmp(a, "--kv-type")) bad = cliopt_choice(BENCH, a, v, kv_dtype_names, &k) || cliopt_str(BENCH, a, v, &o->kv_name);
         else if (!strcmp(a, "--bw-mib")) bad = cliopt_int(BENCH, a, v, 16, 1 << 20, &o->bw_mib);
@@ -132,11 +111,6 @@ static int bench_parse(int argc, char **argv, bench_opts *o) {
         if (bad) return -1;   /* the message is out */
         i += takes;
     }
-    for (int i = 0; i < o->threads.n; i++)
-        if (o->threads.v[i] < 1 || o->threads.v[i] > 256) {
-            fprintf(stderr, BENCH ": -t: %d is out of range [1, 256]\n", o->threads.v[i]);
-            return -1;
-        }
     if (!o->model) { if (argc) fprintf(stderr, BENCH ": give -m MODEL.gguf\n"); bench_usage(stderr); return -1; }
     if (o->fmt != BENCH_MD) o->bounds = 0;   /* the bounds are a markdown table of their own */
     o->kv_type = kv_dtype_parse(o->kv_name);

@@ -14,7 +14,6 @@
  */
 #include "cmd/cli.h"
 
-#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -75,46 +74,23 @@ static void bh_usage(FILE *f) {
     cliopt_usage_backend(f, 25);
 }
 
-static int bh_list(const char *s, int *v, int *n, int lo, int hi) {
-    *n = 0;
-    while (s && *s) {
-        char *end;
-        errno = 0;
-        long x = strtol(s, &end, 10);
-        if (errno || end == s || x < lo || x > hi || (*end && *end != ',') || *n == BH_MAX_LIST) return -1;
-        v[(*n)++] = (int)x;
-        s = *end ? end + 1 : end;
-    }
-    return *n ? 0 : -1;
-}
-
 static int bh_int(const char *opt, const char *v, int lo, int hi, int *out) {
     return cliopt_int(BH, opt, v, lo, hi, out);
 }
 
-/* List options; say what is wrong when they are. */
-static int bh_list_opt(const char *opt, const char *v, int *vals, int *n, int lo, int hi) {
-    if (v && bh_list(v, vals, n, lo, hi) == 0) return 0;
-    fprintf(stderr, BH ": %s: '%s' is not a list of at most %d numbers in [%d, %d]\n", opt, v ? v : "", BH_MAX_LIST, lo, hi);
-    return -1;
-}
-
-static int bh_dtypes(const char *s, bh_opts *o) {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", s);
-    o->n_dtypes = 0;
-    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        uint32_t d = kv_dtype_parse(t);
-        if (d == UINT32_MAX || o->n_dtypes == BH_MAX_LIST) return -1;
-        o->dtypes[o->n_dtypes++] = d;
-    }
-    return o->n_dtypes ? 0 : -1;
+/* --wire-dtype f16,q8_0: the KV types by name (engine/kvcache.h). */
+static int bh_dtypes(const char *v, bh_opts *o) {
+    int k[BH_MAX_LIST], n;
+    if (cliopt_choice_list(BH, "--wire-dtype", v, kv_dtype_names, k, BH_MAX_LIST, &n)) return -1;
+    for (int i = 0; i < n; i++) o->dtypes[i] = kv_dtype_parse(kv_dtype_names[k[i]]);
+    o->n_dtypes = n;
+    return 0;
 }
 
 static int bh_parse(int argc, char **argv, bh_opts *o) {
     memset(o, 0, sizeof *o);
     o->reps = 3; o->threads = 2; o->batch = 0; o->timeout_ms = 60000; o->seed = 1;
-    bh_list("128,256,512,1024,2048,4096", o->lengths, &o->n_lengths, 2, 1 << 20);
+    cliopt_int_list(BH, "--lengths", "128,256,512,1024,2048,4096", 2, 1 << 20, o->lengths, BH_MAX_LIST, &o->n_lengths);
     bh_dtypes("f16,q8_0", o);
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -123,11 +99,8 @@ static int bh_parse(int argc, char **argv, bh_opts *o) {
         else if (!strcmp(a, "--prefill-node")) bad = cliopt_str(BH, a, v, &o->node);
         else if (!strcmp(a, "--secret-file")) bad = cliopt_str(BH, a, v, &o->secret_file);
         else if (!strcmp(a, "--link-label")) bad = cliopt_str(BH, a, v, &o->label);
-        else if (!strcmp(a, "--lengths")) bad = bh_list_opt(a, v, o->lengths, &o->n_lengths, 2, 1 << 20);
-        else if (!strcmp(a, "--wire-dtype")) {
-            if ((bad = !v || bh_dtypes(v, o)))
-                fprintf(stderr, BH ": --wire-dtype: '%s' is not a list of f16, bf16, q8_0\n", v ? v : "");
-        }
+        else if (!strcmp(a, "--lengths")) bad = cliopt_int_list(BH, a, v, 2, 1 << 20, o->lengths, BH_MAX_LIST, &o->n_lengths);
+        else if (!strcmp(a, "--wire-dtype")) bad = bh_dtypes(v, o);
         else if (!strcmp(a, "-r")) bad = bh_int(a, v, 1, 1000, &o->reps);
         else if (!strcmp(a, "-t")) bad = bh_int(a, v, 1, 256, &o->threads);
         else if (!strcmp(a, "-b")) bad = bh_int(a, v, 1, 1 << 16, &o->batch);

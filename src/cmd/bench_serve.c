@@ -107,20 +107,8 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
         else if (!strcmp(a, "-n")) bad = cliopt_int(BS, a, v, 1, 1000000, &o->max_tokens);
         else if (!strcmp(a, "--temp")) { bad = cliopt_float(BS, a, v, 0, 2, &temp); o->temperature = temp; }
         else if (!strcmp(a, "-o")) bad = cliopt_choice(BS, a, v, fmts, &o->json);
-        else if (!strcmp(a, "-c")) {
-            o->n_levels = 0;
-            bad = !v;
-            for (const char *p = v; p && *p && !bad;) {
-                char *end;
-                long c = strtol(p, &end, 10);
-                bad = end == p || c < 1 || c > BS_MAX_CLIENTS || o->n_levels == BS_MAX_LEVELS;
-                if (!bad) o->levels[o->n_levels++] = (int)c;
-                p = *end == ',' ? end + 1 : end;
-                if (*end && *end != ',') bad = 1;
-            }
-            if (bad) fprintf(stderr, BS ": -c: '%s' is not a list of at most %d numbers in [1, %d]\n", v ? v : "",
-                             BS_MAX_LEVELS, BS_MAX_CLIENTS);
-        } else { fprintf(stderr, BS ": unknown option %s (see tandem bench-serve --help)\n", a); return -1; }
+        else if (!strcmp(a, "-c")) bad = cliopt_int_list(BS, a, v, 1, BS_MAX_CLIENTS, o->levels, BS_MAX_LEVELS, &o->n_levels);
+        else { fprintf(stderr, BS ": unknown option %s (see tandem bench-serve --help)\n", a); return -1; }
         if (bad) return -1;   /* the message is out */
     }
     if (!o->url || !o->model) {

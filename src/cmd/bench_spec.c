@@ -97,18 +97,8 @@ static int bs_parse(int argc, char **argv, bs_opts *o) {
         else if (!strcmp(a, "-p")) bad = cliopt_str(BS, a, v, &o->prompt);
         else if (!strcmp(a, "--temp")) bad = cliopt_float(BS, a, v, 0, 10, &o->temp);
         else if (!strcmp(a, "--fixed")) { o->fixed = 1; used = 0; }
-        else if (!strcmp(a, "-np")) {
-            const char *s = v;
-            o->n_streams = 0;
-            while (s && *s && o->n_streams < BS_MAX_LIST) {
-                char *end;
-                long n = strtol(s, &end, 10);
-                if (end == s || n < 1 || n > BS_MAX_STREAMS || (*end && *end != ',')) { s = NULL; break; }
-                o->streams[o->n_streams++] = (int)n;
-                s = *end ? end + 1 : end;
-            }
-            if (!s || !o->n_streams) { fprintf(stderr, BS ": -np: a list of 1..%d\n", BS_MAX_STREAMS); bad = 1; }
-        } else { fprintf(stderr, BS ": unknown option %s in the speculative mode\n", a); bad = 1; used = 0; }
+        else if (!strcmp(a, "-np")) bad = cliopt_int_list(BS, a, v, 1, BS_MAX_STREAMS, o->streams, BS_MAX_LIST, &o->n_streams);
+        else { fprintf(stderr, BS ": unknown option %s in the speculative mode\n", a); bad = 1; used = 0; }
         if (bad) return -1;
         i += used;
     }

@@ -43,26 +43,6 @@ static void cp_usage(FILE *f) {
 
 /* ==== Options ==== */
 
-static int cp_parse_rates(cp_opts *o, const char *v) {
-    const char *p = v;
-    o->n_rates = 0;
-    while (p && *p) {
-        const char *c = strchr(p, ',');
-        char one[64];
-        size_t n = c ? (size_t)(c - p) : strlen(p);
-        if (o->n_rates == CHAIN_SPEC_MAX || n == 0 || n >= sizeof one) {
-            fprintf(stderr, CP ": --rates: give 1..%d numbers separated by commas\n", CHAIN_SPEC_MAX);
-            return -1;
-        }
-        memcpy(one, p, n);
-        one[n] = 0;
-        if (cliopt_double(CP, "--rates", one, CHAIN_PLAN_RATE_MIN, CHAIN_PLAN_RATE_MAX, &o->rates[o->n_rates])) return -1;
-        o->n_rates++;
-        p = c ? c + 1 : NULL;
-    }
-    return 0;
-}
-
 static int cp_parse_hosts(cp_opts *o, const char *v) {
     if (strlen(v) >= sizeof o->host_buf) { fprintf(stderr, CP ": --hosts: too long\n"); return -1; }
     strcpy(o->host_buf, v);
@@ -90,7 +70,8 @@ static int cp_parse(int argc, char **argv, cp_opts *o) {
         else if (!strcmp(a, "--nodes")) bad = cliopt_int(CP, a, v, 1, CHAIN_SPEC_MAX, &o->nodes);
         else if (!strcmp(a, "--prompt-tokens")) bad = cliopt_int(CP, a, v, 1, CHAIN_PLAN_MAX_TOKENS, &o->tokens);
         else if (!strcmp(a, "--logit-rows")) bad = cliopt_int(CP, a, v, 0, CHAIN_PLAN_MAX_TOKENS, &o->logit_rows);
-        else if (!strcmp(a, "--rates")) bad = !v ? cliopt_str(CP, a, v, &a) : cp_parse_rates(o, v);
+        else if (!strcmp(a, "--rates"))
+            bad = cliopt_double_list(CP, a, v, CHAIN_PLAN_RATE_MIN, CHAIN_PLAN_RATE_MAX, o->rates, CHAIN_SPEC_MAX, &o->n_rates);
         else if (!strcmp(a, "--hosts")) bad = !v ? cliopt_str(CP, a, v, &a) : cp_parse_hosts(o, v);
         else if (!strcmp(a, "--format")) bad = cliopt_choice(CP, a, v, formats, &o->bounds_only);
         else { fprintf(stderr, CP ": unknown option %s\n", a); cp_usage(stderr); return -1; }

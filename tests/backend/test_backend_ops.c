@@ -494,7 +494,7 @@ static void case_kv_encode(uint32_t dt) {
     uint32_t x = 0x9e3779b9u;
     for (size_t i = 0; i < (size_t)n * kvd; i++) {
         uint32_t bits;
-        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        t_rnd32(&x);
         bits = i < sizeof special / sizeof special[0] ? special[i] : (i % 3 ? x : (x & 0x8000ffffu) | 0x3f800000u);
         memcpy(&k[i], &bits, sizeof bits);
         bits = special[i % (sizeof special / sizeof special[0])] ^ (i & 1 ? 0x80000000u : 0);

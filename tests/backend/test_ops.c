@@ -12,11 +12,7 @@
 #include "base/threadpool.h"
 #include "t.h"
 
-static uint64_t rng = 88172645463325252ull;
-static float frand(float lo, float hi) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return lo + (hi - lo) * (float)((rng >> 40) / 16777216.0);
-}
+static uint64_t rng = 88172645463325252ull;   /* t_rnd_float's state: one sequence through the file */
 
 /* distance in units in the last place between two finite floats of one sign */
 static int64_t ulp_diff(float a, float b) {
@@ -52,7 +48,7 @@ static void test_exp(void) {
     CHECK(ulp_diff(out[7], expf(1.0f)) <= 1 && ulp_diff(out[8], expf(-1.0f)) <= 1, "exp(+-1)");
     /* softmax-style use: subtract the max */
     float sc[37], e1[37], e2[37];
-    for (int i = 0; i < 37; i++) sc[i] = frand(-30.0f, 30.0f);
+    for (int i = 0; i < 37; i++) sc[i] = t_rnd_float(&rng, -30.0f, 30.0f);
     float mx = ops_max(sc, 37);
     double a = ops_exp_sum(sc, mx, e1, 37), b = ops_ref_exp_sum(sc, mx, e2, 37);
     CHECK(fabs(a - b) <= 1e-6 * b && a >= 1.0, "softmax sum %.9g vs %.9g", a, b);
@@ -61,7 +57,7 @@ static void test_exp(void) {
 static void test_swiglu(void) {
     enum { N = 4099 };
     static float g[N], u[N], y[N], r[N];
-    for (int i = 0; i < N; i++) { g[i] = frand(-60.0f, 60.0f); u[i] = frand(-3.0f, 3.0f); }
+    for (int i = 0; i < N; i++) { g[i] = t_rnd_float(&rng, -60.0f, 60.0f); u[i] = t_rnd_float(&rng, -3.0f, 3.0f); }
     g[0] = -100.0f; g[1] = 100.0f; g[2] = 0.0f;
     ops_swiglu(g, u, y, N);
     ops_ref_swiglu(g, u, r, N);
@@ -81,7 +77,7 @@ static void test_swiglu(void) {
 static void test_rms_norm(void) {
     for (int n = 1; n <= 1031; n += 103) {
         float x[1031], w[1031], y[1031], r[1031];
-        for (int i = 0; i < n; i++) { x[i] = frand(-4.0f, 4.0f); w[i] = frand(0.5f, 1.5f); }
+        for (int i = 0; i < n; i++) { x[i] = t_rnd_float(&rng, -4.0f, 4.0f); w[i] = t_rnd_float(&rng, 0.5f, 1.5f); }
         ops_rms_norm_row(x, w, y, (size_t)n, 1e-6f);
         ops_ref_rms_norm_row(x, w, r, (size_t)n, 1e-6f);
         float worst = 0.0f;
@@ -109,8 +105,8 @@ static void test_small(void) {
      * same results as the scalar loops */
     static float z[70], w[70], x70[70];
     for (int n = 1; n <= 70; n += 3) {
-        for (int i = 0; i < 70; i++) x70[i] = frand(-3.0f, 3.0f);
-        for (int i = 0; i < 70; i++) z[i] = w[i] = frand(-5.0f, 5.0f);
+        for (int i = 0; i < 70; i++) x70[i] = t_rnd_float(&rng, -3.0f, 3.0f);
+        for (int i = 0; i < 70; i++) z[i] = w[i] = t_rnd_float(&rng, -5.0f, 5.0f);
         ops_scale(z, 0.37f, (size_t)n);
         for (int i = 0; i < n; i++) w[i] *= 0.37f;
         CHECK(!memcmp(z, w, sizeof z), "scale n %d", n);
@@ -134,7 +130,7 @@ static void test_attn_pv(void) {
     for (int ti = 0; ti < 3; ti++) {
         const size_t head = gguf_row_bytes(types[ti], HD), stride = 3 * head;
         for (int p = 0; p < NPOS; p++) {
-            for (int i = 0; i < 3 * HD; i++) f[i] = frand(-2.0f, 2.0f);
+            for (int i = 0; i < 3 * HD; i++) f[i] = t_rnd_float(&rng, -2.0f, 2.0f);
             uint8_t *row = vrow + (size_t)p * stride;
             if (types[ti] == GGML_TYPE_Q8_0) {
                 quant_quantize_act_row(GGML_TYPE_Q8_0, f, row, 3 * HD);
@@ -145,7 +141,7 @@ static void test_attn_pv(void) {
                 memcpy(row + 2 * (size_t)i, &h, 2);
             }
         }
-        for (int i = 0; i < GRP * NPOS; i++) pr[i] = frand(0.0f, 0.05f);
+        for (int i = 0; i < GRP * NPOS; i++) pr[i] = t_rnd_float(&rng, 0.0f, 0.05f);
         const uint8_t *v = vrow + head;
         for (int grp = 1; grp <= GRP; grp++) {
             ops_attn_pv(types[ti], v, stride, NPOS, pr, NPOS, grp, HD, out, tmp);
@@ -167,10 +163,10 @@ static void test_attn_scores(void) {
     const int nks[6] = { 1, 7, 8, 129, 136, MAXK }, nqs[8] = { 1, 2, 3, 4, 6, 7, 8, MAXQ }, hds[3] = { 128, 64, 40 };
     for (int ti = 0; ti < 2; ti++) {
         for (size_t i = 0; i < sizeof krow / 2; i++) {
-            float f = frand(-2.0f, 2.0f);
+            float f = t_rnd_float(&rng, -2.0f, 2.0f);
             krow[i] = types[ti] == GGML_TYPE_F16 ? f32_to_fp16(f) : f32_to_bf16(f);
         }
-        for (int i = 0; i < MAXQ * 128; i++) q[i] = frand(-3.0f, 3.0f);
+        for (int i = 0; i < MAXQ * 128; i++) q[i] = t_rnd_float(&rng, -3.0f, 3.0f);
         for (int hi = 0; hi < 3; hi++)
             for (int a = 0; a < 6; a++)
                 for (int b = 0; b < 8; b++) {
@@ -199,7 +195,7 @@ static void test_exp_sets_agree(const char *const *sets, int n_sets) {
     if (!has2 || !has512) return;
     enum { N = 1000 };
     static float x[N], y2[N], y5[N];
-    for (int i = 0; i < N; i++) x[i] = frand(-90.0f, 10.0f);
+    for (int i = 0; i < N; i++) x[i] = t_rnd_float(&rng, -90.0f, 10.0f);
     const size_t ns[5] = { 1, 7, 8, 37, N };
     for (int k = 0; k < 5; k++) {
         quant_use_kernels("avx2");
@@ -214,7 +210,7 @@ static void test_exp_sets_agree(const char *const *sets, int n_sets) {
     /* the clamps and NaN in every lane of the unrolled and the plain loops */
     static const float sp[8] = { NAN, INFINITY, -INFINITY, 300.0f, -300.0f, 90.3f, -102.5f, 88.79f };
     for (int k = 0; k < 48; k++) {
-        for (int i = 0; i < 48; i++) x[i] = frand(-20.0f, 5.0f);
+        for (int i = 0; i < 48; i++) x[i] = t_rnd_float(&rng, -20.0f, 5.0f);
         x[k] = sp[k % 8];
         quant_use_kernels("avx2");
         double s2 = ops_exp_sum(x, 1.5f, y2, 48);

@@ -2,7 +2,7 @@
  * every subcommand and serve role, --version, values refused with their
  * range, model paths that are not files, bench -o json|csv, -f - (stdin),
  * run ending cleanly on a full context; plus the shared helpers of cliopt.c
- * in-process (bounded reads, value parsing). */
+ * in-process (bounded reads, value parsing, comma-separated lists). */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -315,7 +315,8 @@ static void test_bench_formats(const char *model) {
           r.status, rows, spec_rows, drafted, r.out, r.err);
     tc_free(&r);
     r = RUN(NULL, 30, "bench", "-m", (char *)model, "--lookup", "4", "-np", "0");
-    CHECK(r.status == 2 && strstr(r.err, "-np: a list of 1..64"), "bench --lookup -np 0: %d '%s'", r.status, r.err);
+    CHECK(r.status == 2 && strstr(r.err, "tandem bench: -np: 0 is out of range [1, 64]"), "bench --lookup -np 0: %d '%s'", r.status,
+          r.err);
     tc_free(&r);
 }
 
@@ -442,24 +443,38 @@ static void test_cliopt(void) {
           "u64: a sign refused, the bound included");
 }
 
+/* ==== stderr in-process ==== */
+
+static int tc_saved_err = -1;
+
+/* stderr into a file until tc_stderr_back, which returns what was written. */
+static void tc_stderr_to(const char *path) {
+    fflush(stderr);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    tc_saved_err = fd < 0 ? -1 : dup(2);
+    if (fd >= 0) { dup2(fd, 2); close(fd); }
+}
+
+static char *tc_stderr_back(const char *path) {
+    fflush(stderr);
+    if (tc_saved_err < 0) return calloc(1, 1);
+    dup2(tc_saved_err, 2);
+    close(tc_saved_err);
+    tc_saved_err = -1;
+    return slurp(path);
+}
+
 /* Progress lines go to stderr, which here is not a terminal: nothing for a
  * quick stage, at most a line per tenth plus the end for a slow one. */
 static char *tc_capture_progress(double stall_s) {
     const char *path = TC_DIR "/progress";
-    fflush(stderr);
-    int saved = dup(2), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (saved < 0 || fd < 0) return calloc(1, 1);
-    dup2(fd, 2);
-    close(fd);
+    tc_stderr_to(path);
     cliopt_progress p;
     cliopt_progress_begin(&p, "stage", 1000, 0);
     nanosleep(&(struct timespec){ (time_t)stall_s, (long)((stall_s - (time_t)stall_s) * 1e9) }, NULL);
     for (int i = 0; i <= 1000; i++) cliopt_progress_update(&p, (uint64_t)i);
     cliopt_progress_end(&p);
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    return slurp(path);
+    return tc_stderr_back(path);
 }
 
 static void test_progress(void) {
@@ -473,6 +488,104 @@ static void test_progress(void) {
     free(slow);
 }
 
+/* ==== Lists ==== */
+
+/* Each subcommand's list options (cliopt_int_list and friends) refuse a
+ * malformed list with the option and its range. */
+static void test_list_values(const char *model) {
+    static const struct { const char *args[8], *want; } bad[] = {
+        { { "bench", "-m", "MODEL", "-p", "1,,2" }, "tandem bench: -p: '1,,2' is not a list of at most 16 whole numbers in [0, 1000000]\n" },
+        { { "bench", "-m", "MODEL", "-t", "1,300" }, "tandem bench: -t: 300 is out of range [1, 256]\n" },
+        { { "bench", "-m", "MODEL", "--lookup", "4", "-np", "1,2,3,4,5,6,7,8,9" },
+          "tandem bench: -np: '1,2,3,4,5,6,7,8,9' is not a list of at most 8 whole numbers in [1, 64]\n" },
+        { { "bench-serve", "--url", "http://127.0.0.1:1", "--model", "x", "-c", "1," },
+          "tandem bench-serve: -c: '1,' is not a list of at most 16 whole numbers in [1, 256]\n" },
+        { { "bench-handoff", "-m", "MODEL", "--lengths", "2,x" },
+          "tandem bench-handoff: --lengths: '2,x' is not a list of at most 16 whole numbers in [2, 1048576]\n" },
+        { { "bench-handoff", "-m", "MODEL", "--wire-dtype", "f16,,q8_0" },
+          "tandem bench-handoff: --wire-dtype: 'f16,,q8_0' is not a list of at most 16 of f16|bf16|q8_0\n" },
+        { { "chain-plan", "-m", "MODEL", "--nodes", "2", "--rates", "1," },
+          "tandem chain-plan: --rates: '1,' is not a list of at most 16 numbers in [1e-06, 1e+06]\n" },
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *args[9] = { 0 };
+        for (int a = 0; a < 8 && bad[i].args[a]; a++) args[a] = (char *)(strcmp(bad[i].args[a], "MODEL") ? bad[i].args[a] : model);
+        tc_res r = tc_run(NULL, 30, args);
+        CHECK(r.status == 2 && !strcmp(r.err, bad[i].want), "%s %s %s: %d '%s'", args[0], args[3], args[4], r.status, r.err);
+        tc_free(&r);
+    }
+}
+
+/* ==== Lists in-process ==== */
+
+/* cliopt_int_list on v with [0, 5] and at most 4 items: its status, the
+ * message on stderr in *msg (caller frees). */
+static int tc_int_list(const char *v, int *out, int *n, char **msg) {
+    const char *path = TC_DIR "/list";
+    tc_stderr_to(path);
+    int rc = cliopt_int_list("t", "-l", v, 0, 5, out, 4, n);
+    *msg = tc_stderr_back(path);
+    return rc;
+}
+
+/* Every item bounded; an empty list or item, a trailing comma, one item too
+ * many, overflow and junk refused with one line naming the option and the
+ * range, the output untouched. */
+static void test_lists(void) {
+    int l[4] = { 7, 7, 7, 7 }, n = -1;
+    char *msg;
+    CHECK(tc_int_list("1,2,0,5", l, &n, &msg) == 0 && n == 4 && l[0] == 1 && l[2] == 0 && l[3] == 5 && !*msg,
+          "1,2,0,5: 4 items, both bounds in: n %d, '%s'", n, msg);
+    free(msg);
+    CHECK(tc_int_list("3", l, &n, &msg) == 0 && n == 1 && l[0] == 3, "one item: n %d", n);
+    free(msg);
+    static const char *const shape[] = { "", ",", "1,,2", "1,", ",1", "1,2,3,4,5", "1,x", "1 ,2", "1,2x", "0x1", NULL };
+    for (int i = 0; shape[i]; i++) {
+        l[0] = 7, n = -1;
+        char want[128];
+        snprintf(want, sizeof want, "t: -l: '%s' is not a list of at most 4 whole numbers in [0, 5]\n", shape[i]);
+        CHECK(tc_int_list(shape[i], l, &n, &msg) == -1 && n == -1 && l[0] == 7 && !strcmp(msg, want), "'%s' refused: '%s'",
+              shape[i], msg);
+        free(msg);
+    }
+    static const char *const range[] = { "1,6", "-1", "2,99999999999999999999", "9223372036854775808", NULL };
+    static const char *const item[] = { "6", "-1", "99999999999999999999", "9223372036854775808" };
+    for (int i = 0; range[i]; i++) {
+        char want[128];
+        snprintf(want, sizeof want, "t: -l: %s is out of range [0, 5]\n", item[i]);
+        CHECK(tc_int_list(range[i], l, &n, &msg) == -1 && n == -1 && l[0] == 7 && !strcmp(msg, want), "'%s' refused: '%s'",
+              range[i], msg);
+        free(msg);
+    }
+    CHECK(tc_int_list(NULL, l, &n, &msg) == -1 && !strcmp(msg, "t: -l needs a value\n"), "no value: '%s'", msg);
+    free(msg);
+    double r[3] = { 0 };
+    int nr = -1, k[3] = { 0 }, nk = -1;
+    CHECK(cliopt_double_list("t", "--r", "0.5,2,1e3", 1e-3, 1e3, r, 3, &nr) == 0 && nr == 3 && r[0] == 0.5 && r[2] == 1e3,
+          "rates 0.5,2,1e3: n %d", nr);
+    const char *path = TC_DIR "/list";
+    tc_stderr_to(path);
+    int bad = 0;
+    for (const char *const *v = (const char *const[]){ "nan", "inf", "1,", "1,0", "1,2,3,4", "1,2e", NULL }; *v; v++)
+        bad += cliopt_double_list("t", "--r", *v, 1e-3, 1e3, r, 3, &nr) == -1 && nr == 3;
+    msg = tc_stderr_back(path);
+    CHECK(bad == 6 && strstr(msg, "t: --r: nan is out of range [0.001, 1000]\n") &&
+          strstr(msg, "t: --r: '1,' is not a list of at most 3 numbers in [0.001, 1000]\n") &&
+          strstr(msg, "t: --r: 0 is out of range [0.001, 1000]\n"),
+          "rates refused: %d of 6, '%s'", bad, msg);
+    free(msg);
+    CHECK(cliopt_choice_list("t", "--d", "q8_0,f16,q8_0", kv_dtype_names, k, 3, &nk) == 0 && nk == 3 && k[0] == 2 && k[1] == 0,
+          "names by index: n %d", nk);
+    tc_stderr_to(path);
+    bad = 0;
+    for (const char *const *v = (const char *const[]){ "f32", "f16,", "f16,,bf16", "F16", "f16,f16,f16,f16", NULL }; *v; v++)
+        bad += cliopt_choice_list("t", "--d", *v, kv_dtype_names, k, 3, &nk) == -1 && nk == 3;
+    msg = tc_stderr_back(path);
+    CHECK(bad == 5 && strstr(msg, "t: --d: 'f32' is not a list of at most 3 of f16|bf16|q8_0\n"), "names refused: %d of 5, '%s'",
+          bad, msg);
+    free(msg);
+}
+
 int main(void) {
     mkdir(TC_DIR, 0755);
     if (access(bin(), X_OK)) { CHECK(0, "tandem binary %s (set TANDEM_BIN)", bin()); return t_done("test_cli"); }
@@ -480,12 +593,14 @@ int main(void) {
     snprintf(model, sizeof model, "%s/qwen3-mini-F16.gguf", t_models());
     test_cliopt();
     test_progress();
+    test_lists();
     test_help();
     test_bad_paths();
     if (!t_need(model)) return t_done("test_cli");
     test_bad_values(model);
     test_serve_bad_values(model);
     test_chain_plan(model);
+    test_list_values(model);
     test_bench_formats(model);
     test_run_stdin(model);
     test_run_context_full(model);

@@ -16,11 +16,7 @@
 #include "engine/quant.h"
 #include "t.h"
 
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static float frand(void) {
-    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
-    return (float)((rng >> 40) / 16777216.0) * 2.0f - 1.0f;
-}
+static uint64_t rng = 0x243F6A8885A308D3ull;   /* t_rnd_float's state: one sequence through the file */
 
 /* out[t][h][d] for row t of sequence rows [t0, t0+n) at pos0.., from the cache. */
 static void naive_attention(const kvcache *kv, const float *q, int t0, int n, int pos0, int n_head, int n_head_kv,
@@ -74,9 +70,16 @@ static void run_case(backend *be, uint32_t dt, int n_head, int n_head_kv, int hd
     float *out = malloc(sizeof(float) * qn);
     double *want = malloc(sizeof(double) * qn);
     /* B's prefix, stored directly */
-    for (size_t i = 0; i < (size_t)preB * kvd; i++) { k[i] = frand(); v[i] = frand(); }
+    for (size_t i = 0; i < (size_t)preB * kvd; i++) {
+        k[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+        v[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+    }
     kv_store_f32(kb, 0, 0, preB, k, v);
-    for (size_t i = 0; i < qn; i++) { q[i] = frand() * 2.0f; k[i] = frand(); v[i] = frand(); }
+    for (size_t i = 0; i < qn; i++) {
+        q[i] = t_rnd_float(&rng, -1.0f, 1.0f) * 2.0f;
+        k[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+        v[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+    }
     be_seq seq[2] = { { ka, 0, nA, 0 }, { kb, nA, nB, preB } };
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n_tok);
     for (int i = 0; i < nA; i++) pos[i] = i;
@@ -115,8 +118,11 @@ static void decode_exact(backend *be, uint32_t dt, int n_head, int n_head_kv, in
     size_t qn = (size_t)2 * n_head * hd;
     float *k = malloc(sizeof(float) * (size_t)(depth + 2) * kvd), *v = malloc(sizeof(float) * (size_t)(depth + 2) * kvd);
     float *q = malloc(sizeof(float) * qn), *one = malloc(sizeof(float) * qn), *two = malloc(sizeof(float) * qn);
-    for (size_t i = 0; i < (size_t)(depth + 2) * kvd; i++) { k[i] = frand(); v[i] = frand(); }
-    for (size_t i = 0; i < qn; i++) q[i] = frand() * 2.0f;
+    for (size_t i = 0; i < (size_t)(depth + 2) * kvd; i++) {
+        k[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+        v[i] = t_rnd_float(&rng, -1.0f, 1.0f);
+    }
+    for (size_t i = 0; i < qn; i++) q[i] = t_rnd_float(&rng, -1.0f, 1.0f) * 2.0f;
     kv_store_f32(kv, 0, 0, depth + 2, k, v);
     float scale = 1.0f / sqrtf((float)hd);
     int32_t pos[2] = { depth, depth + 1 };

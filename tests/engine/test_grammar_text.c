@@ -265,14 +265,7 @@ static void check_mask_exact(vocab *vb, grammar_state *s, const char *what, int 
     free(m);
 }
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint64_t rng(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;   /* t_rnd_u64's: the walks' choices */
 
 /* Tokens drawn from the mask until complete (stopping at random once it
  * is); the bytes, or NULL if stuck or over cap. */
@@ -289,9 +282,9 @@ static char *walk(vocab *vb, const grammar *g, int cap)
         int n = 0;
         for (int32_t id = 0; id < vb->n; id++)
             if (m[id] && !tokenizer_is_eog(vb->t, id)) ids[n++] = id;
-        if (grammar_is_complete(s) && (!n || rng() % 3 == 0)) { done = 1; break; }
+        if (grammar_is_complete(s) && (!n || t_rnd_u64(&rng_state) % 3 == 0)) { done = 1; break; }
         if (!n) break;
-        int32_t id = ids[rng() % (uint64_t)n];
+        int32_t id = ids[t_rnd_u64(&rng_state) % (uint64_t)n];
         if (grammar_accept_token(s, vb->v, id)) break;
         int k = tokenizer_token_bytes(vb->t, id, 0, text + tlen, tcap - tlen - 1);
         if (k < 0 || tlen + (size_t)k + 512 > tcap) break;

@@ -14,14 +14,9 @@
 #endif
 
 /* ==== Helpers ==== */
+/* t_rnd32 (xorshift32): the error bounds below were measured on its data */
 static uint32_t rng_state = 12345u;
-static uint32_t rng_u32(void) {  /* xorshift32: deterministic test data */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 17;
-    rng_state ^= rng_state << 5;
-    return rng_state;
-}
-static float rng_uniform(void) { return (float)(rng_u32() >> 8) * 0x1p-24f; }  /* [0,1) */
+static float rng_uniform(void) { return (float)(t_rnd32(&rng_state) >> 8) * 0x1p-24f; }  /* [0,1) */
 static float rng_normal(void) {
     float u1 = rng_uniform() + 1e-7f, u2 = rng_uniform();
     return sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2);

@@ -10,13 +10,9 @@
 
 #define QWEN_VOCAB 151936
 
-static uint64_t ts_rng = 0x1234567ULL;
-static double ts_unit(void) {
-    ts_rng ^= ts_rng << 13; ts_rng ^= ts_rng >> 7; ts_rng ^= ts_rng << 17;
-    return (double)(ts_rng >> 11) * (1.0 / 9007199254740992.0);
-}
+static uint64_t ts_rng = 0x1234567ULL;   /* t_rnd_unit's: one sequence through the file */
 static double ts_gauss(void) {
-    double u = ts_unit() + 1e-300, v = ts_unit();
+    double u = t_rnd_unit(&ts_rng) + 1e-300, v = t_rnd_unit(&ts_rng);
     return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
 }
 
@@ -27,9 +23,9 @@ static void ts_logits(float *l, int n, int shape, double spread) {
         double x = ts_gauss() * spread;
         if (shape == 1) x = floor(x * 2) / 2;                      /* ties */
         l[i] = (float)x;
-        if (shape == 2 && ts_unit() < 0.3) l[i] = -INFINITY;       /* masked */
+        if (shape == 2 && t_rnd_unit(&ts_rng) < 0.3) l[i] = -INFINITY;       /* masked */
     }
-    if (shape == 3) l[(int)(ts_unit() * n)] = (float)(spread * 6);  /* dominant */
+    if (shape == 3) l[(int)(t_rnd_unit(&ts_rng) * n)] = (float)(spread * 6);  /* dominant */
 }
 
 static double ts_now_ms(void) {

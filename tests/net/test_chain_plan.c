@@ -16,12 +16,7 @@
 #include "net/wire_act.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint32_t rnd(void) { return t_rnd_u32(&rng_state); }
 
 /* The Qwen3-0.6B shape and the Qwen3-30B-A3B one (tools/bench_chain.sh). */
 static model_hparams shape_dense(int L) {

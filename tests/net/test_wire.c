@@ -27,13 +27,7 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint32_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;   /* t_rnd_u32's: one sequence through the file */
 
 /* ==== CRC32C ==== */
 
@@ -54,13 +48,13 @@ static void test_crc(void) {
 
     /* Hardware == table for all alignments and lengths, and chaining works. */
     static uint8_t buf[4096 + 16];
-    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)t_rnd_u32(&rng_state);
     int bad = 0, badchain = 0;
     for (int t = 0; t < 600; t++) {
-        size_t off = rnd() % 16, n = t < 100 ? (size_t)t : rnd() % 4096;
+        size_t off = t_rnd_u32(&rng_state) % 16, n = t < 100 ? (size_t)t : t_rnd_u32(&rng_state) % 4096;
         uint32_t hw = wire_crc32c(0, buf + off, n), sw = wire_crc32c_sw(0, buf + off, n);
         if (hw != sw) bad++;
-        size_t cut = n ? rnd() % n : 0;
+        size_t cut = n ? t_rnd_u32(&rng_state) % n : 0;
         if (wire_crc32c(wire_crc32c(0, buf + off, cut), buf + off + cut, n - cut) != hw) badchain++;
     }
     CHECK(bad == 0, "hardware and table CRC32C disagree %d times", bad);
@@ -211,7 +205,7 @@ static void test_request(void) {
 static void test_kv_one(uint32_t dtype, uint32_t row_bytes, uint32_t n) {
     size_t span = (size_t)n * row_bytes;
     uint8_t *k = malloc(span), *v = malloc(span);
-    for (size_t i = 0; i < span; i++) { k[i] = (uint8_t)rnd(); v[i] = (uint8_t)rnd(); }
+    for (size_t i = 0; i < span; i++) { k[i] = (uint8_t)t_rnd_u32(&rng_state); v[i] = (uint8_t)t_rnd_u32(&rng_state); }
     wire_kv kv = { .layer = 3, .pos0 = 17, .n = n, .dtype = dtype, .row_bytes = row_bytes, .k = k, .v = v }, d;
     wire_buf b = { 0 };
     char err[256];
@@ -487,7 +481,7 @@ static void test_send_recv(void) {
     /* Incompressible: the flag is dropped. (Kept under the socket buffer
      * size: this thread is both sender and receiver.) */
     n = 60000;
-    for (size_t i = 0; i < n; i++) big[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < n; i++) big[i] = (uint8_t)t_rnd_u32(&rng_state);
     CHECK(wire_send(&a, WIRE_KV, 2, WIRE_FLAG_ZSTD, big, n, err, sizeof err) == 0 &&
           wire_recv(&b, &h, err, sizeof err) == 0 && !(h.flags & WIRE_FLAG_ZSTD) && h.len == n + WIRE_TAG_BYTES &&
           !memcmp(b.rx.data, big, n), "incompressible sent raw");
@@ -629,7 +623,7 @@ static void test_seal(void) {
     wire_header h;
     char err[512];
     uint8_t kv[4000];
-    for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < sizeof kv; i++) kv[i] = (uint8_t)t_rnd_u32(&rng_state);
     /* Flip one bit anywhere (payload, tag, or authenticated header field)
      * and make the CRC right again: the tag catches it. */
     size_t spots[] = { WIRE_HEADER_BYTES + 10, WIRE_HEADER_BYTES + sizeof kv + 3, 24 /* req_id */, 6 /* type */ };
