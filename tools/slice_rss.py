@@ -19,7 +19,8 @@ processes mapping them) and where the RSS is, from /proc/PID/smaps:
 "libs" (shared libraries, relocated data included), "bin" (the tandem
 binary), "heap".
 
-usage: tools/slice_rss.py MODEL.gguf [--slices 2,4] [--bin build/tandem]
+usage: tools/slice_rss.py MODEL.gguf [--slices 2,4] [--bin build/tandem] [--backend mlx]
+(--slices 1 is a whole-model node without --layers: the baseline)
 """
 import argparse, os, re, struct, subprocess, sys, tempfile, time
 
@@ -107,6 +108,7 @@ def main():
     ap.add_argument('model')
     ap.add_argument('--slices', default='2,4')
     ap.add_argument('--bin', default='build/tandem')
+    ap.add_argument('--backend', default=None, help='--backend for the nodes (mlx: a build-mlx/tandem)')
     a = ap.parse_args()
     tensors = read_tensors(a.model)
     nl = 1 + max(int(m.group(1)) for m in (re.match(r'blk\.(\d+)\.', n) for n, _ in tensors) if m)
@@ -119,10 +121,13 @@ def main():
     for k in [int(x) for x in a.slices.split(',')]:
         for i in range(k):
             lo, hi = i * nl // k, (i + 1) * nl // k
+            # k == 1: a whole-model node (no --layers), the baseline
+            lay = ['--layers', f'{lo}:{hi}'] if k > 1 else []
+            be = ['--backend', a.backend] if a.backend else []
             pf = os.path.join(tmp, f'port{k}.{i}')
             log = open(os.path.join(tmp, f'log{k}.{i}'), 'w')
             p = subprocess.Popen([a.bin, 'serve', '--role', 'prefill', '-m', a.model, '--secret-file', sec,
-                                  '--port-file', pf, '-t', '2', '--layers', f'{lo}:{hi}'], stdout=log, stderr=log)
+                                  '--port-file', pf, '-t', '2'] + lay + be, stdout=log, stderr=log)
             t0 = time.time()
             while not os.path.exists(pf) and time.time() - t0 < 300 and p.poll() is None:
                 time.sleep(0.2)
@@ -136,7 +141,7 @@ def main():
             p.wait()
             sh = share(tensors, lo, hi)
             where = ' / '.join(f'{parts[c] / 2**20:.1f}' for c in ('anon', 'file', 'libs', 'bin', 'heap'))
-            print(f'| {k} slices | {lo}:{hi} | {sh / 2**20:.1f} | {rss / 2**20:.1f} | {rss / sh:.3f} | '
+            print(f'| {k if k > 1 else "whole"} {"slices" if k > 1 else "model"} | {lo}:{hi} | {sh / 2**20:.1f} | {rss / 2**20:.1f} | {rss / sh:.3f} | '
                   f'{pss / 2**20:.1f} | {where} |')
             sys.stdout.flush()
 

@@ -312,8 +312,9 @@ fi
 # (the one MLX object linked with the suite's build/libtandem.a: 9 s of CPU,
 # where compiling the library again with -DTANDEM_MLX took 67 s) and runs
 # test_backend_ops (MLX vs CPU), test_golden on MLX, the handoff with an
-# MLX decode side and test_serve_mlx (serving nodes on MLX). MLX_QUICK=1 (the default here) holds test_golden and the
-# handoff to the stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
+# MLX decode side, test_serve_mlx (serving nodes on MLX) and test_chain_mlx (layer-split chains with MLX slices,
+# 23 s quick at load 5.7). MLX_QUICK=1 (the default here) holds test_golden, the handoff and the chains to the
+# stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
 # reference BLAS: the full test_golden there took 488 s (load 2), more than the suite's whole part; the full
 # run is tools/mlx_check.sh alone. No wheel (no PyPI, not x86-64 Linux):
 # the named skip "mlx".
