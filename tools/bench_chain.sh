@@ -29,12 +29,16 @@
 #                     node's time minimised: for 2 equal nodes (L-1)/2, since
 #                     the last block costs only its K/V projection; 3.5 for
 #                     8 blocks, 13.5 for 28; docs/layer-split.md, "Balance"
-#                     and "Planning a chain"); "count": slice k ends at
+#                     and "Planning a chain"); "rated": the same with the
+#                     attention's rate measured on this machine (`tandem
+#                     chain-plan --attn-rate measure`, or --attn-rate R);
+#                     "count": slice k ends at
 #                     floor(k L / N) (L/2 for two); or the N-1 inner bounds,
 #                     "B1,B2,..." (a block L or the middle of one, L.5)
 #   --against S       instead of the single node, the same chain cut at S
 #                     (nodes of both started; the runs alternate); the
 #                     ratio column is then against / chain
+#   --attn-rate R     the rate "rated" plans with (default: measure)
 #   --rates R1,...    the slices' relative speeds, given to the planner
 #                     (--split cost) and, with --cpu-share, made real
 #   --cpu-share F     cap each slice node at F x its rate of a core (a
@@ -69,7 +73,7 @@ cd "$(dirname "$0")/.."
 B=${TANDEM_BIN:-build/tandem}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 SIZES="1024 4096 16384"; ROUNDS=2; NET=""; OUT=""; MODELS=(); CHUNK=""; SINGLE_B=512; LOGS=""; SPLIT=cost
-SLICES=2; AGAINST=""; RATES=""; SHARE=""
+SLICES=2; AGAINST=""; RATES=""; SHARE=""; ATTN=measure
 while [ $# -gt 0 ]; do
     case "$1" in
     --sizes) SIZES=$2; shift 2 ;;
@@ -81,6 +85,7 @@ while [ $# -gt 0 ]; do
     --slices) SLICES=$2; shift 2 ;;
     --against) AGAINST=$2; shift 2 ;;
     --rates) RATES=$2; shift 2 ;;
+    --attn-rate) ATTN=$2; shift 2 ;;
     --cpu-share) SHARE=$2; shift 2 ;;
     --logs) LOGS=$2; shift 2 ;;
     -o) OUT=$2; shift 2 ;;
@@ -196,6 +201,8 @@ bounds() {
     case "$1" in
     cost) "$B" chain-plan -m "$M" --nodes "$SLICES" ${RATES:+--rates "$RATES"} --prompt-tokens "$maxn" --format bounds |
               tr '\n' ' ' ;;
+    rated) "$B" chain-plan -m "$M" --nodes "$SLICES" ${RATES:+--rates "$RATES"} --prompt-tokens "$maxn" \
+               --attn-rate "$ATTN" --format bounds | tr '\n' ' ' ;;
     count) for k in $(seq 0 $((SLICES - 1))); do
                printf '%d:%d ' $((k * NL / SLICES)) $(((k + 1) * NL / SLICES))
            done ;;

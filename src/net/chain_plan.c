@@ -11,7 +11,7 @@
 
 /* ==== Costs ==== */
 
-int chain_plan_costs(const model_hparams *h, int tokens, int logit_rows, double *out, char *err, size_t errlen) {
+static int chain_plan_check_shape(const model_hparams *h, int tokens, int logit_rows, char *err, size_t errlen) {
     if (!h || h->n_layer < 1 || h->n_layer > WIRE_LAYERS_MAX || h->n_embd < 1 || h->n_head < 1 || h->n_head_kv < 1 ||
         h->head_dim_k < 1 || h->n_vocab < 1 || (h->n_expert ? h->n_expert_used < 1 || h->n_ff_exp < 1 : h->n_ff < 1)) {
         snprintf(err, errlen, "model shape out of range (%d blocks: 1..%d; widths, heads, vocabulary >= 1)",
@@ -23,31 +23,78 @@ int chain_plan_costs(const model_hparams *h, int tokens, int logit_rows, double 
                  logit_rows, CHAIN_PLAN_MAX_TOKENS);
         return -1;
     }
-    double T = tokens, E = h->n_embd, hd = h->head_dim_k;
-    double qd = h->n_head * hd, kvd = h->n_head_kv * hd;
-    double qkv = 2 * T * E * (qd + 2 * kvd);
-    double attend = 2 * h->n_head * hd * T * (T + 1) + 2 * T * qd * E;
-    double ffn = h->n_expert ? 2 * T * E * h->n_expert + 6.0 * T * E * h->n_ff_exp * h->n_expert_used
-                             : 6 * T * E * h->n_ff;
+    return 0;
+}
+
+/* Per row: the Q/K/V projections, the output projection, the feed-forward. */
+static double chain_plan_row_qkv(const model_hparams *h) {
+    double E = h->n_embd, hd = h->head_dim_k;
+    return 2 * E * (h->n_head * hd + 2 * h->n_head_kv * hd);
+}
+static double chain_plan_row_wo(const model_hparams *h) { return 2.0 * h->n_head * h->head_dim_k * h->n_embd; }
+static double chain_plan_row_ffn(const model_hparams *h) {
+    double E = h->n_embd;
+    return h->n_expert ? 2 * E * h->n_expert + 6.0 * E * h->n_ff_exp * h->n_expert_used : 6 * E * h->n_ff;
+}
+
+double chain_plan_row_mat(const model_hparams *h) {
+    return chain_plan_row_qkv(h) + chain_plan_row_wo(h) + chain_plan_row_ffn(h);
+}
+
+double chain_plan_attn_span(const model_hparams *h, double pos0, double n) {
+    /* scores and weighted sum: 2 x 2 n_head hd FLOPs per position read,
+     * rows pos0 .. pos0 + n - 1 reading pos0 + 1 .. pos0 + n of them */
+    return 4.0 * h->n_head * h->head_dim_k * (n * pos0 + n * (n + 1) / 2);
+}
+
+int chain_plan_kinds(const model_hparams *h, int tokens, int logit_rows, double *out, char *err, size_t errlen) {
+    if (chain_plan_check_shape(h, tokens, logit_rows, err, errlen)) return -1;
+    double T = tokens, E = h->n_embd;
+    double qkv = T * chain_plan_row_qkv(h), wo = T * chain_plan_row_wo(h), ffn = T * chain_plan_row_ffn(h);
+    double attend = chain_plan_attn_span(h, 0, T);
     int L = h->n_layer;
     for (int l = 0; l < L; l++) {
-        out[2 * l] = qkv + attend;
-        out[2 * l + 1] = ffn;
+        out[2 * l * CHAIN_KINDS + CHAIN_KIND_MAT] = qkv + wo;
+        out[2 * l * CHAIN_KINDS + CHAIN_KIND_ATTN] = attend;
+        out[(2 * l + 1) * CHAIN_KINDS + CHAIN_KIND_MAT] = ffn;
+        out[(2 * l + 1) * CHAIN_KINDS + CHAIN_KIND_ATTN] = 0;
     }
+    double *last = out + (2 * L - 2) * CHAIN_KINDS;
     if (!logit_rows) {   /* nothing reads the last block's output: its K/V only */
-        out[2 * L - 2] = qkv;
-        out[2 * L - 1] = 0;
+        last[CHAIN_KIND_MAT] = qkv;
+        last[CHAIN_KIND_ATTN] = 0;
+        last[CHAIN_KINDS + CHAIN_KIND_MAT] = 0;
     } else {
-        out[2 * L - 1] += 2.0 * logit_rows * E * h->n_vocab;
+        last[CHAIN_KINDS + CHAIN_KIND_MAT] += 2.0 * logit_rows * E * h->n_vocab;
     }
-    out[0] += T * E;   /* the embedding rows, one copy per token */
+    out[CHAIN_KIND_MAT] += T * E;   /* the embedding rows, one copy per token */
     return 0;
+}
+
+int chain_plan_weigh(const double *kinds, int n_half, double attn_rate, double *out, char *err, size_t errlen) {
+    if (!(attn_rate >= CHAIN_PLAN_ATTN_RATE_MIN && attn_rate <= CHAIN_PLAN_ATTN_RATE_MAX)) {
+        snprintf(err, errlen, "attention rate %g is out of range (%g..%g of the weight products')", attn_rate,
+                 CHAIN_PLAN_ATTN_RATE_MIN, CHAIN_PLAN_ATTN_RATE_MAX);
+        return -1;
+    }
+    for (int k = 0; k < n_half; k++)
+        out[k] = kinds[k * CHAIN_KINDS + CHAIN_KIND_MAT] + kinds[k * CHAIN_KINDS + CHAIN_KIND_ATTN] / attn_rate;
+    return 0;
+}
+
+int chain_plan_costs(const model_hparams *h, int tokens, int logit_rows, double *out, char *err, size_t errlen) {
+    if (chain_plan_check_shape(h, tokens, logit_rows, err, errlen)) return -1;
+    double *kinds = malloc(sizeof(double) * CHAIN_KINDS * 2 * (size_t)h->n_layer);
+    if (!kinds) { snprintf(err, errlen, "out of memory"); return -1; }
+    int rc = chain_plan_kinds(h, tokens, logit_rows, kinds, err, errlen);
+    if (!rc) rc = chain_plan_weigh(kinds, 2 * h->n_layer, 1.0, out, err, errlen);
+    free(kinds);
+    return rc;
 }
 
 /* ==== Bounds ==== */
 
-/* Fills p's costs and times from its bounds. */
-static void chain_plan_fill(chain_plan *p, const double *cost, const double *rates) {
+void chain_plan_price(chain_plan *p, const double *cost, const double *rates) {
     p->slowest = p->total = 0;
     for (int i = 0; i < p->n; i++) {
         double f = 0;
@@ -124,7 +171,7 @@ int chain_plan_solve(const double *cost, int n_half, int n, const double *rates,
         i = a;
     }
     free(pre); free(best); free(from);
-    chain_plan_fill(out, cost, rates);
+    chain_plan_price(out, cost, rates);
     return 0;
 }
 
@@ -138,7 +185,7 @@ int chain_plan_count(const double *cost, int n_layer, int n, const double *rates
         out->lo[k] = 2 * (int)((long)k * n_layer / n);
         out->hi[k] = 2 * (int)((long)(k + 1) * n_layer / n);
     }
-    chain_plan_fill(out, cost, rates);
+    chain_plan_price(out, cost, rates);
     return 0;
 }
 

@@ -153,7 +153,8 @@ static void test_bad_values(const char *model) {
  * router.c): each bad value is refused with its range, exit 2, before any
  * model is loaded or port bound. */
 /* tandem chain-plan (net/chain_plan.h): a plan of the 4-block model, and
- * its refusals: counts and rates out of range, more nodes than blocks. */
+ * its refusals: counts and rates out of range, more nodes than blocks;
+ * --attn-rate's refusals, and its measurement run on the model. */
 static void test_chain_plan(const char *model) {
     tc_res r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2");
     CHECK(r.status == 0 && strstr(r.out, "spec: HOST1:PORT/0:1.5,HOST2:PORT/1.5:4") && strstr(r.out, "--layers 1.5:4"),
@@ -174,6 +175,24 @@ static void test_chain_plan(const char *model) {
     tc_free(&r);
     r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--rates", "1");
     CHECK(r.status == 2 && strstr(r.err, "1 rates for 2 nodes"), "chain-plan, a rate short: %d '%s'", r.status, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--attn-rate", "nan");
+    CHECK(r.status == 2 && strstr(r.err, "--attn-rate: nan is out of range"), "chain-plan --attn-rate nan: %d '%s'", r.status,
+          r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--attn-rate", "measur");
+    CHECK(r.status == 2 && strstr(r.err, "--attn-rate needs a number"), "chain-plan --attn-rate measur: %d '%s'", r.status,
+          r.err);
+    tc_free(&r);
+    r = RUN(NULL, 60, "chain-plan", "-m", (char *)model, "--nodes", "2", "--attn-rate", "measure", "--prompt-tokens", "2048",
+            "--measure-rows", "64");
+    CHECK(r.status == 0 && strstr(r.out, "measured (one thread") && strstr(r.out, "GFLOP/s, --attn-rate ") &&
+          strstr(r.out, "by FLOP count (attn-rate 1)") && strstr(r.out, "spec: HOST1:PORT/0:"),
+          "chain-plan --attn-rate measure: exit %d '%.900s' '%s'", r.status, r.out, r.err);
+    tc_free(&r);
+    r = RUN(NULL, 30, "chain-plan", "-m", (char *)model, "--nodes", "2", "--attn-rate", "measure", "--prompt-tokens", "20");
+    CHECK(r.status == 1 && strstr(r.err, "half the tokens"), "chain-plan --attn-rate measure of 20 tokens: %d '%s'", r.status,
+          r.err);
     tc_free(&r);
     r = RUN(NULL, 30, "chain-plan", "-m", TC_DIR "/absent.gguf", "--nodes", "2");
     CHECK(r.status == 1 && strstr(r.err, "absent.gguf"), "chain-plan of a missing file: %d '%s'", r.status, r.err);
