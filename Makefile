@@ -107,7 +107,7 @@ endif
 # ahead of $(BUILD)/libtandem.a, whose absent member it then replaces.
 # The default build neither needs nor uses MLX.
 MLX_BUILD  ?= build-mlx
-MLX_TESTS  := test_backend_ops test_golden test_handoff test_serve_mlx test_chain_mlx
+MLX_TESTS  := test_backend_ops test_golden test_handoff test_serve_mlx test_chain_backend
 ifeq ($(MLX),1)
 ifeq ($(MLX_BUILD),$(BUILD))
 $(error MLX=1: MLX_BUILD ($(MLX_BUILD)) must differ from BUILD, whose library it links)

@@ -174,6 +174,14 @@ cuda() {
         MUST_SAY="skipped: cuda: no CUDA device" TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN="$CUDA_BIN/tandem" \
             expect "CUDA build, no device: test_handoff" "$N passed, 0 failed, $K skipped" ok $R "$CUDA_BIN/test_handoff"
     fi
+    if [ -x "$CUDA_BIN/tandem" ] && [ -x "$CUDA_BIN/test_chain_backend" ]; then   # CUDA slices in chains
+        MUST_SAY="skipped: cuda: no CUDA device" TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN="$CUDA_BIN/tandem" \
+            expect "CUDA build, no device: test_chain_backend" "0 passed, 0 failed, 1 skipped" ok \
+            $R "$CUDA_BIN/test_chain_backend"
+        MUST_SAY="FAIL required (TANDEM_REQUIRE) cuda" TANDEM_REQUIRE=cuda TANDEM_PREFILL_BACKEND=cuda \
+            TANDEM_BIN="$CUDA_BIN/tandem" expect "no device, cuda required: test_chain_backend" \
+            "0 passed, 1 failed, 0 skipped" fail $R "$CUDA_BIN/test_chain_backend"
+    fi
     MUST_SAY="FAIL required (TANDEM_REQUIRE) cuda" TANDEM_REQUIRE=cuda expect "no device, cuda required" \
         "$N passed, 1 failed, $Z skipped" fail $R "$CUDA_BIN/test_backend_ops"
     # a driver library that is there but fails: start-up fails, with its cause

@@ -8,17 +8,25 @@
 #   2. test_golden on the CUDA backend (TANDEM_BACKEND=cuda)
 #   3. test_handoff with CUDA prefill nodes and CPU decode (the cross-backend
 #      KV proof: F16/F32 split output == CPU-only output)
-#   4. tandem bench --backend cuda on the model files named in BENCH_MODELS
+#   4. test_chain_backend with TANDEM_PREFILL_BACKEND=cuda (issue 41):
+#      layer-split prefill chains of CUDA slice nodes and chains mixing
+#      CUDA and CPU slices both ways, each with a CPU and a CUDA decode
+#      side (F16/F32 files: the CPU single-node tokens exactly; quantized:
+#      the first token on at least half the runs), a decode node over a
+#      CUDA chain (prefix reuse; kill -9 of a CUDA slice mid-prefill), a
+#      CUDA slice's RSS below a CUDA whole-model node's. Alone:
+#      STEPS=chain tools/cuda_check.sh (T_CHAIN, default 480 s)
+#   5. tandem bench --backend cuda on the model files named in BENCH_MODELS
 # Step memcheck runs step 1 under compute-sanitizer (every device read and
 # write against the bounds of its allocation): a scratch region sized for
 # the wrong width once wrote past its buffer with every check passing.
 # Step 2 runs again with TANDEM_CUDA_ATTN=cores (long prompts' attention on
 # CUDA cores instead of the default tensor cores; step 1 checks both), and
-# step 4 benchmarks both ways. Step golden_repeat loads each quantized file
+# step 5 benchmarks both ways. Step golden_repeat loads each quantized file
 # REPEAT times (default 8) in fresh processes: a race between a weight's
 # upload and its first use showed up in about one load in eight, so one
 # passing run proves little.
-# Needs the fixture set (TANDEM_FIXTURES) for 1-3; the F16 test models are
+# Needs the fixture set (TANDEM_FIXTURES) for 1-4; the F16 test models are
 # generated into TANDEM_MODELS if missing (tools/gen_mini.py, about 10 s).
 # A GPU check that could not run is not a pass: TANDEM_REQUIRE gains "cuda"
 # and "fixtures" here (tests/t.h), so a machine without a CUDA device, or a
@@ -30,7 +38,7 @@ BIN=${BIN:-build-cuda}
 FIX=${TANDEM_FIXTURES:-../shared/fixtures}
 MODELS=${TANDEM_MODELS:-$BIN/models}
 LOG_DIR=${LOG_DIR:-$BIN/cuda-check}
-STEPS=${STEPS:-ops memcheck golden golden_cores golden_repeat handoff bench}
+STEPS=${STEPS:-ops memcheck golden golden_cores golden_repeat handoff chain bench}
 REPEAT=${REPEAT:-8}
 BENCH_MODELS=${BENCH_MODELS:-}
 BENCH_ARGS=${BENCH_ARGS:--p 512,4096,16384 -n 0 -r 3}
@@ -46,7 +54,7 @@ step() {   # step NAME LIMIT_S CMD...: runs it, logs, prints the tail and the ti
     timeout -k 5 "$limit" "$@" >"$LOG_DIR/$name.log" 2>&1
     local rc=$?
     local t1=$(date +%s.%N)
-    grep -E '^(FAIL|skipped|handoff:|golden|ops|\|)|passed|error|Error' "$LOG_DIR/$name.log" | head -n 60
+    grep -E '^(FAIL|skipped|handoff:|chain_cuda:|golden|ops|\|)|passed|error|Error' "$LOG_DIR/$name.log" | head -n 60
     tail -n 3 "$LOG_DIR/$name.log"
     awk -v n="$name" -v r="$rc" -v a="$t0" -v b="$t1" 'BEGIN { printf "== %s: rc %d, %.1f s\n", n, r, b - a }'
     [ "$rc" -eq 0 ] || { FAILED+=("$name (rc $rc$( [ "$rc" -eq 124 ] && echo ', timed out'))"); echo "== $name: FAILED"; }
@@ -82,6 +90,7 @@ for s in $STEPS; do
         step memcheck ${T_MEMCHECK:-600} "$san" --tool memcheck --error-exitcode 9 "$BIN/test_backend_ops"
         grep -E 'ERROR SUMMARY|Invalid' "$LOG_DIR/memcheck.log" | head -n 5 ;;
     handoff) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step handoff ${T_HANDOFF:-240} "$BIN/test_handoff" ;;
+    chain) TANDEM_BIN=$BIN/tandem TANDEM_PREFILL_BACKEND=cuda step chain ${T_CHAIN:-480} "$BIN/test_chain_backend" ;;
     bench) for m in $BENCH_MODELS; do
                for a in cores tc; do
                    # shellcheck disable=SC2086

@@ -3,7 +3,7 @@
 # checks on a machine that has an NVIDIA driver and CUDA 13's cuBLAS but
 # not this project's build dependencies (a rented GPU box, a lab machine):
 #   tools/cuda_pack.sh OUT [--quantized] [--model NAME ...] [--gz]
-# OUT/bin: the CUDA build's tandem and its three GPU tests, stripped;
+# OUT/bin: the CUDA build's tandem and its four GPU tests, stripped;
 # OUT/lib: the shared libraries they load, except the C library and CUDA's
 # (a newer glibc there is fine); OUT/fx: the part of the fixture set the
 # tests read (goldens, stories260K, the F16 generator and its tokenizer;
@@ -39,10 +39,10 @@ if [ -n "$GZ" ]; then   # staged in a folder of its own, then packed into DEST
     trap 'rm -rf "$OUT"' EXIT
 fi
 make -j"$(nproc)" CUDA=1 BUILD=build-cuda build-cuda/tandem build-cuda/test_backend_ops build-cuda/test_golden \
-    build-cuda/test_handoff >/dev/null
+    build-cuda/test_handoff build-cuda/test_chain_backend >/dev/null
 mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/fx/golden" "$OUT/fx/golden-mainline" "$OUT/fx/models" "$OUT/fx/tools" \
     "$OUT/fx/tokenizers" "$OUT/tools"
-for b in tandem test_backend_ops test_golden test_handoff; do strip -o "$OUT/bin/$b" "build-cuda/$b"; done
+for b in tandem test_backend_ops test_golden test_handoff test_chain_backend; do strip -o "$OUT/bin/$b" "build-cuda/$b"; done
 ldd "$OUT/bin/tandem" "$OUT/bin/test_handoff" | awk '$3 ~ /^\// { print $3 }' | sort -u |
     grep -vE '/(libc|libm|libdl|libpthread|librt|libresolv|libgcc_s|libstdc\+\+)\.so|libcublas|libcudart' |
     while read -r l; do cp -L "$l" "$OUT/lib/"; done

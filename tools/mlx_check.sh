@@ -15,12 +15,13 @@
 #   6. test_serve_mlx: serving nodes with --backend mlx (a router before
 #      one, continuous batching, prefix sharing, --lookup) against a CPU
 #      node's greedy tokens, on stories260K-F16
-#   7. test_chain_mlx: layer-split prefill chains with MLX slices and
+#   7. test_chain_backend (TANDEM_PREFILL_BACKEND unset: its default, MLX):
+#      layer-split prefill chains with MLX slices and
 #      chains mixing MLX and CPU slices (CPU and MLX decode sides, a decode
 #      node's prefix reuse, kill -9 of an MLX slice mid-prefill): F16/F32
 #      files give the CPU single-node tokens exactly, quantized files agree
 #      above test_handoff's floor
-# MLX_QUICK=1: test_golden, test_handoff and test_chain_mlx on the
+# MLX_QUICK=1: test_golden, test_handoff and test_chain_backend on the
 # stories260K files only (F32 and F16; what tools/test.sh runs: MLX's CPU
 # backend is slow). The
 # full test_golden took 488 s at load 2 and passed tests/run.sh's 900 s at
@@ -46,4 +47,4 @@ quick=(TEST_TIMEOUT="${TEST_TIMEOUT:-7200}")
 # the runs set every TANDEM_* variable the tests read
 env -u TANDEM_PREFILL_BACKEND -u TANDEM_GOLDEN -u TANDEM_HANDOFF_ONLY "${quick[@]}" TANDEM_MODELS=build/models TANDEM_BIN=build-mlx/tandem TANDEM_BACKEND=mlx \
     TANDEM_DECODE_BACKEND=mlx tests/run.sh build-mlx/test_backend_ops build-mlx/test_golden build-mlx/test_handoff build-mlx/test_serve_mlx \
-    build-mlx/test_chain_mlx
+    build-mlx/test_chain_backend

@@ -128,7 +128,8 @@ part_counts setup 0 "$setup_fail" 0
 # The CUDA build: tandem and the tests below compile and link; on a machine without
 # a CUDA device test_backend_ops checks the device code's host versions and
 # counts "skipped: cuda: no CUDA device" for the rest, as the goldens on the
-# CUDA backend and the CUDA-prefill handoff do (counted skips, in the
+# CUDA backend, the CUDA-prefill handoff and the CUDA-slice chains
+# (test_chain_backend) do (counted skips, in the
 # totals); a CUDA backend that cannot start for another reason fails. Then
 # the self-test's CUDA part (a broken driver must fail). About 35 s on 2
 # cores (all five -gencode targets), in the background while the suite runs.
@@ -148,7 +149,7 @@ if [ -x "$NVCC" ]; then
     ls "${CUDA_HOME:-/nonexistent}"/lib64/libcublas.so* >/dev/null 2>&1 || CUDA_HOME=$(cuda_home)
     if ls "$CUDA_HOME"/lib64/libcublas.so* >/dev/null 2>&1; then cuda_state=build; else cuda_state=no-cublas; fi
 fi
-# cuda_build: tandem and the three tests run below (and by the self-test's
+# cuda_build: tandem and the four tests run below (and by the self-test's
 # CUDA part); status 1 where make CUDA=1 failed.
 cuda_build() {
     # build/'s objects where -DTANDEM_CUDA changes nothing (Makefile, seed_objs):
@@ -157,7 +158,7 @@ cuda_build() {
     # the other tests' sources are build/'s (none names TANDEM_CUDA) and
     # tandem links the whole library against cuBLAS as they would
     make -j"$JOBS" CUDA=1 BUILD=build-cuda NVCC="$NVCC" CUDA_HOME="$CUDA_HOME" build-cuda/tandem \
-        build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff
+        build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff build-cuda/test_chain_backend
 }
 
 # ==== Builds in the background ====
@@ -292,7 +293,7 @@ if [ "$cuda_state" != no-nvcc ]; then
         cuda_build || { echo "FAIL cuda: make CUDA=1 failed"; cuda_build_fail=1; }
         # on a GPU machine the whole check (tools/cuda_check.sh has it with benchmarks)
         { TANDEM_MODELS=build/models TANDEM_BACKEND=cuda TANDEM_PREFILL_BACKEND=cuda TANDEM_BIN=build-cuda/tandem \
-            tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff
+            tests/run.sh build-cuda/test_backend_ops build-cuda/test_golden build-cuda/test_handoff build-cuda/test_chain_backend
           SELFTEST_PART=cuda tests/run.sh tests/selftest.sh; } 2>&1 | tee build/cuda-run.log
         # one totals line for the part: the two runs summed
         grep -E '^[0-9]+ passed, [0-9]+ failed' build/cuda-run.log |
@@ -312,7 +313,7 @@ fi
 # (the one MLX object linked with the suite's build/libtandem.a: 9 s of CPU,
 # where compiling the library again with -DTANDEM_MLX took 67 s) and runs
 # test_backend_ops (MLX vs CPU), test_golden on MLX, the handoff with an
-# MLX decode side, test_serve_mlx (serving nodes on MLX) and test_chain_mlx (layer-split chains with MLX slices,
+# MLX decode side, test_serve_mlx (serving nodes on MLX) and test_chain_backend (layer-split chains with MLX slices,
 # 23 s quick at load 5.7). MLX_QUICK=1 (the default here) holds test_golden, the handoff and the chains to the
 # stories260K files (F32, F16): MLX's CPU backend multiplies with scalar loops and
 # reference BLAS: the full test_golden there took 488 s (load 2), more than the suite's whole part; the full
