@@ -37,14 +37,16 @@ CFLAGS   += -DTANDEM_PORTABLE
 endif
 
 # KSLOW: the kernel sets, longest compile first (the ASan build's clang -O1
-# with ASan+UBSan: quant_avx512.c 310 CPU-seconds of the library's 380,
-# ops_avx512.c 14, quant_avxvnni.c 12, quant_avx2.c 11, ops_avx2.c 2). The
-# library, and so every link, waits for the last object: in plain file
-# order quant_avx512.c began after some 110 others and then compiled with
-# the other core idle; begun first, the others compile beside it. Those
-# CPU times on 2 workers: 364 -> 336 s to the last link (the file itself
-# is the floor, 310 s).
-KSLOW    := $(wildcard $(addprefix src/backend/cpu/,quant_avx512.c ops_avx512.c quant_avxvnni.c quant_avx2.c ops_avx2.c))
+# with ASan+UBSan, CPU-seconds: quant_avx512_kp.c 183, quant_avx512_kp6.c
+# 69, quant_avx512.c 64, ops_avx512.c 14, quant_avxvnni.c 12, quant_avx2.c
+# 11, quant_avx512_r16.c 9, ops_avx2.c 2; the library's other objects some
+# 70). The library, and so every link, waits for the last object: begun
+# first, the longest compiles beside the rest. The avx512 set was one unit,
+# quant_avx512.c, 310-330 CPU-seconds alone, so 2 workers waited on it with
+# one core idle (its four units: quant_avx512_parts.h); now the longest unit
+# is under half of the whole (about 395 CPU-seconds).
+KSLOW    := $(wildcard $(addprefix src/backend/cpu/,quant_avx512_kp.c quant_avx512_kp6.c quant_avx512.c ops_avx512.c \
+              quant_avxvnni.c quant_avx2.c quant_avx512_r16.c ops_avx2.c))
 # (and src/backend/mlx/backend_mlx_absent.c: the MLX entry points of a build
 # without MLX, which `make MLX=1 mlx` replaces at link time; see below)
 # The kernel sets first (KSLOW): make -j starts the objects in this order.
@@ -155,7 +157,8 @@ KDEBUG   ?=
 KAVX2    := -mavx2 -mfma -mf16c $(KALIGN) $(KDEBUG)
 $(BUILD)/obj/backend/cpu/quant_avx2.o $(BUILD)/obj/backend/cpu/ops_avx2.o: CFLAGS += $(KAVX2)
 $(BUILD)/obj/backend/cpu/quant_avxvnni.o: CFLAGS += $(KAVX2) -mavxvnni
-$(BUILD)/obj/backend/cpu/quant_avx512.o $(BUILD)/obj/backend/cpu/ops_avx512.o: CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
+K512_OBJ := $(addprefix $(BUILD)/obj/backend/cpu/,quant_avx512.o quant_avx512_r16.o quant_avx512_kp.o quant_avx512_kp6.o ops_avx512.o)
+$(K512_OBJ): CFLAGS += $(KAVX2) -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni
 endif
 # arm64's dotprod and i8mm sets (quant_neon_dotprod.c, quant_neon_i8mm.c);
 # quant_dispatch.c uses them when the hwcaps say the CPU has the dot-product (and
@@ -165,9 +168,11 @@ $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o: CFLAGS += -march=armv8.2-a+dotpro
 $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: CFLAGS += -march=armv8.2-a+dotprod+i8mm $(KDEBUG)
 endif
 endif
-# quant_avxvnni.c and quant_avx512.c are quant_avx2.c under other names,
+# quant_avxvnni.c and quant_avx512*.c are quant_avx2.c under other names (the
+# avx512 set in four units, quant_avx512_parts.h),
 # quant_neon_dotprod.c and quant_neon_i8mm.c are quant_neon.c
-$(BUILD)/obj/backend/cpu/quant_avxvnni.o $(BUILD)/obj/backend/cpu/quant_avx512.o: src/backend/cpu/quant_avx2.c
+$(addprefix $(BUILD)/obj/backend/cpu/,quant_avxvnni.o quant_avx512.o quant_avx512_r16.o quant_avx512_kp.o \
+                                            quant_avx512_kp6.o): src/backend/cpu/quant_avx2.c
 $(BUILD)/obj/backend/cpu/quant_neon_dotprod.o $(BUILD)/obj/backend/cpu/quant_neon_i8mm.o: src/backend/cpu/quant_neon.c
 # tests/<family>/test_*.c (the families of src/), each built as $(BUILD)/test_*
 # (flat, so tests/run.sh's build/test_* finds them); tests/*.h are the shared
@@ -256,9 +261,10 @@ build-cuda/.seeded: $(BUILD)/libtandem.a
 seed-cuda: all build-cuda/.seeded
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer.
 # asan-build builds it only (tools/test.sh starts it in the background
-# while the suite runs: 380 CPU-seconds of compiles, 310 of them clang on
-# quant_avx512.c, UBSan's pointer-overflow checks about half of that, begun
-# first (KSLOW); then 51 CPU-seconds of links);
+# while the suite runs: some 395 CPU-seconds of compiles, 325 of them clang
+# on the avx512 set's four units (183 the longest, quant_avx512_kp.c), UBSan's
+# pointer-overflow checks about half of that, begun first (KSLOW); then 51
+# CPU-seconds of links);
 # asan builds what is missing and runs it.
 asan-build:
 	$(MAKE) BUILD=build-asan CC=clang OPT=-O1 KDEBUG=-gline-tables-only \

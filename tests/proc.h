@@ -352,6 +352,51 @@ PROC_FN int run_ids(const char *model, const char *prompt, int chat, int n_predi
     return n;
 }
 
+/* run_ids started (run_ids_start) and collected (run_ids_end) apart, so
+ * that a test's reference runs go side by side (each `tandem run -t 1` is
+ * one core's work; a test that ran seven of them one after another spent
+ * 8 s of its wall on them under ASan, the other core idle), or beside its
+ * servers' start. */
+typedef struct { pid_t pid; char prompt[40], out[40]; } run_job;
+
+PROC_FN int run_ids_start(run_job *j, const char *model, const char *prompt, int chat, int n_predict) {
+    snprintf(j->prompt, sizeof j->prompt, "/tmp/tandem-test-prompt-XXXXXX");
+    snprintf(j->out, sizeof j->out, "/tmp/tandem-test-ids-XXXXXX");
+    j->pid = -1;
+    int fd = mkstemp(j->prompt), fo = mkstemp(j->out);
+    if (fo >= 0) close(fo);
+    if (fd < 0 || fo < 0) { if (fd >= 0) close(fd); return -1; }
+    size_t len = strlen(prompt);
+    int ok = write(fd, prompt, len) == (ssize_t)len;
+    close(fd);
+    if (!ok) return -1;
+    char np[16];
+    snprintf(np, sizeof np, "%d", n_predict);
+    char *argv[] = { (char *)bin(), "run", "-m", (char *)model, "-f", j->prompt, "-n", np, "--ids", "--ignore-eos",
+                     "-t", "1", chat ? "--chat" : NULL, NULL };
+    j->pid = spawn_io(argv, NULL, j->out, "/dev/null");
+    return j->pid > 0 ? 0 : -1;
+}
+
+/* Waits (at most timeout_ms) for a run_ids_start's run: its ids, as run_ids. */
+PROC_FN int run_ids_end(run_job *j, int timeout_ms, int32_t *out, int cap) {
+    int rc = j->pid > 0 ? wait_exit(j->pid, timeout_ms) : -1;
+    char *o = rc == 0 ? read_text(j->out) : NULL;
+    unlink(j->prompt);
+    unlink(j->out);
+    if (!o) return -1;
+    int n = 0;
+    char *p = o, *end;
+    while (n < cap) {
+        long v = strtol(p, &end, 10);
+        if (end == p) break;
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    free(o);
+    return n;
+}
+
 PROC_FN int count_fds(pid_t pid) {
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);

@@ -54,7 +54,7 @@ macos_file_flags() {
     case "$target:$(basename "$f")" in
     x86_64*:quant_avx2.c|x86_64*:ops_avx2.c) echo "$kavx2" ;;
     x86_64*:quant_avxvnni.c) echo "$kavx2 -mavxvnni" ;;
-    x86_64*:quant_avx512.c|x86_64*:ops_avx512.c) echo "$kavx2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
+    x86_64*:quant_avx512.c|x86_64*:quant_avx512_r16.c|x86_64*:quant_avx512_kp.c|x86_64*:quant_avx512_kp6.c|x86_64*:ops_avx512.c) echo "$kavx2 -mavx512f -mavx512bw -mavx512vl -mavx512dq -mavx512vnni" ;;
     aarch64*:quant_neon_dotprod.c) echo "-mcpu=generic+v8_2a+dotprod" ;;
     aarch64*:quant_neon_i8mm.c) echo "-mcpu=generic+v8_2a+dotprod+i8mm" ;;
     esac

@@ -29,8 +29,9 @@
 # of the two cores idle, mostly waiting on their servers' sockets, and the
 # builds after step 2 are compile-only, so these run in the background at a
 # low CPU priority while the suite runs (see "Builds in the background"
-# below): the ASan build (380 CPU-seconds of compiles, 310 of them one file,
-# quant_avx512.c, which the Makefile starts first), the portable build, the
+# below): the ASan build (some 395 CPU-seconds of compiles, 325 of them the
+# avx512 kernel set's four units, the longest 183 CPU-seconds, which the
+# Makefile starts first), the portable build, the
 # macOS compile check, the CUDA, MLX and fuzz builds. Each part still
 # runs its own make afterwards (nothing left to do when the background build
 # made it), so a failed or missing background build reports as before.
@@ -166,8 +167,8 @@ cuda_build() {
 # servers' sockets and on child processes), so the compile-only work of the
 # later parts runs meanwhile at a low CPU priority (a test that wants a core
 # gets it; the background gets what is idle): the ASan build in one chain at
-# nice 15 (needed first, after the suite; its AVX-512 kernel file alone is
-# some 310 CPU-seconds of clang, begun first: the Makefile's KSLOW), and the portable build, the macOS compile
+# nice 15 (needed first, after the suite; its AVX-512 kernel units are some
+# 325 CPU-seconds of clang, the longest 183, begun first: the Makefile's KSLOW), and the portable build, the macOS compile
 # check, the CUDA build, the MLX build and the fuzz build one after another in a second
 # chain at nice 19 (so the ASan build goes first where both want a core).
 # Each step's output goes to build/bg-NAME.log, its status to build/bg-NAME.rc,

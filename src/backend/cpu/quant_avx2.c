@@ -124,6 +124,18 @@ QA_INLINE __m256i qa_nibbles(const uint8_t *p) {
     return _mm256_and_si256(v, _mm256_set1_epi8(0xF));
 }
 
+#if defined(QA_ZMM)
+#include "quant_avx512_parts.h"
+#endif
+
+#if defined(QA_ONLY)
+/* One of the avx512 set's other compile units (quant_avx512_parts.h):
+ * the helpers above and its family's header alone */
+#if defined(QA_ZMM)
+#include QA_ONLY
+#endif
+#else
+
 /* ==== 32-element formats (Q4_0, Q5_0, Q8_0) x Q8_0 ==== */
 /* Signed int8 values of one weight block and its scale. */
 QA_INLINE __m256i qa_decode_b32(uint32_t type, const uint8_t *blk, float *d) {
@@ -319,10 +331,6 @@ QA_TILE_B32(Q8_0)
 QA_TILE_B32(Q4_0)
 QA_TILE_B32(Q5_0)
 
-#if defined(QA_ZMM)
-#include "quant_avx512_r16.h"
-#endif
-
 typedef void (*qa_b32_fn)(int, int, int64_t, const uint8_t *, size_t, const block_q8_0 *const *,
                           const float (*)[QA_CHUNK], const __m256i (*)[QA_CHUNK], float *);
 
@@ -331,8 +339,8 @@ static void qa_mul_mat_b32(uint32_t type, int64_t n, const void *w, size_t w_str
 #if defined(QA_ZMM)
     if (type == GGML_TYPE_Q8_0 && nw >= 16 && w_stride <= (size_t)INT32_MAX / 16) {
         int nw16 = nw / 16 * 16;
-        if (na >= QA_R16_MIN) qa_mul_mat_r16(GGML_TYPE_Q8_0, n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride, 0);
-        else qa_mul_mat_q8_r16_few(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
+        if (na >= QA_R16_MIN) quant_avx512_mul_r16(GGML_TYPE_Q8_0, n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride, 0);
+        else quant_avx512_mul_r16_few(n, (const uint8_t *)w, w_stride, nw16, a, a_stride, na, out, out_stride);
         if (nw16 == nw) return;
         w = (const uint8_t *)w + (size_t)nw16 * w_stride;   /* the last rows: the pair tile */
         out += nw16;
@@ -619,10 +627,6 @@ static void qa_mul_mat_k(uint32_t type, int64_t n, const void *w, size_t w_strid
     }
 }
 
-#if defined(QA_ZMM)
-#include "quant_avx512_kp.h"
-#endif
-
 /* ==== Float formats (F32, F16, BF16) ==== */
 /* Activation rows are converted to f32 once per K-chunk (QA_FCHUNK values)
  * into a stack buffer and reused by every weight row; weights are converted
@@ -902,6 +906,7 @@ static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
     }
 }
 
+#endif /* QA_ONLY */
 #define QA_BUILT 1
 #else
 #define QA_BUILT 0
@@ -909,6 +914,7 @@ static int qa_quantize_act_row(uint32_t type, const float *x, void *y, int64_t n
 #define qa_quantize_act_row NULL
 #endif
 
+#if !defined(QA_ONLY)
 #define QA_NEEDS_avx2 QK_CPU_AVX2
 #define QA_NEEDS_avxvnni (QK_CPU_AVX2 | QK_CPU_AVXVNNI)
 #define QA_NEEDS_avx512 (QK_CPU_AVX2 | QK_CPU_AVX512)
@@ -923,6 +929,7 @@ const quant_kset QA_CAT(quant_kset, QA_SET) = {
 #if defined(QA_ZMM)
     .packed_types = 1ull << GGML_TYPE_Q8_0 | 1ull << GGML_TYPE_Q4_0 | 1ull << GGML_TYPE_Q5_0 |
                     1ull << GGML_TYPE_Q4_K | 1ull << GGML_TYPE_Q5_K | 1ull << GGML_TYPE_Q6_K,
-    .mul_mat_tile_packed = qa_mul_mat_packed,
+    .mul_mat_tile_packed = quant_avx512_mul_packed,
 #endif
 };
+#endif

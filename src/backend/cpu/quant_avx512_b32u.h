@@ -4,7 +4,7 @@
  * file's helpers (QA_INLINE, QA_UNROLL, qa_h2f) and its includes. */
 
 /* ==== AVX-512 VNNI: Q4_1 / Q5_1, 16 weight rows across the lanes ====
- * The Q8_0 few-row path's arithmetic (qa_mul_mat_q8_r16_few) for the
+ * The Q8_0 few-row path's arithmetic (quant_avx512_mul_r16_few) for the
  * formats with a min: per block, each lane (weight row) gets its integer
  * dot whole, then sumf += (d_w d_a) * sumi + m_w * s_a, unfused: the
  * reference's arithmetic, bit for bit, so a row's result does not depend on

@@ -1,7 +1,8 @@
-/* quant_avx512_kp.h - part of quant_avx2.c (included where it builds the
- * avx512 set, QA_ZMM): the packed K-quant products (Q4_K, Q5_K, Q6_K), 16
- * weight rows across the lanes, and the packed entry point. Not a header of
- * its own: it uses the file's helpers and its includes. */
+/* quant_avx512_kp.h - part of quant_avx2.c where quant_avx512_kp.c builds
+ * it (the avx512 set's unit of its own, quant_avx512_parts.h): the packed
+ * K-quant products (Q4_K, Q5_K, Q6_K), 16 weight rows across the lanes, and
+ * the packed entry point. Not a header of its own: it uses the file's
+ * helpers and its includes. */
 
 /* ==== AVX-512 VNNI: packed K-quants, 16 rows across the lanes ====
  * Weights in the packed layouts of quant_pack.c: each 64-byte run gives lane i
@@ -30,7 +31,6 @@
  * and the machine's bandwidth the limit (about 44 GB/s for the two), every
  * distance of this one prefetch gave the same (a second one does not:
  * quant_dispatch.c, "Walk prefetch"). */
-static volatile const size_t qa_kp_pf_q4k = 12288, qa_kp_pf_q6k = 4 * QA_Q6KP_BLOCK;
 /* A second prefetch of every line, 32 KiB ahead: see quant_dispatch.c,
  * "Walk prefetch" (where it is measured, and the CPUs it is off on). */
 static volatile const size_t qa_kp_far = 32768;
@@ -43,6 +43,35 @@ static volatile const size_t qa_kp_far = 32768;
             _mm_prefetch((const char *)(p) + (far), _MM_HINT_T0);       \
         }                                                               \
     } while (0)
+
+/* The walks for each activation-row count, as NAME (linkage LINK: static,
+ * or none for the Q6_K walk, quant_avx512_kp6.c's). Kept out of line
+ * (noinline): once qa_mul_mat_kpacked grew its tile, GCC
+ * inlined the Q5_K and Q6_K walks into it, and decode ran 5-7% slower (the
+ * 30B-A3B shape, whose 255 MB output layer is Q6_K: tg64 74.1-75.2 t/s
+ * inlined, 78.7-80.1 out of line, alternated). */
+#define QA_KP_WALK(LINK, NAME, T)                                                                  \
+    LINK __attribute__((noinline)) void NAME(int RA, int64_t nb, const uint8_t *pk,                \
+                                             const block_q8_K *const *ar, float *out, size_t os,   \
+                                             size_t gn) {                                          \
+        switch (RA) {                                                                              \
+        case 1: qa_##T##_walk(1, nb, pk, ar, out, os, gn); break;                                  \
+        case 2: qa_##T##_walk(2, nb, pk, ar, out, os, gn); break;                                  \
+        case 3: qa_##T##_walk(3, nb, pk, ar, out, os, gn); break;                                  \
+        case 4: qa_##T##_walk(4, nb, pk, ar, out, os, gn); break;                                  \
+        case 5: qa_##T##_walk(5, nb, pk, ar, out, os, gn); break;                                  \
+        case 6: qa_##T##_walk(6, nb, pk, ar, out, os, gn); break;                                  \
+        case 7: qa_##T##_walk(7, nb, pk, ar, out, os, gn); break;                                  \
+        default: qa_##T##_walk(8, nb, pk, ar, out, os, gn); break;                                 \
+        }                                                                                          \
+    }
+
+#if defined(QA_KP6)
+#include "quant_avx512_kp6.h"
+#else
+
+/* Q4_K's decode prefetch distance, 12 KiB (above; Q6_K's: quant_avx512_kp6.h) */
+static volatile const size_t qa_kp_pf_q4k = 12288;
 
 /* Q4_K's scales and mins, decoded once per block from the three scale runs
  * A, B, C (bytes 0-3, 4-7, 8-11 of each row's 12 scale bytes; for j < 4
@@ -191,118 +220,6 @@ QA_INLINE void qa_q45k_walk(int Q5, int RA, int64_t nb, const uint8_t *pk, const
     for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
 }
 
-/* Q6_K: the four quads of sub-block s, each level times 4, from its three
- * runs (quant_pack.c's layout): three ANDs, and the fourth quad's bit pairs
- * shifted into place (16-bit shifts carry the neighbour byte's bits in, so
- * two selects and a final AND keep only the pairs). */
-QA_INLINE void qa_q6k_quads(const uint8_t *run, __m512i l[4]) {
-    const __m512i mfc = _mm512_set1_epi8((char)0xFC);
-    const __m512i a = _mm512_loadu_si512(run), b = _mm512_loadu_si512(run + 64), c = _mm512_loadu_si512(run + 128);
-    l[0] = _mm512_and_si512(a, mfc);
-    l[1] = _mm512_and_si512(b, mfc);
-    l[2] = _mm512_and_si512(c, mfc);
-    /* bits 2-3 from a << 2, 4-5 from b << 4, 6-7 from c << 6 (0xCA: A ? B : C) */
-    __m512i u = _mm512_ternarylogic_epi32(_mm512_set1_epi8(0x30), _mm512_slli_epi16(b, 4), _mm512_slli_epi16(c, 6), 0xCA);
-    u = _mm512_ternarylogic_epi32(_mm512_set1_epi8(0x0C), _mm512_slli_epi16(a, 2), u, 0xCA);
-    l[3] = _mm512_and_si512(u, mfc);
-}
-
-/* The bsums half of the offset correction, sum over sub-blocks of
- * scale x bsum, for all 16 lanes at once (per activation row it replaces 16
- * broadcasts and subtractions; one Zen 5 core, cache-resident rows: 8
- * activation rows 428 -> 480 GFLOP/s, the one-row decode walk 60-61 -> 72-74
- * GB/s): the int8 scales of S (run c)
- * widened to int16 pairs (4c, 4c + 2) and (4c + 1, 4c + 3), vpdpwssd against
- * the matching bsums pairs, which P holds as dwords 2c and 2c + 1. */
-QA_INLINE __m512i qa_q6k_bsum_dot(__m512i corr, __m512i S, __m512i P, int c) {
-    const __m512i ev = _mm512_srai_epi16(_mm512_slli_epi16(S, 8), 8), od = _mm512_srai_epi16(S, 8);
-    corr = _mm512_dpwssd_epi32(corr, ev, _mm512_permutexvar_epi32(_mm512_set1_epi32(2 * c), P));
-    return _mm512_dpwssd_epi32(corr, od, _mm512_permutexvar_epi32(_mm512_set1_epi32(2 * c + 1), P));
-}
-
-QA_INLINE void qa_q6k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
-                           size_t out_stride, size_t gn) {
-    /* bsums words reordered so that dword 2c is (4c, 4c + 2), 2c + 1 is (4c + 1, 4c + 3) */
-    const __m256i bperm = _mm256_setr_epi16(0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15);
-    __m512 acc[QA_KP_ACTS];
-    QA_UNROLL
-    for (int r = 0; r < RA; r++) acc[r] = _mm512_setzero_ps();
-    const size_t pf = quant_walk_prefetch ? qa_kp_pf_q6k : 0, far = qa_kp_far;
-    for (int64_t b = 0; b < nb; b++, pk += QA_Q6KP_BLOCK) {
-        __m512i sumi[QA_KP_ACTS], corr[QA_KP_ACTS], P[QA_KP_ACTS];
-        if (RA <= 2)   /* the scales' lines (the runs' are fetched as they are read) */
-            for (int l = 0; l < 288; l += 64) QA_PF_2(pk + l, pf, far);
-        QA_UNROLL
-        for (int r = 0; r < RA; r++) {
-            sumi[r] = corr[r] = _mm512_setzero_si512();
-            P[r] = _mm512_castsi256_si512(
-                _mm256_permutexvar_epi16(bperm, _mm256_loadu_si256((const __m256i *)ar[r][b].bsums)));
-        }
-        QA_UNROLL
-        for (int c = 0; c < 4; c++) {
-            const __m512i S = _mm512_loadu_si512(pk + 32 + 64 * c);   /* scales 4c..4c+3 */
-            QA_UNROLL
-            for (int r = 0; r < RA; r++)
-                corr[r] = qa_q6k_bsum_dot(corr[r], S, P[r], c);
-            QA_UNROLL
-            for (int j = 0; j < 4; j++) {
-                const int sb = 4 * c + j;
-                const uint8_t *run = pk + 288 + 192 * sb;
-                if (RA <= 2)
-                    for (int l = 0; l < 192; l += 64)
-                        QA_PF_2(run + l, pf, far);
-                if (RA > 2 && gn) {   /* the same lines of the next group (qa_mul_mat_kpacked) */
-                    for (int l = 0; l < 192; l += 64) _mm_prefetch((const char *)run + gn + l, _MM_HINT_T0);
-                    if (sb == 0)
-                        for (int l = 0; l < 288; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
-                }
-                __m512i lv[4];
-                qa_q6k_quads(run, lv);
-                const __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(S, 24 - 8 * j), 24);   /* int8 scale sb */
-                QA_UNROLL
-                for (int r = 0; r < RA; r++) {
-                    const int8_t *q = ar[r][b].qs + 16 * sb;
-                    __m512i d = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lv[0], qa_bcast4(q));
-                    d = _mm512_dpbusd_epi32(d, lv[1], qa_bcast4(q + 4));
-                    d = _mm512_dpbusd_epi32(d, lv[2], qa_bcast4(q + 8));
-                    d = _mm512_dpbusd_epi32(d, lv[3], qa_bcast4(q + 12));
-                    sumi[r] = _mm512_add_epi32(sumi[r], _mm512_mullo_epi32(sc, d));
-                }
-            }
-        }
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pk));
-        QA_UNROLL
-        for (int r = 0; r < RA; r++) {
-            /* levels are 4 x (value + 32): the reference's sum is sumi / 4 - 32 x corr
-             * (sumi is a multiple of 4, so the shift is exact) */
-            __m512i t = _mm512_sub_epi32(_mm512_srai_epi32(sumi[r], 2), _mm512_slli_epi32(corr[r], 5));
-            acc[r] = _mm512_add_ps(acc[r], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(ar[r][b].d), d),
-                                                         _mm512_cvtepi32_ps(t)));
-        }
-    }
-    QA_UNROLL
-    for (int r = 0; r < RA; r++) _mm512_storeu_ps(out + (size_t)r * out_stride, acc[r]);
-}
-
-/* Kept out of line (noinline): once qa_mul_mat_kpacked grew its tile, GCC
- * inlined the Q5_K and Q6_K walks into it, and decode ran 5-7% slower (the
- * 30B-A3B shape, whose 255 MB output layer is Q6_K: tg64 74.1-75.2 t/s
- * inlined, 78.7-80.1 out of line, alternated). */
-#define QA_KP_WALK(T)                                                                              \
-    static __attribute__((noinline)) void qa_##T##_walk_n(int RA, int64_t nb, const uint8_t *pk,   \
-                                                          const block_q8_K *const *ar, float *out, size_t os, \
-                                                          size_t gn) {                             \
-        switch (RA) {                                                                              \
-        case 1: qa_##T##_walk(1, nb, pk, ar, out, os, gn); break;                                  \
-        case 2: qa_##T##_walk(2, nb, pk, ar, out, os, gn); break;                                  \
-        case 3: qa_##T##_walk(3, nb, pk, ar, out, os, gn); break;                                  \
-        case 4: qa_##T##_walk(4, nb, pk, ar, out, os, gn); break;                                  \
-        case 5: qa_##T##_walk(5, nb, pk, ar, out, os, gn); break;                                  \
-        case 6: qa_##T##_walk(6, nb, pk, ar, out, os, gn); break;                                  \
-        case 7: qa_##T##_walk(7, nb, pk, ar, out, os, gn); break;                                  \
-        default: qa_##T##_walk(8, nb, pk, ar, out, os, gn); break;                                 \
-        }                                                                                          \
-    }
 QA_INLINE void qa_q4k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8_K *const *ar, float *out,
                            size_t out_stride, size_t gn) {
     qa_q45k_walk(0, RA, nb, pk, ar, out, out_stride, gn);
@@ -311,9 +228,8 @@ QA_INLINE void qa_q5k_walk(int RA, int64_t nb, const uint8_t *pk, const block_q8
                            size_t out_stride, size_t gn) {
     qa_q45k_walk(1, RA, nb, pk, ar, out, out_stride, gn);
 }
-QA_KP_WALK(q4k)
-QA_KP_WALK(q5k)
-QA_KP_WALK(q6k)
+QA_KP_WALK(static, qa_q4k_walk_n, q4k)
+QA_KP_WALK(static, qa_q5k_walk_n, q5k)
 
 /* Rows and activation rows per buffered tile (16 KiB of results). */
 #define QA_KP_TILE 64
@@ -370,7 +286,7 @@ static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_
                     float *o = ot + (size_t)j0 * os + (size_t)i0;
                     if (type == GGML_TYPE_Q4_K) qa_q4k_walk_n(RA, nb, pk, ar, o, os, gn);
                     else if (type == GGML_TYPE_Q5_K) qa_q5k_walk_n(RA, nb, pk, ar, o, os, gn);
-                    else qa_q6k_walk_n(RA, nb, pk, ar, o, os, gn);
+                    else quant_avx512_walk_q6k(RA, nb, pk, ar, o, os, gn);
                 }
             }
             if (buf)
@@ -381,12 +297,12 @@ static void qa_mul_mat_kpacked(uint32_t type, int64_t n, const uint8_t *w, size_
     }
 }
 
-static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
-                             const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
+int quant_avx512_mul_packed(uint32_t wtype, int64_t n, const void *w, size_t w_stride, int nw,
+                            const void *a, size_t a_stride, int na, float *out, size_t out_stride) {
     if (nw % 16) return 0;
     switch (wtype) {
     case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0:
-        qa_mul_mat_r16(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1);
+        quant_avx512_mul_r16(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride, 1);
         return 1;
     case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
         qa_mul_mat_kpacked(wtype, n, w, w_stride, nw, a, a_stride, na, out, out_stride);
@@ -394,3 +310,4 @@ static int qa_mul_mat_packed(uint32_t wtype, int64_t n, const void *w, size_t w_
     default: return 0;
     }
 }
+#endif /* QA_KP6 */

@@ -1,5 +1,5 @@
-/* quant_avx512_r16.h - part of quant_avx2.c (included where it builds the
- * avx512 set, QA_ZMM): the Q8_0 / Q4_0 / Q5_0 products with 16 weight rows
+/* quant_avx512_r16.h - part of quant_avx2.c where quant_avx512_r16.c
+ * builds it (the avx512 set's unit of its own, quant_avx512_parts.h): the Q8_0 / Q4_0 / Q5_0 products with 16 weight rows
  * across the lanes of a zmm register, from rows gathered per call or from
  * the packed layout (quant_pack.c). Not a header of its own: it uses the
  * file's helpers (QA_INLINE, QA_UNROLL, qa_h2f, ...) and its includes. */
@@ -16,14 +16,7 @@
  * the call's activation rows. */
 #define QA_R16_MAXB 128   /* blocks per pass: 16 rows x 128 blocks packed are 68 KiB (stack) */
 #define QA_R16_ACTS 8     /* activation rows per walk: 8 accumulators beside 8 weight registers */
-/* Fewer activation rows do not repay the gathering: the few-row tile, two
- * rows a pass, against it on Q8_0 keys (scratch program, 28 x 8 heads,
- * one thread of an AMD EPYC; 128-wide rows, 4096 keys): 4 rows 16.3 against
- * 58-60 ms, 8 rows 25.2-25.5 against 57.2-57.7; 1024 keys: 16 rows 10.4
- * against 14.2, 20 rows 12.7 against 13.9, 24 rows 14.4 against 15.0, 28
- * rows 16.6 against 14.9, 32 rows 18.4 against 14.1; 1024-wide rows, 128
- * keys: 4 rows 3.9 against 10.0, 16 rows 9.6 against 11.2. */
-#define QA_R16_MIN 17
+/* QA_R16_MIN: quant_avx512_parts.h */
 #define QA_R16_JC 64      /* activation rows whose corrections are kept (32 KiB, stack) */
 /* Decode reads a packed group as one sequential stream; a prefetch 2 KiB
  * (about four blocks) ahead keeps more lines in flight than the hardware
@@ -44,11 +37,6 @@ static void qa_r16_pack(const uint8_t *w, size_t w_stride, int64_t b0, int64_t n
             _mm512_storeu_si512(pk + 32 + 64 * g, _mm512_xor_si512(_mm512_i32gather_epi32(idx, base + 2 + 4 * g, 1), off));
     }
 }
-
-/* Four activation bytes to every lane, straight from memory (vpbroadcastd
- * m32): a memcpy to an int first made the compiler load 8 bytes, shift and
- * move each half from a general register (four instructions for one). */
-QA_INLINE __m512i qa_bcast4(const int8_t *p) { return _mm512_broadcastd_epi32(_mm_loadu_si32(p)); }
 
 /* Packed bytes per block of 16 rows (quant_pack.c's layouts) */
 #define QA_P16_BSIZE(T) ((T) == GGML_TYPE_Q8_0 ? 544 : (T) == GGML_TYPE_Q4_0 ? 288 : 352)
@@ -84,7 +72,7 @@ QA_INLINE void qa_r16_walk(uint32_t T, int RA, int64_t nb, const uint8_t *pk, co
     for (int64_t b = 0; b < nb; b++, pk += bsz) {
         __m512i x[8];
         if (RA <= 2 && pf) _mm_prefetch((const char *)pk + QA_P16_PF, _MM_HINT_T0);
-        if (RA > 2 && gn)   /* the next group's block (qa_mul_mat_r16); RA <= 2 prefetches ahead above */
+        if (RA > 2 && gn)   /* the next group's block (quant_avx512_mul_r16); RA <= 2 prefetches ahead above */
             for (int l = 0; l < bsz; l += 64) _mm_prefetch((const char *)pk + gn + l, _MM_HINT_T0);
         if (T == GGML_TYPE_Q8_0) {
             QA_UNROLL
@@ -257,8 +245,8 @@ QA_INLINE void qa_q8_few_rows(int NA, int64_t b0, int64_t nb, const uint8_t *w, 
  * Q8_0 keys of the Qwen3-0.6B shape at depth 4096 (28 layers x 8 heads, one
  * thread of an AMD EPYC, scratch program), a pass: two query rows
  * 12.3-12.7 -> 11.1-11.4 ms, one row 8.1-8.6 -> 7.3-7.9 ms. */
-static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
-                                  size_t a_stride, int na, float *out, size_t out_stride) {
+void quant_avx512_mul_r16_few(int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
+                              size_t a_stride, int na, float *out, size_t out_stride) {
     const int64_t nbt = n / 32;
     int32_t cs[2][QA_R16_MAXB];
     float da[2][QA_R16_MAXB];
@@ -292,8 +280,8 @@ static void qa_mul_mat_q8_r16_few(int64_t n, const uint8_t *w, size_t w_stride, 
  * against the whole next group as a burst before the walks, which this
  * replaced (the burst: 16 rows 467 -> 647, 32 rows 475 -> 684, but 4 rows
  * 302-305 -> 247-257). */
-static void qa_mul_mat_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
-                           size_t a_stride, int na, float *out, size_t out_stride, int packed) {
+void quant_avx512_mul_r16(uint32_t type, int64_t n, const uint8_t *w, size_t w_stride, int nw16, const void *a,
+                          size_t a_stride, int na, float *out, size_t out_stride, int packed) {
     const int64_t nbt = n / 32;
     const size_t bsz = QA_P16_BSIZE(type);
     void (*walk)(int, int64_t, const uint8_t *, const uint8_t *, size_t, const int32_t *, int, float *,
