@@ -325,29 +325,52 @@ PROC_FN char *run_capture(char *const argv[]) {
     return buf;
 }
 
-/* `tandem run --ids --ignore-eos` on a prompt given as a file. */
-PROC_FN int run_ids(const char *model, const char *prompt, int chat, int n_predict, int32_t *out, int cap) {
-    char pf[] = "/tmp/tandem-test-prompt-XXXXXX";
-    int fd = mkstemp(pf);
-    if (fd < 0) return -1;
-    size_t len = strlen(prompt);
-    int ok = write(fd, prompt, len) == (ssize_t)len;
-    close(fd);
-    char np[16];
-    snprintf(np, sizeof np, "%d", n_predict);
-    char *argv[] = { (char *)bin(), "run", "-m", (char *)model, "-f", pf, "-n", np, "--ids", "--ignore-eos", "-t", "1",
-                     chat ? "--chat" : NULL, NULL };
-    char *o = ok ? run_capture(argv) : NULL;
-    unlink(pf);
-    if (!o) return -1;
+/* The ids `tandem run --ids` printed (whitespace-separated integers), at
+ * most cap of them into out; their count. */
+PROC_FN int ids_parse(const char *s, int32_t *out, int cap) {
     int n = 0;
-    char *p = o, *end;
+    const char *p = s;
+    char *end;
     while (n < cap) {
         long v = strtol(p, &end, 10);
         if (end == p) break;
         out[n++] = (int32_t)v;
         p = end;
     }
+    return n;
+}
+
+/* prompt into a fresh file made from the mkstemp template path; 0, or -1
+ * (no file left behind). */
+PROC_FN int prompt_file_make(char *path, const char *prompt) {
+    int fd = mkstemp(path);
+    if (fd < 0) return -1;
+    size_t len = strlen(prompt);
+    int ok = write(fd, prompt, len) == (ssize_t)len;
+    close(fd);
+    if (!ok) unlink(path);
+    return ok ? 0 : -1;
+}
+
+/* run_ids's command line into argv (14 slots); np holds n_predict's text. */
+PROC_FN void run_ids_argv(char **argv, const char *model, const char *prompt_path, char *np, size_t np_len, int chat,
+                          int n_predict) {
+    snprintf(np, np_len, "%d", n_predict);
+    char *a[] = { (char *)bin(), "run", "-m", (char *)model, "-f", (char *)prompt_path, "-n", np, "--ids", "--ignore-eos",
+                  "-t", "1", chat ? "--chat" : NULL, NULL };
+    memcpy(argv, a, sizeof a);
+}
+
+/* `tandem run --ids --ignore-eos` on a prompt given as a file. */
+PROC_FN int run_ids(const char *model, const char *prompt, int chat, int n_predict, int32_t *out, int cap) {
+    char pf[] = "/tmp/tandem-test-prompt-XXXXXX";
+    if (prompt_file_make(pf, prompt)) return -1;
+    char np[16], *argv[14];
+    run_ids_argv(argv, model, pf, np, sizeof np, chat, n_predict);
+    char *o = run_capture(argv);
+    unlink(pf);
+    if (!o) return -1;
+    int n = ids_parse(o, out, cap);
     free(o);
     return n;
 }
@@ -363,17 +386,12 @@ PROC_FN int run_ids_start(run_job *j, const char *model, const char *prompt, int
     snprintf(j->prompt, sizeof j->prompt, "/tmp/tandem-test-prompt-XXXXXX");
     snprintf(j->out, sizeof j->out, "/tmp/tandem-test-ids-XXXXXX");
     j->pid = -1;
-    int fd = mkstemp(j->prompt), fo = mkstemp(j->out);
-    if (fo >= 0) close(fo);
-    if (fd < 0 || fo < 0) { if (fd >= 0) close(fd); return -1; }
-    size_t len = strlen(prompt);
-    int ok = write(fd, prompt, len) == (ssize_t)len;
-    close(fd);
-    if (!ok) return -1;
-    char np[16];
-    snprintf(np, sizeof np, "%d", n_predict);
-    char *argv[] = { (char *)bin(), "run", "-m", (char *)model, "-f", j->prompt, "-n", np, "--ids", "--ignore-eos",
-                     "-t", "1", chat ? "--chat" : NULL, NULL };
+    int fo = mkstemp(j->out);
+    if (fo < 0) return -1;
+    close(fo);
+    if (prompt_file_make(j->prompt, prompt)) return -1;
+    char np[16], *argv[14];
+    run_ids_argv(argv, model, j->prompt, np, sizeof np, chat, n_predict);
     j->pid = spawn_io(argv, NULL, j->out, "/dev/null");
     return j->pid > 0 ? 0 : -1;
 }
@@ -385,14 +403,7 @@ PROC_FN int run_ids_end(run_job *j, int timeout_ms, int32_t *out, int cap) {
     unlink(j->prompt);
     unlink(j->out);
     if (!o) return -1;
-    int n = 0;
-    char *p = o, *end;
-    while (n < cap) {
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        out[n++] = (int32_t)v;
-        p = end;
-    }
+    int n = ids_parse(o, out, cap);
     free(o);
     return n;
 }

@@ -33,120 +33,28 @@
 #include "node/handoff.h"
 #include "proc.h"
 #include "t.h"
+#include "node/chain_nodes.h"
 
-static char g_tmp[256], g_secret[300];
 /* 32 random bytes in hex: nodes refuse a secret of less entropy */
 #define CHAIN_SECRET "0837c38fea477fb2300f257308f3a2b377aa3d195c5b5d0f3b465e40b34c9113"
-static int g_pf;   /* prompt file counter */
-
-typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;   /* lo, hi: half blocks */
 
 /* A slice node of half-block bounds lo2:hi2 ("1.5" is 3; wire_act.h). */
 static int snode_start_half(snode *n, const char *model, int lo2, int hi2, const char *const *extra) {
-    static int seq;
-    char pf[300], layers[32], id[32];
-    int lo = lo2 / 2, hi = (hi2 + 1) / 2;   /* blocks, for the messages */
-    snprintf(pf, sizeof pf, "%s/port.%d", g_tmp, ++seq);
-    snprintf(n->log, sizeof n->log, "%s/node.%d.log", g_tmp, seq);
-    wire_layers_format(layers, sizeof layers, lo2, hi2);
-    snprintf(id, sizeof id, "slice-%d", seq);
-    char *argv[32] = { (char *)bin(), "serve", "--role", "prefill", "-m", (char *)model, "--secret-file", g_secret,
-                       "--port-file", pf, "--node-id", id, "-t", "1", "-b", "16" };
-    int k = 16;
-    if (hi > 0) { argv[k++] = "--layers"; argv[k++] = layers; }
-    for (int i = 0; extra && extra[i] && k < 30; i++) argv[k++] = (char *)extra[i];
-    argv[k] = NULL;
-    n->lo = lo2;
-    n->hi = hi2;
-    n->pid = spawn_io(argv, NULL, "/dev/null", n->log);
-    n->port = wait_port(pf, n->pid, 60000);
-    if (n->port > 0) return 0;
-    char *log = slurp(n->log);
-    fprintf(stderr, "slice node %s %d:%d did not start:\n%s\n", model, lo, hi, log ? log : "");
-    free(log);
-    wait_exit(n->pid, 0);
-    n->pid = 0;
-    return -1;
+    return snode_start_on(n, model, lo2, hi2, NULL, 60000, extra);
 }
 
 static int snode_start(snode *n, const char *model, int lo, int hi, const char *const *extra) {
     return snode_start_half(n, model, 2 * lo, 2 * hi, extra);
 }
 
-static void snode_stop(snode *n) {
-    if (n->pid > 0) stop_proc(n->pid, 20000);
-    n->pid = 0;
-}
-
-static void spec_of(char *out, size_t len, snode *const *ns, int k) {
-    size_t o = 0;
-    out[0] = 0;
-    for (int i = 0; i < k; i++) {
-        char t[32];
-        wire_layers_format(t, sizeof t, ns[i]->lo, ns[i]->hi);
-        o += (size_t)snprintf(out + o, len - o, "%s127.0.0.1:%d/%s", i ? "," : "", ns[i]->port, t);
-    }
-}
-
-static char *write_prompt(const char *text) {
-    static char path[300];
-    snprintf(path, sizeof path, "%s/prompt.%d", g_tmp, ++g_pf);
-    write_text(path, text);
-    return path;
-}
-
-/* `tandem run` with ids out; spec NULL: local. Returns the count (-1 on a
- * failed run, then *errout holds its stderr). */
+/* `tandem run` with ids out; spec NULL: local; act: --act-dtype (NULL: the
+ * default). Returns the count (-1 on a failed run, then *errout holds its
+ * stderr). */
 static int run_chain(const char *model, const char *prompt_path, int n_pred, const char *spec, const char *act,
                      int32_t *ids, int cap, char **errout, int timeout_ms) {
-    char np[16], out[300], err[300];
-    snprintf(np, sizeof np, "%d", n_pred);
-    snprintf(out, sizeof out, "%s/run.out", g_tmp);
-    snprintf(err, sizeof err, "%s/run.err", g_tmp);
-    char *argv[32] = { (char *)bin(), "run", "-m", (char *)model, "-f", (char *)prompt_path, "-n", np, "--ids",
-                       "--ignore-eos", "-t", "1" };
-    int k = 12;
-    if (spec) {
-        argv[k++] = "--prefill-node"; argv[k++] = (char *)spec;
-        argv[k++] = "--secret-file"; argv[k++] = g_secret;
-        argv[k++] = "--timeout-ms"; argv[k++] = "3000";
-    }
-    if (act) { argv[k++] = "--act-dtype"; argv[k++] = (char *)act; }
-    argv[k] = NULL;
-    int rc = wait_exit(spawn_io(argv, NULL, out, err), timeout_ms);
-    if (errout) *errout = slurp(err);
-    if (rc != 0) return -1;
-    char *o = slurp(out);
-    int n = 0;
-    char *p = o, *end;
-    while (o && n < cap) {
-        long v = strtol(p, &end, 10);
-        if (end == p) break;
-        ids[n++] = (int32_t)v;
-        p = end;
-    }
-    free(o);
-    return n;
+    return chain_run(model, prompt_path, n_pred, spec, "3000", act ? "--act-dtype" : NULL, act, timeout_ms, ids, cap,
+                     errout);
 }
-
-static int model_layers(const char *path) {
-    gguf_file *f = NULL;
-    char err[256];
-    if (gguf_open_file(&f, path, err, sizeof err)) return -1;
-    gguf_str a;
-    int64_t n = -1;
-    char key[96];
-    if (gguf_get_str(f, "general.architecture", &a) == 0) {
-        snprintf(key, sizeof key, "%.*s.block_count", (int)(a.len > 60 ? 60 : a.len), a.ptr);
-        if (gguf_get_i64(f, key, &n)) n = -1;
-    }
-    gguf_close(f);
-    return (int)n;
-}
-
-static const char *PROMPT =
-    "Once upon a time, in a small village by the sea, there lived an old fisherman and his wife. Every morning "
-    "he walked down to the harbour, checked his nets and rowed out past the rocks where the gulls nested.";
 
 /* ==== 1. Correctness ==== */
 
