@@ -3,8 +3,8 @@
  * A:B` processes), the chain spec naming them, prompt files, and `tandem
  * run` with ids out, locally or through a chain.
  *
- * Include after proc.h and t.h. The including test makes g_tmp (mkdtemp)
- * and writes the node secret to g_secret before starting anything.
+ * Include after proc.h and t.h. The including test calls chain_tmp_open
+ * (g_tmp, the node secret in g_secret) before starting anything.
  */
 #ifndef TANDEM_TEST_CHAIN_NODES_H
 #define TANDEM_TEST_CHAIN_NODES_H
@@ -17,6 +17,11 @@
 
 static char g_tmp[256], g_secret[300];
 static int g_pf;   /* prompt file counter */
+
+/* the prompt every chain test starts from (about 50 tokens) */
+static const char *PROMPT =
+    "Once upon a time, in a small village by the sea, there lived an old fisherman and his wife. Every morning "
+    "he walked down to the harbour, checked his nets and rowed out past the rocks where the gulls nested.";
 
 typedef struct { pid_t pid; int port; char log[300]; int lo, hi; } snode;   /* lo, hi: half blocks */
 
@@ -126,8 +131,77 @@ CN_FN int model_layers(const char *path) {
     return (int)n;
 }
 
-static const char *PROMPT =
-    "Once upon a time, in a small village by the sea, there lived an old fisherman and his wife. Every morning "
-    "he walked down to the harbour, checked his nets and rowed out past the rocks where the gulls nested.";
+/* ==== Decode nodes and requests ==== */
+
+/* A decode node over chain spec (`--parallel 2 -t 1`) on backend be (NULL:
+ * no --backend, the CPU); its pid, *port > 0 once it listens within wait_ms. */
+CN_FN pid_t dnode_start_on(const char *path, const char *spec, const char *be, int wait_ms, int *port) {
+    static int seq;
+    char pf[300], log[300];
+    snprintf(pf, sizeof pf, "%s/dport.%d", g_tmp, ++seq);
+    snprintf(log, sizeof log, "%s/decode.%d.log", g_tmp, seq);
+    char *argv[] = { (char *)bin(), "serve", "--role", "decode", "-m", (char *)path, "--secret-file", g_secret, "--listen",
+                     "127.0.0.1:0", "--port-file", pf, "--prefill-node", (char *)spec, "-t", "1", "--parallel", "2",
+                     be ? "--backend" : NULL, (char *)be, NULL };
+    pid_t dp = spawn_io(argv, NULL, "/dev/null", log);
+    *port = wait_port(pf, dp, wait_ms);
+    return dp;
+}
+
+/* POST /v1/generate of prompt, n tokens, prefill "remote": the reply (NULL
+ * when none), *st its status. */
+CN_FN json_t *gen(int port, const char *prompt, int n, int *st) {
+    json_t *r = json_object();
+    json_object_set_new(r, "prompt", json_string(prompt));
+    json_object_set_new(r, "max_tokens", json_integer(n));
+    json_object_set_new(r, "ignore_eos", json_true());
+    json_object_set_new(r, "prefill", json_string("remote"));
+    return post_json(port, r, st);
+}
+
+/* A decode node (port) over a chain answers PROMPT with the tokens of a
+ * local CPU run, then PROMPT plus a sentence reusing its prefix: only the
+ * new span comes from the chain. who names the case in the messages;
+ * run_ms bounds each local reference run. */
+CN_FN void chain_check_reuse(int port, const char *path, const char *who, int run_ms) {
+    char ext[2048];
+    snprintf(ext, sizeof ext, "%s The fisherman's wife baked bread while he was away.", PROMPT);
+    int32_t ref[16], ref2[16];
+    int nr = chain_run(path, write_prompt(PROMPT), 6, NULL, NULL, NULL, NULL, run_ms, ref, 16, NULL);
+    int nr2 = chain_run(path, write_prompt(ext), 6, NULL, NULL, NULL, NULL, run_ms, ref2, 16, NULL);
+    int st;
+    json_t *o = gen(port, PROMPT, 6, &st);
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && same_ids(json_object_get(o, "tokens"), ref, nr),
+          "%s: decode node through the chain equals the CPU run (status %d, mode %s, %s)", who, st,
+          jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
+    long long n1 = jint(o, "usage", "prompt_tokens");
+    json_decref(o);
+    o = gen(port, ext, 6, &st);
+    long long n2 = jint(o, "usage", "prompt_tokens");
+    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && jint(o, "prefill", "start_pos") == n1 &&
+          jint(o, "prefill", "positions_received") == n2 - n1 - 1 && same_ids(json_object_get(o, "tokens"), ref2, nr2),
+          "%s: prefix reuse through the chain: start %lld (want %lld), received %lld of %lld new, tokens equal", who,
+          jint(o, "prefill", "start_pos"), n1, jint(o, "prefill", "positions_received"), n2 - n1);
+    json_decref(o);
+}
+
+/* ==== The test's folder ==== */
+
+/* g_tmp from the mkdtemp template tmpl, and the node secret in g_secret;
+ * 0, or -1 (perror'd). */
+CN_FN int chain_tmp_open(const char *tmpl, const char *secret) {
+    snprintf(g_tmp, sizeof g_tmp, "%s", tmpl);
+    if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return -1; }
+    snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
+    write_text(g_secret, secret);
+    return 0;
+}
+
+/* g_tmp and everything in it, gone. */
+CN_FN void chain_tmp_close(void) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
+    if (system(cmd)) {}
+}
 
 #endif

@@ -426,15 +426,6 @@ static void part_act_attack(void) {
 
 /* ==== 4. Decode node ==== */
 
-static json_t *gen(int port, const char *prompt, int n, int *st) {
-    json_t *r = json_object();
-    json_object_set_new(r, "prompt", json_string(prompt));
-    json_object_set_new(r, "max_tokens", json_integer(n));
-    json_object_set_new(r, "ignore_eos", json_true());
-    json_object_set_new(r, "prefill", json_string("remote"));
-    return post_json(port, r, st);
-}
-
 static void part_decode(void) {
     char path[512];
     t_fixture_path(path, sizeof path, "models/qwen3-mini-Q8_0.gguf");
@@ -442,43 +433,22 @@ static void part_decode(void) {
     int L = model_layers(path);
     snode a, b;
     if (snode_start(&a, path, 0, 1, NULL) || snode_start(&b, path, 1, L, NULL)) { CHECK(0, "decode part nodes"); snode_stop(&a); snode_stop(&b); return; }
-    char spec[600], pf[300], log[300];
+    char spec[600];
     snprintf(spec, sizeof spec, "127.0.0.1:%d/0:1,127.0.0.1:%d/1:%d", a.port, b.port, L);
-    snprintf(pf, sizeof pf, "%s/dport", g_tmp);
-    snprintf(log, sizeof log, "%s/decode.log", g_tmp);
-    char *argv[] = { (char *)bin(), "serve", "--role", "decode", "-m", path, "--secret-file", g_secret, "--listen",
-                     "127.0.0.1:0", "--port-file", pf, "--prefill-node", spec, "-t", "1", "--parallel", "2", NULL };
-    pid_t dp = spawn_io(argv, NULL, "/dev/null", log);
-    int port = wait_port(pf, dp, 60000);
+    int port;
+    pid_t dp = dnode_start_on(path, spec, NULL, 60000, &port);
     CHECK(port > 0, "decode node over a chain starts");
     if (port <= 0) { snode_stop(&a); snode_stop(&b); return; }
     static node_auth_key key;
     node_auth_derive(&key, CHAIN_SECRET, strlen(CHAIN_SECRET), NODE_AUTH_LABEL_DECODE_API);
     sign_key = &key;
-    int32_t ref[16], ref2[16];
-    char ext[2048];
-    snprintf(ext, sizeof ext, "%s The fisherman's wife baked bread while he was away.", PROMPT);
-    int nr = run_chain(path, write_prompt(PROMPT), 6, NULL, NULL, ref, 16, NULL, 60000);
-    int nr2 = run_chain(path, write_prompt(ext), 6, NULL, NULL, ref2, 16, NULL, 60000);
-    int st;
-    json_t *o = gen(port, PROMPT, 6, &st);
-    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && same_ids(json_object_get(o, "tokens"), ref, nr),
-          "decode node through a chain equals tandem run (status %d, mode %s, %s)", st, jstr(o, "prefill", "mode"),
-          jstr(o, "prefill", "fallback_reason"));
-    long long n1 = jint(o, "usage", "prompt_tokens");
-    json_decref(o);
-    o = gen(port, ext, 6, &st);
-    long long n2 = jint(o, "usage", "prompt_tokens");
-    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && jint(o, "prefill", "start_pos") == n1 &&
-          jint(o, "prefill", "positions_received") == n2 - n1 - 1 && same_ids(json_object_get(o, "tokens"), ref2, nr2),
-          "prefix reuse through a chain: start %lld (want %lld), received %lld of %lld new, tokens equal",
-          jint(o, "prefill", "start_pos"), n1, jint(o, "prefill", "positions_received"), n2 - n1);
-    json_decref(o);
+    chain_check_reuse(port, path, "CPU chain", 60000);
     /* the chain's second node dies: the request falls back to local prefill */
     kill(b.pid, SIGKILL);
     wait_exit(b.pid, 5000);
     b.pid = 0;
-    o = gen(port, "A completely different prompt about mountains and rivers.", 4, &st);
+    int st;
+    json_t *o = gen(port, "A completely different prompt about mountains and rivers.", 4, &st);
     CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "local") && strstr(jstr(o, "prefill", "fallback_reason"), "127.0.0.1"),
           "dead chain node: local fallback (status %d, mode %s, reason %s)", st, jstr(o, "prefill", "mode"),
           jstr(o, "prefill", "fallback_reason"));
@@ -625,10 +595,7 @@ int main(void) {
     signal(SIGPIPE, SIG_IGN);
     for (const char *const *v = (const char *const[]){ "TANDEM_SECRET", "TANDEM_LOG_LEVEL", "TANDEM_KERNELS", NULL }; *v; v++)
         unsetenv(*v);
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-chain-XXXXXX");
-    if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 1; }
-    snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
-    write_text(g_secret, CHAIN_SECRET);
+    if (chain_tmp_open("/tmp/tandem-chain-XXXXXX", CHAIN_SECRET)) return 1;
     part_half_parse();
     part_act_attack();
     part_faults();
@@ -636,8 +603,6 @@ int main(void) {
     part_router();
     part_memory();
     part_models();
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-    if (system(cmd)) {}
+    chain_tmp_close();
     return t_done("test_chain");
 }

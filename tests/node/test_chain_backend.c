@@ -236,26 +236,8 @@ static void part_chains(void) {
 
 /* ==== 2. A decode node over an X chain ==== */
 
-static json_t *gen(int port, const char *prompt, int n, int *st) {
-    json_t *r = json_object();
-    json_object_set_new(r, "prompt", json_string(prompt));
-    json_object_set_new(r, "max_tokens", json_integer(n));
-    json_object_set_new(r, "ignore_eos", json_true());
-    json_object_set_new(r, "prefill", json_string("remote"));
-    return post_json(port, r, st);
-}
-
 static pid_t dnode_start(const char *path, const char *spec, const char *be, int *port) {
-    static int seq;
-    char pf[300], log[300];
-    snprintf(pf, sizeof pf, "%s/dport.%d", g_tmp, ++seq);
-    snprintf(log, sizeof log, "%s/decode.%d.log", g_tmp, seq);
-    char *argv[] = { (char *)bin(), "serve", "--role", "decode", "-m", (char *)path, "--secret-file", g_secret, "--listen",
-                     "127.0.0.1:0", "--port-file", pf, "--prefill-node", (char *)spec, "-t", "1", "--parallel", "2",
-                     "--backend", (char *)be, NULL };
-    pid_t dp = spawn_io(argv, NULL, "/dev/null", log);
-    *port = wait_port(pf, dp, 120000);
-    return dp;
+    return dnode_start_on(path, spec, be, 120000, port);
 }
 
 typedef struct { int port, st; const char *prompt; json_t *o; } greq;
@@ -268,25 +250,9 @@ static void *greq_run(void *arg) {
 
 /* Prefix reuse through the chain (a, b) on decode node port. */
 static void decode_reuse(const char *be, const char *path, int port) {
-    char ext[2048];
-    snprintf(ext, sizeof ext, "%s The fisherman's wife baked bread while he was away.", PROMPT);
-    int32_t ref[16], ref2[16];
-    int nr = run_chain(path, write_prompt(PROMPT), 6, NULL, NULL, ref, 16, NULL);
-    int nr2 = run_chain(path, write_prompt(ext), 6, NULL, NULL, ref2, 16, NULL);
-    int st;
-    json_t *o = gen(port, PROMPT, 6, &st);
-    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && same_ids(json_object_get(o, "tokens"), ref, nr),
-          "%s decode node through an %s chain equals the CPU run (status %d, mode %s, %s)", be, X->label, st,
-          jstr(o, "prefill", "mode"), jstr(o, "prefill", "fallback_reason"));
-    long long n1 = jint(o, "usage", "prompt_tokens");
-    json_decref(o);
-    o = gen(port, ext, 6, &st);
-    long long n2 = jint(o, "usage", "prompt_tokens");
-    CHECK(st == 200 && !strcmp(jstr(o, "prefill", "mode"), "remote") && jint(o, "prefill", "start_pos") == n1 &&
-          jint(o, "prefill", "positions_received") == n2 - n1 - 1 && same_ids(json_object_get(o, "tokens"), ref2, nr2),
-          "%s decode node: prefix reuse through an %s chain: start %lld (want %lld), received %lld of %lld new, tokens equal",
-          be, X->label, jint(o, "prefill", "start_pos"), n1, jint(o, "prefill", "positions_received"), n2 - n1);
-    json_decref(o);
+    char who[64];
+    snprintf(who, sizeof who, "%s decode node, %s chain", be, X->label);
+    chain_check_reuse(port, path, who, 300000);
 }
 
 /* "(N of M positions complete)" in a fallback reason: N, M (-1 when absent). */
@@ -463,10 +429,7 @@ static const slice_backend *chain_backend_chosen(void) {
 
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    snprintf(g_tmp, sizeof g_tmp, "/tmp/tandem-chain-backend-XXXXXX");
-    if (!mkdtemp(g_tmp)) { perror("mkdtemp"); return 1; }
-    snprintf(g_secret, sizeof g_secret, "%s/secret", g_tmp);
-    write_text(g_secret, CM_SECRET);
+    if (chain_tmp_open("/tmp/tandem-chain-backend-XXXXXX", CM_SECRET)) return 1;
     X = chain_backend_chosen();
     if (X && !X->linked()) {
         /* every backend this build lacks: the plain build checks both */
@@ -479,8 +442,6 @@ int main(void) {
         part_decode();
         part_memory();
     }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
-    if (system(cmd)) {}
+    chain_tmp_close();
     return t_done("test_chain_backend");
 }
