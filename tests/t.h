@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/xorshift.h"
+
 static int t_pass, t_fail, t_skip;
 
 #define CHECK(cond, ...) do { \
@@ -202,18 +204,12 @@ static inline const char *t_smollm2(char *buf, size_t cap) {
  *
  * Seeded generators, the state the caller's (no global): a fixed seed gives
  * the same values on every machine and every run, so a tolerance measured on
- * a test's data stays measured. xorshift64 (Marsaglia 2003, shifts 13, 7, 17);
+ * a test's data stays measured. xorshift64 (base/xorshift.h, shifts 13, 7, 17);
  * the seed must not be 0 (0 stays 0). */
-static inline uint64_t t_rnd_u64(uint64_t *state) {
-    uint64_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *state = x;
-}
+static inline uint64_t t_rnd_u64(uint64_t *state) { return xorshift64_next(state); }
 
 /* 32 of its bits (16..47). */
-static inline uint32_t t_rnd_u32(uint64_t *state) { return (uint32_t)(t_rnd_u64(state) >> 16); }
+static inline uint32_t t_rnd_u32(uint64_t *state) { return xorshift64_u32(state); }
 
 /* Uniform in [0, 1) from its top 53 bits. */
 static inline double t_rnd_unit(uint64_t *state) { return (double)(t_rnd_u64(state) >> 11) * 0x1p-53; }
@@ -226,13 +222,7 @@ static inline float t_rnd_float(uint64_t *state, float lo, float hi) {
 /* xorshift32 (shifts 13, 17, 5), the generator test_quant's error bounds and
  * test_backend_ops' KV bit patterns were written against: kept so that their
  * data stay the same. */
-static inline uint32_t t_rnd32(uint32_t *state) {
-    uint32_t x = *state;
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    return *state = x;
-}
+static inline uint32_t t_rnd32(uint32_t *state) { return xorshift32_next(state); }
 
 /* The summary line. A binary that made no check and counted no skip has
  * tested nothing: that is a failure, not a pass. */

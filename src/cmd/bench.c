@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "base/cliopt.h"
+#include "base/xorshift.h"
 #include "cmd/bench_spec.h"
 #include "engine/gguf.h"
 #include "engine/kvcache.h"
@@ -138,10 +139,7 @@ static void bench_mean_sd(const double *x, int n, double *mean, double *sd) {
 
 /* A fixed xorshift stream for the random prompt tokens (llama-bench uses
  * random tokens too; the values do not affect dense-model speed). */
-uint32_t bench_rand(uint64_t *s) {
-    *s ^= *s << 13; *s ^= *s >> 7; *s ^= *s << 17;
-    return (uint32_t)(*s >> 16);
-}
+uint32_t bench_rand(uint64_t *s) { return xorshift64_u32(s); }
 
 /* ==== Model description ==== */
 

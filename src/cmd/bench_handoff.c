@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "base/cliopt.h"
+#include "base/xorshift.h"
 #include "engine/generate.h"
 #include "engine/gguf.h"
 #include "node/handoff.h"
@@ -177,8 +178,7 @@ typedef struct {
 static void bh_tokens(int32_t *t, int n, int n_vocab, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; i < n; i++) {
-        s ^= s << 13; s ^= s >> 7; s ^= s << 17;   /* xorshift64 */
-        t[i] = (int32_t)(s % (uint64_t)n_vocab);
+        t[i] = (int32_t)(xorshift64_next(&s) % (uint64_t)n_vocab);
     }
 }
 
@@ -307,8 +307,7 @@ static uint8_t *bw_rows(uint32_t dtype, int kv_dim, int n, uint64_t seed) {
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
     for (int r = 0; r < n; r++) {
         for (int i = 0; i < kv_dim; i++) {
-            s ^= s << 13; s ^= s >> 7; s ^= s << 17;
-            f[i] = (float)((double)(s >> 11) / (double)(1ull << 53) * 8.0 - 4.0);
+            f[i] = (float)((double)(xorshift64_next(&s) >> 11) / (double)(1ull << 53) * 8.0 - 4.0);
         }
         quant_quantize_act_row(dtype, f, rows + rb * (size_t)r, kv_dim);
     }

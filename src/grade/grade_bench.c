@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/xorshift.h"
+
 /* ==== Synthetic class (--bench) ==== */
 
 static const char *const grade_words[] = {
@@ -19,10 +21,7 @@ static const char *const grade_words[] = {
 };
 #define GRADE_NWORDS (sizeof grade_words / sizeof grade_words[0])
 
-static unsigned grade_rand(unsigned *s) {
-    *s ^= *s << 13; *s ^= *s >> 17; *s ^= *s << 5;
-    return *s;
-}
+static unsigned grade_rand(unsigned *s) { return xorshift32_next(s); }
 
 static const char *grade_word(unsigned *s) { return grade_words[grade_rand(s) % GRADE_NWORDS]; }
 

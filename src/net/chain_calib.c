@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/xorshift.h"
 #include "engine/gguf.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
@@ -20,13 +21,6 @@
 #define CHAIN_CALIB_MAX_PAIRS 16
 
 /* ==== Setup ==== */
-
-static uint32_t chain_calib_rand(uint64_t *s) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return (uint32_t)(*s >> 16);
-}
 
 static double chain_calib_cpu_s(void) {
     struct timespec ts;
@@ -55,7 +49,7 @@ static int chain_calib_check(const model_hparams *h, int tokens, int rows, char 
 static void chain_calib_fill(kvcache *kv, int n, int rows, float *buf, uint64_t *rng) {
     size_t dim = (size_t)kv_dim(kv);
     float *k = buf, *v = buf + (size_t)rows * dim;
-    for (size_t i = 0; i < 2 * (size_t)rows * dim; i++) buf[i] = (float)chain_calib_rand(rng) / 4294967296.0f * 2 - 1;
+    for (size_t i = 0; i < 2 * (size_t)rows * dim; i++) buf[i] = (float)xorshift64_u32(rng) / 4294967296.0f * 2 - 1;
     for (int p = 0; p < n; p += rows) kv_store_f32(kv, 0, p, n - p < rows ? n - p : rows, k, v);
 }
 
@@ -116,7 +110,7 @@ int chain_calib_measure(const char *path, int tokens, int rows, chain_calib *out
     int rc = -1;
     if (!ids || !buf) { snprintf(err, errlen, "out of memory"); goto done; }
     uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (int i = 0; i < rows; i++) ids[i] = (int32_t)(chain_calib_rand(&rng) % (uint32_t)h.n_vocab);
+    for (int i = 0; i < rows; i++) ids[i] = (int32_t)(xorshift64_u32(&rng) % (uint32_t)h.n_vocab);
     chain_calib_fill(session_kv(s), tokens - rows, rows, buf, &rng);
     out->tokens = tokens;
     out->rows = rows;
