@@ -75,7 +75,7 @@ build() {
     local ok=1 s
     for s in tests/selftest/*.c; do
         case $s in *libcuda_*) continue ;; esac
-        cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Itests "$s" -o "$B/$(basename "$s" .c)" || ok=0
+        cc -std=c11 -D_GNU_SOURCE -Wall -Wextra -Isrc -Itests "$s" -o "$B/$(basename "$s" .c)" || ok=0
     done
     cp tests/selftest/empty_legacy.sh "$B/empty_legacy" || ok=0
     cp tests/selftest/lane_mark.sh "$B/busy" && cp tests/selftest/lane_mark.sh "$B/alone" || ok=0
